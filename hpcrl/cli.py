@@ -1,0 +1,152 @@
+"""Argument parsing only: each subcommand calls one function elsewhere.
+
+Imports are deferred into the subcommands so that `hpcrl status` on a login node does not pay for
+importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hpcrl import __version__
+from hpcrl.config import ConfigError
+from hpcrl.schedulers.base import SchedulerError
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from hpcrl.config import load_experiment
+    from hpcrl.pipeline import submit_experiment
+
+    exp = load_experiment(args.config, args.param + ([f"name={args.name}"] if args.name else []))
+    return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
+
+
+def _task_run(args: argparse.Namespace):
+    from hpcrl.sweep import load_run
+
+    experiment_dir = Path(args.experiment).resolve()
+    index = args.task
+    if args.manifest:
+        lines = (experiment_dir / args.manifest).read_text().split()
+        if not 1 <= args.task <= len(lines):
+            raise ConfigError(f"--task {args.task}: the manifest {args.manifest} has {len(lines)} tasks")
+        index = int(lines[args.task - 1])
+    return experiment_dir, load_run(experiment_dir, index)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from hpcrl.rl.train import train_run
+
+    experiment_dir, run = _task_run(args)
+    return train_run(experiment_dir, run, out=sys.stdout)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from hpcrl.rl.evaluate import evaluate_run
+
+    experiment_dir, run = _task_run(args)
+    return evaluate_run(experiment_dir, run, out=sys.stdout)
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from hpcrl.collect import collect
+
+    return collect(Path(args.experiment), agg=args.agg)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hpcrl.status import print_status
+
+    return print_status(_experiment_dir(args.experiment))
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from hpcrl.status import cancel_experiment
+
+    return cancel_experiment(_experiment_dir(args.experiment))
+
+
+def _build_image(args: argparse.Namespace) -> int:
+    from hpcrl.image import build_image_command
+
+    return build_image_command(
+        args.config, args.param, dry_run=args.dry_run, force=args.force, sandbox=args.sandbox,
+        submit=args.submit, scheduler=args.scheduler, from_dockerfile=args.from_dockerfile,
+    )
+
+
+def _experiment_dir(text: str) -> Path:
+    path = Path(text)
+    if not (path / "runs.csv").exists():
+        raise ConfigError(f"{path}: not an experiment directory (no runs.csv); give logs/<experiment>")
+    return path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpcrl", description="RL sweeps from one YAML file to evaluated, plotted results.")
+    p.add_argument("--version", action="version", version=f"hpcrl {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add_params(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-p", "--param", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
+
+    s = sub.add_parser("sweep", help="expand a config into runs, render job scripts and submit train -> eval -> aggregate")
+    s.add_argument("config")
+    add_params(s)
+    s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
+    s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
+    s.add_argument("--name", help="experiment name (default: the config's name)")
+    s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
+    s.set_defaults(func=_sweep)
+
+    for name, func, help_ in (("train", _train, "train one run (the train stage's entry point)"), ("eval", _eval, "evaluate one run (the eval stage's entry point)")):
+        t = sub.add_parser(name, help=help_)
+        t.add_argument("experiment")
+        t.add_argument("--task", type=int, required=True, help="array task id, or the run index without --manifest")
+        t.add_argument("--manifest", help="file (relative to the experiment) whose line N is the run index of task N")
+        t.set_defaults(func=func)
+
+    c = sub.add_parser("collect", help="gather runs, report missing ones, write summary, curves and plots")
+    c.add_argument("experiment")
+    c.add_argument("--agg", choices=["iqm", "mean"], default="iqm", help="aggregate for curves and intervals")
+    c.set_defaults(func=_collect)
+
+    st = sub.add_parser("status", help="runs x stages: pending, running, done, failed")
+    st.add_argument("experiment")
+    st.set_defaults(func=_status)
+
+    ca = sub.add_parser("cancel", help="cancel every job of an experiment")
+    ca.add_argument("experiment")
+    ca.set_defaults(func=_cancel)
+
+    b = sub.add_parser("build-image", help="render, check and build the Singularity image of a config")
+    b.add_argument("config", nargs="?")
+    add_params(b)
+    b.add_argument("--dry-run", action="store_true", help="print the definition file; build nothing")
+    b.add_argument("--force", action="store_true", help="rebuild even if the image for this definition exists")
+    b.add_argument("--sandbox", action="store_true", help="build a writable directory instead of a SIF")
+    b.add_argument("--submit", action="store_true", help="build in a batch job (for clusters that forbid builds on login nodes)")
+    b.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
+    b.add_argument("--from-dockerfile", metavar="FILE", help="import an existing Dockerfile instead of the template")
+    b.set_defaults(func=_build_image)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"hpcrl: error: {exc}", file=sys.stderr)
+        return 2
+    except SchedulerError as exc:
+        print(f"hpcrl: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Atomic file writes: a killed job must never leave half a checkpoint or half a CSV behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """Write to a temporary file in the same directory, fsync, then `os.replace` onto `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_open(path, "w") as f:
+        f.write(text)
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one complete line in a single write, so a crash leaves whole lines only."""
+    with open(path, "a") as f:
+        f.write(line if line.endswith("\n") else line + "\n")
+        f.flush()

@@ -1,0 +1,1 @@
+"""The learning side: environments, networks, algorithms and the job entry points."""

@@ -1,0 +1,105 @@
+"""`hpcrl eval`: play N episodes with a run's final policy and write eval.csv.
+
+The eval stage runs after the train task on every scheduler, but schedulers disagree on what a
+failed predecessor means (SGE runs the dependent anyway), so the run's markers decide: an
+unfinished or failed training run is recorded as skipped, with the reason, never evaluated.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcrl import markers
+from hpcrl.io import atomic_write_text
+from hpcrl.rl import checkpoint
+from hpcrl.rl.envs import make_vec_env
+from hpcrl.rl.train import algorithm_class, pick_device
+from hpcrl.sweep import Run, run_dir
+
+EVAL_SEED_OFFSET = 1_000_003
+"""Evaluation episodes use seeds no training env used."""
+
+
+def final_train_return(rd: Path, last: int = 10) -> float:
+    """Mean episodic return over the last `last` logged iterations that finished episodes."""
+    path = rd / "train.csv"
+    if not path.exists():
+        return math.nan
+    values = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("episodic_return"):
+                values.append(float(row["episodic_return"]))
+    return float(np.mean(values[-last:])) if values else math.nan
+
+
+def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, device: torch.device) -> list[tuple[float, int]]:
+    """Exactly `episodes` episodes, spread evenly over up to 8 parallel envs (no bias to short ones)."""
+    n_envs = min(episodes, 8)
+    quota = np.array([episodes // n_envs + (i < episodes % n_envs) for i in range(n_envs)])
+    envs = make_vec_env(run.config.env, n_envs)
+    results: list[tuple[float, int]] = []
+    try:
+        obs, _ = envs.reset(seed=EVAL_SEED_OFFSET + run.seed)
+        while len(results) < episodes:
+            action = policy.act(torch.as_tensor(obs, dtype=torch.float32, device=device), deterministic)
+            obs, _, _, _, info = envs.step(action.cpu().numpy())
+            if "_episode" in info and info["_episode"].any():
+                for i in np.flatnonzero(info["_episode"]):
+                    if quota[i] > 0:
+                        quota[i] -= 1
+                        results.append((float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
+    finally:
+        envs.close()
+    return results
+
+
+def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
+    rd = run_dir(experiment_dir, run.run_id)
+    ecfg = run.config.eval
+    state = markers.run_state(rd)
+    if state != "done":
+        why = markers.reason(rd, markers.FAILED).splitlines()[0:1] or [state]
+        markers.mark(rd, markers.EVAL_SKIPPED, f"train {state}: {why[0]}")
+        print(f"{run.run_id}: eval skipped, train {state}", file=out)
+        return 0
+    if ecfg.threshold is not None:
+        final = final_train_return(rd)
+        if not final >= ecfg.threshold:
+            markers.mark(rd, markers.EVAL_SKIPPED, f"final training return {final:.4g} below threshold {ecfg.threshold:g}")
+            print(f"{run.run_id}: eval skipped, final training return {final:.4g} < {ecfg.threshold:g}", file=out)
+            return 0
+    try:
+        state_dict, problems = checkpoint.load_latest(rd / "checkpoints")
+        if state_dict is None:
+            raise FileNotFoundError("no readable checkpoint" + (f" ({'; '.join(problems)})" if problems else ""))
+        device = pick_device(run.config.train.device)
+        probe = make_vec_env(run.config.env, 1)
+        try:
+            cls = algorithm_class(run.config.algo)
+            policy = cls.make_policy(run.config.train, probe.single_observation_space, probe.single_action_space).to(device)
+        finally:
+            probe.close()
+        policy.load_state_dict(state_dict["agent"]["policy"])
+        policy.eval()
+        results = play(policy, run, ecfg.episodes, ecfg.deterministic, device)
+    except Exception as exc:
+        markers.mark(rd, markers.EVAL_FAILED, f"{type(exc).__name__}: {exc}")
+        raise
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["episode", "return", "length"])
+    for i, (ret, length) in enumerate(results):
+        writer.writerow([i, f"{ret:.6g}", length])
+    atomic_write_text(rd / "eval.csv", buf.getvalue())
+    mean = float(np.mean([r for r, _ in results]))
+    markers.mark(rd, markers.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes")
+    print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes", file=out)
+    return 0
+

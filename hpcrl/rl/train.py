@@ -1,0 +1,157 @@
+"""`hpcrl train`: the train stage's entry point inside a job.
+
+Idempotent by design, because schedulers rerun jobs: a run with DONE exits at once, a run with
+checkpoints resumes from the newest (model, optimiser, RNG, counters, algorithm extras), and
+train.csv is cut back to the checkpoint's step so the log never holds the same steps twice.
+On SIGUSR1/SIGTERM (the scheduler's warning before a time limit or preemption, or Ctrl-C's
+cleanup) it checkpoints at the next iteration boundary and exits with REQUEUE_EXIT.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import math
+import random
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcrl import markers
+from hpcrl.io import atomic_write_text
+from hpcrl.rl import checkpoint
+from hpcrl.rl.envs import make_vec_env
+from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.sweep import Run, run_dir
+
+ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN"}
+BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
+
+
+def algorithm_class(algo: str) -> Any:
+    module, name = ALGORITHM_CLASSES[algo].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def pick_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class _StopFlag:
+    """Set by the scheduler's warning signal; checked between iterations, never mid-update."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signal = signum
+
+
+def truncate_log(path: Path, max_step: int) -> None:
+    """Drop rows logged after the checkpoint being resumed from (they will be produced again)."""
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    kept = [rows[0]] + [r for r in rows[1:] if r and int(float(r[0])) <= max_step]
+    if len(kept) != len(rows):
+        atomic_write_text(path, "".join(",".join(r) + "\n" for r in kept))
+
+
+def train_run(experiment_dir: Path, run: Run, out=None) -> int:
+    """Train one run to completion (or to the next preemption). Returns the process exit code."""
+    rd = run_dir(experiment_dir, run.run_id)
+    rd.mkdir(parents=True, exist_ok=True)
+    if (rd / markers.DONE).exists():
+        print(f"{run.run_id}: already done", file=out)
+        return 0
+    markers.clear(rd, markers.FAILED)
+    stop = _StopFlag()
+    try:
+        return _train(rd, run, stop, out)
+    except Exception as exc:
+        markers.mark(rd, markers.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        raise
+
+
+def _train(rd: Path, run: Run, stop: _StopFlag, out) -> int:
+    cfg = run.config
+    tcfg = cfg.train
+    torch.set_num_threads(tcfg.torch_threads)
+    device = pick_device(tcfg.device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    seed_everything(run.seed)
+    ckpt_dir = rd / "checkpoints"
+    state, problems = checkpoint.load_latest(ckpt_dir)
+    for problem in problems:
+        print(f"{run.run_id}: skipped checkpoint {problem}", file=out)
+    # A resumed run reseeds its envs differently, so it does not replay the episodes it already saw.
+    env_seed = run.seed * 1000 + (int(state["agent"]["iteration"]) if state else 0)
+    envs = make_vec_env(cfg.env)
+    try:
+        agent = algorithm_class(cfg.algo)(tcfg, envs, device, env_seed)
+        elapsed = 0.0
+        if state:
+            agent.load_state_dict(state["agent"])
+            checkpoint.set_rng_state(state["rng"])
+            elapsed = float(state["wall_time"])
+            print(f"{run.run_id}: resumed from step {agent.global_step}", file=out)
+        log_path = rd / "train.csv"
+        truncate_log(log_path, agent.global_step)
+        columns = BASE_COLUMNS + tuple(agent.metric_names)
+        new_log = not log_path.exists() or log_path.stat().st_size == 0
+        with log_path.open("a", newline="") as log:
+            writer = csv.writer(log)
+            if new_log:
+                writer.writerow(columns)
+            start, start_step = time.monotonic(), agent.global_step
+
+            def save() -> None:
+                payload = {"agent": agent.state_dict(), "rng": checkpoint.rng_state(), "wall_time": elapsed + time.monotonic() - start}
+                checkpoint.save(ckpt_dir, agent.global_step, payload, keep=tcfg.keep_checkpoints)
+
+            while not agent.finished:
+                metrics = agent.train_iteration()
+                now = time.monotonic()
+                episodes, agent.episodes = agent.episodes, []
+                ret = float(np.mean([e[0] for e in episodes])) if episodes else math.nan
+                length = float(np.mean([e[1] for e in episodes])) if episodes else math.nan
+                sps = (agent.global_step - start_step) / max(now - start, 1e-9)
+                row = [agent.global_step, agent.iteration, f"{elapsed + now - start:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
+                writer.writerow(row + [_fmt(metrics.get(k, math.nan)) for k in agent.metric_names])
+                log.flush()
+                if stop.signal is not None:
+                    save()
+                    print(f"{run.run_id}: signal {stop.signal} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
+                    return REQUEUE_EXIT
+                if agent.iteration % tcfg.checkpoint_every == 0:
+                    save()
+            save()
+    finally:
+        envs.close()
+    markers.mark(rd, markers.DONE, f"step {agent.global_step}")
+    print(f"{run.run_id}: done at step {agent.global_step}", file=out)
+    return 0
+
+
+def _fmt(value: float) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"
+

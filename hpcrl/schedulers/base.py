@@ -1,0 +1,96 @@
+"""One interface for every scheduler: render a stage's script, submit it, query it, cancel it.
+
+A backend is a thin class over the scheduler's own command-line tools (modelled on submitit's
+executors). Job scripts are rendered from `job_templates/<name>.sh.j2`; dependencies are passed on
+the submit command line because job ids exist only once the predecessor is submitted.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from hpcrl import templates
+
+REQUEUE_EXIT = 99
+"""A task that exits with this code asks to run again (SGE's reschedule code; Slurm and local map it)."""
+
+# The states `hpcrl status` shows, from any scheduler.
+PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = "pending", "running", "done", "failed", "cancelled", "unknown"
+
+
+@dataclass
+class Dependency:
+    job_id: str
+    kind: Literal["each", "all"]
+    """`each`: task i waits for task i (aftercorr / -hold_jid_ad); `all`: waits for the whole job, any outcome."""
+
+
+@dataclass
+class Job:
+    """One submitted array job (or single job), as recorded in jobs/jobs.json."""
+
+    stage: str
+    job_id: str
+    scheduler: str
+    script: str
+    size: int
+    """Number of array tasks; 0 for a plain (non-array) job."""
+    manifest: str | None = None
+    """File whose line i (1-based) is the run index of array task i."""
+    after: list[Dependency] = field(default_factory=list)
+    attempt: int = 0
+
+
+class SchedulerError(RuntimeError):
+    """A scheduler command failed; the message carries its command line and stderr."""
+
+
+class Scheduler(ABC):
+    name: ClassVar[str]
+    template: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.calls = 0
+        """Scheduler commands run so far (the submit benchmark counts them)."""
+
+    def render(self, context: dict[str, Any], cwd: Path | None = None) -> str:
+        return templates.render("job_templates", self.template, {"scheduler": self.name, **context}, cwd)
+
+    def max_array_size(self) -> int:
+        """The largest array the cluster accepts; bigger stages are split into chunks."""
+        return 1_000_000
+
+    @abstractmethod
+    def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
+        """Submit a rendered script; return the job id."""
+
+    @abstractmethod
+    def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:
+        """States of the given jobs in as few scheduler calls as possible: job id -> task -> state.
+
+        Task 0 stands for a non-array job. Jobs the scheduler no longer knows are left out.
+        """
+
+    @abstractmethod
+    def cancel(self, job_ids: list[str]) -> None: ...
+
+    def start(self, experiment_dir: Path, detach: bool) -> int:
+        """Called after every stage is submitted. Clusters run on their own; the local backend works here."""
+        return 0
+
+    def run(self, argv: list[str], input: str | None = None) -> str:
+        """Run one scheduler command (no shell), count it, and raise SchedulerError with its stderr."""
+        self.calls += 1
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=120)
+        except FileNotFoundError:
+            raise SchedulerError(f"{argv[0]}: not found on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise SchedulerError(f"{' '.join(argv)}: no answer within 120 s") from None
+        if proc.returncode != 0:
+            raise SchedulerError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+        return proc.stdout

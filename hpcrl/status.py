@@ -1,0 +1,130 @@
+"""`hpcrl status` and `hpcrl cancel`: the scheduler's view merged with the markers on disk.
+
+One scheduler query covers every job of the experiment (not one per run). Markers win over the
+scheduler: a run with DONE is done whatever the scheduler forgot; a task the scheduler says ended
+without a marker is reported failed, with the log to read.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcrl import markers, sweep
+from hpcrl.pipeline import manifest_runs, read_jobs
+from hpcrl.schedulers import get_scheduler
+from hpcrl.schedulers.base import CANCELLED, PENDING, RUNNING, SchedulerError
+
+
+@dataclass
+class RunStatus:
+    index: int
+    run_id: str
+    setting: str
+    seed: int
+    train: str
+    eval: str
+    step: int
+    total_steps: int
+    note: str = ""
+
+
+def last_step(run_dir: Path) -> int:
+    """The step of train.csv's last line, read from the end of the file (logs can be long)."""
+    path = run_dir / "train.csv"
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        head = line.split(",", 1)[0]
+        if head.isdigit():
+            return int(head)
+    return 0
+
+
+def scheduler_states(experiment_dir: Path) -> tuple[dict[tuple[str, int], str], str | None]:
+    """(stage, run index) -> state of the newest task that ran it, from one query per scheduler."""
+    jobs = read_jobs(experiment_dir)
+    states: dict[tuple[str, int], str] = {}
+    problem = None
+    by_scheduler: dict[str, list] = {}
+    for job in jobs:
+        by_scheduler.setdefault(job.scheduler, []).append(job)
+    for name, group in by_scheduler.items():
+        try:
+            answer = get_scheduler(name, experiment_dir).query([j.job_id for j in group])
+        except SchedulerError as exc:
+            problem, answer = f"{name}: {exc}", {}
+        for job in sorted(group, key=lambda j: j.attempt):
+            tasks = answer.get(job.job_id, {})
+            if job.manifest:
+                for task, run_index in enumerate(manifest_runs(experiment_dir, job), start=1):
+                    states[(job.stage, run_index)] = tasks.get(task, "gone")
+            else:
+                states[(job.stage, -1)] = tasks.get(0, "gone")
+    return states, problem
+
+
+def merge(marker_state: str, sched: str | None) -> str:
+    """Markers are the truth for finished work; the scheduler knows about waiting and running."""
+    if marker_state in ("done", "failed", "skipped"):
+        return marker_state
+    if sched in (PENDING, RUNNING, CANCELLED):
+        return sched
+    if sched is None:
+        return "not submitted"
+    return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
+
+
+def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str | None]:
+    states, problem = scheduler_states(experiment_dir)
+    rows = []
+    for run in sweep.load_runs(experiment_dir):
+        rd = sweep.run_dir(experiment_dir, run.run_id)
+        train = merge(markers.run_state(rd), states.get(("train", run.index)))
+        evaluation = merge(markers.eval_state(rd), states.get(("eval", run.index)))
+        note = ""
+        if train == "failed":
+            note = (markers.reason(rd, markers.FAILED).splitlines() or ["see the train log under jobs/logs"])[0][:80]
+        elif evaluation == "skipped":
+            note = markers.reason(rd, markers.EVAL_SKIPPED)[:80]
+        step = run.config.train.total_steps if train == "done" else last_step(rd)
+        rows.append(RunStatus(run.index, run.run_id, run.setting_label, run.seed, train, evaluation, step, run.config.train.total_steps, note))
+    aggregate = "done" if (experiment_dir / "results" / "summary.csv").exists() else states.get(("aggregate", -1), "not submitted")
+    return rows, aggregate, problem
+
+
+def print_status(experiment_dir: Path, out=sys.stdout) -> int:
+    rows, aggregate, problem = experiment_status(experiment_dir)
+    header = ("#", "run", "setting", "seed", "train", "progress", "eval", "note")
+    table = [header] + [
+        (str(r.index), r.run_id, r.setting, str(r.seed), r.train, f"{min(100, 100 * r.step // max(1, r.total_steps)):3d}%", r.eval, r.note)
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1], file=out)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.train] = counts.get(r.train, 0) + 1
+    print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; aggregate: {aggregate}", file=out)
+    if problem:
+        print(f"warning: scheduler query failed ({problem}); states come from markers only", file=out)
+    return 0
+
+
+def cancel_experiment(experiment_dir: Path, out=sys.stdout) -> int:
+    jobs = read_jobs(experiment_dir)
+    by_scheduler: dict[str, list[str]] = {}
+    for job in jobs:
+        by_scheduler.setdefault(job.scheduler, []).append(job.job_id)
+    for name, ids in by_scheduler.items():
+        get_scheduler(name, experiment_dir).cancel(ids)
+        print(f"{experiment_dir}: cancelled {len(ids)} {name} jobs", file=out)
+    return 0

@@ -1,0 +1,163 @@
+"""Experiment -> runs (grid × seeds) with stable ids, and the experiment directory they live in.
+
+A run id is a hash of the settings that change what is learned, so re-running `hpcrl sweep` on the
+same config finds the same runs on disk and only submits what is missing or failed.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import itertools
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import hpcrl
+from hpcrl.config import Experiment, apply_settings
+from hpcrl.io import atomic_write_text
+
+# Sections that change where and how a run executes, not what it learns: they stay out of the run id.
+_NOT_HASHED = ("name", "output", "python", "resources", "container", "cuda", "eval", "image", "sweep")
+
+
+@dataclass
+class Run:
+    index: int
+    run_id: str
+    seed: int
+    settings: dict[str, Any]
+    """The swept values of this run (dotted key -> value)."""
+    config: Experiment
+
+    @property
+    def setting_label(self) -> str:
+        """What seeds of one setting share: the key under which results are averaged."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.settings.items())) or "default"
+
+
+def run_hash(config: Experiment) -> str:
+    data = {k: v for k, v in config.to_dict().items() if k not in _NOT_HASHED}
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def expand(exp: Experiment) -> list[Run]:
+    """The runs of an experiment, in a stable order: grid points in config order, then seeds."""
+    keys = list(exp.sweep.grid)
+    runs = []
+    for values in itertools.product(*(exp.sweep.grid[k] for k in keys)):
+        settings = dict(zip(keys, values))
+        for seed in exp.sweep.seeds:
+            config = apply_settings(exp, settings, seed)
+            run_id = f"{run_hash(config)}-s{seed}"
+            runs.append(Run(len(runs), run_id, seed, settings, config))
+    return runs
+
+
+def seed_of(config: Experiment) -> int:
+    return config.sweep.seeds[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The experiment directory.
+
+
+def run_dir(experiment_dir: Path, run_id: str) -> Path:
+    return experiment_dir / "runs" / run_id
+
+
+def git_commit(path: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def merge_runs(experiment_dir: Path, runs: list[Run]) -> list[Run]:
+    """Keep the indices of runs already on disk; new runs get the next free indices."""
+    known = {row["run_id"]: int(row["index"]) for row in read_runs_csv(experiment_dir)}
+    next_index = max(known.values(), default=-1) + 1
+    merged = []
+    for run in runs:
+        if run.run_id in known:
+            index = known[run.run_id]
+        else:
+            index, next_index = next_index, next_index + 1
+        merged.append(dataclasses.replace(run, index=index))
+    return sorted(merged, key=lambda r: r.index)
+
+
+def read_runs_csv(experiment_dir: Path) -> list[dict[str, str]]:
+    path = experiment_dir / "runs.csv"
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any]) -> Path:
+    """Write experiment.yaml, runs.csv and each run's config.yaml (atomically; existing runs are kept)."""
+    root = exp.dir
+    (root / "jobs").mkdir(parents=True, exist_ok=True)
+    prov = {
+        "hpcrl_version": hpcrl.__version__,
+        "git_commit": git_commit(Path(exp.source).resolve().parent if exp.source else Path.cwd()),
+        "config_file": str(Path(exp.source).resolve()) if exp.source else None,
+        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
+        **provenance,
+    }
+    atomic_write_text(root / "experiment.yaml", yaml.safe_dump({"config": exp.to_dict(), "provenance": prov}, sort_keys=False))
+    # Rows for runs that were in an earlier version of the config stay listed: their results are still there.
+    rows = {row["run_id"]: row for row in read_runs_csv(root)}
+    keys = sorted({k for run in runs for k in run.settings} | {k for row in rows.values() for k in row} - {"index", "run_id", "seed"})
+    for run in runs:
+        rows[run.run_id] = {"index": run.index, "run_id": run.run_id, "seed": run.seed, **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in run.settings.items()}}
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["index", "run_id", "seed", *keys], restval="")
+    writer.writeheader()
+    for row in sorted(rows.values(), key=lambda r: int(r["index"])):
+        writer.writerow(row)
+    atomic_write_text(root / "runs.csv", buf.getvalue())
+    for run in runs:
+        d = run_dir(root, run.run_id)
+        d.mkdir(parents=True, exist_ok=True)
+        data = {"run": {"index": run.index, "run_id": run.run_id, "seed": run.seed, "settings": run.settings}, "config": run.config.to_dict()}
+        atomic_write_text(d / "config.yaml", yaml.safe_dump(data, sort_keys=False))
+    return root
+
+
+def load_runs(experiment_dir: Path) -> list[Run]:
+    """The runs of an experiment on disk, from runs.csv and each run's config.yaml."""
+    from hpcrl.config import experiment_from_dict
+
+    runs = []
+    for row in read_runs_csv(experiment_dir):
+        data = yaml.safe_load((run_dir(experiment_dir, row["run_id"]) / "config.yaml").read_text())
+        info = data["run"]
+        runs.append(Run(int(info["index"]), info["run_id"], int(info["seed"]), info["settings"], experiment_from_dict(data["config"])))
+    return runs
+
+
+def load_run(experiment_dir: Path, index: int) -> Run:
+    """One run by index, reading only its own config (array tasks must not parse the whole sweep)."""
+    from hpcrl.config import experiment_from_dict
+
+    for row in read_runs_csv(experiment_dir):
+        if int(row["index"]) == index:
+            data = yaml.safe_load((run_dir(experiment_dir, row["run_id"]) / "config.yaml").read_text())
+            info = data["run"]
+            return Run(index, info["run_id"], int(info["seed"]), info["settings"], experiment_from_dict(data["config"]))
+    raise KeyError(f"{experiment_dir}: no run with index {index} in runs.csv")

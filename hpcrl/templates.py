@@ -1,0 +1,61 @@
+"""The Jinja2 environment for job scripts and Singularity definitions.
+
+Templates are files a user can read, copy and override: a `job_templates/` (or `singularity/`)
+directory in the working directory wins over the bundled copy. StrictUndefined turns a typo in a
+template into an error at render time instead of an empty string in a job script, and `shquote`
+is the one way a value reaches a shell.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def bundled_dir(name: str) -> Path:
+    """A resource directory shipped with hpcrl: in the wheel under `_bundled/`, or in a source checkout."""
+    for candidate in (PACKAGE_DIR / "_bundled" / name, PACKAGE_DIR.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"hpcrl's bundled {name}/ directory is missing from {PACKAGE_DIR}")
+
+
+def search_path(kind: str, cwd: Path | None = None) -> list[Path]:
+    """User directory first, bundled defaults second."""
+    user = (cwd or Path.cwd()) / kind
+    bundled = bundled_dir(kind)
+    paths = [user] if user.is_dir() and user.resolve() != bundled.resolve() else []
+    return paths + [bundled]
+
+
+def shquote(value: Any) -> str:
+    """Quote any value for a POSIX shell; booleans and None render as YAML would, so hpcrl reads them back."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    else:
+        text = str(value)
+    return shlex.quote(text)
+
+
+def environment(kind: str, cwd: Path | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(p) for p in search_path(kind, cwd)]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["shquote"] = shquote
+    return env
+
+
+def render(kind: str, name: str, context: dict[str, Any], cwd: Path | None = None) -> str:
+    return environment(kind, cwd).get_template(name).render(**context)
