@@ -15,6 +15,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are meant to be shared
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -27,6 +28,12 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

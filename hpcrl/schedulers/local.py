@@ -28,6 +28,7 @@ from hpcrl.io import atomic_write_text
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler
 
 MAX_REQUEUES = 20
+STAGE_ORDER = {"train": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
 
 
@@ -271,7 +272,8 @@ class LocalRunner:
                 jobs = self._load_jobs()
                 if self.stopping:
                     break
-                for job in jobs:
+                # Later stages first: a finished train task's eval beats starting another run.
+                for job in sorted(jobs, key=lambda j: -STAGE_ORDER.get(j["stage"], 0)):
                     for key, s in self.state["jobs"][job["job_id"]].items():
                         task = int(key)
                         if len(running) >= self.pool:

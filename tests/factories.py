@@ -1,0 +1,37 @@
+"""Small configs for tests: tiny budgets so that whole pipelines run in seconds on 2 cores."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "algo": "ppo",
+    "env": {"id": "CartPole-v1", "num_envs": 2},
+    "train": {"total_steps": 1024, "num_steps": 64, "num_minibatches": 2, "update_epochs": 2, "hidden_sizes": [16], "checkpoint_every": 2},
+    "sweep": {"seeds": [0, 1]},
+    "resources": {"max_concurrent": 2},
+    "eval": {"episodes": 2},
+}
+
+
+def deep_update(base: dict, changes: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_update(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_config(directory: Path, changes: dict | None = None, name: str = "config.yaml") -> Path:
+    """A tiny experiment config whose output root is inside `directory`."""
+    data = deep_update(TINY, {"output": str(directory / "logs"), **(changes or {})})
+    path = directory / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -1,0 +1,116 @@
+"""Rendered job scripts: pinned by golden files, valid bash, and immune to shell injection."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from factories import write_config
+from hpcrl.config import load_experiment
+from hpcrl.pipeline import job_context, plan_scripts
+from hpcrl.schedulers import get_scheduler
+from hpcrl.templates import render
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden" / "jobs"
+# Fixed paths so the golden files do not depend on where the tests run.
+PINNED = ["output=/scratch/hpcrl", "python=/opt/venv/bin/python"]
+
+
+def rendered(config: Path, scheduler: str) -> dict[str, str]:
+    exp = load_experiment(config, PINNED)
+    planned = plan_scripts(exp, get_scheduler(scheduler, exp.dir), [0, 1, 2], 0)
+    return {Path(p.script).name: p.text for p in planned}
+
+
+@pytest.mark.parametrize("config,scheduler", [("habitat_ppo", "sge"), ("habitat_ppo", "slurm"), ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm")])
+def test_golden_scripts(config: str, scheduler: str) -> None:
+    """Any change to a rendered script is deliberate: regenerate with HPCRL_UPDATE_GOLDEN=1 and review the diff."""
+    for name, text in rendered(REPO / "configs" / f"{config}.yaml", scheduler).items():
+        golden = GOLDEN / f"{config}.{scheduler}.{name}"
+        if os.environ.get("HPCRL_UPDATE_GOLDEN"):
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(text)
+        assert text == golden.read_text(), f"{golden.name} differs from the rendered script"
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_habitat_scripts_carry_what_the_cluster_needs() -> None:
+    sge = rendered(REPO / "configs" / "habitat_ppo.yaml", "sge")["train-0-0.sh"]
+    assert "#$ -t 1-3" in sge and "#$ -tc 8" in sge and "#$ -l gpu=1" in sge and "#$ -q gpu.q" in sge
+    assert "#$ -pe smp 8" in sge and "#$ -notify" in sge and "#$ -r y" in sge
+    assert "*:/opt/cuda-9.2/lib64:*) ;;" in sge  # the CUDA path is only prepended when absent
+    assert "export SINGULARITYENV_MAGNUM_LOG=quiet" in sge and "export APPTAINERENV_GLOG_minloglevel=2" in sge
+    assert "singularity exec --nv --bind /work:/work --bind /storage:/storage" in sge and "--home /work/home" in sge
+    slurm = rendered(REPO / "configs" / "habitat_ppo.yaml", "slurm")["train-0-0.sh"]
+    assert "#SBATCH --array=1-3%8" in slurm and "#SBATCH --gres=gpu:1" in slurm and "#SBATCH --signal=B:USR1@600" in slurm
+    assert "scontrol requeue" in slurm
+
+
+def test_cuda_guard_prepends_once(tmp_path: Path) -> None:
+    exp = load_experiment(write_config(tmp_path, {"cuda": {"lib_path": "/opt/cuda/lib64"}}))
+    script = render("job_templates", "local.sh.j2", {"scheduler": "local", **job_context(exp, "train", ["--version"], 0, tmp_path)})
+    guard = script[script.index("case") : script.index("esac") + 4] + '\necho "$LD_LIBRARY_PATH"'
+    run = lambda value: subprocess.run(["bash", "-c", guard], env={"PATH": os.environ["PATH"], **value}, capture_output=True, text=True).stdout.strip()
+    assert run({}) == "/opt/cuda/lib64"
+    assert run({"LD_LIBRARY_PATH": "/usr/lib"}) == "/opt/cuda/lib64:/usr/lib"
+    assert run({"LD_LIBRARY_PATH": "/usr/lib:/opt/cuda/lib64"}) == "/usr/lib:/opt/cuda/lib64"
+
+
+POISON = "$(touch {marker})`touch {marker}`;touch {marker}"
+
+
+def test_config_values_never_execute_in_job_scripts(tmp_path: Path) -> None:
+    """Every string field that reaches a shell carries a command; running the script must not run it."""
+    marker = tmp_path / "owned"
+    poison = POISON.format(marker=marker)
+    standin_dir = tmp_path / "bin"
+    standin_dir.mkdir()
+    argv_log = tmp_path / "argv.txt"
+    # A stand-in for the container runtime (none exists on this machine): it records its argv.
+    (standin_dir / "singularity").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {argv_log}\nprintenv > {tmp_path}/env.txt\n')
+    (standin_dir / "singularity").chmod(0o755)
+    image = tmp_path / f"img {poison}.sif"
+    config = write_config(
+        tmp_path,
+        {
+            "env": {"id": poison, "num_envs": 2},
+            "container": {"image": str(image), "binds": [poison], "home": poison, "env": {"INJECT": poison}},
+            "cuda": {"lib_path": poison, "modules": [poison]},
+        },
+    )
+    exp = load_experiment(config)
+    script = render("job_templates", "local.sh.j2", {"scheduler": "local", **job_context(exp, "train", ["train", poison, "--manifest", poison], 3, tmp_path)})
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    env = {"PATH": f"{standin_dir}:{os.environ['PATH']}", "HPCRL_TASK_ID": "1", "HOME": str(tmp_path)}
+    subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=60)
+    assert not marker.exists()
+    argv = argv_log.read_text().splitlines()
+    assert argv[:2] == ["exec", "--nv"] and argv.count(poison) >= 3  # bind, home, train argument, manifest
+    assert str(image) in argv and argv[-2:] == ["--task", "1"]
+    assert f"SINGULARITYENV_INJECT={poison}" in (tmp_path / "env.txt").read_text()
+
+
+def test_user_job_templates_override_the_bundled_ones(tmp_path: Path) -> None:
+    (tmp_path / "job_templates").mkdir()
+    shutil.copy(REPO / "job_templates" / "_job.sh.j2", tmp_path / "job_templates" / "_job.sh.j2")
+    (tmp_path / "job_templates" / "slurm.sh.j2").write_text('{% extends "_job.sh.j2" %}{% block directives %}#SBATCH --qos=site-special\n{% endblock %}')
+    exp = load_experiment(write_config(tmp_path), PINNED)
+    planned = plan_scripts(exp, get_scheduler("slurm", exp.dir), [0], 0, cwd=tmp_path)
+    assert "#SBATCH --qos=site-special" in planned[0].text
+    default = plan_scripts(exp, get_scheduler("slurm", exp.dir), [0], 0, cwd=REPO)
+    assert "#SBATCH --qos=site-special" not in default[0].text
+
+
+def test_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "slurm", "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --array=1-2%2" in proc.stdout and "aftercorr" not in proc.stdout
+    assert not (tmp_path / "logs").exists()

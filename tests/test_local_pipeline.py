@@ -1,0 +1,138 @@
+"""The embedded default end to end: sweep -> train -> eval -> aggregate on local processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from factories import write_config
+
+PY = sys.executable
+
+
+def hpcrl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def local_state(exp: Path) -> dict:
+    return json.loads((exp / "jobs" / "local-state.json").read_text())["jobs"]
+
+
+def test_sweep_runs_the_dag_in_order_and_collects(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"sweep": {"seeds": [0, 1], "grid": {"train.lr": [1e-3, 3e-4]}}})
+    proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    exp = tmp_path / "logs" / "tiny"
+    rows = list(csv.DictReader((exp / "runs.csv").open()))
+    assert len(rows) == 4 and {r["train.lr"] for r in rows} == {"0.001", "0.0003"}
+    state = local_state(exp)
+    train, evaluation, aggregate = state["train-0-0"], state["eval-0-0"], state["aggregate-0"]
+    for task, s in train.items():  # eval task i started after train task i ended
+        assert s["state"] == "done" and evaluation[task]["started"] >= s["ended"]
+    assert aggregate["0"]["started"] >= max(s["ended"] for s in evaluation.values())
+    for row in rows:
+        rd = exp / "runs" / row["run_id"]
+        assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists()
+        assert len(list(csv.DictReader((rd / "eval.csv").open()))) == 2
+    summary = list(csv.DictReader((exp / "results" / "summary.csv").open()))
+    assert {s["setting"] for s in summary} == {"train.lr=0.001", "train.lr=0.0003"}
+    assert all(int(s["n"]) == 2 for s in summary)
+    assert (exp / "results" / "plots" / "curves.png").stat().st_size > 10_000
+    provenance = (exp / "experiment.yaml").read_text()
+    assert "hpcrl_version" in provenance and "submitted_at" in provenance
+
+    again = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert again.returncode == 0 and "nothing submitted" in again.stdout
+
+
+def test_failed_run_is_reported_and_only_it_is_retried(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    exp = tmp_path / "logs" / "tiny"
+    assert hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path).returncode == 0
+    rows = list(csv.DictReader((exp / "runs.csv").open()))
+    broken = exp / "runs" / rows[1]["run_id"]
+    (broken / "DONE").unlink()
+    for ckpt in (broken / "checkpoints").glob("*.pt"):
+        ckpt.write_bytes(b"not a checkpoint")  # the run must retrain from scratch, not resume
+    (broken / "train.csv").unlink()
+    (broken / "FAILED").write_text("RuntimeError: node died\n")
+    status = hpcrl("status", str(exp), cwd=tmp_path)
+    assert "failed" in status.stdout and "node died" in status.stdout
+    proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted 1 of 2 runs" in proc.stdout
+    assert (exp / "jobs" / "1-0.tasks").read_text().split() == [rows[1]["index"]]
+    assert (broken / "DONE").exists() and not (broken / "FAILED").exists()
+
+
+def test_detach_status_and_cancel(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"train": {"total_steps": 10_000_000}, "sweep": {"seeds": [0, 1, 2]}, "resources": {"max_concurrent": 1}})
+    exp = tmp_path / "logs" / "tiny"
+    proc = hpcrl("sweep", str(config), "--scheduler", "local", "--detach", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0 and "background" in proc.stdout
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(exp.glob("runs/*/checkpoints/*.pt")):
+        time.sleep(0.5)
+    status = hpcrl("status", str(exp), cwd=tmp_path).stdout
+    assert "running" in status and "pending" in status
+    assert hpcrl("cancel", str(exp), cwd=tmp_path).returncode == 0
+    state = local_state(exp)
+    assert all(s["state"] == "cancelled" for tasks in state.values() for s in tasks.values())
+    status = hpcrl("status", str(exp), cwd=tmp_path).stdout
+    assert "running" not in status and "cancelled" in status
+
+
+def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """SIGKILL (no chance to save) mid-run; the rerun resumes from the last checkpoint and finishes."""
+    config = write_config(tmp_path, {"train": {"total_steps": 40_000, "checkpoint_every": 5}, "sweep": {"seeds": [0]}})
+    exp = tmp_path / "logs" / "tiny"
+    assert hpcrl("sweep", str(config), "--scheduler", "local", "--dry-run", cwd=tmp_path).returncode == 0
+    # Write the experiment without running it, then drive `hpcrl train` directly as a job would.
+    from hpcrl.config import load_experiment
+    from hpcrl.sweep import expand, write_experiment
+
+    runs = expand(load_experiment(config))
+    write_experiment(load_experiment(config), runs, {})
+    rd = exp / "runs" / runs[0].run_id
+    child = subprocess.Popen([PY, "-m", "hpcrl", "train", str(exp), "--task", "0"], stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list((rd / "checkpoints").glob("*.pt"))) < 2:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    saved = max(int(p.stem.split("-")[1]) for p in (rd / "checkpoints").glob("*.pt"))
+    assert 0 < saved < 40_000 and not (rd / "DONE").exists()
+    rerun = hpcrl("train", str(exp), "--task", "0", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resumed from step {saved}" in rerun.stdout
+    steps = [int(r["step"]) for r in csv.DictReader((rd / "train.csv").open())]
+    assert steps == sorted(set(steps)) and steps[-1] >= 39_000  # no step logged twice
+    assert (rd / "DONE").exists()
+
+
+def test_warning_signal_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"train": {"total_steps": 10_000_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
+    from hpcrl.config import load_experiment
+    from hpcrl.sweep import expand, write_experiment
+
+    runs = expand(load_experiment(config))
+    write_experiment(load_experiment(config), runs, {})
+    exp = tmp_path / "logs" / "tiny"
+    rd = exp / "runs" / runs[0].run_id
+    child = subprocess.Popen([PY, "-m", "hpcrl", "train", str(exp), "--task", "0"], stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (rd / "train.csv").exists():
+        time.sleep(0.05)
+    time.sleep(1)
+    child.send_signal(signal.SIGUSR1)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 99, out
+    saved = [p for p in (rd / "checkpoints").glob("*.pt")]
+    assert len(saved) == 1 and "asking for a requeue" in out
