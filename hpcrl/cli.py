@@ -53,7 +53,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _collect(args: argparse.Namespace) -> int:
     from hpcrl.collect import collect
 
-    return collect(Path(args.experiment), agg=args.agg)
+    return collect(_experiment_dir(args.experiment), agg=args.agg, evaluate=args.evaluate)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -111,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="gather runs, report missing ones, write summary, curves and plots")
     c.add_argument("experiment")
     c.add_argument("--agg", choices=["iqm", "mean"], default="iqm", help="aggregate for curves and intervals")
+    c.add_argument("--evaluate", action="store_true", help="first evaluate, in parallel local processes, trained runs that have no eval yet")
     c.set_defaults(func=_collect)
 
     st = sub.add_parser("status", help="runs x stages: pending, running, done, failed")

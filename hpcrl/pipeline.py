@@ -186,7 +186,7 @@ def submit_experiment(
     *,
     dry_run: bool = False,
     detach: bool = False,
-    out=sys.stdout,
+    out=None,
     cwd: Path | None = None,
 ) -> int:
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""

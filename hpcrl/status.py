@@ -100,7 +100,7 @@ def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str |
     return rows, aggregate, problem
 
 
-def print_status(experiment_dir: Path, out=sys.stdout) -> int:
+def print_status(experiment_dir: Path, out=None) -> int:
     rows, aggregate, problem = experiment_status(experiment_dir)
     header = ("#", "run", "setting", "seed", "train", "progress", "eval", "note")
     table = [header] + [
@@ -119,7 +119,7 @@ def print_status(experiment_dir: Path, out=sys.stdout) -> int:
     return 0
 
 
-def cancel_experiment(experiment_dir: Path, out=sys.stdout) -> int:
+def cancel_experiment(experiment_dir: Path, out=None) -> int:
     jobs = read_jobs(experiment_dir)
     by_scheduler: dict[str, list[str]] = {}
     for job in jobs:

@@ -42,12 +42,27 @@ class Run:
     @property
     def setting_label(self) -> str:
         """What seeds of one setting share: the key under which results are averaged."""
-        return ",".join(f"{k}={v}" for k, v in sorted(self.settings.items())) or "default"
+        return setting_label({k: encode_value(v) for k, v in self.settings.items()})
 
 
-def run_hash(config: Experiment) -> str:
+def encode_value(value: Any) -> str:
+    """How a swept value is written in runs.csv (and so in labels): strings as they are, the rest as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def setting_label(encoded: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(encoded.items())) or "default"
+
+
+def row_label(row: dict[str, str]) -> str:
+    """The setting label of a runs.csv row, without reading the run's config."""
+    return setting_label({k: v for k, v in row.items() if k not in ("index", "run_id", "seed") and v != ""})
+
+
+def run_hash(config: Experiment, settings: dict[str, Any]) -> str:
+    """Hash of what is learned, plus the swept values themselves (a grid over eval.* still makes distinct runs)."""
     data = {k: v for k, v in config.to_dict().items() if k not in _NOT_HASHED}
-    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    blob = json.dumps([data, settings], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
@@ -59,7 +74,7 @@ def expand(exp: Experiment) -> list[Run]:
         settings = dict(zip(keys, values))
         for seed in exp.sweep.seeds:
             config = apply_settings(exp, settings, seed)
-            run_id = f"{run_hash(config)}-s{seed}"
+            run_id = f"{run_hash(config, settings)}-s{seed}"
             runs.append(Run(len(runs), run_id, seed, settings, config))
     return runs
 
@@ -124,7 +139,7 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
     rows = {row["run_id"]: row for row in read_runs_csv(root)}
     keys = sorted({k for run in runs for k in run.settings} | {k for row in rows.values() for k in row} - {"index", "run_id", "seed"})
     for run in runs:
-        rows[run.run_id] = {"index": run.index, "run_id": run.run_id, "seed": run.seed, **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in run.settings.items()}}
+        rows[run.run_id] = {"index": run.index, "run_id": run.run_id, "seed": run.seed, **{k: encode_value(v) for k, v in run.settings.items()}}
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["index", "run_id", "seed", *keys], restval="")
     writer.writeheader()

@@ -20,6 +20,7 @@ from hpcrl.io import atomic_write_text
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import algorithm_class, pick_device
+from hpcrl.rl.video import record_episodes
 from hpcrl.sweep import Run, run_dir
 
 EVAL_SEED_OFFSET = 1_000_003
@@ -89,6 +90,9 @@ def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
         policy.load_state_dict(state_dict["agent"]["policy"])
         policy.eval()
         results = play(policy, run, ecfg.episodes, ecfg.deterministic, device)
+        if ecfg.video and ecfg.video_episodes:
+            for path, frames in record_episodes(policy, run.config.env, ecfg.video_episodes, EVAL_SEED_OFFSET + run.seed, rd / "videos", device):
+                print(f"{run.run_id}: wrote {path.name} ({frames} frames)", file=out)
     except Exception as exc:
         markers.mark(rd, markers.EVAL_FAILED, f"{type(exc).__name__}: {exc}")
         raise
