@@ -211,6 +211,9 @@ class ImageConfig:
     """APPTAINER_TMPDIR: holds the whole unpacked image, so local disk, not Lustre/NFS."""
     template: str = "hpcrl.def.j2"
     """Template name, looked up in ./singularity/ first, then in hpcrl's bundled singularity/."""
+    build_time: str = "02:00:00"
+    build_mem: str = "8G"
+    """Limits of the `--submit` build job: a build takes longer, and more memory, than many training tasks."""
 
     _REMOTE = ("docker", "library", "oras", "shub")
 
@@ -253,6 +256,11 @@ class ImageConfig:
                 errors.append((f"labels.{key}", "expected a label name without spaces, '=' or '#'"))
             elif self._multiline(value):
                 errors.append((f"labels.{key}", "expected a single line"))
+        for key, parse in (("build_time", parse_time_s), ("build_mem", parse_mem_mb)):
+            try:
+                parse(getattr(self, key))
+            except ValueError as exc:
+                errors.append((key, str(exc)))
         for key in ("torch_index", "habitat_channel", "habitat_version", "hpcrl_source", "output_dir", "cachedir", "tmpdir", "template"):
             value = getattr(self, key)
             if value is not None and (self._multiline(value) or not value.strip()):

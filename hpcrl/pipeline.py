@@ -37,6 +37,7 @@ def job_context(
     *,
     requeue: bool = False,
     gpus: int | None = None,
+    cpus: int | None = None,
     time: str | None = None,
 ) -> dict[str, Any]:
     """Everything a job template may use. The templates decide layout; this decides values."""
@@ -61,6 +62,7 @@ def job_context(
         "res": {
             **dataclasses.asdict(res),
             "gpus": res.gpus if gpus is None else gpus,
+            "cpus": res.cpus if cpus is None else cpus,
             "mem_mb": parse_mem_mb(res.mem),
             "time": format_time(time_s),
             "soft_time": format_time(max(1, time_s - res.signal_seconds)),
@@ -77,6 +79,18 @@ def check_directive_safe(exp: Experiment) -> None:
     path = str(exp.dir.resolve())
     if not _DIRECTIVE_SAFE.fullmatch(path):
         raise ConfigError(f"output: the experiment directory {path!r} has characters that job directives cannot carry")
+
+
+def resolved_image(exp: Experiment) -> str | None:
+    """`container.image`, or, when the config has an `image:` section and no explicit path, the SIF
+    that `hpcrl build-image` makes for it: one config then names and uses its image."""
+    if exp.container.image:
+        return exp.container.image
+    if exp.image is not None:
+        from hpcrl.image import image_path_for  # image.py renders jobs through this module
+
+        return str(image_path_for(exp))
+    return None
 
 
 def image_provenance(exp: Experiment) -> dict[str, Any]:
@@ -175,7 +189,7 @@ def plan_scripts(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt
                 time=None if stage == "train" else exp.resources.eval_time,
             )
             out.append(PlannedJob(stage, f"jobs/{stage}-{attempt}-{c}.sh", manifest, part, scheduler.render(ctx, cwd)))
-    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, log_dir, gpus=0, time=exp.resources.eval_time)
+    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, log_dir, gpus=0, cpus=1, time=exp.resources.eval_time)
     out.append(PlannedJob("aggregate", f"jobs/aggregate-{attempt}.sh", None, [], scheduler.render(ctx, cwd)))
     return out
 
@@ -192,6 +206,7 @@ def submit_experiment(
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
     root = exp.dir
     scheduler = get_scheduler(scheduler_name, root)
+    exp.container.image = resolved_image(exp)
     runs = sweep.expand(exp)
     if scheduler.name != "local":
         check_directive_safe(exp)

@@ -23,7 +23,8 @@ PINNED = ["output=/scratch/hpcrl", "python=/opt/venv/bin/python"]
 
 
 def rendered(config: Path, scheduler: str) -> dict[str, str]:
-    exp = load_experiment(config, PINNED)
+    image = ["container.image=/images/habitat.sif"] if config.stem == "habitat_ppo" else []
+    exp = load_experiment(config, PINNED + image)
     planned = plan_scripts(exp, get_scheduler(scheduler, exp.dir), [0, 1, 2], 0)
     return {Path(p.script).name: p.text for p in planned}
 
@@ -46,7 +47,7 @@ def test_habitat_scripts_carry_what_the_cluster_needs() -> None:
     assert "#$ -pe smp 8" in sge and "#$ -notify" in sge and "#$ -r y" in sge
     assert "*:/opt/cuda-9.2/lib64:*) ;;" in sge  # the CUDA path is only prepended when absent
     assert "export SINGULARITYENV_MAGNUM_LOG=quiet" in sge and "export APPTAINERENV_GLOG_minloglevel=2" in sge
-    assert "singularity exec --nv --bind /work:/work --bind /storage:/storage" in sge and "--home /work/home" in sge
+    assert "singularity exec --nv --bind /work:/work --bind /storage:/storage" in sge and "--home /work/home /images/habitat.sif hpcrl" in sge
     slurm = rendered(REPO / "configs" / "habitat_ppo.yaml", "slurm")["train-0-0.sh"]
     assert "#SBATCH --array=1-3%8" in slurm and "#SBATCH --gres=gpu:1" in slurm and "#SBATCH --signal=B:USR1@600" in slurm
     assert "scontrol requeue" in slurm

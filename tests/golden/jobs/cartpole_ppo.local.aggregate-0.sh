@@ -1,0 +1,20 @@
+#!/bin/bash
+# Run by hpcrl's local executor: one process per array task, HPCRL_TASK_ID set for each.
+# hpcrl aggregate job for experiment cartpole_ppo, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${HPCRL_TASK_ID:-0}"
+HPCRL=(/opt/venv/bin/python -m hpcrl)
+
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+"${HPCRL[@]}" collect /scratch/hpcrl/cartpole_ppo &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# Exit code 99 makes the local executor run the task again, as a cluster would requeue it.
+exit "$status"

@@ -1,0 +1,34 @@
+#!/bin/bash
+#SBATCH --job-name=cartpole_ppo-train
+#SBATCH --array=1-3
+#SBATCH --output=/scratch/hpcrl/cartpole_ppo/jobs/logs/train-%A_%a.out
+#SBATCH --open-mode=append
+#SBATCH --cpus-per-task=1
+#SBATCH --mem=2048M
+#SBATCH --time=00:30:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+# hpcrl train job for experiment cartpole_ppo, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
+HPCRL=(/opt/venv/bin/python -m hpcrl)
+
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+"${HPCRL[@]}" train /scratch/hpcrl/cartpole_ppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
+# even a cancelled job: requeue only a task that Slurm still counts as running.
+if [ "$status" -eq 99 ] && [ -n "${SLURM_ARRAY_JOB_ID:-}" ] &&
+   [ "$(squeue -h -j "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" -o %T 2>/dev/null)" = RUNNING ]; then
+  echo "hpcrl: checkpoint written; requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" >&2
+  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" && exit 0
+fi
+exit "$status"
