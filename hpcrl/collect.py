@@ -194,13 +194,21 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
         made["Final evaluation return"] = plots.plot_final_intervals(rows_shown, results_dir / "plots" / "final.png", metric=agg)
         made["Performance profile"] = plots.plot_performance_profile({k: v for k, v in scored.items() if k in best}, results_dir / "plots" / "profile.png")
 
+    improvement = []
+    for x in ranked[:MAX_PLOTTED]:
+        for y in ranked[:MAX_PLOTTED]:
+            if x != y:
+                low, high = stats.probability_of_improvement_ci(scores[x], scores[y])
+                improvement.append([x, y, _fmt(float(stats.probability_of_improvement(scores[x], scores[y]))), _fmt(low), _fmt(high)])
+    _write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high"], improvement)
+
     table = summary_table(summary, by_setting)
     write_report(experiment_dir, table, made, results)
     print(table, file=out)
     for r in results:
         if r.problem:
             print(f"run {r.run_id} ({r.setting}, seed {r.seed}): {r.problem}", file=out)
-    print(f"wrote {results_dir}/summary.csv, curves.csv, report.md and {len(made)} plots in {results_dir}/plots", file=out)
+    print(f"wrote {results_dir}/summary.csv, curves.csv, improvement.csv, report.md and {len(made)} plots in {results_dir}/plots", file=out)
     return 0 if scored else 1
 
 
@@ -237,6 +245,7 @@ def write_report(experiment_dir: Path, table: str, plots_made: dict[str, Path], 
             lines.append(f"- {key.replace('_', ' ')}: `{prov[key]}`")
     lines.append(f"- collected: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     lines += ["", "## Final evaluation return", "", "```", table, "```", ""]
+    lines += ["Pairwise probability of improvement P(X > Y) with 95% bootstrap CIs: [improvement.csv](improvement.csv).", ""]
     for title, path in plots_made.items():
         lines += [f"## {title}", "", f"![{title}]({path.relative_to(results_dir)})", ""]
     problems = [r for r in results if r.problem]

@@ -51,6 +51,8 @@ def test_collect_reports_bad_runs_by_name_and_aggregates_the_rest(tmp_path: Path
     assert (first["n"], first["n_expected"]) == ("1", "3") and set(first["missing_runs"].split()) == {corrupt.run_id, missing.run_id}
     assert (second["n"], second["n_expected"]) == ("2", "3") and second["missing_runs"] == failed.run_id
     assert float(second["mean"]) == 145.0  # runs 4 and 5: eval means 140 and 150
+    improvement = {(r["setting_x"], r["setting_y"]): float(r["p_x_better"]) for r in csv.DictReader((root / "results" / "improvement.csv").open())}
+    assert improvement == {("train.lr=0.0003", "train.lr=0.001"): 1.0, ("train.lr=0.001", "train.lr=0.0003"): 0.0}
     report = (root / "results" / "report.md").read_text()
     assert "plots/curves.png" in report and failed.run_id in report
     for name in ("curves", "final", "profile"):
