@@ -136,3 +136,11 @@ def test_warning_signal_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None
     assert child.returncode == 99, out
     saved = [p for p in (rd / "checkpoints").glob("*.pt")]
     assert len(saved) == 1 and "asking for a requeue" in out
+
+
+def test_sweep_with_missing_image_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"container": {"image": str(tmp_path / "nope.sif")}})
+    proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "container.image" in proc.stderr and "hpcrl build-image" in proc.stderr
+    assert not (tmp_path / "logs").exists()
