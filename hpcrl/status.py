@@ -7,7 +7,6 @@ without a marker is reported failed, with the log to read.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
