@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import json
 import signal
 import subprocess
@@ -144,3 +145,24 @@ def test_sweep_with_missing_image_is_refused_before_anything_is_written(tmp_path
     assert proc.returncode == 2
     assert "container.image" in proc.stderr and "hpcrl build-image" in proc.stderr
     assert not (tmp_path / "logs").exists()
+
+
+def test_ctrl_c_stops_children_and_the_next_sweep_resumes(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"train": {"total_steps": 60_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
+    exp = tmp_path / "logs" / "tiny"
+    # Like a terminal's Ctrl-C: SIGINT to the foreground process group.
+    child = subprocess.Popen([PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(exp.glob("runs/*/train.csv")):
+        time.sleep(0.2)
+    time.sleep(2)
+    os.killpg(child.pid, signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 130, out
+    rd = next(exp.glob("runs/*"))
+    assert not (rd / "DONE").exists() and list((rd / "checkpoints").glob("*.pt")), "the stopped run kept no checkpoint"
+    assert "pgrep" not in out
+    again = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert again.returncode == 0 and (rd / "DONE").exists()
+    log = next((exp / "jobs" / "logs").glob("train-1-0.1.out")).read_text()
+    assert "resumed from step" in log

@@ -1,0 +1,408 @@
+#!/usr/bin/env bash
+# A real single-node Slurm 22.05 (Debian 12 packages) for trying hpcrl against a real scheduler.
+#
+# Why it exists: hpcrl drives schedulers through their command-line tools (sbatch, squeue, sacct, ...), and
+# only a real slurmctld/slurmd shows how dependencies, arrays, requeue and accounting really behave. This script
+# installs the packages when they are missing and starts/stops munge, MariaDB + slurmdbd (so `sacct` works),
+# slurmctld and slurmd on this one host, as root, without systemd. It is idempotent: `start` on a running
+# cluster does nothing, `stop` on a stopped one does nothing.
+#
+# Usage: bash tests/clusters/slurm.sh start|stop|status      (root; see tests/clusters/README.md)
+#
+# Daemons are stopped only by the PIDs in their pid files, never by name.
+set -euo pipefail
+
+HOST=$(hostname -s)
+CLUSTER=hpcrl                          # ClusterName (slurmdbd wants lower case)
+MAX_ARRAY_SIZE=1001                    # array indices 0..1000; Slurm's own default is also 1001
+STATE_DIR=/var/lib/hpcrl-test          # fake GPU device files, DB password
+MARK_DIR=/run/hpcrl-test               # markers: "this script started that daemon"
+FAKE_GPUS=("$STATE_DIR/nvidia0" "$STATE_DIR/nvidia1")
+
+SLURM_CONF=/etc/slurm/slurm.conf
+GRES_CONF=/etc/slurm/gres.conf
+DBD_CONF=/etc/slurm/slurmdbd.conf
+CONF_MARK="# written by hpcrl tests/clusters/slurm.sh"
+
+MUNGE_PID=/run/munge/munged.pid
+MYSQL_PID=/run/mysqld/mysqld.pid
+MYSQL_SOCK=/run/mysqld/mysqld.sock
+DBD_PID=/run/slurmdbd.pid
+CTLD_PID=/run/slurmctld.pid
+SLURMD_PID=/run/slurmd.pid
+
+log() { printf '[slurm.sh] %s\n' "$*"; }
+die() { printf '[slurm.sh] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+# pid_of FILE COMM: print the PID in FILE if that process is alive and is COMM (guards against reused PIDs).
+pid_of() {
+    local file=$1 comm=$2 pid
+    [[ -s $file ]] || return 1
+    pid=$(tr -dc '0-9' <"$file")
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
+    echo "$pid"
+}
+
+running() { pid_of "$1" "$2" >/dev/null; }
+
+# wait_for SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.1 s until it succeeds.
+wait_for() {
+    local limit=$1 what=$2; shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || { log "timed out after ${limit}s waiting for $what"; return 1; }
+        sleep 0.1
+    done
+}
+
+# stop_pidfile FILE COMM: SIGTERM the PID in FILE, SIGKILL after 15 s; quiet when not running.
+stop_pidfile() {
+    local file=$1 comm=$2 pid i
+    if ! pid=$(pid_of "$file" "$comm"); then
+        rm -f "$file"
+        return 0
+    fi
+    log "stopping $comm (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 150; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "$comm (pid $pid) ignored SIGTERM for 15 s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$file"
+}
+
+port_open() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# write_if_changed FILE MODE OWNER: stdin -> FILE, only touching FILE when the content differs.
+# An existing FILE that this script did not write is kept as FILE.hpcrl-backup.
+write_if_changed() {
+    local file=$1 mode=$2 owner=$3 tmp
+    tmp=$(mktemp)
+    cat >"$tmp"
+    if [[ -f $file ]] && ! grep -qF "$CONF_MARK" "$file" && [[ ! -e $file.hpcrl-backup ]]; then
+        cp -p "$file" "$file.hpcrl-backup"
+        log "kept the previous $file as $file.hpcrl-backup"
+    fi
+    if ! cmp -s "$tmp" "$file" 2>/dev/null; then
+        install -m "$mode" -o "${owner%:*}" -g "${owner#*:}" "$tmp" "$file"
+    else
+        chmod "$mode" "$file"
+        chown "$owner" "$file"
+    fi
+    rm -f "$tmp"
+}
+
+# dbd_ok: slurmdbd is running, or slurm.conf does not use it.
+dbd_ok() {
+    running "$DBD_PID" slurmdbd || ! grep -qx 'AccountingStorageType=accounting_storage/slurmdbd' "$SLURM_CONF" 2>/dev/null
+}
+
+node_state() { sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1; }
+node_ready() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+
+# ---------------------------------------------------------------------------------------------- install
+
+install_packages() {
+    local missing=0 b
+    for b in munged slurmctld slurmd sbatch slurmdbd mariadbd; do
+        command -v "$b" >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || missing=1
+    done
+    ((missing)) || return 0
+
+    log "installing munge, Slurm and MariaDB from Debian's packages"
+    local t0=$SECONDS policy_added=0
+    # slurm.sh and sge.sh may be started side by side: one apt/debconf run at a time.
+    install -d -m 755 /var/lib/hpcrl-test
+    exec 9>/var/lib/hpcrl-test/apt.lock
+    flock -w 900 9 || die "timed out waiting for /var/lib/hpcrl-test/apt.lock"
+    # Keep the packages' init scripts from starting daemons during the install (this script starts them itself).
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        policy_added=1
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 \
+        munge slurmctld slurmd slurm-client slurmdbd mariadb-server mariadb-client >/dev/null
+    if ((policy_added)); then
+        rm -f /usr/sbin/policy-rc.d
+        trap - EXIT
+    fi
+    flock -u 9
+    exec 9>&-
+    log "install took $((SECONDS - t0)) s"
+}
+
+# ---------------------------------------------------------------------------------------------- munge
+
+start_munge() {
+    install -d -o munge -g munge -m 755 /run/munge
+    install -d -o munge -g munge -m 700 /var/log/munge /var/lib/munge /etc/munge
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        head -c 1024 /dev/urandom >/etc/munge/munge.key
+    fi
+    chown munge:munge /etc/munge/munge.key
+    chmod 400 /etc/munge/munge.key
+    if ! running "$MUNGE_PID" munged; then
+        if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+            log "a munged not started by this script is already answering; using it"
+            return 0
+        fi
+        runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID"
+        touch "$MARK_DIR/munged"
+    fi
+    wait_for 10 "munge" bash -c 'munge -n | unmunge'
+}
+
+# ---------------------------------------------------------------------------------------------- accounting
+
+db_password() {
+    local f=$STATE_DIR/slurmdbd.dbpass
+    if [[ ! -s $f ]]; then
+        (umask 077 && head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$f")
+    fi
+    cat "$f"
+}
+
+mysql_ping() { mariadb-admin --socket="$MYSQL_SOCK" ping; }
+
+start_mariadb() {
+    install -d -o mysql -g mysql -m 755 /run/mysqld
+    install -d -o mysql -g adm -m 2750 /var/log/mysql
+    if running "$MYSQL_PID" mariadbd || mysql_ping >/dev/null 2>&1; then
+        return 0
+    fi
+    if [[ ! -d /var/lib/mysql/mysql ]]; then
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+    fi
+    # Local socket only: slurmdbd reaches it as "localhost". The InnoDB values are the ones slurmdbd asks for
+    # (it logs "Database settings not recommended values" otherwise); the buffer pool is allocated lazily.
+    setsid /usr/sbin/mariadbd --user=mysql --skip-networking --pid-file="$MYSQL_PID" --socket="$MYSQL_SOCK" \
+        --innodb-buffer-pool-size=1024M --innodb-lock-wait-timeout=900 \
+        </dev/null >>/var/log/mysql/hpcrl-mariadbd.log 2>&1 &
+    touch "$MARK_DIR/mariadbd"
+    wait_for 30 "MariaDB" mysql_ping
+}
+
+write_dbd_conf() {
+    write_if_changed "$DBD_CONF" 600 slurm:slurm <<EOF
+$CONF_MARK
+AuthType=auth/munge
+DbdHost=$HOST
+DbdPort=6819
+SlurmUser=slurm
+PidFile=$DBD_PID
+LogFile=/var/log/slurm/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StoragePort=3306
+StorageUser=slurm
+StoragePass=$(db_password)
+StorageLoc=slurm_acct_db
+EOF
+}
+
+# Runs in a subshell with its own `set -e`; a non-zero exit makes the caller fall back to jobcomp/filetxt.
+setup_accounting() {
+    start_mariadb
+    local pw
+    pw=$(db_password)
+    mariadb --socket="$MYSQL_SOCK" <<EOF
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pw';
+ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$pw';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+EOF
+    write_dbd_conf
+    if ! running "$DBD_PID" slurmdbd; then
+        /usr/sbin/slurmdbd
+    fi
+    wait_for 30 "slurmdbd on port 6819" port_open 6819
+}
+
+register_cluster() {
+    if ! sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx "$CLUSTER"; then
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------- slurm.conf
+
+write_slurm_conf() {
+    local acct_mode=$1 hw mem_kib real_mem acct_lines
+    # "CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1" from slurmd -C.
+    hw=$(slurmd -C | head -n1 | grep -oE '(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=[0-9]+' | tr '\n' ' ')
+    [[ -n $hw ]] || die "slurmd -C printed no hardware description"
+    mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
+    real_mem=$((mem_kib / 1024 - 1024))
+    ((real_mem > 256)) || real_mem=256
+
+    if [[ $acct_mode == slurmdbd ]]; then
+        acct_lines="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$HOST
+AccountingStoragePort=6819
+AccountingStorageTRES=gres/gpu
+JobCompType=jobcomp/none"
+    else
+        acct_lines="AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=/var/log/slurm/jobcomp.log"
+    fi
+
+    write_if_changed "$SLURM_CONF" 644 root:root <<EOF
+$CONF_MARK
+# Single-node test cluster on $HOST; see tests/clusters/README.md.
+ClusterName=$CLUSTER
+SlurmctldHost=$HOST
+SlurmUser=slurm
+AuthType=auth/munge
+AuthInfo=cred_expire=10
+CryptoType=crypto/munge
+MpiDefault=none
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+ReturnToService=2
+KillWait=5
+MinJobAge=3600
+MaxArraySize=$MAX_ARRAY_SIZE
+InactiveLimit=0
+SlurmctldPort=6817
+SlurmdPort=6818
+SlurmctldPidFile=$CTLD_PID
+SlurmdPidFile=$SLURMD_PID
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+$acct_lines
+GresTypes=gpu
+NodeName=$HOST NodeAddr=127.0.0.1 ${hw}RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+EOF
+
+    write_if_changed "$GRES_CONF" 644 root:root <<EOF
+$CONF_MARK
+# Fake GPUs: character devices (like /dev/null) so that --gres=gpu:N jobs can run; see slurm.sh.
+NodeName=$HOST Name=gpu File=$STATE_DIR/nvidia[0-1]
+EOF
+}
+
+make_fake_gpus() {
+    local dev
+    for dev in "${FAKE_GPUS[@]}"; do
+        [[ -c $dev ]] || mknod -m 666 "$dev" c 1 3
+    done
+}
+
+# ---------------------------------------------------------------------------------------------- commands
+
+cmd_start() {
+    [[ $EUID -eq 0 ]] || die "run as root"
+    local t0_ns
+    t0_ns=$(date +%s%N)
+
+    if running "$CTLD_PID" slurmctld && running "$SLURMD_PID" slurmd && dbd_ok && node_ready; then
+        log "already running (node $HOST is $(node_state)); nothing to do"
+        return 0
+    fi
+
+    install_packages
+    install -d -m 755 "$STATE_DIR" "$MARK_DIR"
+    install -d -o slurm -g slurm -m 755 /var/lib/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
+    make_fake_gpus
+    start_munge
+
+    # Accounting (sacct): MariaDB + slurmdbd. slurm.conf must exist first: sacctmgr reads it.
+    # HPCRL_SLURM_ACCOUNTING=filetxt skips slurmdbd on purpose (no MariaDB started).
+    local acct_mode=${HPCRL_SLURM_ACCOUNTING:-slurmdbd} rc
+    [[ $acct_mode == slurmdbd || $acct_mode == filetxt ]] || die "HPCRL_SLURM_ACCOUNTING must be slurmdbd or filetxt"
+    if [[ $acct_mode == slurmdbd ]]; then
+        write_slurm_conf slurmdbd
+        # A subshell with its own errexit, not in an `if`/`&&` (where bash would ignore errexit inside).
+        set +e
+        (set -e; setup_accounting; register_cluster)
+        rc=$?
+        set -e
+        if ((rc != 0)); then
+            log "WARNING: slurmdbd accounting could not be set up (see /var/log/slurm/slurmdbd.log); falling back to jobcomp/filetxt, so sacct will not work"
+            stop_pidfile "$DBD_PID" slurmdbd
+            acct_mode=filetxt
+        fi
+    fi
+    [[ $acct_mode == slurmdbd ]] || write_slurm_conf filetxt
+
+    if ! running "$CTLD_PID" slurmctld; then
+        /usr/sbin/slurmctld
+    fi
+    wait_for 30 "slurmctld" scontrol ping
+    if ! running "$SLURMD_PID" slurmd; then
+        /usr/sbin/slurmd
+    fi
+    if ! wait_for 20 "node $HOST to become idle" node_ready; then
+        # A node left DOWN/DRAIN by an earlier run: ReturnToService=2 normally clears this, resume as fallback.
+        scontrol update nodename="$HOST" state=resume 2>/dev/null || true
+        wait_for 20 "node $HOST to become idle" node_ready ||
+            die "node $HOST is '$(node_state)'; see /var/log/slurm/slurmd.log and slurmctld.log"
+    fi
+    local ms=$((($(date +%s%N) - t0_ns) / 1000000))
+    log "ready: node $HOST is $(node_state), accounting=$acct_mode; start took $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s"
+}
+
+cmd_stop() {
+    [[ $EUID -eq 0 ]] || die "run as root"
+    stop_pidfile "$SLURMD_PID" slurmd
+    stop_pidfile "$CTLD_PID" slurmctld
+    stop_pidfile "$DBD_PID" slurmdbd
+    if [[ -e $MARK_DIR/mariadbd ]]; then
+        stop_pidfile "$MYSQL_PID" mariadbd
+        rm -f "$MARK_DIR/mariadbd"
+    fi
+    if [[ -e $MARK_DIR/munged ]]; then
+        stop_pidfile "$MUNGE_PID" munged
+        rm -f "$MARK_DIR/munged"
+    fi
+    log "stopped"
+}
+
+cmd_status() {
+    local name file comm pid rc=0
+    for name in munged:$MUNGE_PID mariadbd:$MYSQL_PID slurmdbd:$DBD_PID slurmctld:$CTLD_PID slurmd:$SLURMD_PID; do
+        comm=${name%%:*} file=${name#*:}
+        if pid=$(pid_of "$file" "$comm"); then
+            printf '%-10s running (pid %s)\n' "$comm" "$pid"
+        else
+            printf '%-10s stopped\n' "$comm"
+            [[ $comm == slurmctld || $comm == slurmd ]] && rc=1
+        fi
+    done
+    if ((rc == 0)); then
+        printf 'node       %s %s\n' "$HOST" "$(node_state)"
+        printf 'accounting %s\n' "$(scontrol show config 2>/dev/null | awk -F'= ' '/^AccountingStorageType/ {print $2}')"
+        printf 'MaxArraySize %s\n' "$(scontrol show config 2>/dev/null | awk -F'= ' '/^MaxArraySize/ {print $2}')"
+    fi
+    return "$rc"
+}
+
+case ${1:-} in
+start) cmd_start ;;
+stop) cmd_stop ;;
+status) cmd_status ;;
+*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
