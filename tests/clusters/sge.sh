@@ -185,10 +185,11 @@ configure_cluster() {
         -e 's/^(load_adjustment_decay_time[[:space:]]+).*/\10:0:0/' >"$d/sconf"
     qc -Msconf "$d/sconf"
 
-    # Consumable complex `gpu` (fake GPUs for tests).
-    if ! qconf -sc | awk '$1 == "gpu" {found=1} END {exit !found}'; then
-        qconf -sc >"$d/complex"
-        printf 'gpu                 gpu        INT         <=    YES         YES        0        0\n' >>"$d/complex"
+    # Consumable complex `gpu` (fake GPUs for tests), counted per JOB: a per-slot (YES) consumable
+    # would turn `-pe smp 8 -l gpu=1` into a request for 8 GPUs.
+    if ! qconf -sc | awk '$1 == "gpu" && $6 == "JOB" {found=1} END {exit !found}'; then
+        qconf -sc | awk '$1 != "gpu"' >"$d/complex"
+        printf 'gpu                 gpu        INT         <=    YES         JOB        0        0\n' >>"$d/complex"
         qc -Mc "$d/complex"
     fi
 
