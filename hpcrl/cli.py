@@ -43,6 +43,26 @@ def _train(args: argparse.Namespace) -> int:
     return train_run(experiment_dir, run, out=sys.stdout)
 
 
+def _learner(args: argparse.Namespace) -> int:
+    from hpcrl.distributed.learner import run_learner
+
+    experiment_dir, run = _task_run(args)
+    return run_learner(experiment_dir, run, out=sys.stdout)
+
+
+def _actor(args: argparse.Namespace) -> int:
+    from hpcrl.distributed.actor import run_actor
+    from hpcrl.distributed.jobs import actor_of_task
+    from hpcrl.sweep import load_run
+
+    experiment_dir = Path(args.experiment).resolve()
+    if args.manifest:
+        index, actor = actor_of_task(experiment_dir, args.manifest, args.task)
+    else:
+        index, actor = args.task, args.actor
+    return run_actor(experiment_dir, load_run(experiment_dir, index), actor, out=sys.stdout)
+
+
 def _eval(args: argparse.Namespace) -> int:
     from hpcrl.rl.evaluate import evaluate_run
 
@@ -101,12 +121,20 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
     s.set_defaults(func=_sweep)
 
-    for name, func, help_ in (("train", _train, "train one run (the train stage's entry point)"), ("eval", _eval, "evaluate one run (the eval stage's entry point)")):
+    for name, func, help_ in (("train", _train, "train one run (the train stage's entry point)"), ("eval", _eval, "evaluate one run (the eval stage's entry point)"),
+                             ("learner", _learner, "the learner of one distributed run (the learner stage's entry point)")):
         t = sub.add_parser(name, help=help_)
         t.add_argument("experiment")
         t.add_argument("--task", type=int, required=True, help="array task id, or the run index without --manifest")
         t.add_argument("--manifest", help="file (relative to the experiment) whose line N is the run index of task N")
         t.set_defaults(func=func)
+
+    ac = sub.add_parser("actor", help="one actor of a distributed run (the actors stage's entry point)")
+    ac.add_argument("experiment")
+    ac.add_argument("--task", type=int, required=True, help="array task id, or the run index without --manifest")
+    ac.add_argument("--manifest", help="file whose k-th line naming run R makes task N actor k of run R")
+    ac.add_argument("--actor", type=int, default=0, help="actor index without --manifest")
+    ac.set_defaults(func=_actor)
 
     c = sub.add_parser("collect", help="gather runs, report missing ones, write summary, curves and plots")
     c.add_argument("experiment")

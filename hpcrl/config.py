@@ -273,6 +273,103 @@ class ImageConfig:
 
 
 @dataclass
+class RedisConfig:
+    """Where the run's board and queue live."""
+
+    address: Optional[str] = None
+    """`host:port` of an external Redis shared by the runs; empty: each learner job starts its own
+    redis-server (the Debian package; `hpcrl build-image` installs it with image.extras: [distributed])."""
+    password_env: str = "HPCRL_REDIS_PASSWORD"
+    """Environment variable of the learner job that holds the external Redis's password (never the config file)."""
+    bind: str = "auto"
+    """Address the learner's own redis-server listens on; `auto`: the address the learner node's host name
+    resolves to (what actors on other nodes dial); `127.0.0.1` keeps it to one machine."""
+    executable: str = "redis-server"
+
+    def check(self) -> list[tuple[str, str]]:
+        errors = []
+        if self.address is not None:
+            host, sep, port = self.address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                errors.append(("address", f"expected host:port, got {self.address!r}"))
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.password_env):
+            errors.append(("password_env", "expected an environment variable name (letters, digits, underscore)"))
+        if not self.bind.strip() or any(c.isspace() for c in self.bind):
+            errors.append(("bind", f"expected an address or 'auto', got {self.bind!r}"))
+        return errors
+
+
+@dataclass
+class DistributedConfig:
+    """Ape-X style: per run, one learner job and an array of actor jobs talking through Redis.
+
+    Only off-policy learning is correct when actors act with parameters a few versions old, so
+    this section requires `algo: dqn` (the learner keeps DQN's replay; train.* still applies).
+    """
+
+    actors: int = 2
+    envs_per_actor: int = 4
+    batch_transitions: int = 64
+    """Transitions per message an actor sends (rounded up to whole vector steps)."""
+    queue_bound: int = 8
+    """Batches the queue may hold; a full queue blocks the actors (backpressure) instead of dropping.
+    Small on purpose: a batch waits in a full queue for queue_bound x batch_transitions x updates per
+    transition / publish_every parameter versions, which must stay below max_lag."""
+    publish_every: int = 20
+    """Learner updates between parameter publications; each publication is a new parameter version."""
+    max_lag: int = 25
+    """Batches produced with parameters more than this many versions old are dropped (and counted)."""
+    n_step: int = 3
+    """Actors send n-step returns (Ape-X uses 3)."""
+    epsilon: float = 0.4
+    epsilon_alpha: float = 7.0
+    """Env slot k of K acts with epsilon ** (1 + alpha * k / (K - 1)) (Ape-X's per-actor exploration)."""
+    prioritized: bool = False
+    """Prioritised replay on the learner (proportional, with importance weights)."""
+    priority_alpha: float = 0.6
+    priority_beta: float = 0.4
+    """Initial importance-sampling exponent, annealed to 1 over total_steps."""
+    heartbeat_s: float = 1.0
+    dead_after_s: float = 3.0
+    """An actor whose heartbeat is older than this is reported dead (its key expires)."""
+    learner_timeout_s: float = 600.0
+    """Actors wait this long for a learner (at start, or after it went away) before exiting with code 75."""
+    parallel_runs: Optional[int] = None
+    """Runs whose learner and actors run at once; later runs wait for the earlier learners. Default: all on
+    a cluster; on the local executor, as many as its task pool (resources.max_concurrent) holds."""
+    actor_cpus: int = 1
+    actor_mem: str = "2G"
+    redis: RedisConfig = field(default_factory=RedisConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        errors = []
+        for key in ("actors", "envs_per_actor", "batch_transitions", "queue_bound", "publish_every", "n_step", "actor_cpus"):
+            if getattr(self, key) < 1:
+                errors.append((key, "expected a positive integer"))
+        if self.max_lag < 0:
+            errors.append(("max_lag", "expected a non-negative integer"))
+        if not 0 < self.epsilon <= 1:
+            errors.append(("epsilon", "expected a number in (0, 1]"))
+        if self.epsilon_alpha < 0:
+            errors.append(("epsilon_alpha", "expected a non-negative number"))
+        if self.priority_alpha < 0 or not 0 <= self.priority_beta <= 1:
+            errors.append(("priority_beta" if self.priority_alpha >= 0 else "priority_alpha", "expected alpha >= 0 and beta in [0, 1]"))
+        if self.heartbeat_s <= 0:
+            errors.append(("heartbeat_s", "expected a positive number"))
+        if self.dead_after_s <= self.heartbeat_s:
+            errors.append(("dead_after_s", f"must be longer than heartbeat_s ({self.heartbeat_s:g})"))
+        if self.learner_timeout_s <= 0:
+            errors.append(("learner_timeout_s", "expected a positive number"))
+        if self.parallel_runs is not None and self.parallel_runs < 1:
+            errors.append(("parallel_runs", "expected a positive integer"))
+        try:
+            parse_mem_mb(self.actor_mem)
+        except ValueError as exc:
+            errors.append(("actor_mem", str(exc)))
+        return errors
+
+
+@dataclass
 class Experiment:
     name: str
     algo: Literal["ppo", "a2c", "dqn"] = "ppo"
@@ -288,6 +385,8 @@ class Experiment:
     """Root under which `<output>/<name>/` is created."""
     python: Optional[str] = None
     """Interpreter the job scripts run when no image is set; defaults to the one running `hpcrl sweep`."""
+    distributed: Optional[DistributedConfig] = None
+    """Decoupled learner and actor jobs (Ape-X style) instead of one train job per run."""
     source: Optional[str] = field(default=None, metadata={"internal": True})
 
     @property
@@ -298,6 +397,11 @@ class Experiment:
         data = dataclasses.asdict(self)
         data.pop("source")
         return data
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.distributed is not None and self.algo != "dqn":
+            return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
+        return []
 
 
 # --------------------------------------------------------------------------------------------

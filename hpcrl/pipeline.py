@@ -167,10 +167,16 @@ class PlannedJob:
     runs: list[int]
     """Run indices of the array tasks, in task order (empty for the aggregate)."""
     text: str
+    after: list[tuple[str, str]] | None = None
+    """Dependencies as (script of an earlier planned job, kind); None: the train -> eval -> aggregate rule."""
 
 
 def plan_scripts(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> list[PlannedJob]:
     """Render the scripts of one submission, chunk by chunk, aggregate last."""
+    if exp.distributed is not None:
+        from hpcrl.distributed.jobs import plan_distributed
+
+        return plan_distributed(exp, scheduler, todo, attempt, cwd)
     root = exp.dir.resolve()
     log_dir = root / "jobs" / "logs"
     out = []
@@ -231,6 +237,7 @@ def submit_experiment(
     (root / "jobs" / "logs").mkdir(parents=True, exist_ok=True)
     train_ids: dict[str, str] = {}
     eval_ids: list[str] = []
+    script_ids: dict[str, str] = {}
     new_jobs = []
     for planned in plan_scripts(exp, scheduler, todo, attempt, cwd):
         stage, manifest = planned.stage, planned.manifest
@@ -239,13 +246,16 @@ def submit_experiment(
             atomic_write_text(root / manifest, "".join(f"{i}\n" for i in planned.runs))
         atomic_write_text(script, planned.text)
         script.chmod(0o755)
-        if stage == "train":
+        if planned.after is not None:
+            after = [Dependency(script_ids[s], kind) for s, kind in planned.after]
+        elif stage == "train":
             after = []
         elif stage == "eval":
             after = [Dependency(train_ids[manifest], "each")]
         else:
             after = [Dependency(j, "all") for j in eval_ids]
         job_id = scheduler.submit(script, len(planned.runs), after)
+        script_ids[planned.script] = job_id
         if stage == "train":
             train_ids[manifest] = job_id
         elif stage == "eval":

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl import markers, sweep
+from hpcrl.io import atomic_write_text
 from hpcrl.pipeline import manifest_runs, read_jobs
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, PENDING, RUNNING, SchedulerError
@@ -47,9 +48,16 @@ def last_step(run_dir: Path) -> int:
     return 0
 
 
+def cancelled_path(experiment_dir: Path) -> Path:
+    """Job ids `hpcrl cancel` cancelled, one a line: Grid Engine forgets them at once, this file does not."""
+    return experiment_dir / "jobs" / "cancelled"
+
+
 def scheduler_states(experiment_dir: Path) -> tuple[dict[tuple[str, int], str], str | None]:
     """(stage, run index) -> state of the newest task that ran it, from one query per scheduler."""
     jobs = read_jobs(experiment_dir)
+    path = cancelled_path(experiment_dir)
+    cancelled = set(path.read_text().split()) if path.exists() else set()
     states: dict[tuple[str, int], str] = {}
     problem = None
     by_scheduler: dict[str, list] = {}
@@ -62,11 +70,12 @@ def scheduler_states(experiment_dir: Path) -> tuple[dict[tuple[str, int], str], 
             problem, answer = f"{name}: {exc}", {}
         for job in sorted(group, key=lambda j: j.attempt):
             tasks = answer.get(job.job_id, {})
+            gone = CANCELLED if job.job_id in cancelled else "gone"
             if job.manifest:
                 for task, run_index in enumerate(manifest_runs(experiment_dir, job), start=1):
-                    states[(job.stage, run_index)] = tasks.get(task, "gone")
+                    states[(job.stage, run_index)] = tasks.get(task, gone)
             else:
-                states[(job.stage, -1)] = tasks.get(0, "gone")
+                states[(job.stage, -1)] = tasks.get(0, gone)
     return states, problem
 
 
@@ -121,9 +130,13 @@ def print_status(experiment_dir: Path, out=None) -> int:
 def cancel_experiment(experiment_dir: Path, out=None) -> int:
     jobs = read_jobs(experiment_dir)
     by_scheduler: dict[str, list[str]] = {}
-    for job in jobs:
+    # Newest first, so dependents go before what they wait for: a scheduler that releases a hold
+    # when the predecessor is cancelled (Grid Engine does) could otherwise start them mid-cancel.
+    for job in reversed(jobs):
         by_scheduler.setdefault(job.scheduler, []).append(job.job_id)
     for name, ids in by_scheduler.items():
         get_scheduler(name, experiment_dir).cancel(ids)
         print(f"{experiment_dir}: cancelled {len(ids)} {name} jobs", file=out)
+    if jobs:
+        atomic_write_text(cancelled_path(experiment_dir), "".join(f"{job.job_id}\n" for job in jobs))
     return 0

@@ -52,6 +52,8 @@ def make_env(spec: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One environment with the config's wrappers (frame stacking for pixel observations)."""
     env = BACKENDS[spec.backend](spec, render_mode)
     if spec.frame_stack > 1:
+        if not isinstance(env.observation_space, gym.spaces.Box):
+            raise ValueError(f"env.frame_stack needs Box observations, {spec.id} has {type(env.observation_space).__name__} (use train.recurrent_size for memory)")
         env = gym.wrappers.FrameStackObservation(env, spec.frame_stack)
         if len(env.observation_space.shape) == 4:  # (stack, C, H, W) -> (stack*C, H, W) for a CNN
             env = _MergeStackedChannels(env)
@@ -73,6 +75,9 @@ class _MergeStackedChannels(gym.ObservationWrapper):
 
 def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str | None = None) -> gym.vector.VectorEnv:
     """`num_envs` copies stepped together, with episode statistics in `info["episode"]`."""
+    if spec.normalize_obs:
+        # Statistics kept in env wrappers would differ per worker and be lost to evaluation.
+        raise ValueError("env.normalize_obs is not supported: set train.normalize_obs, which keeps the statistics in the policy")
     n = num_envs or spec.num_envs
     thunks = [lambda: make_env(spec, render_mode) for _ in range(n)]
     mode = spec.vectorization
@@ -80,18 +85,31 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
         mode = "async" if spec.backend in _ASYNC_BACKENDS and n > 1 else "sync"
     kwargs: dict[str, Any] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     if mode == "async":
+        if spec.backend == "habitat":
+            # Simulators that render on the GPU must not inherit a parent's CUDA state through
+            # fork (evaluation starts its envs after the policy is on the GPU); habitat-baselines
+            # uses forkserver for the same reason.
+            kwargs["context"] = "forkserver"
         envs = gym.vector.AsyncVectorEnv(thunks, **kwargs)
     else:
         envs = gym.vector.SyncVectorEnv(thunks, **kwargs)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
-def final_observations(obs: np.ndarray, info: dict[str, Any]) -> np.ndarray:
-    """The true last observations of this step: `obs` with the finished envs' final_obs put back."""
+def final_observations(obs: np.ndarray | dict[str, np.ndarray], info: dict[str, Any]) -> np.ndarray | dict[str, np.ndarray]:
+    """The true last observations of this step: `obs` with the finished envs' final_obs put back
+    (per key for Dict observations)."""
     if "_final_obs" not in info or not info["_final_obs"].any():
         return obs
+    finished = np.flatnonzero(info["_final_obs"])
+    if isinstance(obs, dict):
+        out = {key: value.copy() for key, value in obs.items()}
+        for i in finished:
+            for key in out:
+                out[key][i] = info["final_obs"][i][key]
+        return out
     out = obs.copy()
-    for i in np.flatnonzero(info["_final_obs"]):
+    for i in finished:
         out[i] = info["final_obs"][i]
     return out
 
@@ -102,3 +120,12 @@ def finished_episodes(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0), np.empty(0, dtype=np.int64)
     mask = info["_episode"]
     return info["episode"]["r"][mask].astype(np.float64), info["episode"]["l"][mask].astype(np.int64)
+
+
+def episode_metrics(info: dict[str, Any], i: int) -> dict[str, float]:
+    """Task metrics env `i` reported for the episode it just finished (Habitat: success, SPL,
+    distance_to_goal), from `info["episode_metrics"]` as the vector env batches it."""
+    metrics = info.get("episode_metrics")
+    if not metrics or not info["_episode_metrics"][i]:
+        return {}
+    return {k: float(v[i]) for k, v in metrics.items() if not k.startswith("_") and metrics[f"_{k}"][i]}

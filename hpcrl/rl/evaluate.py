@@ -18,7 +18,8 @@ import torch
 from hpcrl import markers
 from hpcrl.io import atomic_write_text
 from hpcrl.rl import checkpoint
-from hpcrl.rl.envs import make_vec_env
+from hpcrl.rl.envs import episode_metrics, make_vec_env
+from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.train import algorithm_class, pick_device
 from hpcrl.rl.video import record_episodes
 from hpcrl.sweep import Run, run_dir
@@ -40,22 +41,24 @@ def final_train_return(rd: Path, last: int = 10) -> float:
     return float(np.mean(values[-last:])) if values else math.nan
 
 
-def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, device: torch.device) -> list[tuple[float, int]]:
-    """Exactly `episodes` episodes, spread evenly over up to 8 parallel envs (no bias to short ones)."""
+def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, device: torch.device) -> list[tuple[float, int, dict[str, float]]]:
+    """Exactly `episodes` episodes, spread evenly over up to 8 parallel envs (no bias to short ones);
+    each with its return, length and the task metrics the env reports (Habitat: success, SPL)."""
     n_envs = min(episodes, 8)
     quota = np.array([episodes // n_envs + (i < episodes % n_envs) for i in range(n_envs)])
     envs = make_vec_env(run.config.env, n_envs)
-    results: list[tuple[float, int]] = []
+    results: list[tuple[float, int, dict[str, float]]] = []
     try:
         obs, _ = envs.reset(seed=EVAL_SEED_OFFSET + run.seed)
         while len(results) < episodes:
-            action = policy.act(torch.as_tensor(obs, dtype=torch.float32, device=device), deterministic)
-            obs, _, _, _, info = envs.step(action.cpu().numpy())
+            action = policy.act(obs_to_tensor(obs, device), deterministic)
+            obs, _, terminated, truncated, info = envs.step(action.cpu().numpy())
+            policy.reset_memory(terminated | truncated)  # a recurrent policy forgets finished episodes
             if "_episode" in info and info["_episode"].any():
                 for i in np.flatnonzero(info["_episode"]):
                     if quota[i] > 0:
                         quota[i] -= 1
-                        results.append((float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
+                        results.append((float(info["episode"]["r"][i]), int(info["episode"]["l"][i]), episode_metrics(info, i)))
     finally:
         envs.close()
     return results
@@ -98,11 +101,12 @@ def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
         raise
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["episode", "return", "length"])
-    for i, (ret, length) in enumerate(results):
-        writer.writerow([i, f"{ret:.6g}", length])
+    metric_names = sorted({name for *_, metrics in results for name in metrics})
+    writer.writerow(["episode", "return", "length", *metric_names])
+    for i, (ret, length, metrics) in enumerate(results):
+        writer.writerow([i, f"{ret:.6g}", length, *(f"{metrics[k]:.6g}" if k in metrics else "" for k in metric_names)])
     atomic_write_text(rd / "eval.csv", buf.getvalue())
-    mean = float(np.mean([r for r, _ in results]))
+    mean = float(np.mean([r for r, *_ in results]))
     markers.mark(rd, markers.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes")
     print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes", file=out)
     return 0

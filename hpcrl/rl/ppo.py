@@ -1,164 +1,257 @@
-"""Proximal Policy Optimisation (Schulman et al. 2017), after CleanRL's ppo.py.
+"""Proximal Policy Optimisation (Schulman et al. 2017), after CleanRL's ppo.py, and the rollout
+that A2C shares.
 
-One `iteration` = collect `num_steps` vector steps from all envs (one batched forward pass per
-step), compute GAE, then `update_epochs` passes of clipped-surrogate minibatch updates. Details
-that matter and are here: advantage normalisation per minibatch, clipped value loss, entropy
-bonus, global gradient clipping, linear learning-rate (and optionally clip) annealing, and value
-bootstrapping for truncated episodes (CartPole's 500-step limit is not a failure).
+`OnPolicyAgent` owns everything both algorithms do the same way: collect `num_steps` vector steps
+from all envs with one batched forward pass per step, bootstrap truncated episodes (CartPole's
+500-step limit is not a failure), carry a GRU state across steps and zero it where episodes
+start, compute GAE, anneal the learning rate, update observation statistics, and save/restore all
+of it. `PPO` adds the clipped-surrogate update: `update_epochs` passes over minibatches with
+advantage normalisation per minibatch, a clipped value loss, an entropy bonus and global gradient
+clipping. a2c.py adds A2C's single-step update to the same rollout: the subtle parts (autoreset,
+truncation, recurrent resets, resume) then exist once, and each algorithm file holds only what
+makes it that algorithm.
+
+Storage stays where it is used: observations, actions, log-probs and values on the device (the
+update reads them there), rewards and episode starts in host memory, where GAE runs in numpy
+(T small vectors: cheaper than T x 6 tiny device ops, and no per-step host-device transfer).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
 from hpcrl.rl.envs import final_observations, finished_episodes
-from hpcrl.rl.hparams import PPOConfig
-from hpcrl.rl.networks import ActorCritic
+from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
+from hpcrl.rl.networks import ActorCritic, GradientStep, Obs, adam, obs_to_tensor
 
 
-class PPO:
-    metric_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "lr")
+def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
+    """Apply `fn` to an observation batch, key by key for Dict observations."""
+    return {k: fn(v) for k, v in obs.items()} if isinstance(obs, dict) else fn(obs)
 
-    def __init__(self, cfg: PPOConfig, envs: gym.vector.VectorEnv, device: torch.device, seed: int) -> None:
+
+def _storage(space: gym.Space, steps: int, num_envs: int, device: torch.device) -> Obs:
+    """Rollout storage in the observation's own dtype (uint8 pixels stay 1 byte each)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _storage(s, steps, num_envs, device) for k, s in space.spaces.items()}
+    dtype = torch.from_numpy(np.zeros(0, dtype=space.dtype)).dtype
+    return torch.zeros((steps, num_envs, *space.shape), dtype=dtype, device=device)
+
+
+def _write(storage: Obs, step: int, obs: Obs) -> None:
+    if isinstance(storage, dict):
+        for k in storage:
+            storage[k][step] = obs[k]
+    else:
+        storage[step] = obs
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, firsts: np.ndarray, next_value: np.ndarray, next_first: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """Generalised advantage estimates (Schulman et al. 2016) for (T, N) arrays.
+
+    `firsts[t]` marks observations that start an episode, so the recursion is cut between
+    t and t+1 where `firsts[t+1]` is set. Truncated episodes have their bootstrap value already
+    folded into the last reward, so a cut there is right too.
+    """
+    steps = rewards.shape[0]
+    adv = np.zeros_like(rewards)
+    last = np.zeros_like(next_value)
+    for t in reversed(range(steps)):
+        if t == steps - 1:
+            nonterminal, next_values = 1.0 - next_first, next_value
+        else:
+            nonterminal, next_values = 1.0 - firsts[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * nonterminal - values[t]
+        last = delta + gamma * lam * nonterminal * last
+        adv[t] = last
+    return adv
+
+
+class OnPolicyAgent:
+    """Rollout, GAE and checkpointing for actor-critic algorithms; subclasses define the update."""
+
+    metric_names: tuple[str, ...] = ()
+
+    def __init__(self, cfg: OnPolicyConfig, envs: gym.vector.VectorEnv, device: torch.device, seed: int) -> None:
         self.cfg, self.envs, self.device = cfg, envs, device
         self.policy = self.make_policy(cfg, envs.single_observation_space, envs.single_action_space).to(device)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
-        self.num_envs = envs.num_envs
-        self.batch_size = self.num_envs * cfg.num_steps
-        self.minibatch_size = max(1, self.batch_size // cfg.num_minibatches)
+        self.gradient_step = GradientStep(self.make_optimizer(), list(self.policy.parameters()), cfg.max_grad_norm, cfg.amp, device)
+        self.num_envs = n = envs.num_envs
+        self.batch_size = n * cfg.num_steps
         self.num_iterations = max(1, cfg.total_steps // self.batch_size)
         self.global_step = 0
         self.iteration = 0
         self.episodes: list[tuple[float, int]] = []
-        obs_shape = envs.single_observation_space.shape
-        act_shape = envs.single_action_space.shape
-        n, t = self.num_envs, cfg.num_steps
-        self.obs = torch.zeros((t, n, *obs_shape), device=device)
-        self.actions = torch.zeros((t, n, *act_shape), device=device)
+        t = cfg.num_steps
+        action_space = envs.single_action_space
+        self.obs = _storage(envs.single_observation_space, t, n, device)
+        action_dtype = torch.long if isinstance(action_space, gym.spaces.Discrete) else torch.float32
+        self.actions = torch.zeros((t, n, *action_space.shape), dtype=action_dtype, device=device)
         self.logprobs = torch.zeros((t, n), device=device)
-        self.rewards = torch.zeros((t, n), device=device)
-        self.dones = torch.zeros((t, n), device=device)
         self.values = torch.zeros((t, n), device=device)
-        next_obs, _ = envs.reset(seed=seed)
-        self.next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-        self.next_done = torch.zeros(n, device=device)
+        self.rewards = np.zeros((t, n), dtype=np.float32)
+        self.firsts = np.zeros((t, n), dtype=np.float32)
+        obs, _ = envs.reset(seed=seed)
+        self.next_obs = obs_to_tensor(obs, device)
+        self.next_first = np.ones(n, dtype=np.float32)
+        self.state = self.policy.initial_state(n, device)
+        self.rollout_state = self.state
 
     @staticmethod
-    def make_policy(cfg: PPOConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
+    def make_policy(cfg: OnPolicyConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
         """The network evaluation rebuilds from a checkpoint's `policy` weights."""
-        return ActorCritic(obs_space, action_space, cfg.hidden_sizes, cfg.activation)
+        return ActorCritic(obs_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.recurrent_size, cfg.normalize_obs, cfg.amp)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return adam(list(self.policy.parameters()), self.cfg.lr, 1e-5, self.device)
 
     @property
     def finished(self) -> bool:
         return self.iteration >= self.num_iterations
 
+    def _firsts_tensor(self, firsts: np.ndarray) -> torch.Tensor | None:
+        """Episode starts as the GRU needs them; feed-forward policies take none."""
+        return torch.as_tensor(firsts, device=self.device) if self.policy.gru is not None else None
+
     # ---------------------------------------------------------------- rollout
     @torch.no_grad()
     def collect(self) -> None:
         cfg = self.cfg
+        self.rollout_state = self.state
         for step in range(cfg.num_steps):
             self.global_step += self.num_envs
-            self.obs[step] = self.next_obs
-            self.dones[step] = self.next_done
-            action, logprob, _, value = self.policy.act_and_value(self.next_obs)
-            self.values[step] = value
+            _write(self.obs, step, self.next_obs)
+            self.firsts[step] = self.next_first
+            action, logprob, value, self.state = self.policy.step(self.next_obs, self.state, self._firsts_tensor(self.next_first))
             self.actions[step] = action
             self.logprobs[step] = logprob
-            obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
-            reward = torch.as_tensor(reward, dtype=torch.float32, device=self.device)
-            if truncated.any():
+            self.values[step] = value
+            obs, reward, terminated, truncated, info = self.envs.step(self.policy.clip_action(action).cpu().numpy())
+            reward = reward.astype(np.float32) * cfg.reward_scale
+            cut = truncated & ~terminated
+            if cut.any():
                 # A time limit is not a terminal state: bootstrap from the value of the last observation.
-                last = final_observations(obs, info)[truncated & ~terminated]
-                if len(last):
-                    boot = self.policy.value(torch.as_tensor(last, dtype=torch.float32, device=self.device))
-                    idx = torch.as_tensor(np.flatnonzero(truncated & ~terminated), device=self.device)
-                    reward[idx] += cfg.gamma * boot
+                last = _map(lambda x: x[torch.as_tensor(cut, device=self.device)], obs_to_tensor(final_observations(obs, info), self.device))
+                state = self.state[:, torch.as_tensor(cut, device=self.device)] if self.state is not None else None
+                reward[cut] += cfg.gamma * self.policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
             self.rewards[step] = reward
-            self.next_obs = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-            self.next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=self.device)
+            self.next_obs = obs_to_tensor(obs, self.device)
+            self.next_first = (terminated | truncated).astype(np.float32)
             returns, lengths = finished_episodes(info)
             self.episodes.extend(zip(returns.tolist(), lengths.tolist()))
 
     @torch.no_grad()
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        next_value = self.policy.value(self.next_obs)
-        adv = torch.zeros_like(self.rewards)
-        last = torch.zeros(self.num_envs, device=self.device)
-        for t in reversed(range(cfg.num_steps)):
-            if t == cfg.num_steps - 1:
-                nonterminal, next_values = 1.0 - self.next_done, next_value
-            else:
-                nonterminal, next_values = 1.0 - self.dones[t + 1], self.values[t + 1]
-            delta = self.rewards[t] + cfg.gamma * next_values * nonterminal - self.values[t]
-            last = delta + cfg.gamma * cfg.gae_lambda * nonterminal * last
-            adv[t] = last
-        return adv, adv + self.values
+        next_value = self.policy.value(self.next_obs, self.state, self._firsts_tensor(self.next_first)).cpu().numpy()
+        values = self.values.cpu().numpy()
+        adv = gae(self.rewards, values, self.firsts, next_value, self.next_first, self.cfg.gamma, self.cfg.gae_lambda)
+        return torch.as_tensor(adv, device=self.device), torch.as_tensor(adv + values, device=self.device)
 
-    # ---------------------------------------------------------------- update
+    def batch(self, adv: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
+        """The rollout flattened time-major (row t * num_envs + env), as the GRU replays it."""
+        flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+        return {
+            "obs": _map(flat, self.obs),
+            "actions": flat(self.actions),
+            "logprobs": flat(self.logprobs),
+            "values": flat(self.values),
+            "adv": flat(adv),
+            "returns": flat(returns),
+            "firsts": flat(torch.as_tensor(self.firsts, device=self.device)),
+        }
+
+    def minibatches(self, count: int) -> Iterator[tuple[Any, torch.Tensor | None]]:
+        """(row index, GRU state at the rollout start) per minibatch. Feed-forward minibatches are
+        random transitions; recurrent ones are whole env sequences, so the GRU can be replayed."""
+        if count == 1:
+            yield slice(None), self.rollout_state
+        elif self.policy.gru is None:
+            size = max(1, self.batch_size // count)
+            perm = torch.randperm(self.batch_size, device=self.device)
+            for start in range(0, self.batch_size, size):
+                yield perm[start : start + size], None
+        else:
+            per = max(1, self.num_envs // count)
+            envs = torch.randperm(self.num_envs, device=self.device)
+            rows = torch.arange(self.cfg.num_steps, device=self.device)[:, None] * self.num_envs
+            for start in range(0, self.num_envs, per):
+                chosen = envs[start : start + per]
+                yield (rows + chosen[None, :]).reshape(-1), self.rollout_state[:, chosen]
+
+    # ---------------------------------------------------------------- the iteration
     def train_iteration(self) -> dict[str, float]:
         cfg = self.cfg
-        frac = 1.0 - self.iteration / self.num_iterations
-        lr = cfg.lr * frac if cfg.anneal_lr else cfg.lr
-        clip = cfg.clip_coef * frac if cfg.anneal_clip else cfg.clip_coef
-        for group in self.optimizer.param_groups:
+        lr = cfg.lr * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_lr else cfg.lr
+        for group in self.gradient_step.optimizer.param_groups:
             group["lr"] = lr
         self.collect()
         adv, returns = self.advantages()
+        metrics = self.update(self.batch(adv, returns))
+        if self.policy.obs_norm is not None:
+            # After the update, so the rollout and its update saw the same statistics.
+            self.policy.obs_norm.update(self.obs)
+        self.iteration += 1
+        return {**metrics, "lr": lr}
 
-        b_obs = self.obs.reshape((-1, *self.envs.single_observation_space.shape))
-        b_actions = self.actions.reshape((-1, *self.envs.single_action_space.shape))
-        b_logprobs, b_adv = self.logprobs.reshape(-1), adv.reshape(-1)
-        b_returns, b_values = returns.reshape(-1), self.values.reshape(-1)
+    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        raise NotImplementedError
 
-        clipfracs, approx_kl = [], torch.zeros(())
+    # ---------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """Weights (with observation statistics), optimiser and counters. The envs and the GRU
+        state are not saved: a resumed run resets its envs and starts every episode afresh."""
+        return {
+            "policy": self.policy.state_dict(),
+            **self.gradient_step.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.gradient_step.load_state_dict(state)
+        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+
+
+class PPO(OnPolicyAgent):
+    metric_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "lr")
+    cfg: PPOConfig
+
+    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        cfg = self.cfg
+        clip = cfg.clip_coef * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_clip else cfg.clip_coef
+        clipfracs, approx_kl = [], torch.zeros((), device=self.device)
         for _ in range(cfg.update_epochs):
-            perm = torch.randperm(self.batch_size, device=self.device)
-            for start in range(0, self.batch_size, self.minibatch_size):
-                mb = perm[start : start + self.minibatch_size]
-                _, newlogprob, entropy, newvalue = self.policy.act_and_value(b_obs[mb], b_actions[mb])
-                logratio = newlogprob - b_logprobs[mb]
+            for mb, state in self.minibatches(cfg.num_minibatches):
+                firsts = batch["firsts"][mb] if state is not None else None
+                newlogprob, entropy, newvalue = self.policy.evaluate(_map(lambda x: x[mb], batch["obs"]), batch["actions"][mb], state, firsts)
+                logratio = newlogprob - batch["logprobs"][mb]
                 ratio = logratio.exp()
                 with torch.no_grad():
                     approx_kl = ((ratio - 1) - logratio).mean()
                     clipfracs.append(((ratio - 1.0).abs() > clip).float().mean())
-                mb_adv = b_adv[mb]
-                if cfg.norm_adv and len(mb) > 1:
+                mb_adv = batch["adv"][mb]
+                if cfg.norm_adv and len(mb_adv) > 1:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
                 pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+                returns, old_values = batch["returns"][mb], batch["values"][mb]
                 if cfg.clip_vloss:
-                    v_clipped = b_values[mb] + (newvalue - b_values[mb]).clamp(-clip, clip)
-                    v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
+                    v_clipped = old_values + (newvalue - old_values).clamp(-clip, clip)
+                    v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
                 else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                    v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
                 entropy_loss = entropy.mean()
-                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
+                self.gradient_step(pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss)
             if cfg.target_kl is not None and approx_kl > cfg.target_kl:
                 break
-        self.iteration += 1
         return {
             "policy_loss": pg_loss.item(),
             "value_loss": v_loss.item(),
             "entropy": entropy_loss.item(),
             "approx_kl": approx_kl.item(),
             "clipfrac": torch.stack(clipfracs).mean().item(),
-            "lr": lr,
         }
-
-    # ---------------------------------------------------------------- checkpoint
-    def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "global_step": self.global_step, "iteration": self.iteration}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])

@@ -1,0 +1,255 @@
+"""`hpcrl actor`: one actor job of a distributed run.
+
+An actor holds no state worth saving: it finds the learner through the rendezvous file, fetches
+parameters when their version changes, steps its envs and pushes batches. What it must get right
+is the learner's absence:
+
+- at start, and whenever the learner goes away (killed, requeued, node lost), it waits for a
+  rendezvous, retrying with backoff up to 5 s and re-reading the file (a requeued learner comes
+  back on another node, port and password); a learner that is `stopping` is waited for under a new
+  instance token, since the old one will not come back;
+- a batch built but not queued is kept and sent to the next learner (which drops it as stale if
+  it is, and counts it);
+- when the learner is gone for longer than `distributed.learner_timeout_s`, or failed, the actor
+  exits with ORPHANED_EXIT (75) instead of burning its CPU allocation; when the run is done (board
+  status or DONE marker) it exits 0; on the scheduler's warning signal it exits with
+  REQUEUE_EXIT like every hpcrl job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import TextIO
+
+import redis
+import torch
+
+from hpcrl import markers
+from hpcrl.distributed import rendezvous, wire
+from hpcrl.distributed.apex import ApexActor
+from hpcrl.distributed.board import DONE, FAILED, Board, parse_status, parse_version
+from hpcrl.distributed.queue import NotRunning, Producer
+from hpcrl.distributed.signals import StopFlag
+from hpcrl.rl.envs import make_vec_env
+from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.sweep import Run, run_dir
+
+ORPHANED_EXIT = 75
+"""The learner has been gone longer than the timeout, or failed (EX_TEMPFAIL: submit the run again)."""
+
+_CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+class _Stopped(Exception):
+    """The scheduler's warning signal arrived while the actor was blocked."""
+
+
+def run_actor(experiment_dir: Path, run: Run, actor: int, out: TextIO | None = None) -> int:
+    """Act for one run until it is done, the learner is gone for good, or a signal. Returns the exit code."""
+    rd = run_dir(experiment_dir, run.run_id)
+    d = run.config.distributed
+    if d is None:
+        raise ValueError(f"{run.run_id}: the config has no distributed section")
+    if not 0 <= actor < d.actors:
+        raise ValueError(f"actor index {actor} out of range: the run has {d.actors} actors")
+    if (rd / markers.DONE).exists():
+        print(f"{run.run_id} actor {actor}: run already done", file=out)
+        return 0
+    stop = StopFlag()
+    torch.set_num_threads(1)
+    envs = make_vec_env(run.config.env, d.envs_per_actor)
+    try:
+        return Actor(rd, run, actor, stop, envs, out).run()
+    finally:
+        envs.close()
+
+
+class Actor:
+    def __init__(self, rd: Path, run: Run, actor: int, stop: StopFlag, envs, out: TextIO | None) -> None:
+        self.rd, self.run_id, self.actor, self.stop, self.out = rd, run.run_id, actor, stop, out
+        assert run.config.distributed is not None
+        self.d = run.config.distributed
+        self.policy = ApexActor(run.config.train, self.d, envs, actor, run.seed)
+        self.instance: str | None = None
+        self.version = -1
+        self.seq = 0
+        self.pending: bytes | None = None
+        """A batch built but not queued yet: it survives a lost learner and goes to the next one."""
+        self.sent = 0
+        self.blocked = 0
+        self.blocked_s = 0.0
+        self.producer: Producer | None = None
+        self.connected_once = False
+        self.last_heartbeat = 0.0
+        self.last_steps, self.last_time = 0, time.monotonic()
+
+    def log(self, text: str) -> None:
+        print(f"{self.run_id} actor {self.actor}: {text}", file=self.out, flush=True)
+
+    def _run_over(self) -> bool:
+        return (self.rd / markers.DONE).exists() or (self.rd / markers.FAILED).exists()
+
+    # ------------------------------------------------------------------ connection management
+    def run(self) -> int:
+        away_since = time.monotonic()
+        skip_instance: str | None = None
+        delay = 0.1
+        while True:
+            remaining = self.d.learner_timeout_s - (time.monotonic() - away_since)
+            info = rendezvous.wait(self.rd, max(0.0, remaining), lambda: bool(self.stop) or self._run_over(), not_instance=skip_instance)
+            if self.stop:
+                return REQUEUE_EXIT
+            if (self.rd / markers.DONE).exists():
+                self.log("run done")
+                return 0
+            if (self.rd / markers.FAILED).exists():
+                self.log(f"learner failed: {markers.reason(self.rd, markers.FAILED).splitlines()[:1]}; exiting with {ORPHANED_EXIT}")
+                return ORPHANED_EXIT
+            if info is None:
+                self.log(f"no learner for {self.d.learner_timeout_s:g} s; exiting with {ORPHANED_EXIT}")
+                return ORPHANED_EXIT
+            try:
+                code, skip_instance = self._session(info), None
+            except _Stopped:
+                return REQUEUE_EXIT
+            except NotRunning as exc:
+                code = self._code_for(exc.status)
+                skip_instance = info.instance  # stopping for a requeue: wait for the next start
+            except _CONNECTION_ERRORS as exc:
+                code = None
+                self.log(f"lost the learner at {info.host}:{info.port} ({type(exc).__name__}: {str(exc)[:120]}); reconnecting")
+            if code is not None:
+                return code
+            if self.connected_once:
+                away_since, delay, self.connected_once = time.monotonic(), 0.1, False
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    def _code_for(self, status: str | None) -> int | None:
+        """Exit code for a learner that refuses batches, or None to wait for the next learner start."""
+        if status == DONE:
+            self.log("run done")
+            return 0
+        if status == FAILED:
+            self.log(f"learner failed; exiting with {ORPHANED_EXIT}")
+            return ORPHANED_EXIT
+        self.log(f"learner is {status or 'gone'}; waiting for it to come back")
+        return None
+
+    # ------------------------------------------------------------------ one connection
+    def _session(self, info: rendezvous.Rendezvous) -> int | None:
+        client = redis.Redis(host=info.host, port=info.port, password=info.password, socket_timeout=10, socket_connect_timeout=5)
+        try:
+            board = Board(client, info.prefix)
+            producer = self.producer = Producer(client, board.keys.queue, board.keys.status, self.d.queue_bound, on_wait=lambda: self._while_blocked(board))
+            if info.instance != self.instance:
+                self.instance, self.version = info.instance, -1  # a new learner: fetch its parameters
+            board.register(self.actor, self._stats(), self.d.dead_after_s)
+            self.connected_once = True
+            self.log(f"connected to learner {info.instance} at {info.host}:{info.port}")
+            try:
+                return self._act(board, producer)
+            finally:
+                self.sent += producer.sent
+                self.blocked += producer.blocked
+                self.blocked_s += producer.blocked_s
+                self.producer = None
+        finally:
+            client.close()
+
+    def _act(self, board: Board, producer: Producer) -> int | None:
+        while True:
+            if self.stop:
+                self._leave(board)
+                raise _Stopped
+            if self.pending is None:
+                if self.version < 0:
+                    self._load_params(board, None)
+                    continue
+                self._fill()
+                if self.policy.ready() < self.d.batch_transitions:  # a heartbeat fell due first
+                    version, status = self._exchange(board, None)
+                else:
+                    batch = self.policy.take_batch()
+                    self.pending = wire.encode(wire.BATCH, self.version, self.actor, self.seq, batch)
+                    continue
+            else:
+                version, status = self._exchange(board, producer)
+                self.pending = None
+                self.seq += 1
+            if status in (DONE, FAILED):
+                self._leave(board)
+                return self._code_for(status)
+            if version is not None and version != self.version:
+                self._load_params(board, version)
+
+    def _fill(self) -> None:
+        """Step the envs until a batch is ready or a heartbeat is due."""
+        while self.policy.ready() < self.d.batch_transitions and not self.stop:
+            self.policy.step()
+            if time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s:
+                return
+
+    def _exchange(self, board: Board, producer: Producer | None) -> tuple[int | None, str | None]:
+        """One round trip: the pending batch (if a producer is given), heartbeat if due, version and status."""
+        heartbeat = time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s
+
+        def piggyback(pipe: redis.client.Pipeline) -> None:
+            if heartbeat:
+                board.heartbeat(pipe, self.actor, self._stats(), self.d.dead_after_s)
+            board.watch(pipe)
+
+        if producer is not None:
+            assert self.pending is not None
+            results = producer.put(self.pending, piggyback)
+        else:
+            pipe = board.client.pipeline(transaction=False)
+            piggyback(pipe)
+            results = pipe.execute()
+        if heartbeat:
+            self.last_heartbeat = time.monotonic()
+            results = results[1:]
+        return parse_version(results[0]), parse_status(results[1])
+
+    def _while_blocked(self, board: Board) -> None:
+        if self.stop:
+            self._leave(board)
+            raise _Stopped
+        if time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s:
+            pipe = board.client.pipeline(transaction=False)
+            board.heartbeat(pipe, self.actor, self._stats(), self.d.dead_after_s)
+            pipe.execute()
+            self.last_heartbeat = time.monotonic()
+
+    def _load_params(self, board: Board, version: int | None) -> None:
+        try:
+            message = board.fetch_params()
+            if message is None:
+                time.sleep(0.05)  # the learner publishes before it writes the rendezvous; a moment more
+                return
+            self.policy.load_params(message.fields)
+            self.version = message.version
+        except wire.MalformedMessage as exc:
+            self.log(f"ignored parameter blob (version {version}): {exc}")
+            if self.version < 0:
+                time.sleep(0.5)
+
+    def _leave(self, board: Board) -> None:
+        try:
+            board.leave(self.actor)
+        except _CONNECTION_ERRORS:
+            pass
+
+    def _stats(self) -> dict:
+        now = time.monotonic()
+        sps = (self.policy.steps - self.last_steps) / max(now - self.last_time, 1e-9)
+        self.last_steps, self.last_time = self.policy.steps, now
+        p = self.producer
+        return {
+            "pid": os.getpid(), "host": socket.gethostname(), "steps": self.policy.steps, "sps": round(sps, 1), "version": self.version,
+            "batches": self.sent + (p.sent if p else 0), "blocked": self.blocked + (p.blocked if p else 0),
+            "blocked_s": round(self.blocked_s + (p.blocked_s if p else 0.0), 3),
+        }

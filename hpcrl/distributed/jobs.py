@@ -1,0 +1,90 @@
+"""What `hpcrl sweep` renders for a distributed experiment, per submission and chunk of runs:
+
+    learner-A-C.sh   array, one task per run (manifest A-C.tasks), the GPUs of `resources`, requeued
+    actors-A-C.sh    array, runs x actors tasks (manifest A-C.actors.tasks), CPU only, requeued
+    eval-A-C.sh      eval task i after learner task i, as for `train`
+    aggregate-A.sh   after every eval array, whatever its outcome
+
+The actors' manifest repeats each run index once per actor, run by run, so the k-th line that
+names run r is actor k of run r: the file alone maps a task to (run, actor), and every reader of
+manifests (status, retries) still sees one run index per line.
+
+A learner without its actors only waits, so a run's learner and actors must be able to run at
+the same time. Chunks are therefore sized to what can: `distributed.parallel_runs`, and on the
+local executor the task pool (resources.max_concurrent) divided by 1 + actors. Chunk c's learner
+and actors start after chunk c-1's learner array has ended (dependency `all`), so the runs go
+through the machine a gang at a time instead of deadlocking a full pool with learners.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hpcrl.config import ConfigError, Experiment, parse_mem_mb
+from hpcrl.pipeline import PlannedJob, chunks, job_context
+from hpcrl.schedulers.base import Scheduler
+
+
+def local_pool(exp: Experiment) -> int:
+    """Tasks the local executor runs at once (its rule: max_concurrent, else CPUs / cpus per task)."""
+    return exp.resources.max_concurrent or max(1, (os.cpu_count() or 1) // exp.resources.cpus)
+
+
+def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
+    d = exp.distributed
+    assert d is not None
+    size = max(1, scheduler.max_array_size() // d.actors)
+    if d.parallel_runs:
+        size = min(size, d.parallel_runs)
+    if scheduler.name == "local":
+        pool = local_pool(exp)
+        if pool < 1 + d.actors:
+            raise ConfigError(
+                f"distributed.actors: a run needs its learner and {d.actors} actors running at once, but the local executor "
+                f"runs at most {pool} tasks; set resources.max_concurrent to at least {d.actors + 1}"
+            )
+        size = min(size, pool // (1 + d.actors))
+    return size
+
+
+def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, int]:
+    """(run index, actor index) of an actors-array task: the k-th line naming run r is actor k."""
+    lines = (experiment_dir / manifest).read_text().split()
+    if not 1 <= task <= len(lines):
+        raise ConfigError(f"--task {task}: the manifest {manifest} has {len(lines)} tasks")
+    run = lines[task - 1]
+    return int(run), lines[: task - 1].count(run)
+
+
+def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> list[PlannedJob]:
+    """The scripts of one submission (see the module docstring), with their dependencies."""
+    d = exp.distributed
+    assert d is not None
+    root = exp.dir.resolve()
+    log_dir = root / "jobs" / "logs"
+    out: list[PlannedJob] = []
+    previous_learner: str | None = None
+    evals: list[str] = []
+    for c, part in enumerate(chunks(todo, runs_per_chunk(exp, scheduler))):
+        manifest, actors_manifest = f"jobs/{attempt}-{c}.tasks", f"jobs/{attempt}-{c}.actors.tasks"
+        learner_script = f"jobs/learner-{attempt}-{c}.sh"
+        gate = [(previous_learner, "all")] if previous_learner else []
+
+        ctx = job_context(exp, "learner", ["learner", str(root), "--manifest", manifest], len(part), log_dir, requeue=True)
+        out.append(PlannedJob("learner", learner_script, manifest, part, scheduler.render(ctx, cwd), after=gate))
+
+        ctx = job_context(exp, "actors", ["actor", str(root), "--manifest", actors_manifest], len(part) * d.actors, log_dir, requeue=True, gpus=0, cpus=d.actor_cpus)
+        ctx["res"]["mem_mb"] = parse_mem_mb(d.actor_mem)
+        if exp.resources.max_concurrent:  # as many actors as the learners allowed to run can use
+            ctx["max_concurrent"] = exp.resources.max_concurrent * d.actors
+        actor_runs = [run for run in part for _ in range(d.actors)]
+        out.append(PlannedJob("actors", f"jobs/actors-{attempt}-{c}.sh", actors_manifest, actor_runs, scheduler.render(ctx, cwd), after=gate))
+
+        ctx = job_context(exp, "eval", ["eval", str(root), "--manifest", manifest], len(part), log_dir, gpus=exp.eval.gpus, time=exp.resources.eval_time)
+        evals.append(f"jobs/eval-{attempt}-{c}.sh")
+        out.append(PlannedJob("eval", evals[-1], manifest, part, scheduler.render(ctx, cwd), after=[(learner_script, "each")]))
+        previous_learner = learner_script
+    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, log_dir, gpus=0, cpus=1, time=exp.resources.eval_time)
+    out.append(PlannedJob("aggregate", f"jobs/aggregate-{attempt}.sh", None, [], scheduler.render(ctx, cwd), after=[(e, "all") for e in evals]))
+    return out

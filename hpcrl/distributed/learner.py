@@ -1,0 +1,272 @@
+"""`hpcrl learner`: the learner job of a distributed run.
+
+It owns the run: starts the Redis (or uses the external one), publishes the rendezvous and the
+parameters, learns from what the actors send, and is the only writer of the run's checkpoints,
+train.csv, stats file and markers. Like `hpcrl train` it is idempotent under requeue: a run with
+DONE exits at once; otherwise it resumes from the newest checkpoint (network, target, optimiser,
+replay, counters, parameter version, RNG states). On the scheduler's warning signal it stops
+taking batches, counts the ones still queued as lost, checkpoints and exits with REQUEUE_EXIT;
+its actors keep running and reconnect to the next start, which writes a new rendezvous.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import secrets
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import redis
+import torch
+
+from hpcrl import markers
+from hpcrl.distributed import rendezvous, runstats
+from hpcrl.distributed.apex import ApexLearner
+from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
+from hpcrl.distributed.queue import Consumer
+from hpcrl.distributed.redis_server import RedisServer
+from hpcrl.distributed.signals import StopFlag
+from hpcrl.rl import checkpoint
+from hpcrl.rl.envs import make_vec_env
+from hpcrl.rl.train import BASE_COLUMNS, pick_device, seed_everything, truncate_log
+from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.sweep import Run, run_dir
+
+UPDATES_PER_POLL = 8
+"""Updates between two looks at the queue: the queue is drained often, yet a poll costs little."""
+DIST_COLUMNS = ("actors_alive", "queue_depth", "lag_mean", "dropped_stale", "malformed", "backpressure_waits")
+COUNTERS = ("dropped_stale", "dropped_stale_transitions", "malformed", "lost")
+"""Counters carried across learner restarts in the checkpoint (the consumer's restart at zero)."""
+
+
+def run_learner(experiment_dir: Path, run: Run, out: TextIO | None = None) -> int:
+    """Learn one run to completion (or to the next preemption). Returns the process exit code."""
+    rd = run_dir(experiment_dir, run.run_id)
+    rd.mkdir(parents=True, exist_ok=True)
+    if (rd / markers.DONE).exists():
+        print(f"{run.run_id}: already done", file=out)
+        return 0
+    markers.clear(rd, markers.FAILED)
+    stop = StopFlag()
+    try:
+        return Learner(rd, run, stop, out).run()
+    except Exception as exc:
+        markers.mark(rd, markers.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        raise
+
+
+def connect_external(address: str, password_env: str) -> redis.Redis:
+    host, _, port = address.rpartition(":")
+    return redis.Redis(host=host, port=int(port), password=os.environ.get(password_env) or None, socket_timeout=30, socket_connect_timeout=10)
+
+
+class Learner:
+    def __init__(self, rd: Path, run: Run, stop: StopFlag, out: TextIO | None) -> None:
+        self.rd, self.run_, self.stop, self.out = rd, run, stop, out
+        self.cfg = run.config
+        assert self.cfg.distributed is not None
+        self.d = self.cfg.distributed
+        self.total_steps = self.cfg.train.total_steps
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.actor_stats: dict[int, dict[str, Any]] = {}
+        self.dead: set[int] = set()
+        self.episodes: list[tuple[float, int]] = []
+        self.metrics: dict[str, float] = {}
+
+    def log(self, text: str) -> None:
+        print(f"{self.run_.run_id}: {text}", file=self.out, flush=True)
+
+    # ------------------------------------------------------------------ setup
+    def run(self) -> int:
+        tcfg = self.cfg.train
+        torch.set_num_threads(tcfg.torch_threads)
+        device = pick_device(tcfg.device)
+        seed_everything(self.run_.seed)
+        state, problems = checkpoint.load_latest(self.rd / "checkpoints")
+        for problem in problems:
+            self.log(f"skipped checkpoint {problem}")
+        probe = make_vec_env(self.cfg.env, 1)
+        try:
+            obs_space, action_space = probe.single_observation_space, probe.single_action_space
+        finally:
+            probe.close()
+        self.algo = ApexLearner(tcfg, self.d, obs_space, action_space, device)
+        self.elapsed = 0.0
+        if state:
+            self.algo.load_state_dict(state["agent"])
+            checkpoint.set_rng_state(state["rng"])
+            self.elapsed = float(state["wall_time"])
+            self.counters.update({k: int(v) for k, v in state["counters"].items()})
+            self.log(f"resumed from step {self.algo.global_step} (update {self.algo.updates}, parameter version {self.algo.version})")
+        server = None
+        if self.d.redis.address:
+            client = connect_external(self.d.redis.address, self.d.redis.password_env)
+            host, port = self.d.redis.address.rpartition(":")[::2]
+            password = os.environ.get(self.d.redis.password_env, "")
+        else:
+            server = RedisServer(self.d.redis.bind, self.d.redis.executable, log_path=self.rd / "redis.log").start()
+            client = server.client(socket_timeout=30, socket_connect_timeout=10)
+            host, port, password = server.host, str(server.port), server.password
+        self.instance = secrets.token_hex(8)
+        try:
+            self.board = Board(client, run_prefix(self.run_.run_id))
+            self.board.publish(self.algo.version, self.algo.params())
+            self.board.set_status(RUNNING)
+            rendezvous.write(self.rd, rendezvous.Rendezvous(host, int(port), password, self.board.keys.prefix, self.instance, socket.gethostname(), os.getpid()))
+            self.log(f"learner {self.instance} serving on {host}:{port}; waiting for {self.d.actors} actors")
+            transit = self.d.queue_bound * self.d.batch_transitions * self.algo.ratio / self.d.publish_every
+            if transit > self.d.max_lag:
+                self.log(
+                    f"warning: a full queue holds about {transit:.0f} parameter versions of data, more than max_lag {self.d.max_lag}: "
+                    "expect stale drops; lower distributed.queue_bound or raise max_lag or publish_every"
+                )
+            self.consumer = Consumer(client, self.board.keys.queue, self.algo.validate, self.d.max_lag, log=self.out)
+            return self._loop()
+        except BaseException:
+            self._set_status_quietly(FAILED)
+            raise
+        finally:
+            rendezvous.remove(self.rd, self.instance)
+            client.close()
+            if server is not None:
+                server.stop()
+
+    def _set_status_quietly(self, status: str) -> None:
+        try:
+            self.board.set_status(status)
+        except (AttributeError, redis.exceptions.RedisError):
+            pass
+
+    # ------------------------------------------------------------------ main loop
+    def _loop(self) -> int:
+        algo, d = self.algo, self.d
+        log_path = self.rd / "train.csv"
+        truncate_log(log_path, algo.global_step)
+        columns = BASE_COLUMNS + ApexLearner.metric_names + DIST_COLUMNS
+        new_log = not log_path.exists() or log_path.stat().st_size == 0
+        with log_path.open("a", newline="") as log:
+            self.writer = csv.writer(log)
+            if new_log:
+                self.writer.writerow(columns)
+            self.start, self.start_step = time.monotonic(), algo.global_step
+            self.last_report, self.last_report_step = self.start, algo.global_step
+            next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
+            while not algo.finished(self.total_steps):
+                self._poll()
+                for _ in range(UPDATES_PER_POLL):
+                    if not algo.can_update():
+                        break
+                    self.metrics = algo.update(self.total_steps)
+                    if algo.updates % d.publish_every == 0:
+                        algo.version += 1
+                        self.board.publish(algo.version, algo.params())
+                if time.monotonic() - self.last_report >= d.heartbeat_s:
+                    self._report(RUNNING)
+                    log.flush()
+                if self.stop:
+                    self.board.set_status(STOPPING)
+                    self.counters["lost"] += self.board.queue_depth()  # pushes are refused from now on
+                    self._save()
+                    self._report(STOPPING)
+                    self.log(f"signal {self.stop.signal} at step {algo.global_step}: checkpointed, asking for a requeue")
+                    return REQUEUE_EXIT
+                if algo.updates >= next_checkpoint:
+                    self._save()
+                    next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
+            self._save()
+            markers.mark(self.rd, markers.DONE, f"step {algo.global_step}")
+            self.board.set_status(DONE)
+            self._report(DONE)
+        self._wait_for_actors_to_leave()
+        self.log(f"done at step {algo.global_step} after {algo.updates} updates")
+        return 0
+
+    def _poll(self) -> None:
+        """Take batches from the queue: many while filling the replay, few once updates gate the pace."""
+        algo = self.algo
+        if algo.accepted < algo.starts_at:
+            wanted = 64
+        elif algo.credit >= UPDATES_PER_POLL:
+            return  # enough to learn from: leave the batches queued, so a fast actor blocks instead of racing ahead
+        else:
+            missing = (UPDATES_PER_POLL - algo.credit) / algo.ratio
+            wanted = int(min(64, max(1, math.ceil(missing / self.d.batch_transitions))))
+        dropped_before = self.consumer.dropped_transitions
+        for message, n in self.consumer.pop(algo.version, wanted, timeout=0.0 if algo.can_update() else 0.05):
+            algo.ingest(message.fields, n)
+            self.episodes.extend(zip(message.fields["ep_return"].tolist(), message.fields["ep_length"].tolist()))
+        algo.global_step += self.consumer.dropped_transitions - dropped_before
+
+    def _save(self) -> None:
+        payload = {
+            "agent": self.algo.state_dict(), "rng": checkpoint.rng_state(), "counters": self._counters(),
+            "wall_time": self.elapsed + time.monotonic() - self.start,
+        }
+        checkpoint.save(self.rd / "checkpoints", self.algo.global_step, payload, keep=self.cfg.train.keep_checkpoints)
+
+    def _counters(self) -> dict[str, int]:
+        c = self.consumer
+        return {
+            "dropped_stale": self.counters["dropped_stale"] + c.dropped, "dropped_stale_transitions": self.counters["dropped_stale_transitions"] + c.dropped_transitions,
+            "malformed": self.counters["malformed"] + c.malformed, "lost": self.counters["lost"] + c.lost,
+        }
+
+    # ------------------------------------------------------------------ reporting
+    def _report(self, status: str) -> None:
+        """Actors' liveness from their expiring heartbeats, the stats file, and a train.csv row."""
+        algo, now = self.algo, time.monotonic()
+        heartbeats = self.board.heartbeats()
+        for i, stats in heartbeats.items():
+            if stats is not None:
+                self.actor_stats[i] = stats
+                if i in self.dead:
+                    self.dead.discard(i)
+                    self.log(f"actor {i} is back")
+            elif i not in self.dead:
+                self.dead.add(i)
+                self.log(f"actor {i}: no heartbeat for {self.d.dead_after_s:g} s, counted dead; learning goes on")
+        alive = sorted(i for i, s in heartbeats.items() if s is not None)
+        sps = (algo.global_step - self.last_report_step) / max(now - self.last_report, 1e-9)
+        self.last_report, self.last_report_step = now, algo.global_step
+        lag_mean, lag_max = self.consumer.take_lag_window()
+        counters = self._counters()
+        depth = self.board.queue_depth() if status == RUNNING else 0
+        stats = {
+            "time": time.time(), "status": status, "instance": self.instance, "learner_host": socket.gethostname(),
+            "env_steps": algo.global_step, "total_steps": self.total_steps, "env_sps": sps, "updates": algo.updates,
+            "param_version": algo.version, "replay_size": algo.replay.size, "queue_depth": depth, "queue_bound": self.d.queue_bound,
+            "actors_expected": self.d.actors, "actors_alive": len(alive), "actors_dead": sorted(self.dead),
+            "actors": {str(i): {"alive": i in alive, **s} for i, s in sorted(self.actor_stats.items())},
+            "lag_mean": lag_mean, "lag_max": lag_max,
+            "backpressure_waits": sum(int(s.get("blocked", 0)) for s in self.actor_stats.values()),
+            "backpressure_s": sum(float(s.get("blocked_s", 0.0)) for s in self.actor_stats.values()),
+            **counters,
+        }
+        runstats.write(self.rd, stats)
+        episodes, self.episodes = self.episodes, []
+        ret = float(np.mean([e[0] for e in episodes])) if episodes else math.nan
+        length = float(np.mean([e[1] for e in episodes])) if episodes else math.nan
+        wall = self.elapsed + now - self.start
+        metrics = {**self.metrics, "replay_size": algo.replay.size, "param_version": algo.version, "lr": algo.lr}
+        row = [algo.global_step, algo.updates, f"{wall:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
+        row += [_fmt(metrics.get(k, math.nan)) for k in ApexLearner.metric_names]
+        row += [len(alive), depth, _fmt(lag_mean if lag_mean is not None else math.nan), counters["dropped_stale"], counters["malformed"], stats["backpressure_waits"]]
+        self.writer.writerow(row)
+
+    def _wait_for_actors_to_leave(self) -> None:
+        """Give actors a moment to read `done` from the board (they exit 0 then) before Redis goes away."""
+        deadline = time.monotonic() + self.d.dead_after_s + self.d.heartbeat_s
+        while time.monotonic() < deadline:
+            if not any(s is not None for s in self.board.heartbeats().values()):
+                return
+            time.sleep(0.1)
+
+
+def _fmt(value: float) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"

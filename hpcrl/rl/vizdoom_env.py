@@ -1,0 +1,100 @@
+"""ViZDoom scenarios as pixel environments, through ViZDoom's own gymnasium wrapper.
+
+`env.id` is a registered id (`VizdoomBasic-v1`, `VizdoomDefendCenter-v1`, ...; ViZDoom 1.3 has
+no `-v0`) or a scenario name (`basic`, `defend_the_center`, `health_gathering`). `env.kwargs`
+go to the game (`frame_skip`, `screen_resolution`, `screen_format`, any DoomGame config key)
+except `downsample`, an integer factor applied here by averaging pixel blocks (the smallest
+resolution ViZDoom renders is 160x120; 80x60 learns as well at a quarter of the CNN's cost).
+
+The adapter turns the wrapper's Dict observation into the screen alone, channel-first uint8
+(C, H, W), which the Nature CNN and frame stacking take directly; game variables (ammo, health)
+are dropped. It also fixes two things the learner needs at episode ends:
+- ViZDoom reports a timeout as terminated *and* truncated; here it is truncation only, so the
+  value of the cut-off state is bootstrapped as for any time limit;
+- the final observation of an episode is all zeros (the game has no state after it ends); here
+  it is the last real frame, so that bootstrap reads a real image.
+
+Runs headless: the wrapper never opens a window unless asked, and needs no display or Xvfb.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from hpcrl.config import EnvConfig
+
+DEFAULTS = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": "GRAY8"}
+"""The game settings most ViZDoom RL work uses, unless the config says otherwise."""
+
+
+def _import_wrapper() -> None:
+    """Registers the Vizdoom*-v1 ids. Each AsyncVectorEnv worker is a fresh process whose gymnasium
+    registry lacks them, so this runs inside every env factory call, not once in the parent."""
+    try:
+        import vizdoom.gymnasium_wrapper  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"env.backend vizdoom needs the vizdoom package: pip install 'hpcrl[vizdoom]' ({exc})") from exc
+
+
+def resolve_id(name: str) -> str:
+    """A registered gymnasium id for `name` (an id, or a scenario file name without `.cfg`)."""
+    _import_wrapper()
+    if name in gym.registry:
+        return name
+    for env_id, spec in gym.registry.items():
+        if spec.kwargs.get("scenario_config_file") == f"{name}.cfg" and spec.kwargs.get("max_buttons_pressed") == 1:
+            return env_id
+    known = sorted(i for i in gym.registry if i.startswith("Vizdoom") and "MultiBinary" not in i)
+    hint = " (ViZDoom 1.3 ids end in -v1)" if name.endswith("-v0") else ""
+    raise ValueError(f"unknown ViZDoom scenario {name!r}{hint}; known: {', '.join(known)}")
+
+
+class ScreenObservation(gym.Wrapper):
+    """Dict observation -> channel-first screen; timeouts as truncation; a real last frame."""
+
+    def __init__(self, env: gym.Env, downsample: int = 1) -> None:
+        super().__init__(env)
+        if not isinstance(downsample, int) or downsample < 1:
+            raise ValueError(f"env.kwargs.downsample: expected a positive integer, got {downsample!r}")
+        height, width, channels = env.observation_space["screen"].shape
+        if height % downsample or width % downsample:
+            raise ValueError(f"env.kwargs.downsample: {downsample} does not divide the screen {width}x{height}")
+        self.factor = downsample
+        shape = (channels, height // downsample, width // downsample)
+        self.observation_space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
+        self._last: np.ndarray | None = None
+
+    def _screen(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        screen = obs["screen"].transpose(2, 0, 1)
+        if self.factor > 1:
+            c, h, w = screen.shape
+            f = self.factor
+            screen = screen.reshape(c, h // f, f, w // f, f).mean(axis=(2, 4), dtype=np.float32).astype(np.uint8)
+        return np.ascontiguousarray(screen)
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._last = self._screen(obs)
+        return self._last, info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if truncated:
+            terminated = False
+        if not self.unwrapped.game.is_episode_finished():  # else the game has no frame: keep the last
+            self._last = self._screen(obs)
+        return self._last, reward, terminated, truncated, info
+
+
+def make_vizdoom_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
+    """One headless ViZDoom env from an `env:` section (called inside each vector-env worker)."""
+    env_id = resolve_id(spec.id)
+    kwargs = {**DEFAULTS, **spec.kwargs}
+    downsample = kwargs.pop("downsample", 1)
+    if spec.max_episode_steps:
+        kwargs["max_episode_steps"] = spec.max_episode_steps
+    env = gym.make(env_id, render_mode=render_mode, **kwargs)
+    return ScreenObservation(env, downsample)

@@ -1,0 +1,113 @@
+"""(Son of) Grid Engine through its own command-line tools: qsub, qstat, qdel, qconf.
+
+The script carries the array range and its concurrency cap (`#$ -t 1-N`, `#$ -tc cap`, rendered
+from sge.sh.j2), so submitting a stage is one `qsub -terse` with at most a hold:
+
+- eval task i waits for train task i with `-hold_jid_ad` (both arrays have the same range,
+  because every chunk and retry is an array 1..n through its manifest);
+- the aggregate waits for every eval array with `-hold_jid`.
+
+Grid Engine releases both holds whatever the predecessor's exit code (only exit 100 would keep
+them), which is the "any outcome" the aggregate wants; the eval stage checks the train markers
+itself and records a skip. `qstat` forgets a job as soon as it ends, so `query` reports only
+pending and running tasks, and status takes the rest from the markers on disk.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Dependency, Scheduler, SchedulerError
+
+DEFAULT_MAX_AJ_TASKS = 75000
+"""Grid Engine's default for max_aj_tasks, used when `qconf -sconf` does not list it."""
+
+
+def state_of(code: str) -> str:
+    """hpcrl's state for a qstat state code such as `qw`, `hqw`, `Rq`, `r`, `Rr`, `t`, `dr`, `Eqw`."""
+    if "E" in code:
+        return FAILED  # error state: the task will not run again unless someone clears it
+    if "d" in code:
+        return CANCELLED  # being deleted
+    if "q" in code or "w" in code:
+        return PENDING
+    return RUNNING  # r, t, R and the suspended forms s, S, T: the task holds a slot
+
+
+def expand_tasks(text: str) -> list[int]:
+    """Task ids of qstat's `<tasks>`: `7`, or a range `1-9:2`, or a list of both."""
+    tasks: list[int] = []
+    for part in filter(None, text.split(",")):
+        span, _, step = part.partition(":")
+        low, _, high = span.partition("-")
+        tasks.extend(range(int(low), int(high or low) + 1, int(step or 1)))
+    return tasks
+
+
+def parse_qstat_xml(text: str) -> dict[str, dict[int, str]]:
+    """`qstat -xml -g d`: one job_list per task (per job for a plain job, which has no <tasks>)."""
+    result: dict[str, dict[int, str]] = {}
+    for job in ET.fromstring(text).iter("job_list"):
+        job_id = job.findtext("JB_job_number", "").strip()
+        tasks = job.findtext("tasks")
+        entry = result.setdefault(job_id, {})
+        for task in expand_tasks(tasks.strip()) if tasks else [0]:
+            entry[task] = state_of(job.findtext("state", "").strip())
+    return result
+
+
+def hold_argv(after: list[Dependency]) -> list[str]:
+    """qsub options for a stage's dependencies (see the module docstring for why these kinds)."""
+    each = [d.job_id for d in after if d.kind == "each"]
+    whole = [d.job_id for d in after if d.kind == "all"]
+    return (["-hold_jid_ad", ",".join(each)] if each else []) + (["-hold_jid", ",".join(whole)] if whole else [])
+
+
+class SGEScheduler(Scheduler):
+    name = "sge"
+    template = "sge.sh.j2"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._max_array_size: int | None = None
+
+    def max_array_size(self) -> int:
+        """The cell's max_aj_tasks (0 means no limit); SGE's task ids start at 1 like hpcrl's."""
+        if self._max_array_size is None:
+            try:
+                config = self.run(["qconf", "-sconf"])
+            except SchedulerError:
+                config = ""  # a dry run with no cell in reach: qsub would name a smaller limit itself
+            found = re.search(r"^max_aj_tasks\s+(\d+)", config, re.MULTILINE)
+            limit = int(found.group(1)) if found else DEFAULT_MAX_AJ_TASKS
+            self._max_array_size = limit or super().max_array_size()
+        return self._max_array_size
+
+    def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
+        out = self.run(["qsub", "-terse", *hold_argv(after), str(script)]).strip()
+        # `<id>` for a plain job, `<id>.1-N:1` for an array.
+        job_id = out.splitlines()[-1].split(".")[0] if out else ""
+        if not job_id.isdigit():
+            raise SchedulerError(f"qsub -terse {script}: expected a job id, got {out!r}")
+        return job_id
+
+    def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:
+        if not job_ids:
+            return {}
+        # One listing of this user's jobs, each array task on its own line (-g d); ended jobs are absent.
+        found = parse_qstat_xml(self.run(["qstat", "-xml", "-g", "d", "-u", getpass.getuser()]))
+        return {j: found[j] for j in job_ids if j in found}
+
+    def cancel(self, job_ids: list[str]) -> None:
+        if not job_ids:
+            return
+        try:
+            self.run(["qdel", *job_ids])
+        except SchedulerError as exc:
+            # qdel deletes the jobs it knows and exits 1 if any id is unknown: jobs that already ended.
+            detail = str(exc).split(": ", 1)[-1]
+            if not all("does not exist" in line for line in detail.splitlines()):
+                raise

@@ -1,0 +1,137 @@
+"""Slurm through its own command-line tools: sbatch, squeue, sacct, scancel, scontrol.
+
+The script carries the array range and its concurrency cap (`#SBATCH --array=1-N%cap`, rendered
+from slurm.sh.j2), so submitting a stage is one `sbatch --parsable` with at most a dependency:
+
+- eval task i waits for train task i with `aftercorr`, and is submitted with
+  `--kill-on-invalid-dep=yes` because a failed train task would otherwise leave its eval task
+  PENDING forever (reason DependencyNeverSatisfied) and the aggregate behind it;
+- the aggregate waits for every eval array with `afterany`, so it runs whatever their outcome.
+
+`query` asks squeue once for all the jobs (`-t all` includes finished jobs for MinJobAge) and
+sacct once for the jobs squeue has forgotten; without accounting sacct fails and those jobs are
+left to the markers on disk, which status treats as the truth anyway.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError
+
+DEFAULT_MAX_ARRAY_SIZE = 1001
+"""Slurm's own default for MaxArraySize, used when `scontrol show config` does not list it."""
+
+_STATES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"), PENDING),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "SUSPENDED", "STOPPED"), RUNNING),
+    "COMPLETED": DONE,
+    **dict.fromkeys(("CANCELLED", "REVOKED"), CANCELLED),
+    **dict.fromkeys(("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"), FAILED),
+}
+
+
+def state_of(text: str) -> str:
+    """hpcrl's state for a Slurm state name; sacct appends detail (`CANCELLED by 0`)."""
+    words = text.split()
+    return _STATES.get(words[0], UNKNOWN) if words else UNKNOWN
+
+
+def expand_indices(text: str) -> list[int]:
+    """Array task ids from Slurm's compact forms: `4`, `5-9%2` (squeue's %K), `[1,3,5-9:2%4]` (sacct)."""
+    body = text.strip().removeprefix("[").removesuffix("]").split("%")[0]
+    tasks: list[int] = []
+    for part in filter(None, body.split(",")):
+        span, _, step = part.partition(":")
+        low, _, high = span.partition("-")
+        tasks.extend(range(int(low), int(high or low) + 1, int(step or 1)))
+    return tasks
+
+
+def parse_squeue(text: str) -> dict[str, dict[int, str]]:
+    """Lines of `squeue -h -o %F|%K|%T`: array job id, task ids (`N/A` for a plain job), state."""
+    result: dict[str, dict[int, str]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, tasks, state = line.strip().split("|")
+        entry = result.setdefault(job_id, {})
+        for task in [0] if tasks == "N/A" else expand_indices(tasks):
+            entry[task] = state_of(state)
+    return result
+
+
+def parse_sacct(text: str) -> dict[str, dict[int, str]]:
+    """Lines of `sacct -P -n -X -o JobID,State`: `123`, `123_4` or `123_[5-9%2]`, then the state."""
+    result: dict[str, dict[int, str]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job, state = line.strip().split("|", 1)
+        job_id, _, tasks = job.partition("_")
+        entry = result.setdefault(job_id, {})
+        for task in expand_indices(tasks) if tasks else [0]:
+            entry[task] = state_of(state)
+    return result
+
+
+def dependency_argv(after: list[Dependency]) -> list[str]:
+    """sbatch options for a stage's dependencies (see the module docstring for why these kinds)."""
+    each = [d.job_id for d in after if d.kind == "each"]
+    whole = [d.job_id for d in after if d.kind == "all"]
+    conditions = ([f"aftercorr:{':'.join(each)}"] if each else []) + ([f"afterany:{':'.join(whole)}"] if whole else [])
+    argv = [f"--dependency={','.join(conditions)}"] if conditions else []
+    return argv + (["--kill-on-invalid-dep=yes"] if each else [])
+
+
+class SlurmScheduler(Scheduler):
+    name = "slurm"
+    template = "slurm.sh.j2"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._max_array_size: int | None = None
+
+    def max_array_size(self) -> int:
+        """MaxArraySize - 1: Slurm's indices run 0..MaxArraySize-1 and hpcrl's arrays start at 1.
+
+        Without an answer (a dry run on a machine with no Slurm) Slurm's default stands in: a real
+        submission that needed less would be refused by sbatch with the cluster's own message.
+        """
+        if self._max_array_size is None:
+            try:
+                config = self.run(["scontrol", "show", "config"])
+            except SchedulerError:
+                config = ""
+            found = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
+            self._max_array_size = (int(found.group(1)) if found else DEFAULT_MAX_ARRAY_SIZE) - 1
+        return self._max_array_size
+
+    def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
+        out = self.run(["sbatch", "--parsable", *dependency_argv(after), str(script)]).strip()
+        job_id = out.split(";")[0]  # `<id>;<cluster>` on multi-cluster setups
+        if not job_id.isdigit():
+            raise SchedulerError(f"sbatch --parsable {script}: expected a job id, got {out!r}")
+        return job_id
+
+    def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:
+        if not job_ids:
+            return {}
+        try:
+            found = parse_squeue(self.run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%F|%K|%T"]))
+        except SchedulerError as exc:
+            if "Invalid job id specified" not in str(exc):
+                raise
+            found = {}  # squeue fails only when it knows none of the ids: all older than MinJobAge
+        forgotten = [j for j in job_ids if j not in found]
+        if forgotten:
+            try:
+                found.update(parse_sacct(self.run(["sacct", "-P", "-n", "-X", "-j", ",".join(forgotten), "-o", "JobID,State"])))
+            except SchedulerError:
+                pass  # no accounting on this cluster: the markers on disk tell what those jobs did
+        return {j: found[j] for j in job_ids if j in found}
+
+    def cancel(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self.run(["scancel", *job_ids])
