@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl import markers, sweep
+from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
 from hpcrl.pipeline import manifest_runs, read_jobs
 from hpcrl.schedulers import get_scheduler
@@ -28,6 +29,8 @@ class RunStatus:
     step: int
     total_steps: int
     note: str = ""
+    distributed: str | None = None
+    """A distributed run's learner report (actors alive, env steps/s, queue, lag, drops)."""
 
 
 def last_step(run_dir: Path) -> int:
@@ -95,7 +98,8 @@ def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str |
     rows = []
     for run in sweep.load_runs(experiment_dir):
         rd = sweep.run_dir(experiment_dir, run.run_id)
-        train = merge(markers.run_state(rd), states.get(("train", run.index)))
+        # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
+        train = merge(markers.run_state(rd), states.get(("learner" if run.config.distributed else "train", run.index)))
         evaluation = merge(markers.eval_state(rd), states.get(("eval", run.index)))
         note = ""
         if train == "failed":
@@ -103,7 +107,8 @@ def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str |
         elif evaluation == "skipped":
             note = markers.reason(rd, markers.EVAL_SKIPPED)[:80]
         step = run.config.train.total_steps if train == "done" else last_step(rd)
-        rows.append(RunStatus(run.index, run.run_id, run.setting_label, run.seed, train, evaluation, step, run.config.train.total_steps, note))
+        report = runstats.status_line(rd) if run.config.distributed and train != "done" else None
+        rows.append(RunStatus(run.index, run.run_id, run.setting_label, run.seed, train, evaluation, step, run.config.train.total_steps, note, report))
     aggregate = "done" if (experiment_dir / "results" / "summary.csv").exists() else states.get(("aggregate", -1), "not submitted")
     return rows, aggregate, problem
 
@@ -118,6 +123,9 @@ def print_status(experiment_dir: Path, out=None) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1], file=out)
+    for r in rows:
+        if r.distributed:
+            print(f"{r.index} {r.run_id} {r.distributed}", file=out)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.train] = counts.get(r.train, 0) + 1

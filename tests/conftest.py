@@ -69,3 +69,35 @@ def sge_cluster() -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     for line in _started:
         terminalreporter.write_line(f"cluster {line}")
+
+
+# ---------------------------------------------------------------------------------------------- redis
+# The distributed tests (marked `redis`) run against a real redis-server on loopback, started the way a
+# learner job starts it (free port, random password on stdin). As root on Debian the package is
+# installed when missing (tests/clusters/redis.sh); elsewhere without it those tests skip.
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    import shutil
+
+    from hpcrl.distributed.redis_server import RedisServer
+
+    if shutil.which("redis-server") is None:
+        reason = _why_not_here()
+        if reason:
+            pytest.skip(f"redis-server is not installed and the test {reason}")
+        _start("redis")
+    server = RedisServer("127.0.0.1").start()
+    _started.append(f"redis: redis-server pid {server.proc.pid if server.proc else '?'} on 127.0.0.1:{server.port}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A client of the session's server with an empty database (each test starts clean)."""
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()

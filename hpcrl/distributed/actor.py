@@ -79,6 +79,8 @@ class Actor:
         self.pending: bytes | None = None
         """A batch built but not queued yet: it survives a lost learner and goes to the next one."""
         self.sent = 0
+        self.param_fetches = 0
+        """Parameter blobs downloaded: one per new version, never one per batch."""
         self.blocked = 0
         self.blocked_s = 0.0
         self.producer: Producer | None = None
@@ -98,15 +100,19 @@ class Actor:
         skip_instance: str | None = None
         delay = 0.1
         while True:
+            # Checked here, not only inside wait(): a learner killed with SIGKILL leaves its rendezvous
+            # file behind, which wait() returns at once however long the learner has been gone.
             remaining = self.d.learner_timeout_s - (time.monotonic() - away_since)
-            info = rendezvous.wait(self.rd, max(0.0, remaining), lambda: bool(self.stop) or self._run_over(), not_instance=skip_instance)
+            info = None
+            if remaining > 0:
+                info = rendezvous.wait(self.rd, remaining, lambda: bool(self.stop) or self._run_over(), not_instance=skip_instance)
             if self.stop:
                 return REQUEUE_EXIT
             if (self.rd / markers.DONE).exists():
                 self.log("run done")
                 return 0
             if (self.rd / markers.FAILED).exists():
-                self.log(f"learner failed: {markers.reason(self.rd, markers.FAILED).splitlines()[:1]}; exiting with {ORPHANED_EXIT}")
+                self.log(f"learner failed ({(markers.reason(self.rd, markers.FAILED).splitlines() or ['no reason'])[0]}); exiting with {ORPHANED_EXIT}")
                 return ORPHANED_EXIT
             if info is None:
                 self.log(f"no learner for {self.d.learner_timeout_s:g} s; exiting with {ORPHANED_EXIT}")
@@ -230,6 +236,7 @@ class Actor:
             if message is None:
                 time.sleep(0.05)  # the learner publishes before it writes the rendezvous; a moment more
                 return
+            self.param_fetches += 1
             self.policy.load_params(message.fields)
             self.version = message.version
         except wire.MalformedMessage as exc:
@@ -250,6 +257,6 @@ class Actor:
         p = self.producer
         return {
             "pid": os.getpid(), "host": socket.gethostname(), "steps": self.policy.steps, "sps": round(sps, 1), "version": self.version,
-            "batches": self.sent + (p.sent if p else 0), "blocked": self.blocked + (p.blocked if p else 0),
+            "param_fetches": self.param_fetches, "batches": self.sent + (p.sent if p else 0), "blocked": self.blocked + (p.blocked if p else 0),
             "blocked_s": round(self.blocked_s + (p.blocked_s if p else 0.0), 3),
         }

@@ -49,8 +49,6 @@ class Board:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self.client = client
         self.keys = Keys(prefix)
-        self.params_fetched = 0
-        """Parameter blobs this side downloaded (a test checks it happens only on a new version)."""
 
     # ------------------------------------------------------------------ learner side
     def set_status(self, status: str) -> None:
@@ -97,7 +95,6 @@ class Board:
         blob = self.client.get(self.keys.params)
         if blob is None:
             return None
-        self.params_fetched += 1
         message = wire.decode(blob)
         if message.kind != wire.PARAMS:
             raise wire.MalformedMessage(f"parameter blob has message kind {message.kind}")
