@@ -14,6 +14,7 @@ import torch
 
 from hpcrl.config import EnvConfig
 from hpcrl.rl.envs import make_env
+from hpcrl.rl.networks import obs_to_tensor
 
 FPS = 30
 
@@ -33,10 +34,12 @@ def record_episodes(policy: torch.nn.Module, spec: EnvConfig, episodes: int, see
             frames = [env.render()]
             done = False
             while not done:
-                action = policy.act(torch.as_tensor(np.asarray(obs)[None], dtype=torch.float32, device=device), True)
+                batch = {k: v[None] for k, v in obs.items()} if isinstance(obs, dict) else np.asarray(obs)[None]
+                action = policy.act(obs_to_tensor(batch, device), True)
                 obs, _, terminated, truncated, _ = env.step(action.cpu().numpy()[0])
                 frames.append(env.render())
                 done = terminated or truncated
+            policy.reset_memory(np.ones(1, dtype=bool))  # the next episode starts without memory
             path = directory / f"episode-{episode}.mp4"
             tmp = directory / f".episode-{episode}.tmp.mp4"
             # macro_block_size=1 keeps odd frame sizes (ViZDoom 160x120 is fine; others need no padding).

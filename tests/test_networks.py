@@ -1,0 +1,209 @@
+"""Networks: encoders per observation space, the hand-written action distributions, running
+observation statistics, the GRU core's episode resets, frame stacking, mixed precision."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from hpcrl.config import EnvConfig
+from hpcrl.rl.envs import make_env
+from hpcrl.rl.networks import ActorCritic, Encoder, GradientStep, NatureCNN, QNetwork, RunningNorm, adam, obs_to_tensor
+
+torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("shape", [(4, 84, 84), (1, 60, 80), (3, 120, 160)])
+def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
+    cnn = NatureCNN(*shape)
+    out = cnn(torch.zeros(2, *shape))
+    assert out.shape == (2, cnn.out_dim)
+    assert NatureCNN(4, 84, 84).out_dim == 3136  # the DQN paper's 7 x 7 x 64
+
+
+def test_uint8_pixels_are_scaled_inside_the_network() -> None:
+    """Bytes cross to the device; the encoder sees [0, 1] either way."""
+    space = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)
+    enc = Encoder(space, [8], "relu")
+    pixels = torch.randint(0, 256, (3, 1, 36, 36), dtype=torch.uint8)
+    torch.testing.assert_close(enc(pixels), enc.mlp(enc.cnn(pixels.float() / 255)))
+
+
+def test_dict_observation_concatenates_images_and_vectors() -> None:
+    """Habitat's depth (float in [0, 1]) and RGB (bytes) share one CNN; the pointgoal joins after it."""
+    space = gym.spaces.Dict({
+        "depth": gym.spaces.Box(0.0, 1.0, (1, 64, 64), dtype=np.float32),
+        "rgb": gym.spaces.Box(0, 255, (3, 64, 64), dtype=np.uint8),
+        "pointgoal": gym.spaces.Box(-np.inf, np.inf, (2,), dtype=np.float32),
+    })  # fmt: skip
+    enc = Encoder(space, [32], "relu")
+    assert enc.cnn.net[0].in_channels == 4
+    assert enc.mlp[0].in_features == enc.cnn.out_dim + 2
+    obs = {"depth": torch.rand(5, 1, 64, 64), "rgb": torch.randint(0, 256, (5, 3, 64, 64), dtype=torch.uint8), "pointgoal": torch.randn(5, 2)}
+    assert enc(obs).shape == (5, 32)
+    changed = dict(obs, pointgoal=obs["pointgoal"] + 1)
+    assert not torch.allclose(enc(obs), enc(changed))  # the goal reaches the features
+
+    with pytest.raises(ValueError, match="one resolution"):
+        Encoder(gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (1, 8, 8)), "b": gym.spaces.Box(0, 1, (1, 9, 9))}), [4], "relu")
+
+
+def test_categorical_head_matches_torch_distributions() -> None:
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(4), [16], "tanh")
+    obs = torch.randn(6, 3)
+    action, logprob, _, _ = policy.step(obs)
+    dist = torch.distributions.Categorical(logits=policy.actor_head.linear(policy.actor_encoder(obs)))
+    torch.testing.assert_close(logprob, dist.log_prob(action))
+    newlogprob, entropy, _ = policy.evaluate(obs, action)
+    torch.testing.assert_close(newlogprob, logprob)
+    torch.testing.assert_close(entropy, dist.entropy())
+
+
+def test_gumbel_max_sampling_draws_from_the_policy() -> None:
+    head = ActorCritic(gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(3), [4], "tanh").actor_head
+    logp = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).expand(60_000, 3)
+    freq = torch.bincount(head.sample(logp), minlength=3).float() / 60_000
+    torch.testing.assert_close(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.01, rtol=0)
+
+
+def test_gaussian_head_matches_torch_distributions_and_clips_for_the_env() -> None:
+    space = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 0.5], np.float32))
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (3,)), space, [16], "tanh")
+    with torch.no_grad():
+        policy.actor_head.log_std.fill_(math.log(2.0))  # wide enough that some samples leave the box
+    obs = torch.randn(500, 3)
+    action, logprob, _, _ = policy.step(obs)
+    mean = policy.actor_head.linear(policy.actor_encoder(obs))
+    dist = torch.distributions.Normal(mean, torch.full_like(mean, 2.0))
+    torch.testing.assert_close(logprob, dist.log_prob(action).sum(-1))
+    _, entropy, _ = policy.evaluate(obs, action)
+    torch.testing.assert_close(entropy, dist.entropy().sum(-1))
+    clipped = policy.clip_action(action)
+    assert (action.abs() > 1).any()  # the stored action stays unclipped (its log-prob is exact) ...
+    assert clipped[:, 0].min() >= -1 and clipped[:, 0].max() <= 1 and clipped[:, 1].min() >= 0 and clipped[:, 1].max() <= 0.5
+
+
+def test_running_norm_matches_the_statistics_of_everything_seen() -> None:
+    norm = RunningNorm((3,))
+    data = np.random.default_rng(0).normal([5.0, -2.0, 100.0], [1.0, 0.1, 30.0], size=(4000, 3))
+    for chunk in np.split(data, 8):
+        norm.update(torch.as_tensor(chunk).view(50, 10, 3))  # rollout-shaped (T, N, features)
+    np.testing.assert_allclose(norm.mean.numpy(), data.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), data.var(0), rtol=1e-4)
+    out = norm(torch.as_tensor(data, dtype=torch.float32))
+    np.testing.assert_allclose(out.mean(0).numpy(), 0, atol=1e-3)
+    np.testing.assert_allclose(out.std(0).numpy(), 1, atol=1e-3)
+
+
+def test_observation_statistics_travel_with_the_policy_weights() -> None:
+    """Evaluation rebuilds the policy from the checkpoint's weights alone: the normaliser must be in them."""
+    space = gym.spaces.Box(-np.inf, np.inf, (2,))
+    trained = ActorCritic(space, gym.spaces.Discrete(2), [8], "tanh", normalize_obs=True)
+    trained.obs_norm.update(torch.randn(100, 2) * 10 + 3)
+    rebuilt = ActorCritic(space, gym.spaces.Discrete(2), [8], "tanh", normalize_obs=True)
+    rebuilt.load_state_dict(trained.state_dict())
+    obs = torch.randn(4, 2) * 10
+    torch.testing.assert_close(rebuilt.value(obs), trained.value(obs))
+    with pytest.raises(ValueError, match="normalize_obs"):
+        ActorCritic(gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8), gym.spaces.Discrete(2), [8], "relu", normalize_obs=True)
+
+
+def test_gru_replays_a_rollout_exactly_and_forgets_at_episode_starts() -> None:
+    """The update's sequence pass must reproduce the rollout's step-by-step values, and the state
+    must be zeroed where `first` marks a new episode."""
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), [8], "tanh", recurrent_size=6)
+    steps, envs = 7, 4
+    obs = torch.randn(steps, envs, 3)
+    firsts = torch.zeros(steps, envs)
+    firsts[0] = 1
+    firsts[4, 1] = 1
+    state = policy.initial_state(envs, torch.device("cpu"))
+    start_state, values, actions = state, [], []
+    with torch.no_grad():
+        for t in range(steps):
+            action, _, value, state = policy.step(obs[t], state, firsts[t])
+            actions.append(action)
+            values.append(value)
+        _, _, replayed = policy.evaluate(obs.view(-1, 3), torch.stack(actions).view(-1), start_state, firsts.view(-1))
+    torch.testing.assert_close(replayed.view(steps, envs), torch.stack(values))
+    # env 1 from step 4 on is a fresh episode: the same as running it alone from a zero state
+    with torch.no_grad():
+        _, _, seq = policy.evaluate(obs[4:, 1], torch.stack(actions)[4:, 1], policy.initial_state(1, torch.device("cpu")), torch.tensor([1.0, 0, 0]))
+    torch.testing.assert_close(seq, torch.stack(values)[4:, 1])
+
+
+def test_evaluation_memory_is_reset_per_finished_env() -> None:
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), [8], "tanh", recurrent_size=4)
+    policy.act(torch.randn(3, 2), True)
+    policy.reset_memory(np.array([False, True, False]))
+    assert policy._memory[0, 1].abs().sum() == 0 and policy._memory[0, 0].abs().sum() > 0
+
+
+def test_qnetwork_and_image_policy_shapes() -> None:
+    pixels = gym.spaces.Box(0, 255, (4, 60, 80), dtype=np.uint8)
+    q = QNetwork(pixels, gym.spaces.Discrete(3), [64], "relu")
+    obs = torch.randint(0, 256, (2, 4, 60, 80), dtype=torch.uint8)
+    assert q(obs).shape == (2, 3) and q.act(obs, True).shape == (2,)
+    ac = ActorCritic(pixels, gym.spaces.Discrete(3), [64], "relu")
+    assert ac.shared  # one CNN for actor and critic
+    action, logprob, value, _ = ac.step(obs)
+    assert action.shape == logprob.shape == value.shape == (2,)
+
+
+def test_frame_stacking_merges_frames_on_channels() -> None:
+    class Pixels(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (1, 8, 8), dtype=np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):  # noqa: ANN001, ANN202
+            self.t = 0
+            return np.zeros((1, 8, 8), np.uint8), {}
+
+        def step(self, action):  # noqa: ANN001, ANN202
+            self.t += 1
+            return np.full((1, 8, 8), self.t, np.uint8), 0.0, False, False, {}
+
+    if "hpcrl-test/Pixels-v0" not in gym.registry:
+        gym.register("hpcrl-test/Pixels-v0", entry_point=Pixels)
+    env = make_env(EnvConfig(id="hpcrl-test/Pixels-v0", frame_stack=4))
+    assert env.observation_space.shape == (4, 8, 8)
+    env.reset()
+    for _ in range(5):
+        obs, *_ = env.step(0)
+    assert obs[:, 0, 0].tolist() == [2, 3, 4, 5]  # oldest first, newest last
+    with pytest.raises(ValueError, match="frame_stack needs Box"):
+        make_env(EnvConfig(id="Blackjack-v1", frame_stack=2))
+
+
+def test_gradient_step_clips_the_global_norm() -> None:
+    net = torch.nn.Linear(4, 1)
+    step = GradientStep(torch.optim.SGD(net.parameters(), lr=1.0), list(net.parameters()), 0.5, "none", torch.device("cpu"))
+    before = torch.cat([p.detach().flatten().clone() for p in net.parameters()])
+    step(net(torch.full((1, 4), 100.0)).sum())
+    after = torch.cat([p.detach().flatten() for p in net.parameters()])
+    assert (after - before).norm().item() == pytest.approx(0.5, rel=1e-4)  # SGD lr 1: the step is the clipped gradient
+    assert adam(list(net.parameters()), 1e-3, 1e-5, torch.device("cpu")).defaults["fused"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed precision applies on CUDA only")
+def test_amp_encoder_runs_reduced_precision_and_returns_float32() -> None:
+    pixels = gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8)
+    policy = ActorCritic(pixels, gym.spaces.Discrete(3), [64], "relu", amp="bf16").cuda()
+    obs = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8, device="cuda")
+    _, logprob, value, _ = policy.step(obs)
+    assert logprob.dtype == value.dtype == torch.float32
+
+
+def test_amp_is_ignored_on_cpu() -> None:
+    pixels = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)
+    policy = ActorCritic(pixels, gym.spaces.Discrete(3), [16], "relu", amp="fp16")
+    plain = ActorCritic(pixels, gym.spaces.Discrete(3), [16], "relu")
+    plain.load_state_dict(policy.state_dict())
+    obs = obs_to_tensor(np.random.default_rng(0).integers(0, 256, (2, 1, 36, 36), dtype=np.uint8), torch.device("cpu"))
+    torch.testing.assert_close(policy.value(obs), plain.value(obs))
+    step = GradientStep(adam(list(policy.parameters()), 1e-3, 1e-5, torch.device("cpu")), list(policy.parameters()), 0.5, "fp16", torch.device("cpu"))
+    assert step.scaler is None
