@@ -30,7 +30,7 @@ import torch
 from hpcrl import markers
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
-from hpcrl.distributed.board import DONE, FAILED, Board, parse_status, parse_version
+from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
 from hpcrl.distributed.queue import NotRunning, Producer
 from hpcrl.distributed.signals import StopFlag
 from hpcrl.rl.envs import make_vec_env
@@ -126,12 +126,13 @@ class Actor:
                 skip_instance = info.instance  # stopping for a requeue: wait for the next start
             except _CONNECTION_ERRORS as exc:
                 code = None
-                self.log(f"lost the learner at {info.host}:{info.port} ({type(exc).__name__}: {str(exc)[:120]}); reconnecting")
+                if self.connected_once:  # once per loss, not once per retry
+                    self.log(f"lost the learner at {info.host}:{info.port} ({type(exc).__name__}: {str(exc)[:120]}); reconnecting")
             if code is not None:
                 return code
             if self.connected_once:
                 away_since, delay, self.connected_once = time.monotonic(), 0.1, False
-            time.sleep(delay)
+            time.sleep(min(delay, max(0.0, self.d.learner_timeout_s - (time.monotonic() - away_since))))
             delay = min(5.0, delay * 2)
 
     def _code_for(self, status: str | None) -> int | None:
@@ -147,7 +148,7 @@ class Actor:
 
     # ------------------------------------------------------------------ one connection
     def _session(self, info: rendezvous.Rendezvous) -> int | None:
-        client = redis.Redis(host=info.host, port=info.port, password=info.password, socket_timeout=10, socket_connect_timeout=5)
+        client = connect(info.host, info.port, info.password, socket_timeout=10, socket_connect_timeout=5)
         try:
             board = Board(client, info.prefix)
             producer = self.producer = Producer(client, board.keys.queue, board.keys.status, self.d.queue_bound, on_wait=lambda: self._while_blocked(board))

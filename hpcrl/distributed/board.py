@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 import numpy as np
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from hpcrl.distributed import wire
 
@@ -39,6 +41,13 @@ class Keys:
 
     def actor(self, index: int) -> str:
         return f"{self.prefix}actor:{index}"
+
+
+def connect(host: str, port: int, password: str | None, **kwargs: Any) -> redis.Redis:
+    """A client that fails fast. redis-py retries a failed command up to 10 times with backoff (about
+    4 s) by default, which hid a lost learner from its actors; the actor's own reconnect loop (backoff,
+    `learner_timeout_s`) is the retry policy here."""
+    return redis.Redis(host=host, port=port, password=password or None, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
 def run_prefix(run_id: str) -> str:

@@ -1,0 +1,171 @@
+"""Learner and actor processes against a real redis-server: kills, requeues, garbage, a whole local sweep.
+
+Each test drives `hpcrl learner` / `hpcrl actor` as the job scripts do and watches what a user
+watches: the learner's stats file (what `hpcrl status` prints), exit codes, logs, checkpoints.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import redis
+import yaml
+
+from hpcrl.distributed import rendezvous, runstats
+
+pytestmark = pytest.mark.redis
+PY = sys.executable
+
+CONFIG: dict[str, Any] = {
+    "name": "apex",
+    "algo": "dqn",
+    "env": {"id": "CartPole-v1"},
+    "train": {
+        "total_steps": 10_000_000, "hidden_sizes": [32], "buffer_size": 10_000, "batch_size": 32, "learning_starts": 200,
+        "train_freq": 4, "gradient_steps": 1, "target_update_freq": 100, "checkpoint_every": 50,
+    },
+    "distributed": {
+        "actors": 2, "envs_per_actor": 2, "batch_transitions": 16, "queue_bound": 4, "publish_every": 50, "max_lag": 100,
+        "heartbeat_s": 0.2, "dead_after_s": 1.0, "learner_timeout_s": 5.0, "redis": {"bind": "127.0.0.1"},
+    },
+    "sweep": {"seeds": [0]},
+    "resources": {"max_concurrent": 3},
+    "eval": {"episodes": 2},
+}
+
+
+def make_experiment(tmp_path: Path, changes: dict | None = None) -> tuple[Path, Path]:
+    """Write the experiment (without submitting it); return (experiment dir, run dir)."""
+    from factories import deep_update
+    from hpcrl.config import load_experiment
+    from hpcrl.sweep import expand, write_experiment
+
+    path = tmp_path / "apex.yaml"
+    path.write_text(yaml.safe_dump(deep_update({**CONFIG, "output": str(tmp_path / "logs")}, changes or {})))
+    exp = load_experiment(path)
+    runs = expand(exp)
+    root = write_experiment(exp, runs, {})
+    return root.resolve(), (root / "runs" / runs[0].run_id).resolve()
+
+
+def start(*args: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "hpcrl", *args], stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def wait_stats(rd: Path, ok: Callable[[dict], bool], timeout: float, what: str) -> dict:
+    """The learner's stats file once `ok` holds for it."""
+    deadline = time.monotonic() + timeout
+    stats = None
+    while time.monotonic() < deadline:
+        stats = runstats.read(rd)
+        if stats is not None and ok(stats):
+            return stats
+        time.sleep(0.05)
+    pytest.fail(f"{what}: not within {timeout:g} s; last stats: {json.dumps(stats)[:1500]}")
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_killed_actor_is_seen_dead_while_learning_goes_on_garbage_is_rejected_and_orphans_exit_75(tmp_path: Path) -> None:
+    exp, rd = make_experiment(tmp_path)
+    log = tmp_path / "out.log"
+    learner = start("learner", str(exp), "--task", "0", log=log)
+    actors = [start("actor", str(exp), "--task", "0", "--actor", str(i), log=log) for i in (0, 1)]
+    try:
+        wait_stats(rd, lambda s: s["actors_alive"] == 2 and s["updates"] > 0, 90, "two actors feeding a learning learner")
+
+        # Garbage straight onto the queue (a pickle among it): rejected and counted, never unpickled or fatal.
+        info = rendezvous.read(rd)
+        assert info is not None and info.host == "127.0.0.1"
+        client = redis.Redis(host=info.host, port=info.port, password=info.password)
+        client.rpush(info.prefix + "queue", b"not a message", pickle.dumps({"obs": [1, 2]}))
+        client.close()
+
+        actors[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        stats = wait_stats(rd, lambda s: s["actors_dead"] == [1], 10, "the killed actor reported dead")
+        latency = time.monotonic() - killed
+        print(f"actor kill detected after {latency:.2f} s (dead_after_s 1.0, heartbeat 0.2 s)")
+        assert stats["actors_alive"] == 1
+        after = wait_stats(rd, lambda s: s["updates"] > stats["updates"] + 50 and s["malformed"] >= 2, 30, "learning after the kill")
+        assert learner.poll() is None and after["actors_dead"] == [1]
+
+        # Actor 0 fetched parameters once per new version, not once per batch.
+        a0 = after["actors"]["0"]
+        assert 1 <= a0["param_fetches"] <= a0["version"] + 1 < a0["batches"]
+
+        status = subprocess.run([PY, "-m", "hpcrl", "status", str(exp)], capture_output=True, text=True, timeout=60)
+        assert "actors 1/2 alive (dead: 1)" in status.stdout, status.stdout + status.stderr
+        assert "env steps/s" in status.stdout and "malformed" in status.stdout and "lag" in status.stdout
+
+        learner.send_signal(signal.SIGKILL)  # gone for good, without a word: its redis-server dies with it
+        killed = time.monotonic()
+        assert actors[0].wait(timeout=30) == 75
+        gone = time.monotonic() - killed
+        print(f"orphaned actor exited after {gone:.1f} s (learner_timeout_s 5)")
+        assert gone < 5 + 5  # the timeout, plus slack for a loaded machine; not redis-py's hidden retries
+    finally:
+        stop_all([learner, *actors])
+    text = log.read_text()
+    assert "rejected malformed message" in text and "no learner for 5 s; exiting with 75" in text
+
+
+def test_requeued_learner_resumes_and_its_actor_reconnects(tmp_path: Path) -> None:
+    exp, rd = make_experiment(tmp_path, {"distributed": {"actors": 1, "learner_timeout_s": 120}})
+    log = tmp_path / "out.log"
+    learner = start("learner", str(exp), "--task", "0", log=log)
+    actor = start("actor", str(exp), "--task", "0", "--actor", "0", log=log)
+    procs = [learner, actor]
+    try:
+        wait_stats(rd, lambda s: s["updates"] >= 120 and s["param_version"] >= 2, 90, "a learner with a checkpoint")
+        learner.send_signal(signal.SIGUSR1)  # the scheduler's warning, as the job script forwards it
+        assert learner.wait(timeout=30) == 99
+        before = runstats.read(rd)
+        assert before["status"] == "stopping" and not rendezvous.path(rd).exists()
+        assert list((rd / "checkpoints").glob("*.pt"))
+        time.sleep(1.0)
+        assert actor.poll() is None  # waits for the next learner start instead of exiting
+
+        learner = start("learner", str(exp), "--task", "0", log=log)
+        procs.append(learner)
+        after = wait_stats(
+            rd, lambda s: s["instance"] != before["instance"] and s["actors_alive"] == 1 and s["env_steps"] > before["env_steps"] + 500,
+            60, "the requeued learner fed by the reconnected actor",
+        )
+        assert after["param_version"] >= before["param_version"] and after["updates"] > before["updates"]
+        text = log.read_text()
+        assert f"resumed from step {before['env_steps']} " in text
+        assert text.count("actor 0: connected to learner") == 2
+        steps = [int(r["step"]) for r in csv.DictReader((rd / "train.csv").open())]
+        assert steps == sorted(steps)  # the log continues where the checkpoint was, without going back
+    finally:
+        stop_all(procs)
+
+
+def test_local_sweep_runs_learner_and_actors_then_eval(tmp_path: Path) -> None:
+    """`hpcrl sweep --scheduler local` with a tiny budget: learner and actors finish cleanly, eval and aggregate follow."""
+    config = tmp_path / "apex.yaml"
+    exp, rd = make_experiment(tmp_path, {"train": {"total_steps": 1500}})
+    proc = subprocess.run([PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = json.loads((exp / "jobs" / "local-state.json").read_text())["jobs"]
+    assert {k: [t["rc"] for t in v.values()] for k, v in state.items()} == {
+        "learner-0-0": [0], "actors-0-0": [0, 0], "eval-0-0": [0], "aggregate-0": [0],
+    }
+    assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists() and (exp / "results" / "summary.csv").exists()
+    assert not rendezvous.path(rd).exists()
+    assert runstats.read(rd)["status"] == "done"
