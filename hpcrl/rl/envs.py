@@ -124,8 +124,10 @@ def finished_episodes(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 def episode_metrics(info: dict[str, Any], i: int) -> dict[str, float]:
     """Task metrics env `i` reported for the episode it just finished (Habitat: success, SPL,
-    distance_to_goal), from `info["episode_metrics"]` as the vector env batches it."""
-    metrics = info.get("episode_metrics")
-    if not metrics or not info["_episode_metrics"][i]:
+    distance_to_goal). In SAME_STEP mode the finished episode's last info is batched under
+    `info["final_info"]`; the top level holds the info of the reset that followed it."""
+    final = info.get("final_info")
+    if not final or not info["_final_info"][i] or "episode_metrics" not in final or not final["_episode_metrics"][i]:
         return {}
+    metrics = final["episode_metrics"]
     return {k: float(v[i]) for k, v in metrics.items() if not k.startswith("_") and metrics[f"_{k}"][i]}
