@@ -48,3 +48,34 @@ def test_replay_survives_a_requeue_with_its_priorities() -> None:
     np.testing.assert_array_equal(restored.data["reward"][:5], fields["reward"])
     np.testing.assert_allclose(restored.tree.leaves()[:5], replay.tree.leaves()[:5])
     assert restored.tree.total == replay.tree.total
+
+
+def test_learner_rejects_batches_that_would_poison_or_crash_an_update() -> None:
+    import pytest
+    import torch
+
+    from hpcrl.distributed import wire
+    from hpcrl.distributed.apex import ApexLearner
+    from hpcrl.rl.hparams import DQNConfig
+
+    space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    learner = ApexLearner(DQNConfig(hidden_sizes=[8]), DistributedConfig(), space, gym.spaces.Discrete(2), torch.device("cpu"))
+
+    def batch(**change: np.ndarray) -> wire.Message:
+        fields = {
+            "obs": np.zeros((3, 4), np.float32), "action": np.array([0, 1, 1]), "reward": np.ones(3, np.float32),
+            "next_obs": np.zeros((3, 4), np.float32), "discount": np.ones(3, np.float32),
+            "ep_return": np.zeros(1, np.float32), "ep_length": np.ones(1, np.int32), **change,
+        }
+        return wire.decode(wire.encode(wire.BATCH, 0, 0, 0, fields))
+
+    assert learner.validate(batch()) == 3
+    for bad, reason in [
+        ({"obs": np.full((3, 4), np.nan, np.float32)}, "non-finite"),
+        ({"action": np.array([0, 1, 2])}, "action out of range"),
+        ({"reward": np.ones(2, np.float32)}, "disagree"),
+        ({"obs": np.zeros((3, 5), np.float32)}, "'obs'"),
+        ({"action": np.array([0, 1, 1], np.int32)}, "'action'"),
+    ]:
+        with pytest.raises(wire.MalformedMessage, match=reason):
+            learner.validate(batch(**bad))

@@ -294,8 +294,9 @@ class ApexLearner:
         n = len(transitions["action"])
         if n == 0 or any(len(v) != n for v in transitions.values()) or len(episodes["ep_return"]) != len(episodes["ep_length"]):
             raise wire.MalformedMessage("fields of one batch disagree on their number of rows")
-        if not np.isfinite(transitions["reward"]).all() or not np.isfinite(transitions["discount"]).all():
-            raise wire.MalformedMessage("non-finite reward or discount")
+        checked = ["reward", "discount"] + (["obs", "next_obs"] if transitions["obs"].dtype.kind == "f" else [])
+        if not all(np.isfinite(transitions[k]).all() for k in checked):
+            raise wire.MalformedMessage(f"non-finite values in {', '.join(checked)}: one NaN would spread through every later update")
         if transitions["action"].min() < 0 or transitions["action"].max() >= self.policy.n_actions:
             raise wire.MalformedMessage("action out of range")
         return n
