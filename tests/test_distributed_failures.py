@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -84,8 +85,12 @@ def test_killed_actor_is_seen_dead_while_learning_goes_on_garbage_is_rejected_an
     exp, rd = make_experiment(tmp_path)
     log = tmp_path / "out.log"
     learner = start("learner", str(exp), "--task", "0", log=log)
-    actors = [start("actor", str(exp), "--task", "0", "--actor", str(i), log=log) for i in (0, 1)]
+    actors: list[subprocess.Popen] = []
     try:
+        # The actors' 5 s learner timeout is for the end of this test; on a loaded machine the learner's own
+        # start (imports, redis-server) can take longer than that, so they start once it is serving.
+        assert rendezvous.wait(rd, 60) is not None, log.read_text()
+        actors += [start("actor", str(exp), "--task", "0", "--actor", str(i), log=log) for i in (0, 1)]
         wait_stats(rd, lambda s: s["actors_alive"] == 2 and s["updates"] > 0, 90, "two actors feeding a learning learner")
 
         # Garbage straight onto the queue (a pickle among it): rejected and counted, never unpickled or fatal.
@@ -169,3 +174,25 @@ def test_local_sweep_runs_learner_and_actors_then_eval(tmp_path: Path) -> None:
     assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists() and (exp / "results" / "summary.csv").exists()
     assert not rendezvous.path(rd).exists()
     assert runstats.read(rd)["status"] == "done"
+
+
+def test_runs_share_an_external_redis_under_their_own_prefix(tmp_path: Path, redis_server, redis_client: redis.Redis) -> None:
+    """distributed.redis.address: no server of its own; the password comes from the environment, never the config."""
+    address = f"{redis_server.host}:{redis_server.port}"
+    exp, rd = make_experiment(tmp_path, {"train": {"total_steps": 1200}, "distributed": {"actors": 1, "learner_timeout_s": 120, "redis": {"address": address}}})
+    assert redis_server.password not in (rd / "config.yaml").read_text()
+    env = dict(os.environ, HPCRL_REDIS_PASSWORD=redis_server.password)
+    log = tmp_path / "out.log"
+    learner = subprocess.Popen([PY, "-m", "hpcrl", "learner", str(exp), "--task", "0"], stdout=log.open("a"), stderr=subprocess.STDOUT, env=env)
+    actor = start("actor", str(exp), "--task", "0", "--actor", "0", log=log)  # learns the password from the rendezvous file only
+    try:
+        assert learner.wait(timeout=120) == 0, log.read_text()
+        assert actor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        stop_all([learner, actor])
+    assert (rd / "DONE").exists() and not (rd / "redis.log").exists()
+    keys = {k.decode() for k in redis_client.keys("*")}
+    prefix = f"hpcrl:{rd.name}:"
+    assert keys and all(k.startswith(prefix) for k in keys)
+    assert prefix + "params:blob" not in keys and prefix + "queue" not in keys  # retired: no blobs left behind
+    assert redis_client.get(prefix + "status") == b"done" and 0 < redis_client.ttl(prefix + "status") <= 86400

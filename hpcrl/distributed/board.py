@@ -70,6 +70,16 @@ class Board:
         pipe.set(self.keys.version, version)
         pipe.execute()
 
+    def retire(self, ttl_s: int = 86400) -> None:
+        """After the run: drop the queue and parameters, let the rest expire. Why: on an external Redis
+        shared by many runs, finished runs would otherwise keep their blobs forever; the status stays a
+        day so that a late actor still reads `done` and exits 0."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.queue, self.keys.params)
+        for key in (self.keys.status, self.keys.version, self.keys.actors):
+            pipe.expire(key, ttl_s)
+        pipe.execute()
+
     def heartbeats(self) -> dict[int, dict[str, Any] | None]:
         """Every registered actor -> its latest stats, or None when its heartbeat has expired (dead)."""
         members = sorted(int(m) for m in self.client.smembers(self.keys.actors) if m.isdigit())

@@ -184,6 +184,7 @@ class Learner:
             self.board.set_status(DONE)
             self._report(DONE)
         self._wait_for_actors_to_leave()
+        self.board.retire()
         self.log(f"done at step {algo.global_step} after {algo.updates} updates")
         return 0
 
