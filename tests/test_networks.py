@@ -23,6 +23,8 @@ def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
     out = cnn(torch.zeros(2, *shape))
     assert out.shape == (2, cnn.out_dim)
     assert NatureCNN(4, 84, 84).out_dim == 3136  # the DQN paper's 7 x 7 x 64
+    with pytest.raises(ValueError, match="40x30 are too small for the Nature CNN"):
+        NatureCNN(1, 30, 40)
 
 
 def test_uint8_pixels_are_scaled_inside_the_network() -> None:

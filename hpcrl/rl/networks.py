@@ -64,8 +64,13 @@ class NatureCNN(nn.Module):
     """The DQN paper's convolutional torso; the flattened size is probed, so any resolution works
     (ViZDoom's 160x120 or a downsampled 80x60, Habitat's 256x256, Atari's 84x84)."""
 
+    MIN_SIZE = 36
+    """Smallest side the three convolutions (8/4, 4/2, 3/1) accept."""
+
     def __init__(self, channels: int, height: int, width: int, orthogonal: bool = True) -> None:
         super().__init__()
+        if min(height, width) < self.MIN_SIZE:
+            raise ValueError(f"image observations of {width}x{height} are too small for the Nature CNN (at least {self.MIN_SIZE}x{self.MIN_SIZE}; lower env.kwargs.downsample)")
         init = layer_init if orthogonal else (lambda layer: layer)
         self.net = nn.Sequential(
             init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
