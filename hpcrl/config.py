@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -489,6 +490,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported type {tp!r} at {path}")  # a bug in the schema, not in the config
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """Field types of a config class (resolving them is the costly part of validating 1000 run configs)."""
+    return typing.get_type_hints(cls)
+
+
 def _public_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
 
@@ -498,7 +505,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'top level'}: expected a mapping, got {data!r}")
     fields_ = _public_fields(cls)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for key in data:
         if key not in fields_:
             raise ConfigError(f"{prefix}{key}: unknown key (expected one of: {', '.join(sorted(fields_))})")

@@ -10,8 +10,13 @@ from typing import IO, Iterator
 
 
 @contextmanager
-def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
-    """Write to a temporary file in the same directory, fsync, then `os.replace` onto `path`."""
+def atomic_open(path: str | Path, mode: str = "w", durable: bool = True) -> Iterator[IO]:
+    """Write to a temporary file in the same directory, fsync, then `os.replace` onto `path`.
+
+    The rename alone makes the write all-or-nothing for a killed process; the fsync also keeps it
+    through a power loss. `durable=False` drops the fsync for files that are cheap to remake and
+    written by the thousand (a sweep's run configs), where one fsync each costs seconds.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -20,7 +25,8 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -36,8 +42,8 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    with atomic_open(path, "w") as f:
+def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
+    with atomic_open(path, "w", durable) as f:
         f.write(text)
 
 

@@ -26,6 +26,11 @@ import hpcrl
 from hpcrl.config import Experiment, apply_settings
 from hpcrl.io import atomic_write_text
 
+# libyaml when PyYAML was built with it (the wheels are): a 1000-run sweep writes and status reads
+# 1000 run configs, which the pure-Python emitter and parser take ~10 s each for.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 # Sections that change where and how a run executes, not what it learns: they stay out of the run id.
 _NOT_HASHED = ("name", "output", "python", "resources", "container", "cuda", "eval", "image", "sweep")
 
@@ -72,10 +77,12 @@ def expand(exp: Experiment) -> list[Run]:
     runs = []
     for values in itertools.product(*(exp.sweep.grid[k] for k in keys)):
         settings = dict(zip(keys, values))
+        # Validated once per grid point: the seeds of a grid point differ in sweep.seeds only.
+        config = apply_settings(exp, settings, exp.sweep.seeds[0])
+        setting_hash = run_hash(config, settings)
         for seed in exp.sweep.seeds:
-            config = apply_settings(exp, settings, seed)
-            run_id = f"{run_hash(config, settings)}-s{seed}"
-            runs.append(Run(len(runs), run_id, seed, settings, config))
+            seeded = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, seeds=[seed]))
+            runs.append(Run(len(runs), f"{setting_hash}-s{seed}", seed, settings, seeded))
     return runs
 
 
@@ -134,7 +141,7 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
         **provenance,
     }
-    atomic_write_text(root / "experiment.yaml", yaml.safe_dump({"config": exp.to_dict(), "provenance": prov}, sort_keys=False))
+    atomic_write_text(root / "experiment.yaml", yaml.dump({"config": exp.to_dict(), "provenance": prov}, Dumper=_DUMPER, sort_keys=False))
     # Rows for runs that were in an earlier version of the config stay listed: their results are still there.
     rows = {row["run_id"]: row for row in read_runs_csv(root)}
     keys = sorted({k for run in runs for k in run.settings} | {k for row in rows.values() for k in row} - {"index", "run_id", "seed"})
@@ -146,33 +153,52 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
     for row in sorted(rows.values(), key=lambda r: int(r["index"])):
         writer.writerow(row)
     atomic_write_text(root / "runs.csv", buf.getvalue())
+    # The runs of one grid point share their config but for the seed, which the header carries:
+    # the config is serialised once per grid point (YAML's representer is the slow part of a sweep).
+    config_text: dict[str, str] = {}
     for run in runs:
+        setting_hash = run.run_id.rpartition("-s")[0]
+        if setting_hash not in config_text:
+            data = run.config.to_dict()
+            del data["sweep"]
+            config_text[setting_hash] = yaml.dump({"config": data}, Dumper=_DUMPER, sort_keys=False)
+        header = yaml.dump({"run": {"index": run.index, "run_id": run.run_id, "seed": run.seed, "settings": run.settings}}, Dumper=_DUMPER, sort_keys=False)
         d = run_dir(root, run.run_id)
         d.mkdir(parents=True, exist_ok=True)
-        data = {"run": {"index": run.index, "run_id": run.run_id, "seed": run.seed, "settings": run.settings}, "config": run.config.to_dict()}
-        atomic_write_text(d / "config.yaml", yaml.safe_dump(data, sort_keys=False))
+        # Remade from experiment.yaml by every `hpcrl sweep`: atomic, but not worth an fsync each.
+        atomic_write_text(d / "config.yaml", header + config_text[setting_hash], durable=False)
     return root
+
+
+def _read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment] | None = None) -> Run:
+    """A run from its config.yaml: the `run` header, then the resolved config of its grid point.
+
+    `parsed` caches configs by their text across the runs of one grid point: status and collect
+    read every run, and parsing and validating the same config a thousand times takes seconds.
+    """
+    from hpcrl.config import experiment_from_dict
+
+    text = (run_dir(experiment_dir, run_id) / "config.yaml").read_text()
+    head, sep, body = text.partition("\nconfig:")
+    cache = parsed if parsed is not None and sep else {}
+    info = yaml.load(head if sep else text, Loader=_LOADER)["run"]
+    key = sep + body
+    if key not in cache:
+        cache[key] = experiment_from_dict(yaml.load(text if not sep else key, Loader=_LOADER)["config"])
+    config = cache[key]
+    seeded = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, seeds=[int(info["seed"])]))
+    return Run(int(info["index"]), info["run_id"], int(info["seed"]), info["settings"], seeded)
 
 
 def load_runs(experiment_dir: Path) -> list[Run]:
     """The runs of an experiment on disk, from runs.csv and each run's config.yaml."""
-    from hpcrl.config import experiment_from_dict
-
-    runs = []
-    for row in read_runs_csv(experiment_dir):
-        data = yaml.safe_load((run_dir(experiment_dir, row["run_id"]) / "config.yaml").read_text())
-        info = data["run"]
-        runs.append(Run(int(info["index"]), info["run_id"], int(info["seed"]), info["settings"], experiment_from_dict(data["config"])))
-    return runs
+    parsed: dict[str, Experiment] = {}
+    return [_read_run(experiment_dir, row["run_id"], parsed) for row in read_runs_csv(experiment_dir)]
 
 
 def load_run(experiment_dir: Path, index: int) -> Run:
     """One run by index, reading only its own config (array tasks must not parse the whole sweep)."""
-    from hpcrl.config import experiment_from_dict
-
     for row in read_runs_csv(experiment_dir):
         if int(row["index"]) == index:
-            data = yaml.safe_load((run_dir(experiment_dir, row["run_id"]) / "config.yaml").read_text())
-            info = data["run"]
-            return Run(index, info["run_id"], int(info["seed"]), info["settings"], experiment_from_dict(data["config"]))
+            return _read_run(experiment_dir, row["run_id"])
     raise KeyError(f"{experiment_dir}: no run with index {index} in runs.csv")

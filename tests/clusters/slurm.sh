@@ -279,6 +279,9 @@ SchedulerParameters=batch_sched_delay=0
 ReturnToService=2
 KillWait=5
 MinJobAge=3600
+# Finished jobs stay listed for MinJobAge (the conformance suite reads their times); a 1000-run
+# benchmark leaves ~3000 records, so allow many more than the default 10000.
+MaxJobCount=200000
 MaxArraySize=$MAX_ARRAY_SIZE
 InactiveLimit=0
 SlurmctldPort=6817
