@@ -5,7 +5,6 @@ square, its geodesic distance is city-block, so a pathfinder answer is told from
 
 from __future__ import annotations
 
-import csv
 import gzip
 import json
 import math

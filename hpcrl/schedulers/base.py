@@ -45,6 +45,16 @@ class Job:
     attempt: int = 0
 
 
+def expand_ranges(text: str) -> list[int]:
+    """Task ids from the range lists both Slurm and Grid Engine print: `7`, `5-9`, `1-9:2,12`."""
+    tasks: list[int] = []
+    for part in filter(None, text.split(",")):
+        span, _, step = part.partition(":")
+        low, _, high = span.partition("-")
+        tasks.extend(range(int(low), int(high or low) + 1, int(step or 1)))
+    return tasks
+
+
 class SchedulerError(RuntimeError):
     """A scheduler command failed; the message carries its command line and stderr."""
 

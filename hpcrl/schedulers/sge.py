@@ -20,7 +20,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Dependency, Scheduler, SchedulerError
+from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Dependency, Scheduler, SchedulerError, expand_ranges
 
 DEFAULT_MAX_AJ_TASKS = 75000
 """Grid Engine's default for max_aj_tasks, used when `qconf -sconf` does not list it."""
@@ -37,16 +37,6 @@ def state_of(code: str) -> str:
     return RUNNING  # r, t, R and the suspended forms s, S, T: the task holds a slot
 
 
-def expand_tasks(text: str) -> list[int]:
-    """Task ids of qstat's `<tasks>`: `7`, or a range `1-9:2`, or a list of both."""
-    tasks: list[int] = []
-    for part in filter(None, text.split(",")):
-        span, _, step = part.partition(":")
-        low, _, high = span.partition("-")
-        tasks.extend(range(int(low), int(high or low) + 1, int(step or 1)))
-    return tasks
-
-
 def parse_qstat_xml(text: str) -> dict[str, dict[int, str]]:
     """`qstat -xml -g d`: one job_list per task (per job for a plain job, which has no <tasks>)."""
     result: dict[str, dict[int, str]] = {}
@@ -54,7 +44,7 @@ def parse_qstat_xml(text: str) -> dict[str, dict[int, str]]:
         job_id = job.findtext("JB_job_number", "").strip()
         tasks = job.findtext("tasks")
         entry = result.setdefault(job_id, {})
-        for task in expand_tasks(tasks.strip()) if tasks else [0]:
+        for task in expand_ranges(tasks.strip()) if tasks else [0]:
             entry[task] = state_of(job.findtext("state", "").strip())
     return result
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError, expand_ranges
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's own default for MaxArraySize, used when `scontrol show config` does not list it."""
@@ -40,13 +40,7 @@ def state_of(text: str) -> str:
 
 def expand_indices(text: str) -> list[int]:
     """Array task ids from Slurm's compact forms: `4`, `5-9%2` (squeue's %K), `[1,3,5-9:2%4]` (sacct)."""
-    body = text.strip().removeprefix("[").removesuffix("]").split("%")[0]
-    tasks: list[int] = []
-    for part in filter(None, body.split(",")):
-        span, _, step = part.partition(":")
-        low, _, high = span.partition("-")
-        tasks.extend(range(int(low), int(high or low) + 1, int(step or 1)))
-    return tasks
+    return expand_ranges(text.strip().removeprefix("[").removesuffix("]").split("%")[0])
 
 
 def parse_squeue(text: str) -> dict[str, dict[int, str]]:
