@@ -215,15 +215,23 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
 def summary_table(summary: list[dict], by_setting: dict[str, list[RunResult]]) -> str:
     header = ["setting", "seeds", "mean", "95% CI", "IQM", "95% CI (IQM)", "std"]
     table = [header]
+
+    def value(key: str) -> str:
+        return _fmt(item[key]) or "-"
+
+    def interval(stat: str) -> str:
+        low, high = value(f"{stat}_ci_low"), value(f"{stat}_ci_high")
+        return "-" if low == high == "-" else f"[{low}, {high}]"
+
     for item in summary:
         table.append([
             item["setting"],
             f"{item['n']}/{len(by_setting[item['setting']])}",
-            _fmt(item["mean"]),
-            f"[{_fmt(item['mean_ci_low'])}, {_fmt(item['mean_ci_high'])}]",
-            _fmt(item["iqm"]),
-            f"[{_fmt(item['iqm_ci_low'])}, {_fmt(item['iqm_ci_high'])}]",
-            _fmt(item["std"]),
+            value("mean"),
+            interval("mean"),
+            value("iqm"),
+            interval("iqm"),
+            value("std"),
         ])
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
