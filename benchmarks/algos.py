@@ -6,7 +6,8 @@
 
 CartPole-v1: each algorithm trains with the hyperparameters and step budget of
 configs/cartpole_<algo>.yaml, translated to SB3's arguments (RL Zoo's tuned sets, which both
-sides implement the same way), with one torch thread each. SPS counts environment steps over the
+sides implement the same way), with the same torch thread count on both sides (--threads, 1 by
+default; each row prints the count each side ran with). SPS counts environment steps over the
 whole training wall time (env stepping, forward passes, updates); the final return is the mean
 of 10 deterministic episodes of the trained policy on the same held-out seeds.
 
@@ -145,15 +146,18 @@ def main() -> None:
     parser.add_argument("--algos", nargs="+", default=["ppo", "a2c", "dqn"])
     parser.add_argument("--skip-vizdoom", action="store_true")
     parser.add_argument("--vizdoom-steps", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for hpcrl and SB3 (CartPole)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, one torch thread per learner; seed {args.seed}")
+    torch.set_num_threads(args.threads)
+    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} torch thread(s) for both hpcrl and SB3; seed {args.seed}")
     rows = []
     for algo in args.algos:
+        torch.set_num_threads(args.threads)
         ours = run_hpcrl(algo, args.scale, args.seed)
-        print(f"  hpcrl {algo}: {ours[0]} steps, {ours[1]:.0f} SPS, return {ours[2]:.1f}", flush=True)
+        print(f"  hpcrl {algo}: {ours[0]} steps, {ours[1]:.0f} SPS, return {ours[2]:.1f}, {torch.get_num_threads()} torch thread(s)", flush=True)
+        torch.set_num_threads(args.threads)
         theirs = run_sb3(algo, args.scale, args.seed)
-        print(f"  SB3   {algo}: {theirs[0]} steps, {theirs[1]:.0f} SPS, return {theirs[2]:.1f}", flush=True)
+        print(f"  SB3   {algo}: {theirs[0]} steps, {theirs[1]:.0f} SPS, return {theirs[2]:.1f}, {torch.get_num_threads()} torch thread(s)", flush=True)
         rows.append((algo, ours, theirs))
     print()
     print(f"{'CartPole-v1':<12}{'steps':>8}{'hpcrl SPS':>11}{'SB3 SPS':>9}{'ratio':>7}{'hpcrl return':>14}{'SB3 return':>12}")

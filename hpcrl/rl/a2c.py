@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hpcrl.rl.hparams import A2CConfig
-from hpcrl.rl.ppo import OnPolicyAgent
+from hpcrl.rl.ppo import OnPolicyAgent, _detach
 
 
 class A2C(OnPolicyAgent):
@@ -33,12 +33,18 @@ class A2C(OnPolicyAgent):
         cfg = self.cfg
         state = self.rollout_state  # the whole batch is one minibatch: every env's full sequence
         firsts = batch["firsts"] if state is not None else None
-        logprob, entropy, value = self.policy.evaluate(batch["obs"], batch["actions"], state, firsts)
+        logprob, params, value = self.policy.evaluate_params(batch["obs"], batch["actions"], state, firsts)
         adv = batch["adv"]
         if cfg.norm_adv:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         policy_loss = -(adv * logprob).mean()
         value_loss = ((batch["returns"] - value) ** 2).mean()
-        entropy_loss = entropy.mean()
-        self.gradient_step(policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss)
+        head = self.policy.actor_head
+        if cfg.ent_coef != 0.0:
+            entropy_loss = head.entropy(params).mean()
+            self.gradient_step(policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss)
+        else:  # the same loss and gradients: the entropy term would add exact zeros
+            self.gradient_step(policy_loss + cfg.vf_coef * value_loss)
+            with torch.no_grad():
+                entropy_loss = head.entropy(_detach(params)).mean()
         return {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy_loss.item()}

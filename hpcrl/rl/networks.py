@@ -25,8 +25,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
+"""The same functions as ACTIVATIONS' modules, called directly by the encoders' forward pass."""
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 Obs = Union[torch.Tensor, dict[str, torch.Tensor]]
@@ -114,6 +117,10 @@ class Encoder(nn.Module):
             in_dim += self.cnn.out_dim
         in_dim += sum(int(np.prod(spaces[k].shape)) for k in self.vector_keys)
         self.mlp, self.out_dim = mlp(in_dim, hidden, activation, orthogonal)
+        # The MLP is run as plain F.linear / activation calls (the same ops as self.mlp(x)): on a
+        # CPU, nn.Module's call machinery costs about as much as a 64-wide layer.
+        self._linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
+        self._act = ACTIVATION_FNS[activation]
         self.amp_dtype = AMP_DTYPES.get(amp)
 
     @staticmethod
@@ -130,15 +137,21 @@ class Encoder(nn.Module):
                 return self._encode(obs).float()
         return self._encode(obs)
 
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        act = self._act
+        for linear in self._linears:
+            x = act(F.linear(x, linear.weight, linear.bias))
+        return x
+
     def _encode(self, obs: Obs) -> torch.Tensor:
         if self.cnn is None and self.vector_keys == [None]:  # the common flat case, without the bookkeeping
-            return self.mlp(obs.flatten(1).float())
+            return self._mlp(obs.flatten(1).float())
         parts = []
         if self.cnn is not None:
             images = [self._scaled(self._get(obs, k), self.pixel_scale[k]) for k in self.image_keys]
             parts.append(self.cnn(images[0] if len(images) == 1 else torch.cat(images, dim=1)))
         parts += [self._get(obs, k).flatten(1).float() for k in self.vector_keys]
-        return self.mlp(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+        return self._mlp(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
 
 
 class RunningNorm(nn.Module):
@@ -174,7 +187,7 @@ class CategoricalHead(nn.Module):
         self.linear = layer_init(nn.Linear(in_dim, n), std=0.01)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.linear(x), dim=-1)
+        return torch.log_softmax(F.linear(x, self.linear.weight, self.linear.bias), dim=-1)
 
     def sample(self, logp: torch.Tensor) -> torch.Tensor:
         # Gumbel-max: argmax(log p - log E), E ~ Exp(1), is a draw from p, at a third of multinomial's cost.
@@ -200,7 +213,7 @@ class GaussianHead(nn.Module):
         self.log_std = nn.Parameter(torch.zeros(1, n))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = self.linear(x)
+        mean = F.linear(x, self.linear.weight, self.linear.bias)
         return mean, self.log_std.expand_as(mean)
 
     def sample(self, params: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -287,8 +300,8 @@ class ActorCritic(nn.Module):
         if self.obs_norm is not None:
             obs = self.obs_norm(obs)
         if not self.shared:
-            return self.actor_encoder(obs), self.critic_encoder(obs), state
-        x = self.encoder(obs)
+            return self.actor_encoder.forward(obs), self.critic_encoder.forward(obs), state
+        x = self.encoder.forward(obs)
         if self.gru is None:
             return x, x, state
         batch = state.shape[1]
@@ -304,22 +317,31 @@ class ActorCritic(nn.Module):
     def step(self, obs: Obs, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Rollout: sampled action, its log-probability, the value, the new recurrent state."""
         a, c, state = self._features(obs, state, first)
-        params = self.actor_head(a)
+        params = self.actor_head.forward(a)
         action = self.actor_head.sample(params)
-        return action, self.actor_head.log_prob(params, action), self.critic_head(c).squeeze(-1), state
+        return action, self.actor_head.log_prob(params, action), self._value_head(c), state
 
     def evaluate(self, obs: Obs, action: torch.Tensor, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Update: log-probability and entropy of stored actions, and the value."""
+        logprob, params, value = self.evaluate_params(obs, action, state, first)
+        return logprob, self.actor_head.entropy(params), value
+
+    def evaluate_params(self, obs: Obs, action: torch.Tensor, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """`evaluate` with the distribution's parameters in place of the entropy, so an update
+        whose loss has no entropy term (ent_coef 0) leaves it out of the graph."""
         a, c, _ = self._features(obs, state, first)
-        params = self.actor_head(a)
-        return self.actor_head.log_prob(params, action), self.actor_head.entropy(params), self.critic_head(c).squeeze(-1)
+        params = self.actor_head.forward(a)
+        return self.actor_head.log_prob(params, action), params, self._value_head(c)
+
+    def _value_head(self, c: torch.Tensor) -> torch.Tensor:
+        return F.linear(c, self.critic_head.weight, self.critic_head.bias).squeeze(-1)
 
     def value(self, obs: Obs, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> torch.Tensor:
         if self.shared:
             _, c, _ = self._features(obs, state, first)
         else:  # skip the actor's MLP
-            c = self.critic_encoder(self.obs_norm(obs) if self.obs_norm is not None else obs)
-        return self.critic_head(c).squeeze(-1)
+            c = self.critic_encoder.forward(self.obs_norm(obs) if self.obs_norm is not None else obs)
+        return self._value_head(c)
 
     def clip_action(self, action: torch.Tensor) -> torch.Tensor:
         """What the env receives: Gaussian samples clipped to the Box; discrete actions unchanged."""
@@ -365,7 +387,7 @@ class QNetwork(nn.Module):
         self.head = nn.Linear(self.encoder.out_dim, self.n_actions)
 
     def forward(self, obs: Obs) -> torch.Tensor:
-        return self.head(self.encoder(obs))
+        return F.linear(self.encoder.forward(obs), self.head.weight, self.head.bias)
 
     @torch.no_grad()
     def act(self, obs: Obs, deterministic: bool) -> torch.Tensor:

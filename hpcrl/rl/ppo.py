@@ -224,34 +224,65 @@ class PPO(OnPolicyAgent):
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         cfg = self.cfg
         clip = cfg.clip_coef * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_clip else cfg.clip_coef
-        clipfracs, approx_kl = [], torch.zeros((), device=self.device)
+        head = self.policy.actor_head
+        # Diagnostics (approx_kl, clipfrac, entropy) come from the detached ratios and the last
+        # minibatch after the epochs, not from a handful of extra ops in every minibatch.
+        ratios: list[torch.Tensor] = []
+        whole_adv = None  # one minibatch of the whole batch: its normalised advantages, once
         for _ in range(cfg.update_epochs):
             for mb, state in self.minibatches(cfg.num_minibatches):
-                firsts = batch["firsts"][mb] if state is not None else None
-                newlogprob, entropy, newvalue = self.policy.evaluate(_map(lambda x: x[mb], batch["obs"]), batch["actions"][mb], state, firsts)
-                logratio = newlogprob - batch["logprobs"][mb]
+                whole = isinstance(mb, slice)
+                take = (lambda x: x) if whole else (lambda x: x[mb])  # noqa: E731
+                firsts = take(batch["firsts"]) if state is not None else None
+                obs = batch["obs"] if whole else _map(take, batch["obs"])
+                newlogprob, params, newvalue = self.policy.evaluate_params(obs, take(batch["actions"]), state, firsts)
+                logratio = newlogprob - take(batch["logprobs"])
                 ratio = logratio.exp()
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > clip).float().mean())
-                mb_adv = batch["adv"][mb]
-                if cfg.norm_adv and len(mb_adv) > 1:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - clip, 1 + clip)).mean()
-                returns, old_values = batch["returns"][mb], batch["values"][mb]
+                ratios.append(ratio.detach())
+                if whole and whole_adv is not None:
+                    neg_adv = whole_adv
+                else:
+                    mb_adv = take(batch["adv"])
+                    if cfg.norm_adv and len(mb_adv) > 1:
+                        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                    neg_adv = -mb_adv
+                    if whole:
+                        whole_adv = neg_adv
+                pg_loss = torch.max(neg_adv * ratio, neg_adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+                returns, old_values = take(batch["returns"]), take(batch["values"])
                 if cfg.clip_vloss:
                     v_clipped = old_values + (newvalue - old_values).clamp(-clip, clip)
                     v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
                 else:
                     v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-                entropy_loss = entropy.mean()
-                self.gradient_step(pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss)
-            if cfg.target_kl is not None and approx_kl > cfg.target_kl:
+                if cfg.ent_coef != 0.0:
+                    entropy_loss = head.entropy(params).mean()
+                    self.gradient_step(pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss)
+                else:  # the same loss and gradients: the entropy term would add exact zeros
+                    self.gradient_step(pg_loss + cfg.vf_coef * v_loss)
+            if cfg.target_kl is not None and _approx_kl(logratio) > cfg.target_kl:
                 break
+        with torch.no_grad():
+            entropy_loss = head.entropy(_detach(params)).mean()
+            if len({r.shape for r in ratios}) == 1:  # per-minibatch fractions, as one batched op
+                clipfrac = ((torch.stack(ratios) - 1.0).abs() > clip).float().mean(1).mean()
+            else:
+                clipfrac = torch.stack([((r - 1.0).abs() > clip).float().mean() for r in ratios]).mean()
+            approx_kl = _approx_kl(logratio)
         return {
             "policy_loss": pg_loss.item(),
             "value_loss": v_loss.item(),
             "entropy": entropy_loss.item(),
             "approx_kl": approx_kl.item(),
-            "clipfrac": torch.stack(clipfracs).mean().item(),
+            "clipfrac": clipfrac.item(),
         }
+
+
+def _detach(params: Any) -> Any:
+    return tuple(p.detach() for p in params) if isinstance(params, tuple) else params.detach()
+
+
+@torch.no_grad()
+def _approx_kl(logratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(old || new) from log(new / old) of the sampled actions."""
+    return (logratio.exp() - 1 - logratio).mean()
