@@ -32,7 +32,7 @@ from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
 from hpcrl.distributed.queue import NotRunning, Producer
-from hpcrl.distributed.signals import StopFlag
+from hpcrl.guard import StopFlag
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run, run_dir

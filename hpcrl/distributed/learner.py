@@ -17,7 +17,6 @@ import os
 import secrets
 import socket
 import time
-import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,12 +30,12 @@ from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
 from hpcrl.distributed.queue import Consumer
 from hpcrl.distributed.redis_server import RedisServer
-from hpcrl.distributed.signals import StopFlag
+from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import BASE_COLUMNS, pick_device, seed_everything, truncate_log
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import Run, run_dir
+from hpcrl.sweep import Run
 
 UPDATES_PER_POLL = 8
 """Updates between two looks at the queue: the queue is drained often, yet a poll costs little."""
@@ -47,18 +46,7 @@ COUNTERS = ("dropped_stale", "dropped_stale_transitions", "malformed", "lost")
 
 def run_learner(experiment_dir: Path, run: Run, out: TextIO | None = None) -> int:
     """Learn one run to completion (or to the next preemption). Returns the process exit code."""
-    rd = run_dir(experiment_dir, run.run_id)
-    rd.mkdir(parents=True, exist_ok=True)
-    if (rd / markers.DONE).exists():
-        print(f"{run.run_id}: already done", file=out)
-        return 0
-    markers.clear(rd, markers.FAILED)
-    stop = StopFlag()
-    try:
-        return Learner(rd, run, stop, out).run()
-    except Exception as exc:
-        markers.mark(rd, markers.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        raise
+    return guarded_run(experiment_dir, run, lambda rd, stop: Learner(rd, run, stop, out).run(), out)
 
 
 def connect_external(address: str, password_env: str) -> redis.Redis:

@@ -13,9 +13,7 @@ import csv
 import importlib
 import math
 import random
-import signal
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,12 @@ import numpy as np
 import torch
 
 from hpcrl import markers
+from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.io import atomic_write_text
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import Run, run_dir
+from hpcrl.sweep import Run
 
 ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN"}
 BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
@@ -50,18 +49,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class _StopFlag:
-    """Set by the scheduler's warning signal; checked between iterations, never mid-update."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.signal = signum
-
-
 def truncate_log(path: Path, max_step: int) -> None:
     """Drop rows logged after the checkpoint being resumed from (they will be produced again)."""
     if not path.exists():
@@ -77,21 +64,10 @@ def truncate_log(path: Path, max_step: int) -> None:
 
 def train_run(experiment_dir: Path, run: Run, out=None) -> int:
     """Train one run to completion (or to the next preemption). Returns the process exit code."""
-    rd = run_dir(experiment_dir, run.run_id)
-    rd.mkdir(parents=True, exist_ok=True)
-    if (rd / markers.DONE).exists():
-        print(f"{run.run_id}: already done", file=out)
-        return 0
-    markers.clear(rd, markers.FAILED)
-    stop = _StopFlag()
-    try:
-        return _train(rd, run, stop, out)
-    except Exception as exc:
-        markers.mark(rd, markers.FAILED, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        raise
+    return guarded_run(experiment_dir, run, lambda rd, stop: _train(rd, run, stop, out), out)
 
 
-def _train(rd: Path, run: Run, stop: _StopFlag, out) -> int:
+def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
     cfg = run.config
     tcfg = cfg.train
     torch.set_num_threads(tcfg.torch_threads)

@@ -28,7 +28,7 @@ from hpcrl.io import atomic_write_text
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler
 
 MAX_REQUEUES = 20
-STAGE_ORDER = {"train": 0, "eval": 1, "aggregate": 2}
+STAGE_ORDER = {"train": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
 
 
@@ -157,7 +157,7 @@ class Progress:
                 counts.setdefault(stage, {}).setdefault(s["state"], 0)
                 counts[stage][s["state"]] += 1
         parts = []
-        for stage in ("train", "eval", "aggregate"):
+        for stage in STAGE_ORDER:
             if stage in counts:
                 c = counts[stage]
                 total = sum(c.values())
@@ -222,9 +222,13 @@ class LocalRunner:
                 return False
         return True
 
+    def _gpus(self, stage: str) -> int:
+        """GPUs a task of this stage takes: a distributed learner trains like a train task; actors act on CPU."""
+        return self.train_gpus if stage in ("train", "learner") else self.eval_gpus if stage == "eval" else 0
+
     def _launch(self, job: dict, task: int) -> _Task:
         stage = job["stage"]
-        gpus = self.train_gpus if stage == "train" else self.eval_gpus if stage == "eval" else 0
+        gpus = self._gpus(stage)
         t = _Task(job["job_id"], task, stage, self.dir / job["script"], gpus)
         env = dict(os.environ, HPCRL_TASK_ID=str(task))
         if gpus and self.free_gpus:
@@ -278,7 +282,7 @@ class LocalRunner:
                         task = int(key)
                         if len(running) >= self.pool:
                             break
-                        gpus = self.train_gpus if job["stage"] == "train" else self.eval_gpus if job["stage"] == "eval" else 0
+                        gpus = self._gpus(job["stage"])
                         if s["state"] != PENDING or not self._ready(job, task) or (self.free_gpus and gpus > len(self.free_gpus)):
                             continue
                         running.append(self._launch(job, task))

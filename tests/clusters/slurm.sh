@@ -297,7 +297,9 @@ JobAcctGatherFrequency=30
 $acct_lines
 GresTypes=gpu
 NodeName=$HOST NodeAddr=127.0.0.1 ${hw}RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+# Each core may hold two jobs: a distributed run needs its learner and its actors running at once,
+# 3+ CPUs on a 2-CPU machine (what a site would give with more nodes).
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
 EOF
 
     write_if_changed "$GRES_CONF" 644 root:root <<EOF
