@@ -7,6 +7,7 @@ the submit command line because job ids exist only once the predecessor is submi
 
 from __future__ import annotations
 
+import re
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -66,13 +67,28 @@ class Scheduler(ABC):
     def __init__(self) -> None:
         self.calls = 0
         """Scheduler commands run so far (the submit benchmark counts them)."""
+        self._max_array_size: int | None = None
 
     def render(self, context: dict[str, Any], cwd: Path | None = None) -> str:
         return templates.render("job_templates", self.template, {"scheduler": self.name, **context}, cwd)
 
     def max_array_size(self) -> int:
-        """The largest array the cluster accepts; bigger stages are split into chunks."""
+        """The largest array the cluster accepts; bigger stages are split into chunks. Asked once."""
+        if self._max_array_size is None:
+            self._max_array_size = self._read_max_array_size()
+        return self._max_array_size
+
+    def _read_max_array_size(self) -> int:
         return 1_000_000
+
+    def config_value(self, argv: list[str], pattern: str, default: int) -> int:
+        """An integer setting from the cluster's configuration listing (`pattern` captures it), or
+        `default` when the listing lacks it or no cluster answers (a dry run on a machine without one)."""
+        try:
+            found = re.search(pattern, self.run(argv), re.MULTILINE)
+        except SchedulerError:
+            found = None
+        return int(found.group(1)) if found else default
 
     @abstractmethod
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

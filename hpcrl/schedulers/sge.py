@@ -16,7 +16,6 @@ pending and running tasks, and status takes the rest from the markers on disk.
 from __future__ import annotations
 
 import getpass
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -60,21 +59,12 @@ class SGEScheduler(Scheduler):
     name = "sge"
     template = "sge.sh.j2"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._max_array_size: int | None = None
+    def _read_max_array_size(self) -> int:
+        """The cell's max_aj_tasks (0 means no limit); SGE's task ids start at 1 like hpcrl's.
 
-    def max_array_size(self) -> int:
-        """The cell's max_aj_tasks (0 means no limit); SGE's task ids start at 1 like hpcrl's."""
-        if self._max_array_size is None:
-            try:
-                config = self.run(["qconf", "-sconf"])
-            except SchedulerError:
-                config = ""  # a dry run with no cell in reach: qsub would name a smaller limit itself
-            found = re.search(r"^max_aj_tasks\s+(\d+)", config, re.MULTILINE)
-            limit = int(found.group(1)) if found else DEFAULT_MAX_AJ_TASKS
-            self._max_array_size = limit or super().max_array_size()
-        return self._max_array_size
+        With no cell in reach (a dry run) the default stands in: qsub would name a smaller limit itself.
+        """
+        return self.config_value(["qconf", "-sconf"], r"^max_aj_tasks\s+(\d+)", DEFAULT_MAX_AJ_TASKS) or super()._read_max_array_size()
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["qsub", "-terse", *hold_argv(after), str(script)]).strip()

@@ -15,7 +15,6 @@ left to the markers on disk, which status treats as the truth anyway.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError, expand_ranges
@@ -83,24 +82,13 @@ class SlurmScheduler(Scheduler):
     name = "slurm"
     template = "slurm.sh.j2"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._max_array_size: int | None = None
-
-    def max_array_size(self) -> int:
+    def _read_max_array_size(self) -> int:
         """MaxArraySize - 1: Slurm's indices run 0..MaxArraySize-1 and hpcrl's arrays start at 1.
 
         Without an answer (a dry run on a machine with no Slurm) Slurm's default stands in: a real
         submission that needed less would be refused by sbatch with the cluster's own message.
         """
-        if self._max_array_size is None:
-            try:
-                config = self.run(["scontrol", "show", "config"])
-            except SchedulerError:
-                config = ""
-            found = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
-            self._max_array_size = (int(found.group(1)) if found else DEFAULT_MAX_ARRAY_SIZE) - 1
-        return self._max_array_size
+        return self.config_value(["scontrol", "show", "config"], r"^MaxArraySize\s*=\s*(\d+)", DEFAULT_MAX_ARRAY_SIZE) - 1
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["sbatch", "--parsable", *dependency_argv(after), str(script)]).strip()
