@@ -38,6 +38,7 @@ def job_context(
     requeue: bool = False,
     gpus: int | None = None,
     cpus: int | None = None,
+    mem: str | None = None,
     time: str | None = None,
 ) -> dict[str, Any]:
     """Everything a job template may use. The templates decide layout; this decides values."""
@@ -63,7 +64,7 @@ def job_context(
             **dataclasses.asdict(res),
             "gpus": res.gpus if gpus is None else gpus,
             "cpus": res.cpus if cpus is None else cpus,
-            "mem_mb": parse_mem_mb(res.mem),
+            "mem_mb": parse_mem_mb(mem or res.mem),
             "time": format_time(time_s),
             "soft_time": format_time(max(1, time_s - res.signal_seconds)),
         },
@@ -167,8 +168,23 @@ class PlannedJob:
     runs: list[int]
     """Run indices of the array tasks, in task order (empty for the aggregate)."""
     text: str
-    after: list[tuple[str, str]] | None = None
-    """Dependencies as (script of an earlier planned job, kind); None: the train -> eval -> aggregate rule."""
+    after: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """Dependencies as (script of an earlier planned job, kind); submission turns scripts into job ids."""
+
+
+def plan_eval(exp: Experiment, scheduler: Scheduler, script: str, manifest: str, part: list[int], trainer: str, cwd: Path | None) -> PlannedJob:
+    """Eval task i after task i of the job that trains (train, or a distributed learner)."""
+    root = exp.dir.resolve()
+    argv = ["eval", str(root), "--manifest", manifest]
+    ctx = job_context(exp, "eval", argv, len(part), root / "jobs" / "logs", gpus=exp.eval.gpus, time=exp.resources.eval_time)
+    return PlannedJob("eval", script, manifest, part, scheduler.render(ctx, cwd), after=[(trainer, "each")])
+
+
+def plan_aggregate(exp: Experiment, scheduler: Scheduler, attempt: int, evals: list[str], cwd: Path | None) -> PlannedJob:
+    """`hpcrl collect` once every eval job has ended, whatever their outcome."""
+    root = exp.dir.resolve()
+    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, root / "jobs" / "logs", gpus=0, cpus=1, time=exp.resources.eval_time)
+    return PlannedJob("aggregate", f"jobs/aggregate-{attempt}.sh", None, [], scheduler.render(ctx, cwd), after=[(e, "all") for e in evals])
 
 
 def plan_scripts(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> list[PlannedJob]:
@@ -178,25 +194,15 @@ def plan_scripts(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt
 
         return plan_distributed(exp, scheduler, todo, attempt, cwd)
     root = exp.dir.resolve()
-    log_dir = root / "jobs" / "logs"
     out = []
+    evals = []
     for c, part in enumerate(chunks(todo, scheduler.max_array_size())):
-        manifest = f"jobs/{attempt}-{c}.tasks"
-        for stage in ("train", "eval"):
-            argv = [stage, str(root), "--manifest", manifest]
-            ctx = job_context(
-                exp,
-                stage,
-                argv,
-                len(part),
-                log_dir,
-                requeue=stage == "train",
-                gpus=None if stage == "train" else exp.eval.gpus,
-                time=None if stage == "train" else exp.resources.eval_time,
-            )
-            out.append(PlannedJob(stage, f"jobs/{stage}-{attempt}-{c}.sh", manifest, part, scheduler.render(ctx, cwd)))
-    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, log_dir, gpus=0, cpus=1, time=exp.resources.eval_time)
-    out.append(PlannedJob("aggregate", f"jobs/aggregate-{attempt}.sh", None, [], scheduler.render(ctx, cwd)))
+        manifest, train = f"jobs/{attempt}-{c}.tasks", f"jobs/train-{attempt}-{c}.sh"
+        ctx = job_context(exp, "train", ["train", str(root), "--manifest", manifest], len(part), root / "jobs" / "logs", requeue=True)
+        out.append(PlannedJob("train", train, manifest, part, scheduler.render(ctx, cwd)))
+        evals.append(f"jobs/eval-{attempt}-{c}.sh")
+        out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, train, cwd))
+    out.append(plan_aggregate(exp, scheduler, attempt, evals, cwd))
     return out
 
 
@@ -235,8 +241,6 @@ def submit_experiment(
         return scheduler.start(root, detach) if scheduler.name == "local" and active else 0
     attempt = max((j.attempt for j in jobs), default=-1) + 1
     (root / "jobs" / "logs").mkdir(parents=True, exist_ok=True)
-    train_ids: dict[str, str] = {}
-    eval_ids: list[str] = []
     script_ids: dict[str, str] = {}
     new_jobs = []
     for planned in plan_scripts(exp, scheduler, todo, attempt, cwd):
@@ -246,20 +250,9 @@ def submit_experiment(
             atomic_write_text(root / manifest, "".join(f"{i}\n" for i in planned.runs))
         atomic_write_text(script, planned.text)
         script.chmod(0o755)
-        if planned.after is not None:
-            after = [Dependency(script_ids[s], kind) for s, kind in planned.after]
-        elif stage == "train":
-            after = []
-        elif stage == "eval":
-            after = [Dependency(train_ids[manifest], "each")]
-        else:
-            after = [Dependency(j, "all") for j in eval_ids]
+        after = [Dependency(script_ids[s], kind) for s, kind in planned.after]
         job_id = scheduler.submit(script, len(planned.runs), after)
         script_ids[planned.script] = job_id
-        if stage == "train":
-            train_ids[manifest] = job_id
-        elif stage == "eval":
-            eval_ids.append(job_id)
         new_jobs.append(Job(stage, job_id, scheduler.name, planned.script, len(planned.runs), manifest, after, attempt))
         write_jobs(root, jobs + new_jobs)  # after every submission: a crash half-way still leaves a record
     print(

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hpcrl.config import ConfigError, Experiment, parse_mem_mb
-from hpcrl.pipeline import PlannedJob, chunks, job_context
+from hpcrl.config import ConfigError, Experiment
+from hpcrl.pipeline import PlannedJob, chunks, job_context, plan_aggregate, plan_eval
 from hpcrl.schedulers.base import Scheduler
 
 
@@ -74,17 +74,14 @@ def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], att
         ctx = job_context(exp, "learner", ["learner", str(root), "--manifest", manifest], len(part), log_dir, requeue=True)
         out.append(PlannedJob("learner", learner_script, manifest, part, scheduler.render(ctx, cwd), after=gate))
 
-        ctx = job_context(exp, "actors", ["actor", str(root), "--manifest", actors_manifest], len(part) * d.actors, log_dir, requeue=True, gpus=0, cpus=d.actor_cpus)
-        ctx["res"]["mem_mb"] = parse_mem_mb(d.actor_mem)
+        ctx = job_context(exp, "actors", ["actor", str(root), "--manifest", actors_manifest], len(part) * d.actors, log_dir, requeue=True, gpus=0, cpus=d.actor_cpus, mem=d.actor_mem)
         if exp.resources.max_concurrent:  # as many actors as the learners allowed to run can use
             ctx["max_concurrent"] = exp.resources.max_concurrent * d.actors
         actor_runs = [run for run in part for _ in range(d.actors)]
         out.append(PlannedJob("actors", f"jobs/actors-{attempt}-{c}.sh", actors_manifest, actor_runs, scheduler.render(ctx, cwd), after=gate))
 
-        ctx = job_context(exp, "eval", ["eval", str(root), "--manifest", manifest], len(part), log_dir, gpus=exp.eval.gpus, time=exp.resources.eval_time)
         evals.append(f"jobs/eval-{attempt}-{c}.sh")
-        out.append(PlannedJob("eval", evals[-1], manifest, part, scheduler.render(ctx, cwd), after=[(learner_script, "each")]))
+        out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, learner_script, cwd))
         previous_learner = learner_script
-    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, log_dir, gpus=0, cpus=1, time=exp.resources.eval_time)
-    out.append(PlannedJob("aggregate", f"jobs/aggregate-{attempt}.sh", None, [], scheduler.render(ctx, cwd), after=[(e, "all") for e in evals]))
+    out.append(plan_aggregate(exp, scheduler, attempt, evals, cwd))
     return out
