@@ -1,15 +1,23 @@
 """hpcrl's PPO, A2C and DQN against Stable-Baselines3, in one run on one machine.
 
     .venv/bin/pip install 'hpcrl[bench]'          # stable-baselines3
-    .venv/bin/python benchmarks/algos.py          # full budgets (~10 min on 2 cores)
-    .venv/bin/python benchmarks/algos.py --scale 0.2 --skip-vizdoom
+    .venv/bin/python benchmarks/algos.py          # full budgets, one seed (~10 min on 2 cores)
+    .venv/bin/python benchmarks/algos.py --skip-vizdoom --seeds 0 1 2
+    .venv/bin/python benchmarks/algos.py --scale 0.2 --skip-vizdoom --no-ftz-reference
 
 CartPole-v1: each algorithm trains with the hyperparameters and step budget of
 configs/cartpole_<algo>.yaml, translated to SB3's arguments (RL Zoo's tuned sets, which both
-sides implement the same way), with the same torch thread count on both sides (--threads, 1 by
+sides implement the same way; PPO's value loss is CleanRL's 0.5 * MSE, so SB3 gets half the
+vf_coef for the same loss), with the same torch thread count on both sides (--threads, 1 by
 default; each row prints the count each side ran with). SPS counts environment steps over the
 whole training wall time (env stepping, forward passes, updates); the final return is the mean
-of 10 deterministic episodes of the trained policy on the same held-out seeds.
+of 10 deterministic episodes of the trained policy on the same held-out seeds (and over
+--seeds).
+
+hpcrl runs as `hpcrl train` does, with denormal floats flushed to zero (see
+hpcrl.rl.train.setup_torch); SB3 runs as installed, without. So that the table shows what
+that one flag is worth, SB3 runs a second time with it (the "SB3+FTZ" column; skip it with
+--no-ftz-reference).
 
 ViZDoom: hpcrl PPO (configs/vizdoom_ppo.yaml, CPU) against the rate of the same vector env
 stepped with random actions, i.e. the most any learner could reach with those envs.
@@ -34,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from hpcrl.config import load_experiment  # noqa: E402
 from hpcrl.rl.envs import make_vec_env  # noqa: E402
 from hpcrl.rl.networks import obs_to_tensor  # noqa: E402
-from hpcrl.rl.train import algorithm_class, seed_everything  # noqa: E402
+from hpcrl.rl.train import algorithm_class, seed_everything, setup_torch  # noqa: E402
 
 EVAL_SEED = 1_000_003
 EVAL_EPISODES = 10
@@ -55,7 +63,8 @@ def evaluate(act: Callable[[np.ndarray], np.ndarray]) -> float:
     return float(np.mean(returns))
 
 
-def run_hpcrl(algo: str, scale: float, seed: int) -> tuple[int, float, float]:
+def run_hpcrl(algo: str, scale: float, seed: int, threads: int) -> tuple[int, float, float]:
+    setup_torch(threads)
     exp = load_experiment(ROOT / "configs" / f"cartpole_{algo}.yaml")
     cfg = exp.train
     cfg.total_steps = int(cfg.total_steps * scale)
@@ -85,7 +94,7 @@ def sb3_model(algo: str, exp: Any, seed: int) -> Any:
         clip = (lambda p: p * t.clip_coef) if t.anneal_clip else t.clip_coef
         return PPO("MlpPolicy", env, learning_rate=lr, n_steps=t.num_steps, batch_size=t.num_steps * exp.env.num_envs // t.num_minibatches,
                    n_epochs=t.update_epochs, gamma=t.gamma, gae_lambda=t.gae_lambda, clip_range=clip, ent_coef=t.ent_coef,
-                   vf_coef=t.vf_coef, max_grad_norm=t.max_grad_norm, normalize_advantage=t.norm_adv,
+                   vf_coef=t.vf_coef * 0.5, max_grad_norm=t.max_grad_norm, normalize_advantage=t.norm_adv,
                    policy_kwargs={"net_arch": list(t.hidden_sizes), "activation_fn": act}, seed=seed, device="cpu")  # fmt: skip
     if algo == "a2c":
         return A2C("MlpPolicy", env, learning_rate=t.lr, n_steps=t.num_steps, gamma=t.gamma, gae_lambda=t.gae_lambda, ent_coef=t.ent_coef,
@@ -98,10 +107,14 @@ def sb3_model(algo: str, exp: Any, seed: int) -> Any:
                max_grad_norm=t.max_grad_norm, policy_kwargs={"net_arch": list(t.hidden_sizes), "activation_fn": act}, seed=seed, device="cpu")  # fmt: skip
 
 
-def run_sb3(algo: str, scale: float, seed: int) -> tuple[int, float, float]:
+def run_sb3(algo: str, scale: float, seed: int, threads: int, flush_denormal: bool) -> tuple[int, float, float]:
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(flush_denormal)
     exp = load_experiment(ROOT / "configs" / f"cartpole_{algo}.yaml")
     if algo == "dqn" and (exp.train.double_dqn or exp.train.loss != "huber"):
         raise SystemExit("SB3's DQN is plain DQN with Huber loss: the config must match it to compare")
+    if algo == "ppo" and exp.train.clip_vloss:
+        raise SystemExit("SB3's PPO does not clip the value loss CleanRL's way: set train.clip_vloss false to compare")
     steps = int(exp.train.total_steps * scale)
     model = sb3_model(algo, exp, seed)
     start = time.perf_counter()
@@ -122,7 +135,7 @@ def vizdoom_rates(steps: int, threads: int) -> tuple[float, float, str]:
         n += envs.num_envs
     random_sps = n / (time.perf_counter() - start)
     envs.close()
-    torch.set_num_threads(threads)
+    setup_torch(threads)
     cfg = exp.train
     cfg.total_steps = steps
     seed_everything(0)
@@ -139,30 +152,52 @@ def vizdoom_rates(steps: int, threads: int) -> tuple[float, float, str]:
     return random_sps, ppo_sps, what
 
 
+def _mean(results: list[tuple[int, float, float]]) -> tuple[int, float, float]:
+    """(steps per seed, mean SPS, mean return) over seeds."""
+    return results[0][0], float(np.mean([r[1] for r in results])), float(np.mean([r[2] for r in results]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each config's step budget (1: the full budget)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--algos", nargs="+", default=["ppo", "a2c", "dqn"])
     parser.add_argument("--skip-vizdoom", action="store_true")
     parser.add_argument("--vizdoom-steps", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for hpcrl and SB3 (CartPole)")
+    parser.add_argument("--no-ftz-reference", action="store_true", help="skip SB3's second run with denormals flushed")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} torch thread(s) for both hpcrl and SB3; seed {args.seed}")
+    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} torch thread(s) for both hpcrl and SB3; seeds {args.seeds}")
+    sides: list[tuple[str, Callable[[str, int], tuple[int, float, float]]]] = [
+        ("hpcrl", lambda algo, seed: run_hpcrl(algo, args.scale, seed, args.threads)),
+        ("SB3", lambda algo, seed: run_sb3(algo, args.scale, seed, args.threads, flush_denormal=False)),
+    ]
+    if not args.no_ftz_reference:
+        sides.append(("SB3+FTZ", lambda algo, seed: run_sb3(algo, args.scale, seed, args.threads, flush_denormal=True)))
     rows = []
     for algo in args.algos:
-        torch.set_num_threads(args.threads)
-        ours = run_hpcrl(algo, args.scale, args.seed)
-        print(f"  hpcrl {algo}: {ours[0]} steps, {ours[1]:.0f} SPS, return {ours[2]:.1f}, {torch.get_num_threads()} torch thread(s)", flush=True)
-        torch.set_num_threads(args.threads)
-        theirs = run_sb3(algo, args.scale, args.seed)
-        print(f"  SB3   {algo}: {theirs[0]} steps, {theirs[1]:.0f} SPS, return {theirs[2]:.1f}, {torch.get_num_threads()} torch thread(s)", flush=True)
-        rows.append((algo, ours, theirs))
+        results = {}
+        for name, run in sides:
+            per_seed = []
+            for seed in args.seeds:
+                per_seed.append(run(algo, seed))
+                steps, sps, ret = per_seed[-1]
+                print(f"  {name:<8}{algo} seed {seed}: {steps} steps, {sps:.0f} SPS, return {ret:.1f}, {torch.get_num_threads()} torch thread(s)", flush=True)
+            results[name] = _mean(per_seed)
+        rows.append((algo, results))
     print()
-    print(f"{'CartPole-v1':<12}{'steps':>8}{'hpcrl SPS':>11}{'SB3 SPS':>9}{'ratio':>7}{'hpcrl return':>14}{'SB3 return':>12}")
-    for algo, (steps, sps, ret), (_, sb3_sps, sb3_ret) in rows:
-        print(f"{algo.upper():<12}{steps:>8}{sps:>11.0f}{sb3_sps:>9.0f}{sps / sb3_sps:>6.2f}x{ret:>14.1f}{sb3_ret:>12.1f}")
+    header = f"{'CartPole-v1':<12}{'steps':>8}{'hpcrl SPS':>11}{'SB3 SPS':>9}{'ratio':>7}"
+    if not args.no_ftz_reference:
+        header += f"{'SB3+FTZ SPS':>13}{'ratio':>7}"
+    print(header + f"{'hpcrl return':>14}{'SB3 return':>12}")
+    for algo, results in rows:
+        steps, sps, ret = results["hpcrl"]
+        line = f"{algo.upper():<12}{steps:>8}{sps:>11.0f}{results['SB3'][1]:>9.0f}{sps / results['SB3'][1]:>6.2f}x"
+        if "SB3+FTZ" in results:
+            line += f"{results['SB3+FTZ'][1]:>13.0f}{sps / results['SB3+FTZ'][1]:>6.2f}x"
+        print(line + f"{ret:>14.1f}{results['SB3'][2]:>12.1f}")
+    if len(args.seeds) > 1:
+        print(f"(SPS and returns are means over seeds {args.seeds})")
     if not args.skip_vizdoom:
         threads = min(4, os.cpu_count() or 1)
         random_sps, ppo_sps, what = vizdoom_rates(args.vizdoom_steps, threads)

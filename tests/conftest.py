@@ -78,16 +78,27 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_server():
+def redis_installed() -> None:
+    """redis-server on PATH: every `redis` test needs it, also those whose learner starts its own."""
     import shutil
-
-    from hpcrl.distributed.redis_server import RedisServer
 
     if shutil.which("redis-server") is None:
         reason = _why_not_here()
         if reason:
             pytest.skip(f"redis-server is not installed and the test {reason}")
         _start("redis")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("redis") and "redis_installed" not in item.fixturenames:
+            item.fixturenames.insert(0, "redis_installed")  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_installed):
+    from hpcrl.distributed.redis_server import RedisServer
+
     server = RedisServer("127.0.0.1").start()
     _started.append(f"redis: redis-server pid {server.proc.pid if server.proc else '?'} on 127.0.0.1:{server.port}")
     yield server

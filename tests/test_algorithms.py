@@ -157,7 +157,7 @@ def greedy_return(policy: torch.nn.Module, env: EnvConfig, episodes: int = 8, se
 
 CARTPOLE = EnvConfig(id="CartPole-v1", num_envs=8)
 # RL Zoo's tuned CartPole sets (configs/cartpole_*.yaml) with tiny budgets.
-PPO_CARTPOLE = dict(lr=1e-3, num_steps=32, num_minibatches=1, update_epochs=20, gamma=0.98, gae_lambda=0.8, anneal_clip=True, ent_coef=0.0)
+PPO_CARTPOLE = dict(lr=1e-3, num_steps=32, num_minibatches=1, update_epochs=20, gamma=0.98, gae_lambda=0.8, anneal_clip=True, ent_coef=0.0, clip_vloss=False)
 DQN_CARTPOLE = dict(lr=2.3e-3, buffer_size=20_000, batch_size=64, learning_starts=1000, train_freq=256, gradient_steps=64,
                     target_update_freq=10, end_e=0.04, exploration_fraction=0.16, loss="huber", hidden_sizes=[64, 64])  # fmt: skip
 
@@ -165,17 +165,34 @@ DQN_CARTPOLE = dict(lr=2.3e-3, buffer_size=20_000, batch_size=64, learning_start
 # ---------------------------------------------------------------- learning on CartPole
 def test_ppo_learns_cartpole() -> None:
     agent = train(make_agent("ppo", CARTPOLE, total_steps=10_000, **PPO_CARTPOLE))
-    assert greedy_return(agent.policy, CARTPOLE) > 150  # random: ~20; 3 seeds gave 214-302
+    assert greedy_return(agent.policy, CARTPOLE) > 100  # random: ~20; seeds 0-5 gave 128-467 (seed 0: 169)
 
 
 def test_a2c_learns_cartpole() -> None:
     agent = train(make_agent("a2c", CARTPOLE, total_steps=15_000))
-    assert greedy_return(agent.policy, CARTPOLE) > 200  # 3 seeds gave 365-462
+    assert greedy_return(agent.policy, CARTPOLE) > 200  # seeds 0-2 gave 367-499
 
 
 def test_dqn_learns_cartpole() -> None:
     agent = train(make_agent("dqn", EnvConfig(id="CartPole-v1", num_envs=1), total_steps=10_000, **DQN_CARTPOLE))
-    assert greedy_return(agent.policy, CARTPOLE) > 100  # 3 seeds gave 147-305
+    assert greedy_return(agent.policy, CARTPOLE) > 100  # seeds 0-2 gave 165-306
+
+
+@pytest.mark.parametrize("normalize_obs", [False, True])
+def test_rollout_values_from_one_batched_pass_equal_per_step_values(normalize_obs: bool) -> None:
+    """A separate critic values the rollout after it; the stored values are what the critic
+    gives each observation, so GAE and PPO's value clipping see the same numbers as per step."""
+    agent = make_agent("ppo", CARTPOLE, total_steps=1024, num_steps=16, normalize_obs=normalize_obs)
+    try:
+        assert agent.values_after_rollout
+        agent.train_iteration()  # moves the weights and, with normalize_obs, the statistics
+        agent.collect()
+        with torch.no_grad():
+            per_step = torch.stack([agent.policy.value(agent.obs[t]) for t in range(16)])
+        torch.testing.assert_close(agent.values, per_step)
+        assert agent.values.abs().sum() > 0
+    finally:
+        agent.envs.close()
 
 
 # ---------------------------------------------------------------- toy MDPs with known answers

@@ -12,7 +12,7 @@ import torch
 
 from hpcrl.config import EnvConfig
 from hpcrl.rl.envs import make_env
-from hpcrl.rl.networks import ActorCritic, Encoder, GradientStep, NatureCNN, QNetwork, RunningNorm, adam, obs_to_tensor
+from hpcrl.rl.networks import ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, obs_to_tensor
 
 torch.manual_seed(0)
 
@@ -181,16 +181,6 @@ def test_frame_stacking_merges_frames_on_channels() -> None:
         make_env(EnvConfig(id="Blackjack-v1", frame_stack=2))
 
 
-def test_gradient_step_clips_the_global_norm() -> None:
-    net = torch.nn.Linear(4, 1)
-    step = GradientStep(torch.optim.SGD(net.parameters(), lr=1.0), list(net.parameters()), 0.5, "none", torch.device("cpu"))
-    before = torch.cat([p.detach().flatten().clone() for p in net.parameters()])
-    step(net(torch.full((1, 4), 100.0)).sum())
-    after = torch.cat([p.detach().flatten() for p in net.parameters()])
-    assert (after - before).norm().item() == pytest.approx(0.5, rel=1e-4)  # SGD lr 1: the step is the clipped gradient
-    assert adam(list(net.parameters()), 1e-3, 1e-5, torch.device("cpu")).defaults["fused"]
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed precision applies on CUDA only")
 def test_amp_encoder_runs_reduced_precision_and_returns_float32() -> None:
     pixels = gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8)
@@ -207,5 +197,3 @@ def test_amp_is_ignored_on_cpu() -> None:
     plain.load_state_dict(policy.state_dict())
     obs = obs_to_tensor(np.random.default_rng(0).integers(0, 256, (2, 1, 36, 36), dtype=np.uint8), torch.device("cpu"))
     torch.testing.assert_close(policy.value(obs), plain.value(obs))
-    step = GradientStep(adam(list(policy.parameters()), 1e-3, 1e-5, torch.device("cpu")), list(policy.parameters()), 0.5, "fp16", torch.device("cpu"))
-    assert step.scaler is None

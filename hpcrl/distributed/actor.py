@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TextIO
 
 import redis
-import torch
 
 from hpcrl import markers
 from hpcrl.distributed import rendezvous, wire
@@ -34,6 +33,7 @@ from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, 
 from hpcrl.distributed.queue import NotRunning, Producer
 from hpcrl.guard import StopFlag
 from hpcrl.rl.envs import make_vec_env
+from hpcrl.rl.train import setup_torch
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run, run_dir
 
@@ -59,7 +59,7 @@ def run_actor(experiment_dir: Path, run: Run, actor: int, out: TextIO | None = N
         print(f"{run.run_id} actor {actor}: run already done", file=out)
         return 0
     stop = StopFlag()
-    torch.set_num_threads(1)
+    setup_torch(1)
     envs = make_vec_env(run.config.env, d.envs_per_actor)
     try:
         return Actor(rd, run, actor, stop, envs, out).run()

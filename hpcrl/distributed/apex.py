@@ -33,7 +33,7 @@ from hpcrl.distributed import wire
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
 from hpcrl.rl.envs import final_observations, finished_episodes
 from hpcrl.rl.hparams import DQNConfig
-from hpcrl.rl.networks import GradientStep, adam
+from hpcrl.rl.optim import Adam, GradientStep
 from hpcrl.rl.train import algorithm_class
 
 EPISODE_FIELDS = ("ep_return", "ep_length")
@@ -262,8 +262,7 @@ class ApexLearner:
         self.policy = q_network(cfg, obs_space, action_space).to(device)
         self.target = copy.deepcopy(self.policy)
         self.target.requires_grad_(False)
-        self.optimizer = adam(list(self.policy.parameters()), cfg.lr, 1e-8, device)
-        self.gradient_step = GradientStep(self.optimizer, list(self.policy.parameters()), cfg.max_grad_norm, cfg.amp, device)
+        self.gradient_step = GradientStep(self.policy.parameters(), lambda params: Adam(params, lr=cfg.lr, eps=1e-8), cfg.max_grad_norm, cfg.amp, device)
         self.replay = Replay(cfg.buffer_size, obs_space, dcfg.prioritized, dcfg.priority_alpha)
         self.schema = transition_schema(obs_space)
         self.episode_schema = episode_schema()
@@ -320,8 +319,7 @@ class ApexLearner:
         frac = min(1.0, self.global_step / total_steps)
         if cfg.anneal_lr:
             self.lr = cfg.lr * max(1.0 - frac, 0.0)
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.lr
+            self.gradient_step.set_lr(self.lr)
         beta = self.dcfg.priority_beta + (1.0 - self.dcfg.priority_beta) * frac
         index, weights = self.replay.sample(cfg.batch_size, self.rng, beta)
         batch = {k: torch.as_tensor(v[index], device=self.device) for k, v in self.replay.data.items()}

@@ -22,7 +22,6 @@ from typing import Any, TextIO
 
 import numpy as np
 import redis
-import torch
 
 from hpcrl import markers
 from hpcrl.distributed import rendezvous, runstats
@@ -33,7 +32,7 @@ from hpcrl.distributed.redis_server import RedisServer
 from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import make_vec_env
-from hpcrl.rl.train import BASE_COLUMNS, pick_device, seed_everything, truncate_log
+from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch, truncate_log
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run
 
@@ -73,8 +72,7 @@ class Learner:
     # ------------------------------------------------------------------ setup
     def run(self) -> int:
         tcfg = self.cfg.train
-        torch.set_num_threads(tcfg.torch_threads)
-        device = pick_device(tcfg.device)
+        device = setup_torch(tcfg.torch_threads, tcfg.device)
         seed_everything(self.run_.seed)
         state, problems = checkpoint.load_latest(self.rd / "checkpoints")
         for problem in problems:

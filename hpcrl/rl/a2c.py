@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hpcrl.rl.hparams import A2CConfig
+from hpcrl.rl.optim import RMSprop
 from hpcrl.rl.ppo import OnPolicyAgent, _detach
 
 
@@ -25,9 +26,8 @@ class A2C(OnPolicyAgent):
     metric_names = ("policy_loss", "value_loss", "entropy", "lr")
     cfg: A2CConfig
 
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        # torch's RMSprop, as SB3 uses (eps outside the square root, unlike TensorFlow's).
-        return torch.optim.RMSprop(self.policy.parameters(), lr=self.cfg.lr, alpha=self.cfg.rms_alpha, eps=self.cfg.rms_eps, foreach=True)
+    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return RMSprop(params, lr=self.cfg.lr, alpha=self.cfg.rms_alpha, eps=self.cfg.rms_eps)
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         cfg = self.cfg

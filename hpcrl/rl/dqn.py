@@ -32,7 +32,8 @@ from torch.nn import functional as F
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
 from hpcrl.rl.envs import final_observations, finished_episodes
 from hpcrl.rl.hparams import DQNConfig
-from hpcrl.rl.networks import GradientStep, QNetwork, adam
+from hpcrl.rl.networks import QNetwork
+from hpcrl.rl.optim import Adam, GradientStep
 
 
 class ReplayBuffer:
@@ -96,7 +97,7 @@ class DQN:
         self.target = self.make_policy(cfg, obs_space, action_space).to(device)
         self.target.load_state_dict(self.policy.state_dict())
         self.target.requires_grad_(False)
-        self.gradient_step = GradientStep(adam(list(self.policy.parameters()), cfg.lr, 1e-8, device), list(self.policy.parameters()), cfg.max_grad_norm, cfg.amp, device)
+        self.gradient_step = GradientStep(self.policy.parameters(), lambda params: Adam(params, lr=cfg.lr, eps=1e-8), cfg.max_grad_norm, cfg.amp, device)
         self.buffer = ReplayBuffer(cfg.buffer_size, obs_space)
         self.num_envs = envs.num_envs
         self.steps_per_iteration = math.ceil(cfg.train_freq / self.num_envs)
@@ -175,8 +176,7 @@ class DQN:
         lr = cfg.lr * max(0.0, 1.0 - self.iteration / self.num_iterations) if cfg.anneal_lr else cfg.lr
         metrics = {"epsilon": epsilon, "lr": lr}
         if self.learning():
-            for group in self.gradient_step.optimizer.param_groups:
-                group["lr"] = lr
+            self.gradient_step.set_lr(lr)
             for _ in range(cfg.gradient_steps):
                 loss, q = self.td_step()
             metrics.update(td_loss=loss.item(), q_values=q.item())

@@ -297,8 +297,7 @@ class ActorCritic(nn.Module):
     def _features(self, obs: Obs, state: torch.Tensor | None, first: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(actor features, critic features, new state). For a GRU, `obs` is time-major: T x B rows
         for the B sequences whose states are given."""
-        if self.obs_norm is not None:
-            obs = self.obs_norm(obs)
+        obs = self._normalized(obs)
         if not self.shared:
             return self.actor_encoder.forward(obs), self.critic_encoder.forward(obs), state
         x = self.encoder.forward(obs)
@@ -314,12 +313,19 @@ class ActorCritic(nn.Module):
         x = torch.cat(outputs).view(-1, self.recurrent_size)
         return x, x, state
 
-    def step(self, obs: Obs, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Rollout: sampled action, its log-probability, the value, the new recurrent state."""
-        a, c, state = self._features(obs, state, first)
+    def step(self, obs: Obs, state: torch.Tensor | None = None, first: torch.Tensor | None = None, with_value: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Rollout: sampled action, its log-probability, the value, the new recurrent state.
+        `with_value=False` skips a separate critic (value None), so that a rollout can value all
+        its observations in one batched pass afterwards; a shared encoder's value costs one
+        linear layer and is returned anyway."""
+        if with_value or self.shared:
+            a, c, state = self._features(obs, state, first)
+            value = self._value_head(c)
+        else:
+            a, value = self.actor_encoder.forward(self._normalized(obs)), None
         params = self.actor_head.forward(a)
         action = self.actor_head.sample(params)
-        return action, self.actor_head.log_prob(params, action), self._value_head(c), state
+        return action, self.actor_head.log_prob(params, action), value, state
 
     def evaluate(self, obs: Obs, action: torch.Tensor, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Update: log-probability and entropy of stored actions, and the value."""
@@ -333,6 +339,9 @@ class ActorCritic(nn.Module):
         params = self.actor_head.forward(a)
         return self.actor_head.log_prob(params, action), params, self._value_head(c)
 
+    def _normalized(self, obs: Obs) -> Obs:
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
+
     def _value_head(self, c: torch.Tensor) -> torch.Tensor:
         return F.linear(c, self.critic_head.weight, self.critic_head.bias).squeeze(-1)
 
@@ -340,7 +349,7 @@ class ActorCritic(nn.Module):
         if self.shared:
             _, c, _ = self._features(obs, state, first)
         else:  # skip the actor's MLP
-            c = self.critic_encoder.forward(self.obs_norm(obs) if self.obs_norm is not None else obs)
+            c = self.critic_encoder.forward(self._normalized(obs))
         return self._value_head(c)
 
     def clip_action(self, action: torch.Tensor) -> torch.Tensor:
@@ -399,38 +408,3 @@ class QNetwork(nn.Module):
 
     def reset_memory(self, done: Any) -> None:
         """Feed-forward: nothing to forget (the policy interface evaluation relies on)."""
-
-
-class GradientStep:
-    """One optimiser step: zero, backward, global-norm clip, step; with loss scaling for fp16
-    autocast on CUDA (bf16 and fp32 need none)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], max_grad_norm: float, amp: str, device: torch.device) -> None:
-        self.optimizer, self.params, self.max_grad_norm = optimizer, params, max_grad_norm
-        self.scaler = torch.amp.GradScaler(device.type) if amp == "fp16" and device.type == "cuda" else None
-
-    def __call__(self, loss: torch.Tensor) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is None:
-            loss.backward()
-            nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
-            self.optimizer.step()
-            return
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.optimizer)
-        nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else {}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
-
-
-def adam(params: list[nn.Parameter], lr: float, eps: float, device: torch.device) -> torch.optim.Adam:
-    """Adam with the fused kernel (one call for all parameters: 3x cheaper per step for small nets)."""
-    return torch.optim.Adam(params, lr=lr, eps=eps, fused=device.type in ("cpu", "cuda"))

@@ -43,6 +43,23 @@ def pick_device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
+def setup_torch(threads: int, device_spec: str = "cpu") -> torch.device:
+    """Process-wide torch settings for a training process; returns its device.
+
+    Denormal floats are flushed to zero (as TensorFlow does by default, and as GPU kernels do):
+    Adam's second-moment estimates of rarely-active units decay through the denormal range, where
+    x86 arithmetic is up to 100 times slower, and late in a DQN run on a CPU that made the fused
+    Adam step 10x and the backward matmuls 4x slower (1.65 -> 1.16 ms per update on CartPole).
+    Called before the first parallel op, so the intra-op threads inherit the mode.
+    """
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(threads)
+    device = pick_device(device_spec)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    return device
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -70,10 +87,7 @@ def train_run(experiment_dir: Path, run: Run, out=None) -> int:
 def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
     cfg = run.config
     tcfg = cfg.train
-    torch.set_num_threads(tcfg.torch_threads)
-    device = pick_device(tcfg.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+    device = setup_torch(tcfg.torch_threads, tcfg.device)
     seed_everything(run.seed)
     ckpt_dir = rd / "checkpoints"
     state, problems = checkpoint.load_latest(ckpt_dir)
