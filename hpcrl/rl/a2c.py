@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hpcrl.rl.hparams import A2CConfig
-from hpcrl.rl.optim import RMSprop
+from hpcrl.rl.optim import FlatOptimizer, RMSprop
 from hpcrl.rl.ppo import OnPolicyAgent, _detach
 
 
@@ -26,7 +26,7 @@ class A2C(OnPolicyAgent):
     metric_names = ("policy_loss", "value_loss", "entropy", "lr")
     cfg: A2CConfig
 
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def make_optimizer(self, params: list[torch.nn.Parameter]) -> FlatOptimizer:
         return RMSprop(params, lr=self.cfg.lr, alpha=self.cfg.rms_alpha, eps=self.cfg.rms_eps)
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:

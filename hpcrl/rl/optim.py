@@ -44,7 +44,7 @@ def flatten_parameters(params: list[nn.Parameter]) -> nn.Parameter:
     return flat
 
 
-class _FlatOptimizer:
+class FlatOptimizer:
     """An optimiser of one flat buffer, with torch.optim's `param_groups` (so a learning-rate
     schedule and CUDA's GradScaler work as with any optimiser) and none of its per-call machinery:
     inside an update loop on a CPU that machinery costs more than Adam's arithmetic (60 us)."""
@@ -69,7 +69,7 @@ class _FlatOptimizer:
         self.state = {k: v.to(self.state[k].device) for k, v in state.items()}
 
 
-class Adam(_FlatOptimizer):
+class Adam(FlatOptimizer):
     """Adam (Kingma and Ba 2015), without weight decay or amsgrad, through the fused kernel that
     torch.optim.Adam(fused=True) calls: one op however large the network (for DQN's 256-256 net
     the seven unfused ops took 150 us more per update), and the same arithmetic (see the tests)."""
@@ -92,7 +92,7 @@ class Adam(_FlatOptimizer):
         )  # fmt: skip
 
 
-class RMSprop(_FlatOptimizer):
+class RMSprop(FlatOptimizer):
     """RMSprop as torch.optim.RMSprop computes it (eps outside the square root, as SB3's A2C
     uses; TensorFlow puts it inside), without momentum, centring or weight decay."""
 

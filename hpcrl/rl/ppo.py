@@ -27,7 +27,7 @@ import torch
 from hpcrl.rl.envs import final_observations, finished_episodes
 from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
-from hpcrl.rl.optim import Adam, GradientStep
+from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
@@ -111,7 +111,7 @@ class OnPolicyAgent:
         """The network evaluation rebuilds from a checkpoint's `policy` weights."""
         return ActorCritic(obs_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.recurrent_size, cfg.normalize_obs, cfg.amp)
 
-    def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def make_optimizer(self, params: list[torch.nn.Parameter]) -> FlatOptimizer:
         return Adam(params, lr=self.cfg.lr, eps=1e-5)
 
     @property
