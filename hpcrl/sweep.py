@@ -81,9 +81,13 @@ def expand(exp: Experiment) -> list[Run]:
         config = apply_settings(exp, settings, exp.sweep.seeds[0])
         setting_hash = run_hash(config, settings)
         for seed in exp.sweep.seeds:
-            seeded = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, seeds=[seed]))
-            runs.append(Run(len(runs), f"{setting_hash}-s{seed}", seed, settings, seeded))
+            runs.append(Run(len(runs), f"{setting_hash}-s{seed}", seed, settings, _seeded(config, seed)))
     return runs
+
+
+def _seeded(config: Experiment, seed: int) -> Experiment:
+    """A grid point's resolved config for one of its seeds (the seed is all that differs)."""
+    return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, seeds=[seed]))
 
 
 def seed_of(config: Experiment) -> int:
@@ -170,24 +174,21 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
     return root
 
 
-def _read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment] | None = None) -> Run:
-    """A run from its config.yaml: the `run` header, then the resolved config of its grid point.
+def _read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment]) -> Run:
+    """A run from its config.yaml, as write_experiment lays it out: the `run` header, then the
+    resolved config of its grid point.
 
     `parsed` caches configs by their text across the runs of one grid point: status and collect
     read every run, and parsing and validating the same config a thousand times takes seconds.
     """
     from hpcrl.config import experiment_from_dict
 
-    text = (run_dir(experiment_dir, run_id) / "config.yaml").read_text()
-    head, sep, body = text.partition("\nconfig:")
-    cache = parsed if parsed is not None and sep else {}
-    info = yaml.load(head if sep else text, Loader=_LOADER)["run"]
-    key = sep + body
-    if key not in cache:
-        cache[key] = experiment_from_dict(yaml.load(text if not sep else key, Loader=_LOADER)["config"])
-    config = cache[key]
-    seeded = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, seeds=[int(info["seed"])]))
-    return Run(int(info["index"]), info["run_id"], int(info["seed"]), info["settings"], seeded)
+    head, _, body = (run_dir(experiment_dir, run_id) / "config.yaml").read_text().partition("\nconfig:")
+    info = yaml.load(head, Loader=_LOADER)["run"]
+    if body not in parsed:
+        parsed[body] = experiment_from_dict(yaml.load("config:" + body, Loader=_LOADER)["config"])
+    seed = int(info["seed"])
+    return Run(int(info["index"]), info["run_id"], seed, info["settings"], _seeded(parsed[body], seed))
 
 
 def load_runs(experiment_dir: Path) -> list[Run]:
@@ -200,5 +201,5 @@ def load_run(experiment_dir: Path, index: int) -> Run:
     """One run by index, reading only its own config (array tasks must not parse the whole sweep)."""
     for row in read_runs_csv(experiment_dir):
         if int(row["index"]) == index:
-            return _read_run(experiment_dir, row["run_id"])
+            return _read_run(experiment_dir, row["run_id"], {})
     raise KeyError(f"{experiment_dir}: no run with index {index} in runs.csv")

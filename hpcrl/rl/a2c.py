@@ -19,7 +19,7 @@ import torch
 
 from hpcrl.rl.hparams import A2CConfig
 from hpcrl.rl.optim import FlatOptimizer, RMSprop
-from hpcrl.rl.ppo import OnPolicyAgent, _detach
+from hpcrl.rl.ppo import OnPolicyAgent
 
 
 class A2C(OnPolicyAgent):
@@ -39,12 +39,5 @@ class A2C(OnPolicyAgent):
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         policy_loss = -(adv * logprob).mean()
         value_loss = ((batch["returns"] - value) ** 2).mean()
-        head = self.policy.actor_head
-        if cfg.ent_coef != 0.0:
-            entropy_loss = head.entropy(params).mean()
-            self.gradient_step(policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss)
-        else:  # the same loss and gradients: the entropy term would add exact zeros
-            self.gradient_step(policy_loss + cfg.vf_coef * value_loss)
-            with torch.no_grad():
-                entropy_loss = head.entropy(_detach(params)).mean()
-        return {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy_loss.item()}
+        self.step_with_entropy(policy_loss + cfg.vf_coef * value_loss, params)
+        return {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": self.mean_entropy(params).item()}

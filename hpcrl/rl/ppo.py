@@ -207,6 +207,19 @@ class OnPolicyAgent:
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         raise NotImplementedError
 
+    def step_with_entropy(self, loss: torch.Tensor, params: Any) -> None:
+        """One gradient step on `loss - ent_coef * entropy`. With ent_coef 0 the entropy term
+        (exact zeros in the gradient) stays out of the graph altogether."""
+        if self.cfg.ent_coef != 0.0:
+            loss = loss - self.cfg.ent_coef * self.policy.actor_head.entropy(params).mean()
+        self.gradient_step(loss)
+
+    @torch.no_grad()
+    def mean_entropy(self, params: Any) -> torch.Tensor:
+        """The policy's mean entropy for the log, from distribution parameters of an update."""
+        detached = tuple(p.detach() for p in params) if isinstance(params, tuple) else params.detach()
+        return self.policy.actor_head.entropy(detached).mean()
+
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
         """Weights (with observation statistics), optimiser and counters. The envs and the GRU
@@ -231,30 +244,26 @@ class PPO(OnPolicyAgent):
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         cfg = self.cfg
         clip = cfg.clip_coef * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_clip else cfg.clip_coef
-        head = self.policy.actor_head
+
+        def neg_advantages(adv: torch.Tensor) -> torch.Tensor:
+            if cfg.norm_adv and len(adv) > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            return -adv
+
+        # With one minibatch (the whole batch), its normalised advantages are the same every epoch.
+        whole_neg_adv = neg_advantages(batch["adv"]) if cfg.num_minibatches == 1 else None
         # Diagnostics (approx_kl, clipfrac, entropy) come from the detached ratios and the last
         # minibatch after the epochs, not from a handful of extra ops in every minibatch.
         ratios: list[torch.Tensor] = []
-        whole_adv = None  # one minibatch of the whole batch: its normalised advantages, once
         for _ in range(cfg.update_epochs):
             for mb, state in self.minibatches(cfg.num_minibatches):
-                whole = isinstance(mb, slice)
-                take = (lambda x: x) if whole else (lambda x: x[mb])  # noqa: E731
+                take = (lambda x: x) if isinstance(mb, slice) else (lambda x: x[mb])  # noqa: E731  (no view ops for the whole batch)
                 firsts = take(batch["firsts"]) if state is not None else None
-                obs = batch["obs"] if whole else _map(take, batch["obs"])
-                newlogprob, params, newvalue = self.policy.evaluate_params(obs, take(batch["actions"]), state, firsts)
+                newlogprob, params, newvalue = self.policy.evaluate_params(_map(take, batch["obs"]), take(batch["actions"]), state, firsts)
                 logratio = newlogprob - take(batch["logprobs"])
                 ratio = logratio.exp()
                 ratios.append(ratio.detach())
-                if whole and whole_adv is not None:
-                    neg_adv = whole_adv
-                else:
-                    mb_adv = take(batch["adv"])
-                    if cfg.norm_adv and len(mb_adv) > 1:
-                        mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                    neg_adv = -mb_adv
-                    if whole:
-                        whole_adv = neg_adv
+                neg_adv = whole_neg_adv if whole_neg_adv is not None else neg_advantages(take(batch["adv"]))
                 pg_loss = torch.max(neg_adv * ratio, neg_adv * ratio.clamp(1 - clip, 1 + clip)).mean()
                 returns, old_values = take(batch["returns"]), take(batch["values"])
                 if cfg.clip_vloss:
@@ -262,31 +271,18 @@ class PPO(OnPolicyAgent):
                     v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
                 else:
                     v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-                if cfg.ent_coef != 0.0:
-                    entropy_loss = head.entropy(params).mean()
-                    self.gradient_step(pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss)
-                else:  # the same loss and gradients: the entropy term would add exact zeros
-                    self.gradient_step(pg_loss + cfg.vf_coef * v_loss)
+                self.step_with_entropy(pg_loss + cfg.vf_coef * v_loss, params)
             if cfg.target_kl is not None and _approx_kl(logratio) > cfg.target_kl:
                 break
         with torch.no_grad():
-            entropy_loss = head.entropy(_detach(params)).mean()
-            if len({r.shape for r in ratios}) == 1:  # per-minibatch fractions, as one batched op
-                clipfrac = ((torch.stack(ratios) - 1.0).abs() > clip).float().mean(1).mean()
-            else:
-                clipfrac = torch.stack([((r - 1.0).abs() > clip).float().mean() for r in ratios]).mean()
-            approx_kl = _approx_kl(logratio)
+            clipfrac = ((torch.cat(ratios) - 1.0).abs() > clip).float().mean()  # of all samples of all epochs
         return {
             "policy_loss": pg_loss.item(),
             "value_loss": v_loss.item(),
-            "entropy": entropy_loss.item(),
-            "approx_kl": approx_kl.item(),
+            "entropy": self.mean_entropy(params).item(),
+            "approx_kl": _approx_kl(logratio).item(),
             "clipfrac": clipfrac.item(),
         }
-
-
-def _detach(params: Any) -> Any:
-    return tuple(p.detach() for p in params) if isinstance(params, tuple) else params.detach()
 
 
 @torch.no_grad()
