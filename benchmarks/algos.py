@@ -102,7 +102,7 @@ def sb3_model(algo: str, exp: Any, seed: int) -> Any:
                    policy_kwargs={"net_arch": list(t.hidden_sizes), "activation_fn": act}, seed=seed, device="cpu")  # fmt: skip
     lr = (lambda p: p * t.lr) if t.anneal_lr else t.lr  # SB3 passes the fraction of training left
     return DQN("MlpPolicy", env, learning_rate=lr, buffer_size=t.buffer_size, learning_starts=t.learning_starts, batch_size=t.batch_size,
-               tau=t.tau, gamma=t.gamma, train_freq=t.train_freq, gradient_steps=t.gradient_steps, target_update_interval=t.target_update_freq,
+               tau=t.tau, gamma=t.gamma, n_steps=t.n_step, train_freq=t.train_freq, gradient_steps=t.gradient_steps, target_update_interval=t.target_update_freq,
                exploration_fraction=t.exploration_fraction, exploration_initial_eps=t.start_e, exploration_final_eps=t.end_e,
                max_grad_norm=t.max_grad_norm, policy_kwargs={"net_arch": list(t.hidden_sizes), "activation_fn": act}, seed=seed, device="cpu")  # fmt: skip
 

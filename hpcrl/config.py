@@ -320,8 +320,6 @@ class DistributedConfig:
     """Learner updates between parameter publications; each publication is a new parameter version."""
     max_lag: int = 25
     """Batches produced with parameters more than this many versions old are dropped (and counted)."""
-    n_step: int = 3
-    """Actors send n-step returns (Ape-X uses 3)."""
     epsilon: float = 0.4
     epsilon_alpha: float = 7.0
     """Env slot k of K acts with epsilon ** (1 + alpha * k / (K - 1)) (Ape-X's per-actor exploration)."""
@@ -344,7 +342,7 @@ class DistributedConfig:
 
     def check(self) -> list[tuple[str, str]]:
         errors = []
-        for key in ("actors", "envs_per_actor", "batch_transitions", "queue_bound", "publish_every", "n_step", "actor_cpus"):
+        for key in ("actors", "envs_per_actor", "batch_transitions", "queue_bound", "publish_every", "actor_cpus"):
             if getattr(self, key) < 1:
                 errors.append((key, "expected a positive integer"))
         if self.max_lag < 0:

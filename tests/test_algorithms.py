@@ -33,6 +33,7 @@ import torch
 
 from hpcrl.config import EnvConfig, experiment_from_dict
 from hpcrl.rl import checkpoint
+from hpcrl.rl.dqn import ReplayBuffer
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.hparams import ALGORITHMS
 from hpcrl.rl.networks import obs_to_tensor
@@ -201,10 +202,9 @@ NEVER_ENDING = EnvConfig(id="hpcrl-test/ConstantReward-v0", num_envs=4, max_epis
 ENDS_AT_5 = EnvConfig(id="hpcrl-test/ConstantReward-v0", num_envs=4, kwargs={"terminate_after": 5})
 # Reward 1 forever: V = 1 / (1 - 0.9) = 10. Terminating after 5 steps, with one observation for
 # all 5 states: the Monte Carlo average of (1 - 0.9^k) / 0.1 over k = 1..5 is 2.63 (on-policy,
-# lambda 1), and the one-step TD fixed point Q = 1 + 0.9 * 4/5 * Q gives 3.57 (DQN).
+# lambda 1), and the one-step TD fixed point Q = 1 + 0.9 * 4/5 * Q gives 3.57 (DQN; n_step_td_value).
 TRUE_VALUE = 1 / (1 - GAMMA)
 FIVE_STEP_VALUE = float(np.mean([(1 - GAMMA**k) / (1 - GAMMA) for k in range(1, 6)]))
-FIVE_STEP_TD_VALUE = 1 / (1 - GAMMA * 4 / 5)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c"])
@@ -219,25 +219,35 @@ def test_on_policy_bootstraps_time_limits_but_not_terminations(algo: str) -> Non
     assert ended == pytest.approx(FIVE_STEP_VALUE, abs=1.0)
 
 
-def test_dqn_bootstraps_time_limits_but_not_terminations() -> None:
+def n_step_td_value(n: int) -> float:
+    """ENDS_AT_5's TD fixed point with n-step targets: from m = 1..5 steps before the end (equally
+    often), the target is the m-step return if m <= n, else the n-step return plus gamma^n Q."""
+    partial = [sum(GAMMA**k for k in range(min(m, n))) for m in range(1, 6)]
+    bootstrapped = sum(m > n for m in range(1, 6)) / 5
+    return float(np.mean(partial)) / (1 - GAMMA**n * bootstrapped)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_dqn_bootstraps_time_limits_but_not_terminations(n_step: int) -> None:
     settings = dict(total_steps=3000, gamma=GAMMA, lr=3e-3, buffer_size=3000, batch_size=64, learning_starts=200,
-                    train_freq=4, gradient_steps=2, target_update_freq=50, hidden_sizes=[16])  # fmt: skip
+                    train_freq=4, gradient_steps=2, target_update_freq=50, hidden_sizes=[16], n_step=n_step)  # fmt: skip
     obs = torch.ones(1, 1)
     cut = train(make_agent("dqn", NEVER_ENDING, **settings)).policy(obs).max().item()
     ended = train(make_agent("dqn", ENDS_AT_5, **settings)).policy(obs).max().item()
     assert cut == pytest.approx(TRUE_VALUE, abs=1.5)
-    assert ended == pytest.approx(FIVE_STEP_TD_VALUE, abs=0.75)
+    assert ended == pytest.approx(n_step_td_value(n_step), abs=0.4)  # n = 1: 3.57, n = 3: 3.11; seeds 0-3 gave +0.0 to +0.29
 
 
 def test_dqn_replay_holds_true_next_observations_across_autoresets() -> None:
     """With 3 envs, time limit 5 and termination at 7: every stored next_obs is obs + 1 (a reset
-    observation, 0, would break that), and no transition is marked done, since all are cut."""
+    observation, 0, would break that), and no transition is marked terminated, since all are cut."""
     env = EnvConfig(id="hpcrl-test/Counter-v0", num_envs=3, max_episode_steps=5)
     agent = train(make_agent("dqn", env, total_steps=60, buffer_size=100, batch_size=8, learning_starts=1000, train_freq=3))
     b, n = agent.buffer, len(agent.buffer)
     assert n == 60
     np.testing.assert_array_equal(b.next_obs[:n], b.obs[:n] + 1)
     assert b.obs[:n].max() == 4 and not b.terminated[:n].any()
+    np.testing.assert_array_equal(b.done[:n], b.next_obs[:n, 0] == 5)  # a cut still ends an n-step return
     assert len(agent.episodes) == 12 and {length for _, length in agent.episodes} == {5}
 
     agent = train(make_agent("dqn", EnvConfig(id="hpcrl-test/Counter-v0", num_envs=2), total_steps=28, buffer_size=100, batch_size=8, learning_starts=1000))
@@ -245,6 +255,40 @@ def test_dqn_replay_holds_true_next_observations_across_autoresets() -> None:
     np.testing.assert_array_equal(b.next_obs[:n], b.obs[:n] + 1)
     np.testing.assert_array_equal(b.terminated[:n], (b.next_obs[:n, 0] == 7).astype(np.float32))
     assert b.terminated[:n].sum() == 4
+
+
+def test_dqn_n_step_targets_match_each_envs_own_episode() -> None:
+    """Two envs interleaved in a small ring that wraps: every sampled n-step transition equals the
+    return walked along that env's own stream: it stops at a termination (no bootstrap), at a
+    truncation (bootstrap from the true last observation) and at the newest stored transition."""
+    gamma, n, num_envs, capacity = 0.5, 3, 2, 16
+    space = gym.spaces.Box(0.0, 1e6, (1,), dtype=np.float32)
+    buffer = ReplayBuffer(capacity, space, num_envs, n, gamma)
+    rng = np.random.default_rng(0)
+    streams: list[list[tuple[float, float, float, bool, bool]]] = [[], []]  # (id, reward, next_id, terminated, done)
+    for t in range(23):  # 46 transitions through 16 slots
+        ids = np.array([2 * t, 2 * t + 1], np.float32)
+        rewards = rng.integers(1, 9, 2).astype(np.float32)
+        terminated, truncated = rng.random(2) < 0.15, rng.random(2) < 0.15
+        buffer.add(ids[:, None], ids[:, None] + 1000, np.zeros(2), rewards, terminated.astype(np.float32), terminated | truncated)
+        for e in range(num_envs):
+            streams[e].append((ids[e], rewards[e], ids[e] + 1000, bool(terminated[e]), bool(terminated[e] or truncated[e])))
+    stored = {ident for stream in streams for ident, *_ in stream[-capacity // num_envs :]}
+    expected = {}
+    for stream in streams:
+        for i, (ident, *_) in enumerate(stream):
+            ret, discount, next_id = 0.0, 0.0, 0.0
+            for k, (_, reward, next_ident, term, done) in enumerate(stream[i : i + n]):
+                ret, discount, next_id = ret + gamma**k * reward, gamma ** (k + 1) * (not term), next_ident
+                if done:
+                    break
+            expected[ident] = (ret, discount, next_id)
+    np.random.seed(0)
+    batch = buffer.sample(4096, CPU)
+    seen = {int(i) for i in batch["obs"][:, 0].tolist()}
+    assert seen == stored
+    for ident, ret, discount, next_id in zip(batch["obs"][:, 0].tolist(), batch["rewards"].tolist(), batch["discount"].tolist(), batch["next_obs"][:, 0].tolist()):
+        assert (ret, discount, next_id) == pytest.approx(expected[ident]), ident
 
 
 def test_dqn_epsilon_schedule_and_double_dqn_option() -> None:
@@ -257,7 +301,7 @@ def test_dqn_epsilon_schedule_and_double_dqn_option() -> None:
         settings = dict(total_steps=2000, gamma=GAMMA, lr=3e-3, buffer_size=2000, batch_size=64, learning_starts=200,
                         train_freq=4, gradient_steps=2, target_update_freq=50, hidden_sizes=[16], double_dqn=double, loss="mse")  # fmt: skip
         q = train(make_agent("dqn", ENDS_AT_5, **settings)).policy(torch.ones(1, 1)).max().item()
-        assert q == pytest.approx(FIVE_STEP_TD_VALUE, abs=0.75)
+        assert q == pytest.approx(n_step_td_value(1), abs=0.75)
 
 
 def test_dqn_refuses_box_actions() -> None:

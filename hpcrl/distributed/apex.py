@@ -109,7 +109,7 @@ class ApexActor:
         self.epsilons = actor_epsilons(dcfg, actor)
         self.rng = np.random.default_rng([seed, actor])
         self.n_actions = int(envs.single_action_space.n)
-        self.nstep = NStepBuffer(envs.num_envs, dcfg.n_step, cfg.gamma)
+        self.nstep = NStepBuffer(envs.num_envs, cfg.n_step, cfg.gamma)
         self.episodes: list[tuple[float, int]] = []
         self.param_schema = {k: (v.dtype, v.shape) for k, v in param_arrays(self.net).items()}
         self.obs_dtype = np.dtype(envs.single_observation_space.dtype)

@@ -6,13 +6,16 @@ All step counters (train_freq, learning_starts, target_update_freq, the epsilon 
 environment steps, so a config means the same with 1 env or 8, and RL Zoo's settings carry over.
 
 Options: a target network copied (tau = 1) or Polyak-averaged every `target_update_freq` steps,
-double DQN (van Hasselt et al. 2016), Huber or squared TD loss, gradient-norm clipping.
+n-step returns (Sutton 1988; as in Rainbow and SB3's `n_steps`), double DQN (van Hasselt et al.
+2016), Huber or squared TD loss, gradient-norm clipping. The buffer stores 1-step transitions and
+builds n-step ones when it samples, so n is not baked into the data and nothing is pending at a
+checkpoint.
 
 Gymnasium 1.x autoreset and time limits: the vector env runs in SAME_STEP mode, so every stored
 transition is real (NEXT_STEP mode's reset step, whose action is ignored, never reaches the
 buffer); a finished env's true last observation comes from `info["final_obs"]` and is stored as
-`next_obs`; and the stored done flag is `terminated` alone, so a truncated episode still
-bootstraps from Q(next_obs): CartPole's 500-step cap is not a failure state.
+`next_obs`; and only `terminated` zeroes the bootstrap, so a truncated episode still bootstraps
+from Q(next_obs): CartPole's 500-step cap is not a failure state. Either ends an n-step return.
 
 Resume: the checkpoint holds both networks, the optimiser, the counters and (with `save_replay`,
 the default) the filled part of the replay buffer, so a requeued job continues with the data it
@@ -41,48 +44,65 @@ class ReplayBuffer:
 
     `next_obs` is stored beside `obs` rather than recovered from the following slot: simpler, and
     right across autoresets and vector envs, at twice the memory (size image buffers for that).
+    Transitions are stored 1-step; `sample` builds n-step ones from each env's stream.
     """
 
-    def __init__(self, capacity: int, obs_space: gym.Space) -> None:
+    def __init__(self, capacity: int, obs_space: gym.Space, num_envs: int = 1, n_step: int = 1, gamma: float = 0.99) -> None:
         if not isinstance(obs_space, gym.spaces.Box):
             raise ValueError(f"DQN's replay buffer stores Box observations, got {type(obs_space).__name__}")
-        self.capacity = capacity
+        self.capacity, self.n_step = capacity, n_step
+        self.offsets = np.arange(n_step) * num_envs  # env i's next transitions are num_envs slots apart
+        self.discounts = (gamma ** np.arange(n_step + 1)).astype(np.float32)
         self.obs = np.zeros((capacity, *obs_space.shape), dtype=obs_space.dtype)
         self.next_obs = np.zeros_like(self.obs)
         self.actions = np.zeros(capacity, dtype=np.int64)
         self.rewards = np.zeros(capacity, dtype=np.float32)
         self.terminated = np.zeros(capacity, dtype=np.float32)
+        self.done = np.zeros(capacity, dtype=bool)
         self.pos = 0
         self.size = 0
 
     def __len__(self) -> int:
         return self.size
 
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray) -> None:
-        """One transition per env."""
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray, done: np.ndarray) -> None:
+        """One transition per env, in env order, every call: env i's next transition is num_envs slots on."""
         idx = np.arange(self.pos, self.pos + len(actions)) % self.capacity
         self.obs[idx], self.next_obs[idx] = obs, next_obs
-        self.actions[idx], self.rewards[idx], self.terminated[idx] = actions, rewards, terminated
+        self.actions[idx], self.rewards[idx], self.terminated[idx], self.done[idx] = actions, rewards, terminated, done
         self.pos = int(idx[-1] + 1) % self.capacity
         self.size = min(self.size + len(actions), self.capacity)
 
     def sample(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Uniform minibatch of n-step transitions: `rewards` is the discounted sum of up to n_step
+        rewards of one env's episode, `discount` what multiplies the bootstrap value of `next_obs`
+        (gamma^k, or 0 after a termination). A return stops early at an episode's end (a truncation
+        still bootstraps) and at the newest transition, whose successors are not yet stored."""
         idx = np.random.randint(0, self.size, size=batch_size)
-        return {
-            name: torch.as_tensor(getattr(self, name)[idx], device=device)
-            for name in ("obs", "next_obs", "actions", "rewards", "terminated")
-        }
+        if self.n_step == 1:
+            last, steps, rewards = idx, 1, self.rewards[idx]
+        else:
+            seq = (idx[:, None] + self.offsets) % self.capacity  # this env's next n transitions, if stored
+            stored = ((self.pos - 1 - idx) % self.capacity)[:, None] >= self.offsets  # age 0: the newest
+            done = self.done[seq]
+            used = stored & (np.cumsum(done, axis=1) - done == 0)  # no episode end before: steps 0 .. m-1
+            steps = used.sum(axis=1)
+            last = seq[np.arange(batch_size), steps - 1]
+            rewards = (self.rewards[seq] * used) @ self.discounts[:-1]
+        discount = self.discounts[steps] * (1.0 - self.terminated[last])
+        arrays = {"obs": self.obs[idx], "next_obs": self.next_obs[last], "actions": self.actions[idx], "rewards": rewards, "discount": discount}
+        return {name: torch.as_tensor(array, device=device) for name, array in arrays.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """The filled part only: an unfilled 1M-slot buffer would otherwise write zeros to disk."""
-        arrays = {name: getattr(self, name)[: self.size] for name in ("obs", "next_obs", "actions", "rewards", "terminated")}
+        arrays = {name: getattr(self, name)[: self.size] for name in ("obs", "next_obs", "actions", "rewards", "terminated", "done")}
         return {**numpy_to_torch(arrays), "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         size = int(state["size"])
         if size > self.capacity:
             raise ValueError(f"the checkpoint's replay buffer holds {size} transitions, more than buffer_size {self.capacity}")
-        for name, array in torch_to_numpy({k: state[k] for k in ("obs", "next_obs", "actions", "rewards", "terminated")}).items():
+        for name, array in torch_to_numpy({k: state[k] for k in ("obs", "next_obs", "actions", "rewards", "terminated", "done")}).items():
             getattr(self, name)[:size] = array
         self.pos, self.size = int(state["pos"]) % self.capacity, size
 
@@ -98,7 +118,7 @@ class DQN:
         self.target.load_state_dict(self.policy.state_dict())
         self.target.requires_grad_(False)
         self.gradient_step = GradientStep(self.policy.parameters(), lambda params: Adam(params, lr=cfg.lr, eps=1e-8), cfg.max_grad_norm, cfg.amp, device)
-        self.buffer = ReplayBuffer(cfg.buffer_size, obs_space)
+        self.buffer = ReplayBuffer(cfg.buffer_size, obs_space, envs.num_envs, cfg.n_step, cfg.gamma)
         self.num_envs = envs.num_envs
         self.steps_per_iteration = math.ceil(cfg.train_freq / self.num_envs)
         self.num_iterations = math.ceil(cfg.total_steps / (self.steps_per_iteration * self.num_envs))
@@ -154,7 +174,7 @@ class DQN:
                 next_q = next_q.gather(1, self.policy(b["next_obs"]).argmax(1, keepdim=True)).squeeze(1)
             else:
                 next_q = next_q.max(1).values
-            td_target = b["rewards"] + cfg.gamma * (1.0 - b["terminated"]) * next_q
+            td_target = b["rewards"] + b["discount"] * next_q
         q = self.policy(b["obs"]).gather(1, b["actions"].unsqueeze(1)).squeeze(1)
         loss = F.smooth_l1_loss(q, td_target) if cfg.loss == "huber" else F.mse_loss(q, td_target)
         self.gradient_step(loss)
@@ -166,7 +186,7 @@ class DQN:
             epsilon = self.epsilon()
             actions = self.act(self.obs, epsilon)
             next_obs, reward, terminated, truncated, info = self.envs.step(actions)
-            self.buffer.add(self.obs, final_observations(next_obs, info), actions, reward * cfg.reward_scale, terminated)
+            self.buffer.add(self.obs, final_observations(next_obs, info), actions, reward * cfg.reward_scale, terminated, terminated | truncated)
             self.obs = next_obs
             before, self.global_step = self.global_step, self.global_step + self.num_envs
             if self.global_step // cfg.target_update_freq > before // cfg.target_update_freq:

@@ -148,6 +148,9 @@ class DQNConfig(TrainConfig):
     end_e: float = 0.05
     exploration_fraction: float = 0.5
     """Fraction of total_steps over which epsilon falls linearly from start_e to end_e."""
+    n_step: int = 1
+    """TD targets from n-step returns. Single-process DQN computes them from the buffer when it samples
+    (as SB3's `n_steps`); Ape-X actors send them. Either way a return stops at an episode's end."""
     double_dqn: bool = False
     """Pick the next action with the online network, value it with the target (van Hasselt et al. 2016)."""
     loss: Literal["huber", "mse"] = "mse"
@@ -162,7 +165,7 @@ class DQNConfig(TrainConfig):
 
     def check(self) -> list[tuple[str, str]]:
         errors = super().check()
-        for key in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "target_update_freq"):
+        for key in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "target_update_freq", "n_step"):
             if getattr(self, key) <= 0:
                 errors.append((key, "expected a positive integer"))
         if self.batch_size > self.buffer_size:
