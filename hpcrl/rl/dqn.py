@@ -47,6 +47,9 @@ class ReplayBuffer:
     Transitions are stored 1-step; `sample` builds n-step ones from each env's stream.
     """
 
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "done")
+    """The arrays a checkpoint holds."""
+
     def __init__(self, capacity: int, obs_space: gym.Space, num_envs: int = 1, n_step: int = 1, gamma: float = 0.99) -> None:
         if not isinstance(obs_space, gym.spaces.Box):
             raise ValueError(f"DQN's replay buffer stores Box observations, got {type(obs_space).__name__}")
@@ -95,14 +98,14 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """The filled part only: an unfilled 1M-slot buffer would otherwise write zeros to disk."""
-        arrays = {name: getattr(self, name)[: self.size] for name in ("obs", "next_obs", "actions", "rewards", "terminated", "done")}
+        arrays = {name: getattr(self, name)[: self.size] for name in self.FIELDS}
         return {**numpy_to_torch(arrays), "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         size = int(state["size"])
         if size > self.capacity:
             raise ValueError(f"the checkpoint's replay buffer holds {size} transitions, more than buffer_size {self.capacity}")
-        for name, array in torch_to_numpy({k: state[k] for k in ("obs", "next_obs", "actions", "rewards", "terminated", "done")}).items():
+        for name, array in torch_to_numpy({name: state[name] for name in self.FIELDS}).items():
             getattr(self, name)[:size] = array
         self.pos, self.size = int(state["pos"]) % self.capacity, size
 
