@@ -26,7 +26,6 @@ import yaml
 from hpcrl import markers, plots, stats, sweep
 from hpcrl.io import atomic_write_text
 
-
 MAX_PLOTTED = 12
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from factories import write_config
+
 from hpcrl.config import ConfigError, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -47,6 +48,7 @@ CONFIG: dict[str, Any] = {
 def make_experiment(tmp_path: Path, changes: dict | None = None) -> tuple[Path, Path]:
     """Write the experiment (without submitting it); return (experiment dir, run dir)."""
     from factories import deep_update
+
     from hpcrl.config import load_experiment
     from hpcrl.sweep import expand, write_experiment
 

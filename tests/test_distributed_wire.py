@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import yaml
-
 from factories import deep_update
+
 from hpcrl.config import ConfigError, load_experiment
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.pipeline import plan_scripts

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import standins.habitat_sim_standin as standin
 import torch
 
-import standins.habitat_sim_standin as standin
 from hpcrl.config import EnvConfig, load_experiment
 from hpcrl.rl.envs import make_env, make_vec_env
 from hpcrl.rl.evaluate import play
@@ -178,5 +178,5 @@ def test_ppo_trains_and_evaluation_reports_success_and_spl(scene: Path, tmp_path
     results = play(agent.policy, run, episodes=3, deterministic=False, device=torch.device("cpu"))
     torch.set_num_threads(threads)
     assert len(results) == 3
-    for ret, length, metrics in results:
+    for _ret, length, metrics in results:
         assert set(metrics) == {"success", "spl", "distance_to_goal"} and 1 <= length <= 20

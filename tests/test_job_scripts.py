@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from factories import write_config
+
 from hpcrl.config import load_experiment
 from hpcrl.pipeline import job_context, plan_scripts
 from hpcrl.schedulers import get_scheduler

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import csv
-import os
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
 
 from factories import write_config
 

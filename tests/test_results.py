@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import imageio.v3 as iio
-
 from factories import write_config
+
 from hpcrl.collect import collect
 from hpcrl.config import load_experiment
 from hpcrl.sweep import expand, run_dir, write_experiment
@@ -22,7 +22,7 @@ def fake_finished_run(rd: Path, final: float) -> None:
     rows += [f"{s * 100},{s},{s},100,1,{final * s / 10:.1f},20" for s in range(1, 11)]
     (rd / "train.csv").write_text("\n".join(rows) + "\n")
     (rd / "DONE").write_text("step 1000\n")
-    (rd / "eval.csv").write_text("episode,return,length\n0,%s,20\n1,%s,20\n" % (final - 1, final + 1))
+    (rd / "eval.csv").write_text(f"episode,return,length\n0,{final - 1},20\n1,{final + 1},20\n")
     (rd / "EVAL_DONE").write_text("ok\n")
 
 

@@ -72,7 +72,7 @@ def test_timeouts_are_truncations_and_final_frames_are_real() -> None:
     envs = make_vec_env(BASIC)
     try:
         envs.reset(seed=0)
-        for step in range(1, 80):
+        for step in range(1, 80):  # noqa: B007 (read after the loop)
             obs, _, terminated, truncated, info = envs.step(np.zeros(2, dtype=np.int64))  # action 0: no button
             if truncated.any() or terminated.any():
                 break

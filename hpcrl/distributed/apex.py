@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

@@ -18,7 +18,8 @@ their push) and fetch the blob only when it changed.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import redis

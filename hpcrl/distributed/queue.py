@@ -23,7 +23,8 @@ are counted too.
 from __future__ import annotations
 
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 import redis
 

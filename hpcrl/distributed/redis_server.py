@@ -67,7 +67,7 @@ class RedisServer:
         self.password = ""
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         exe = shutil.which(self.executable)
         if exe is None:
             raise RedisServerError(
@@ -139,7 +139,7 @@ class RedisServer:
             self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

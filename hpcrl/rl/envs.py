@@ -8,7 +8,8 @@ gives truncated episodes the observation needed to bootstrap their value.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

@@ -78,7 +78,7 @@ class PointNavSettings:
     gpu_device_id: int = 0
 
     @classmethod
-    def from_spec(cls, spec: EnvConfig) -> "PointNavSettings":
+    def from_spec(cls, spec: EnvConfig) -> PointNavSettings:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(spec.kwargs) - names)
         if unknown:

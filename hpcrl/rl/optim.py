@@ -18,7 +18,8 @@ beside 650 us for the forward and backward passes. So:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn

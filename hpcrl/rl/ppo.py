@@ -18,7 +18,8 @@ update reads them there), rewards and episode starts in host memory, where GAE r
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -141,7 +142,7 @@ class OnPolicyAgent:
             cut = truncated & ~terminated
             if cut.any():
                 # A time limit is not a terminal state: bootstrap from the value of the last observation.
-                last = _map(lambda x: x[torch.as_tensor(cut, device=self.device)], obs_to_tensor(final_observations(obs, info), self.device))
+                last = _map(lambda x, cut=cut: x[torch.as_tensor(cut, device=self.device)], obs_to_tensor(final_observations(obs, info), self.device))
                 state = self.state[:, torch.as_tensor(cut, device=self.device)] if self.state is not None else None
                 reward[cut] += cfg.gamma * self.policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
             self.rewards[step] = reward
@@ -257,7 +258,7 @@ class PPO(OnPolicyAgent):
         ratios: list[torch.Tensor] = []
         for _ in range(cfg.update_epochs):
             for mb, state in self.minibatches(cfg.num_minibatches):
-                take = (lambda x: x) if isinstance(mb, slice) else (lambda x: x[mb])  # noqa: E731  (no view ops for the whole batch)
+                take = (lambda x: x) if isinstance(mb, slice) else (lambda x, mb=mb: x[mb])  # no view ops for the whole batch
                 firsts = take(batch["firsts"]) if state is not None else None
                 newlogprob, params, newvalue = self.policy.evaluate_params(_map(take, batch["obs"]), take(batch["actions"]), state, firsts)
                 logratio = newlogprob - take(batch["logprobs"])
