@@ -89,7 +89,7 @@ def _eval_problem(rd: Path) -> str:
 def gather(experiment_dir: Path) -> list[RunResult]:
     """Each run's curve and final eval return, or the reason it has none."""
     results = []
-    for row in sweep.read_runs_csv(experiment_dir):
+    for row in sweep.current_rows(experiment_dir):  # never pooled with runs of an earlier config
         r = RunResult(int(row["index"]), row["run_id"], int(row["seed"]), sweep.row_label(row))
         rd = sweep.run_dir(experiment_dir, r.run_id)
         if (rd / "train.csv").exists():
@@ -111,7 +111,7 @@ def gather(experiment_dir: Path) -> list[RunResult]:
 def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None) -> None:
     """Evaluate, in parallel local processes, every trained run that has no evaluation yet."""
     todo = []
-    for row in sweep.read_runs_csv(experiment_dir):
+    for row in sweep.current_rows(experiment_dir):
         rd = sweep.run_dir(experiment_dir, row["run_id"])
         if markers.run_state(rd) == "done" and markers.eval_state(rd) == "new":
             todo.append(int(row["index"]))
@@ -207,6 +207,9 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     for r in results:
         if r.problem:
             print(f"run {r.run_id} ({r.setting}, seed {r.seed}): {r.problem}", file=out)
+    note = sweep.left_out_note(experiment_dir)
+    if note:
+        print(note, file=out)
     print(f"wrote {results_dir}/summary.csv, curves.csv, improvement.csv, report.md and {len(made)} plots in {results_dir}/plots", file=out)
     return 0 if scored else 1
 

@@ -1,7 +1,13 @@
 """Experiment -> runs (grid × seeds) with stable ids, and the experiment directory they live in.
 
 A run id is a hash of the settings that change what is learned, so re-running `hpcrl sweep` on the
-same config finds the same runs on disk and only submits what is missing or failed.
+same config finds the same runs on disk and only submits what is missing or failed. It hashes the
+canonical values (the typed values after validation: `1e-3`, `1.0e-3` and `0.001` are one number,
+and a default left out equals the default written), never how the YAML spelled them.
+
+runs.csv lists every run ever swept into the experiment, with the `generation` of the config that
+last swept it: results pool only the latest generation (the current config), so changing `train.lr`
+and sweeping again never averages the old runs with the new ones under one label.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,7 +30,7 @@ from typing import Any
 import yaml
 
 import hpcrl
-from hpcrl.config import Experiment, apply_settings
+from hpcrl.config import ConfigError, Experiment, apply_settings, experiment_from_dict
 from hpcrl.io import atomic_write_text
 
 # libyaml when PyYAML was built with it (the wheels are): a 1000-run sweep writes and status reads
@@ -31,8 +38,28 @@ from hpcrl.io import atomic_write_text
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
-# Sections that change where and how a run executes, not what it learns: they stay out of the run id.
-_NOT_HASHED = ("name", "output", "python", "resources", "container", "cuda", "eval", "image", "sweep")
+NOT_LEARNED = frozenset({
+    # where and how a run executes, how it is evaluated and named: never what it learns
+    "name", "output", "python", "resources", "container", "cuda", "eval", "image", "sweep",
+    # the same numbers either way (sync and async vector envs step the same envs)
+    "env.vectorization",
+    # checkpoints, threads and the device: what a run costs, not what it learns. (`train.amp` IS
+    # hashed: bf16/fp16 change the arithmetic of every update on a GPU, and fp16 loss scaling skips
+    # steps; an fp32 result must not be pooled with a bf16 one.)
+    "train.checkpoint_every", "train.keep_checkpoints", "train.device", "train.torch_threads",
+    "train.save_replay",
+    # the distributed run's plumbing: liveness, timeouts, placement, where Redis lives
+    "distributed.heartbeat_s", "distributed.dead_after_s", "distributed.learner_timeout_s",
+    "distributed.parallel_runs", "distributed.actor_cpus", "distributed.actor_mem", "distributed.redis",
+})  # fmt: skip
+"""Dotted config keys left out of the run id. Everything else is hashed, so a new field counts as
+learned until it is listed here: at worst a run trains twice, never two settings under one id.
+A swept key is always hashed (a grid over `eval.episodes` still makes distinct runs)."""
+
+GENERATION = "generation"
+"""runs.csv column: the config generation that last swept the run (the newest one is pooled)."""
+_FIXED_COLUMNS = ("index", "run_id", "seed", GENERATION)
+_RUN_ID = re.compile(r"[0-9a-f]{10}-s(-?\d+)")
 
 
 @dataclass
@@ -47,7 +74,7 @@ class Run:
     @property
     def setting_label(self) -> str:
         """What seeds of one setting share: the key under which results are averaged."""
-        return setting_label({k: encode_value(v) for k, v in self.settings.items()})
+        return setting_label(_encoded(self.settings))
 
 
 def encode_value(value: Any) -> str:
@@ -61,28 +88,67 @@ def setting_label(encoded: dict[str, str]) -> str:
 
 def row_label(row: dict[str, str]) -> str:
     """The setting label of a runs.csv row, without reading the run's config."""
-    return setting_label({k: v for k, v in row.items() if k not in ("index", "run_id", "seed") and v != ""})
+    return setting_label({k: v for k, v in row.items() if k not in _FIXED_COLUMNS and v != ""})
 
 
-def run_hash(config: Experiment, settings: dict[str, Any]) -> str:
-    """Hash of what is learned, plus the swept values themselves (a grid over eval.* still makes distinct runs)."""
-    data = {k: v for k, v in config.to_dict().items() if k not in _NOT_HASHED}
-    blob = json.dumps([data, settings], sort_keys=True, default=str).encode()
+def learned(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's plain data without the keys in NOT_LEARNED (at any depth)."""
+    return {k: learned(v, f"{prefix}{k}.") if isinstance(v, dict) else v for k, v in data.items() if f"{prefix}{k}" not in NOT_LEARNED}
+
+
+def _get_dotted(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def run_hash(config: Experiment, swept: list[str] | tuple[str, ...] = ()) -> str:
+    """The id of a run's setting: a hash of the canonical values of what it learns, plus its swept keys.
+
+    `config` is a resolved, validated run config, so every value is already typed.
+    """
+    data = config.to_dict()
+    # A swept key that is learned is in `learned(data)` already: sweeping lr over [0.001] and
+    # writing lr: 0.001 give one id. Only a swept key that is not learned is added on its own.
+    extra = {k: _get_dotted(data, k) for k in sorted(swept) if not _is_learned(k)}
+    blob = json.dumps([learned(data), extra], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
+def _is_learned(dotted: str) -> bool:
+    parts = dotted.split(".")
+    return not any(".".join(parts[: i + 1]) in NOT_LEARNED for i in range(len(parts)))
+
+
 def expand(exp: Experiment) -> list[Run]:
-    """The runs of an experiment, in a stable order: grid points in config order, then seeds."""
+    """The runs of an experiment, in a stable order: grid points in config order, then seeds.
+
+    A run's `settings` are its swept values as validated (0.001 however the YAML wrote it), so the
+    labels results are pooled under are canonical too.
+    """
     keys = list(exp.sweep.grid)
-    runs = []
+    runs: list[Run] = []
+    points: dict[str, dict[str, Any]] = {}
     for values in itertools.product(*(exp.sweep.grid[k] for k in keys)):
-        settings = dict(zip(keys, values))
         # Validated once per grid point: the seeds of a grid point differ in sweep.seeds only.
-        config = apply_settings(exp, settings, exp.sweep.seeds[0])
-        setting_hash = run_hash(config, settings)
+        config = apply_settings(exp, dict(zip(keys, values)), exp.sweep.seeds[0])
+        data = config.to_dict()
+        settings = {k: _get_dotted(data, k) for k in keys}
+        setting_hash = run_hash(config, keys)
+        if setting_hash in points:
+            # The config's own check refuses repeated grid values; this guards every other way two
+            # points could collapse into one run, which would otherwise surface as a KeyError in a task.
+            raise ConfigError(
+                f"sweep.grid: the points {setting_label(_encoded(points[setting_hash]))} and {setting_label(_encoded(settings))} are the same run"
+            )
+        points[setting_hash] = settings
         for seed in exp.sweep.seeds:
             runs.append(Run(len(runs), f"{setting_hash}-s{seed}", seed, settings, _seeded(config, seed)))
     return runs
+
+
+def _encoded(settings: dict[str, Any]) -> dict[str, str]:
+    return {k: encode_value(v) for k, v in settings.items()}
 
 
 def _seeded(config: Experiment, seed: int) -> Experiment:
@@ -125,11 +191,67 @@ def merge_runs(experiment_dir: Path, runs: list[Run]) -> list[Run]:
 
 
 def read_runs_csv(experiment_dir: Path) -> list[dict[str, str]]:
+    """Every row of runs.csv (all generations), checked: a damaged file is a ConfigError naming it and
+    the line, never a KeyError or ValueError deep inside a task, collect or status."""
     path = experiment_dir / "runs.csv"
-    if not path.exists():
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
         return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the run index: {getattr(exc, 'strerror', None) or exc}") from None
+    damaged = f"{path}: damaged run index (each run's runs/<run id>/config.yaml holds its index, id and seed)"
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        missing = [c for c in ("index", "run_id", "seed") if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ConfigError(f"{damaged}: no {', '.join(missing)} column")
+        if not text.endswith("\n"):  # the writer ends every row with one: a torn copy or a full disk
+            raise ConfigError(f"{damaged}: the last line is cut off")
+        rows, seen = [], set()
+        for row in reader:
+            match = _RUN_ID.fullmatch(row["run_id"] or "")
+            if (
+                None in row or None in row.values() or not row["index"].isdigit() or match is None
+                or match.group(1) != row["seed"] or not row.get(GENERATION, "0").isdigit()
+                or row["index"] in seen or row["run_id"] in seen
+            ):  # fmt: skip
+                raise ConfigError(f"{damaged}: line {reader.line_num}: {','.join(v for v in row.values() if isinstance(v, str))[:80]!r}")
+            seen.update((row["index"], row["run_id"]))
+            rows.append(row)
+    except csv.Error as exc:
+        raise ConfigError(f"{damaged}: {exc}") from None
+    if not rows:  # write_experiment never writes an index without runs
+        raise ConfigError(f"{damaged}: no runs listed")
+    return rows
+
+
+def generation(row: dict[str, str]) -> int:
+    """The config generation of a runs.csv row; rows written before generations existed are 0."""
+    return int(row.get(GENERATION) or 0)
+
+
+def split_generations(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(rows of the current config, rows of earlier ones). Results pool only the first."""
+    latest = max(map(generation, rows), default=0)
+    return [r for r in rows if generation(r) == latest], [r for r in rows if generation(r) != latest]
+
+
+def current_rows(experiment_dir: Path) -> list[dict[str, str]]:
+    """The runs.csv rows of the config last swept into the experiment: what collect pools."""
+    return split_generations(read_runs_csv(experiment_dir))[0]
+
+
+def left_out_note(experiment_dir: Path) -> str | None:
+    """One line for collect when runs of earlier configs exist: how many were left out, how to see them."""
+    current, earlier = split_generations(read_runs_csv(experiment_dir))
+    if not earlier:
+        return None
+    latest = generation(current[0])
+    return (
+        f"left out {len(earlier)} runs of earlier configs of this experiment (runs.csv rows with generation < {latest}; "
+        "their run directories are kept): sweep an earlier config again to make it current (done runs are not retrained)"
+    )
 
 
 def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any]) -> Path:
@@ -146,13 +268,18 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
         **provenance,
     }
     atomic_write_text(root / "experiment.yaml", yaml.dump({"config": exp.to_dict(), "provenance": prov}, Dumper=_DUMPER, sort_keys=False))
-    # Rows for runs that were in an earlier version of the config stay listed: their results are still there.
-    rows = {row["run_id"]: row for row in read_runs_csv(root)}
-    keys = sorted({k for run in runs for k in run.settings} | {k for row in rows.values() for k in row} - {"index", "run_id", "seed"})
+    # Rows for runs that were in an earlier version of the config stay listed, under their own
+    # generation: their results are still there, but are never pooled with the current config's.
+    old = read_runs_csv(root)
+    current, _ = split_generations(old)
+    latest = max(map(generation, old), default=0)
+    gen = latest if not old or {r["run_id"] for r in current} == {r.run_id for r in runs} else latest + 1
+    rows = {row["run_id"]: {**row, GENERATION: generation(row)} for row in old}
+    keys = sorted({k for run in runs for k in run.settings} | {k for row in rows.values() for k in row} - set(_FIXED_COLUMNS))
     for run in runs:
-        rows[run.run_id] = {"index": run.index, "run_id": run.run_id, "seed": run.seed, **{k: encode_value(v) for k, v in run.settings.items()}}
+        rows[run.run_id] = {"index": run.index, "run_id": run.run_id, "seed": run.seed, GENERATION: gen, **_encoded(run.settings)}
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["index", "run_id", "seed", *keys], restval="")
+    writer = csv.DictWriter(buf, fieldnames=[*_FIXED_COLUMNS, *keys], restval="")
     writer.writeheader()
     for row in sorted(rows.values(), key=lambda r: int(r["index"])):
         writer.writerow(row)
@@ -176,23 +303,32 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
 
 def _read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment]) -> Run:
     """A run from its config.yaml, as write_experiment lays it out: the `run` header, then the
-    resolved config of its grid point.
+    resolved config of its grid point. A missing or damaged file is a ConfigError naming it.
 
     `parsed` caches configs by their text across the runs of one grid point: status and collect
     read every run, and parsing and validating the same config a thousand times takes seconds.
     """
-    from hpcrl.config import experiment_from_dict
-
-    head, _, body = (run_dir(experiment_dir, run_id) / "config.yaml").read_text().partition("\nconfig:")
-    info = yaml.load(head, Loader=_LOADER)["run"]
-    if body not in parsed:
-        parsed[body] = experiment_from_dict(yaml.load("config:" + body, Loader=_LOADER)["config"])
-    seed = int(info["seed"])
-    return Run(int(info["index"]), info["run_id"], seed, info["settings"], _seeded(parsed[body], seed))
+    path = run_dir(experiment_dir, run_id) / "config.yaml"
+    try:
+        head, _, body = path.read_text().partition("\nconfig:")
+        info = yaml.load(head, Loader=_LOADER)["run"]
+        if body not in parsed:
+            parsed[body] = experiment_from_dict(yaml.load("config:" + body, Loader=_LOADER)["config"])
+        seed = int(info["seed"])
+        return Run(int(info["index"]), info["run_id"], seed, info["settings"], _seeded(parsed[body], seed))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing run config (`hpcrl sweep` with the experiment's config writes it again)") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{path}: damaged run config ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "`hpcrl sweep` with the experiment's config writes it again"
+        ) from None
 
 
 def load_runs(experiment_dir: Path) -> list[Run]:
-    """The runs of an experiment on disk, from runs.csv and each run's config.yaml."""
+    """The runs of an experiment on disk (every generation), from runs.csv and each run's config.yaml."""
     parsed: dict[str, Experiment] = {}
     return [_read_run(experiment_dir, row["run_id"], parsed) for row in read_runs_csv(experiment_dir)]
 
@@ -202,4 +338,4 @@ def load_run(experiment_dir: Path, index: int) -> Run:
     for row in read_runs_csv(experiment_dir):
         if int(row["index"]) == index:
             return _read_run(experiment_dir, row["run_id"], {})
-    raise KeyError(f"{experiment_dir}: no run with index {index} in runs.csv")
+    raise ConfigError(f"{experiment_dir / 'runs.csv'}: no run with index {index}")
