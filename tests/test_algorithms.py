@@ -120,7 +120,24 @@ class RecallCue(gym.Env):
         return np.zeros(2, np.float32), 1.0 if int(action) == self.cue else -1.0, True, False, {}
 
 
-for _name, _cls in (("ConstantReward", ConstantReward), ("Counter", Counter), ("MatchTarget", MatchTarget), ("RecallCue", RecallCue)):
+class NaNReward(gym.Env):
+    """CartPole-shaped observations whose rewards turn NaN after 40 steps (a broken simulator)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+    steps = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return self.np_random.uniform(-1, 1, 4).astype(np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        NaNReward.steps += 1
+        reward = float("nan") if NaNReward.steps > 40 else 1.0
+        return self.np_random.uniform(-1, 1, 4).astype(np.float32), reward, bool(self.np_random.random() < 0.1), False, {}
+
+
+for _name, _cls in (("ConstantReward", ConstantReward), ("Counter", Counter), ("MatchTarget", MatchTarget), ("RecallCue", RecallCue), ("NaNReward", NaNReward)):
     if f"hpcrl-test/{_name}-v0" not in gym.registry:
         gym.register(f"hpcrl-test/{_name}-v0", entry_point=_cls)
 
@@ -302,6 +319,111 @@ def test_dqn_epsilon_schedule_and_double_dqn_option() -> None:
                         train_freq=4, gradient_steps=2, target_update_freq=50, hidden_sizes=[16], double_dqn=double, loss="mse")  # fmt: skip
         q = train(make_agent("dqn", ENDS_AT_5, **settings)).policy(torch.ones(1, 1)).max().item()
         assert q == pytest.approx(n_step_td_value(1), abs=0.75)
+
+
+def crafted_q_network(agent: Any, online: list[float], target: list[float]) -> None:
+    """Q-values that ignore the observation: the output bias alone (every weight zero)."""
+    for net, bias in ((agent.policy, online), (agent.target, target)):
+        with torch.no_grad():
+            for param in net.parameters():
+                param.zero_()
+            net.head.bias.copy_(torch.tensor(bias))
+
+
+# Online argmax is action 0 (Q 1), the target's max is action 1 (Q 10), the target values action 0 at 5.
+ONLINE, TARGET = [1.0, 0.0], [5.0, 10.0]
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_dqn_target_rule_on_a_crafted_q_network(double: bool) -> None:
+    """Double DQN values the ONLINE network's argmax with the target network (5 here); plain DQN
+    takes the target's own max (10). The TD loss of a transition with action 0, reward 0 and
+    discount 0.5 tells which: (1 - 0.5 * 5)^2 or (1 - 0.5 * 10)^2."""
+    agent = make_agent("dqn", EnvConfig(id="CartPole-v1", num_envs=1), total_steps=100, buffer_size=8, batch_size=4, gamma=0.5, double_dqn=double, lr=1e-9)
+    agent.envs.close()
+    crafted_q_network(agent, ONLINE, TARGET)
+    obs = np.zeros((4, 4), np.float32)
+    agent.buffer.add(obs, obs, np.zeros(4, np.int64), np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(4, bool))
+    loss, q = agent.td_step()
+    assert q.item() == 1.0
+    assert loss.item() == pytest.approx((1 - 0.5 * (5.0 if double else 10.0)) ** 2)
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_apex_learner_target_rule_on_a_crafted_q_network(double: bool) -> None:
+    from hpcrl.config import DistributedConfig
+    from hpcrl.distributed.apex import ApexLearner
+    from hpcrl.rl.hparams import DQNConfig
+
+    cfg = DQNConfig(buffer_size=8, batch_size=4, learning_starts=0, train_freq=1, double_dqn=double, lr=1e-9)
+    learner = ApexLearner(cfg, DistributedConfig(), gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), CPU)
+    crafted_q_network(learner, ONLINE, TARGET)
+    obs = np.zeros((4, 4), np.float32)
+    learner.ingest({"obs": obs, "action": np.zeros(4, np.int64), "reward": np.zeros(4, np.float32), "next_obs": obs, "discount": np.full(4, 0.5, np.float32)}, 4)
+    metrics = learner.update(total_steps=100)
+    assert metrics["q_mean"] == 1.0
+    assert metrics["loss"] == pytest.approx((1 - 0.5 * (5.0 if double else 10.0)) ** 2)
+
+
+# ---------------------------------------------------------------- budgets and divergence
+@pytest.mark.parametrize(("algo", "total", "per_iteration"), [("ppo", 500, 128), ("a2c", 203, 10), ("dqn", 203, 12)])
+def test_the_budget_is_trained_in_full_to_whole_iterations(algo: str, total: int, per_iteration: int) -> None:
+    """total_steps is rounded UP to whole iterations: never fewer steps than asked (PPO trained
+    384 of 500 here and called it done), at most one iteration more, and the agent says how many."""
+    extra = dict(num_steps=64) if algo == "ppo" else dict(train_freq=12, learning_starts=10_000) if algo == "dqn" else {}
+    agent = train(make_agent(algo, EnvConfig(id="CartPole-v1", num_envs=2), total_steps=total, hidden_sizes=[8], **extra))
+    assert agent.global_step == agent.planned_steps
+    assert total <= agent.planned_steps < total + per_iteration
+
+
+def diverging_run(tmp_path: Path, changes: dict) -> tuple[Path, Any]:
+    from factories import deep_update
+
+    from hpcrl.sweep import write_experiment
+
+    base = {"name": "nan", "algo": "ppo", "output": str(tmp_path), "env": {"id": "CartPole-v1", "num_envs": 2},
+            "train": {"total_steps": 2048, "hidden_sizes": [8]}}  # fmt: skip
+    if changes.get("algo", "ppo") == "ppo":
+        base["train"]["num_steps"] = 32
+    exp = experiment_from_dict(deep_update(base, changes))
+    (run,) = expand(exp)
+    write_experiment(exp, [run], {})
+    return exp.dir, run
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"train": {"lr": 1e30}},
+        {"env": {"id": "hpcrl-test/NaNReward-v0"}},
+        {"algo": "dqn", "train": {"lr": 1e30, "learning_starts": 64, "train_freq": 8, "batch_size": 16, "buffer_size": 500}},
+    ],
+    ids=["ppo-lr-1e30", "ppo-nan-reward", "dqn-lr-1e30"],
+)
+def test_a_run_whose_loss_turns_non_finite_fails_with_that_reason(tmp_path: Path, changes: dict) -> None:
+    """Not "done" with garbage weights and empty loss cells: FAILED, and `hpcrl status` says why."""
+    import io
+
+    from hpcrl.status import print_status
+
+    NaNReward.steps = 0
+    root, run = diverging_run(tmp_path, changes)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(FloatingPointError, match=r"non-finite loss at step \d+"):
+            train_run(root, run)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    rd = root / "runs" / run.run_id
+    assert not (rd / "DONE").exists()
+    reason = (rd / "FAILED").read_text().splitlines()[0]
+    assert reason.startswith("FloatingPointError: non-finite loss at step ")
+    step = int(reason.split("step ")[1].split()[0])
+    assert 0 < step < 2048
+    out = io.StringIO()
+    print_status(root, out)
+    assert "failed" in out.getvalue() and "non-finite loss at step" in out.getvalue()
 
 
 def test_dqn_refuses_box_actions() -> None:

@@ -20,6 +20,7 @@ learner's checkpoint exactly as it loads a `hpcrl train` checkpoint.
 from __future__ import annotations
 
 import copy
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -340,6 +341,9 @@ class ApexLearner:
             loss = (torch.as_tensor(weights, dtype=per_item.dtype, device=self.device) * per_item).mean()
         else:
             loss = per_item.mean()
+        value = float(loss.item())  # read for the log at every update anyway: checking it costs nothing
+        if not math.isfinite(value):
+            raise FloatingPointError(f"non-finite loss at step {self.global_step} (update {self.updates + 1}): lower train.lr")
         self.gradient_step(loss)
         if weights is not None:
             self.replay.update_priorities(index, td.detach().cpu().numpy())
@@ -349,7 +353,7 @@ class ApexLearner:
             with torch.no_grad():
                 for t, p in zip(self.target.state_dict().values(), self.policy.state_dict().values()):
                     t.lerp_(p, cfg.tau) if t.is_floating_point() else t.copy_(p)
-        return {"loss": float(loss.item()), "q_mean": float(q.mean().item())}
+        return {"loss": value, "q_mean": float(q.mean().item())}
 
     def params(self) -> dict[str, np.ndarray]:
         return param_arrays(self.policy)

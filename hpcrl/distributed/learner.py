@@ -144,6 +144,7 @@ class Learner:
             self.last_report, self.last_report_step = self.start, algo.global_step
             next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
             while not algo.finished(self.total_steps):
+                self._check_actors_came()
                 self._poll()
                 for _ in range(UPDATES_PER_POLL):
                     if not algo.can_update():
@@ -174,9 +175,22 @@ class Learner:
         self.log(f"done at step {algo.global_step} after {algo.updates} updates")
         return 0
 
+    def _check_actors_came(self) -> None:
+        """Fail when no actor has shown up for learner_timeout_s in this lifetime (a heartbeat or a
+        batch): actor jobs that are never scheduled must not hold the learner's GPU forever."""
+        if self.actor_stats or self.consumer.batches or self.consumer.dropped:
+            return
+        if time.monotonic() - self.start > self.d.learner_timeout_s:
+            raise TimeoutError(f"no actor connected in {self.d.learner_timeout_s:g} s (distributed.learner_timeout_s): were the actor jobs scheduled?")
+
     def _poll(self) -> None:
-        """Take batches from the queue: many while filling the replay, few once updates gate the pace."""
+        """Take batches from the queue: many while filling the replay, few once updates gate the pace,
+        none once total_steps transitions came in. The batch that crosses the budget is cut, so the
+        run learns from exactly total_steps env steps (stale drops count too: they were env steps)."""
         algo = self.algo
+        remaining = self.total_steps - algo.global_step
+        if remaining <= 0:
+            return
         if algo.accepted < algo.starts_at:
             wanted = 64
         elif algo.credit >= UPDATES_PER_POLL:
@@ -184,11 +198,15 @@ class Learner:
         else:
             missing = (UPDATES_PER_POLL - algo.credit) / algo.ratio
             wanted = int(min(64, max(1, math.ceil(missing / self.d.batch_transitions))))
+        wanted = min(wanted, math.ceil(remaining / self.d.batch_transitions))
         dropped_before = self.consumer.dropped_transitions
-        for message, n in self.consumer.pop(algo.version, wanted, timeout=0.0 if algo.can_update() else 0.05):
-            algo.ingest(message.fields, n)
-            self.episodes.extend(zip(message.fields["ep_return"].tolist(), message.fields["ep_length"].tolist()))
+        batches = self.consumer.pop(algo.version, wanted, timeout=0.0 if algo.can_update() else 0.05)
         algo.global_step += self.consumer.dropped_transitions - dropped_before
+        for message, n in batches:
+            take = min(n, self.total_steps - algo.global_step)
+            if take > 0:
+                algo.ingest({k: message.fields[k][:take] for k in algo.schema}, take)
+            self.episodes.extend(zip(message.fields["ep_return"].tolist(), message.fields["ep_length"].tolist()))
 
     def _save(self) -> None:
         payload = {

@@ -125,6 +125,10 @@ class DQN:
         self.num_envs = envs.num_envs
         self.steps_per_iteration = math.ceil(cfg.train_freq / self.num_envs)
         self.num_iterations = math.ceil(cfg.total_steps / (self.steps_per_iteration * self.num_envs))
+        self.planned_steps = self.num_iterations * self.steps_per_iteration * self.num_envs
+        """total_steps rounded up to whole iterations (train_freq env steps each, as SB3 does)."""
+        self.losses_finite = torch.ones((), dtype=torch.bool, device=device)
+        """Whether every TD loss so far was finite: kept on the device, read once per iteration."""
         self.global_step = 0
         self.iteration = 0
         self.episodes: list[tuple[float, int]] = []
@@ -180,6 +184,7 @@ class DQN:
             td_target = b["rewards"] + b["discount"] * next_q
         q = self.policy(b["obs"]).gather(1, b["actions"].unsqueeze(1)).squeeze(1)
         loss = F.smooth_l1_loss(q, td_target) if cfg.loss == "huber" else F.mse_loss(q, td_target)
+        self.losses_finite &= torch.isfinite(loss)
         self.gradient_step(loss)
         return loss.detach(), q.detach().mean()
 
@@ -202,6 +207,8 @@ class DQN:
             self.gradient_step.set_lr(lr)
             for _ in range(cfg.gradient_steps):
                 loss, q = self.td_step()
+            if not self.losses_finite:
+                raise FloatingPointError(f"non-finite loss at step {self.global_step} (iteration {self.iteration + 1}): lower train.lr or look for NaN rewards")
             metrics.update(td_loss=loss.item(), q_values=q.item())
         self.iteration += 1
         return metrics

@@ -18,6 +18,7 @@ update reads them there), rewards and episode starts in host memory, where GAE r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -84,7 +85,12 @@ class OnPolicyAgent:
         self.gradient_step = GradientStep(self.policy.parameters(), self.make_optimizer, cfg.max_grad_norm, cfg.amp, device)
         self.num_envs = n = envs.num_envs
         self.batch_size = n * cfg.num_steps
-        self.num_iterations = max(1, cfg.total_steps // self.batch_size)
+        self.num_iterations = math.ceil(cfg.total_steps / self.batch_size)
+        self.planned_steps = self.num_iterations * self.batch_size
+        """total_steps rounded UP to whole rollouts (as SB3 does): every update sees a full batch, so
+        minibatch sizes, the GAE horizon and the GRU's sequences are the same in every iteration."""
+        self.losses_finite = torch.ones((), dtype=torch.bool, device=device)
+        """Whether every loss so far was finite: kept on the device, read once per iteration."""
         self.global_step = 0
         self.iteration = 0
         self.episodes: list[tuple[float, int]] = []
@@ -199,6 +205,8 @@ class OnPolicyAgent:
         self.collect()
         adv, returns = self.advantages()
         metrics = self.update(self.batch(adv, returns))
+        if not self.losses_finite:
+            raise FloatingPointError(f"non-finite loss at step {self.global_step} (iteration {self.iteration + 1}): lower train.lr or look for NaN rewards")
         if self.policy.obs_norm is not None:
             # After the update, so the rollout and its update saw the same statistics.
             self.policy.obs_norm.update(self.obs)
@@ -213,6 +221,7 @@ class OnPolicyAgent:
         (exact zeros in the gradient) stays out of the graph altogether."""
         if self.cfg.ent_coef != 0.0:
             loss = loss - self.cfg.ent_coef * self.policy.actor_head.entropy(params).mean()
+        self.losses_finite &= torch.isfinite(loss)
         self.gradient_step(loss)
 
     @torch.no_grad()

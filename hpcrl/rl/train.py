@@ -104,6 +104,8 @@ def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
             checkpoint.set_rng_state(state["rng"])
             elapsed = float(state["wall_time"])
             print(f"{run.run_id}: resumed from step {agent.global_step}", file=out)
+        if agent.planned_steps != tcfg.total_steps:
+            print(f"{run.run_id}: train.total_steps {tcfg.total_steps} rounded up to {agent.planned_steps}, whole iterations of {agent.planned_steps // agent.num_iterations} steps", file=out)
         log_path = rd / "train.csv"
         truncate_log(log_path, agent.global_step)
         columns = BASE_COLUMNS + tuple(agent.metric_names)
