@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import pytest
 import redis
 import yaml
@@ -174,6 +175,8 @@ def test_local_sweep_runs_learner_and_actors_then_eval(tmp_path: Path) -> None:
         "learner-0-0": [0], "actors-0-0": [0, 0], "eval-0-0": [0], "aggregate-0": [0],
     }
     assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists() and (exp / "results" / "summary.csv").exists()
+    assert (rd / "DONE").read_text().strip() == "step 1500"  # exactly the budget: the last batch is cut
+    assert [int(r["step"]) for r in csv.DictReader((rd / "train.csv").open())][-1] == 1500
     assert not rendezvous.path(rd).exists()
     assert runstats.read(rd)["status"] == "done"
 
@@ -198,3 +201,65 @@ def test_runs_share_an_external_redis_under_their_own_prefix(tmp_path: Path, red
     assert keys and all(k.startswith(prefix) for k in keys)
     assert prefix + "params:blob" not in keys and prefix + "queue" not in keys  # retired: no blobs left behind
     assert redis_client.get(prefix + "status") == b"done" and 0 < redis_client.ttl(prefix + "status") <= 86400
+
+
+def test_learner_gives_up_when_no_actor_ever_comes(tmp_path: Path) -> None:
+    """Actor jobs that are never scheduled: the learner fails after learner_timeout_s with that reason
+    (in FAILED, which `hpcrl status` shows) instead of holding its GPU forever."""
+    exp, rd = make_experiment(tmp_path, {"distributed": {"learner_timeout_s": 3.0}})
+    log = tmp_path / "out.log"
+    learner = start("learner", str(exp), "--task", "0", log=log)
+    try:
+        assert learner.wait(timeout=90) not in (0, 99), log.read_text()
+    finally:
+        stop_all([learner])
+    reason = (rd / "FAILED").read_text().splitlines()[0]
+    assert reason == "TimeoutError: no actor connected in 3 s (distributed.learner_timeout_s): were the actor jobs scheduled?"
+    assert not (rd / "DONE").exists() and not rendezvous.path(rd).exists()
+
+
+def test_apex_learns_cartpole_beyond_its_untrained_start(tmp_path: Path) -> None:
+    """A real learner and two actors over a real redis-server, for a budget of about half a minute:
+    the greedy policy it ends with must beat the network it started from by a wide margin, and the
+    learner must have learned from exactly total_steps env steps."""
+    import numpy as np
+    import torch
+
+    from hpcrl.distributed.apex import q_network
+    from hpcrl.rl import checkpoint
+    from hpcrl.rl.evaluate import play
+    from hpcrl.rl.train import seed_everything
+    from hpcrl.sweep import load_runs
+
+    total = 8_000
+    exp, rd = make_experiment(
+        tmp_path,
+        {
+            "train": {"total_steps": total, "lr": 2.3e-3, "hidden_sizes": [64, 64], "buffer_size": 20_000, "batch_size": 64, "learning_starts": 500,
+                      "train_freq": 256, "gradient_steps": 64, "target_update_freq": 10, "loss": "huber", "checkpoint_every": 1000},
+            "distributed": {"envs_per_actor": 4, "batch_transitions": 64, "queue_bound": 8, "publish_every": 16, "max_lag": 1000,
+                            "learner_timeout_s": 120},
+        },
+    )  # fmt: skip
+    log = tmp_path / "out.log"
+    began = time.monotonic()
+    procs = [start("learner", str(exp), "--task", "0", log=log)]
+    procs += [start("actor", str(exp), "--task", "0", "--actor", str(i), log=log) for i in (0, 1)]
+    try:
+        assert procs[0].wait(timeout=240) == 0, log.read_text()
+        took = time.monotonic() - began
+    finally:
+        stop_all(procs)
+    assert (rd / "DONE").read_text().strip() == f"step {total}"
+    (run,) = load_runs(exp)
+    probe = gym.make("CartPole-v1")
+    seed_everything(run.seed)  # the learner's own start: its network as first built
+    untrained = q_network(run.config.train, probe.observation_space, probe.action_space)
+    trained = q_network(run.config.train, probe.observation_space, probe.action_space)
+    state, _ = checkpoint.load_latest(rd / "checkpoints")
+    trained.load_state_dict(state["agent"]["policy"])
+    cpu = torch.device("cpu")
+    before = float(np.mean([r for r, *_ in play(untrained, run, 16, True, cpu)]))
+    after = float(np.mean([r for r, *_ in play(trained, run, 16, True, cpu)]))
+    print(f"Ape-X CartPole, {total} env steps in {took:.0f} s: greedy return {before:.1f} untrained -> {after:.1f}")
+    assert after > max(3 * before, before + 60)
