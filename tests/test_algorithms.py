@@ -365,6 +365,21 @@ def test_apex_learner_target_rule_on_a_crafted_q_network(double: bool) -> None:
     assert metrics["loss"] == pytest.approx((1 - 0.5 * (5.0 if double else 10.0)) ** 2)
 
 
+def test_apex_learner_stops_at_a_non_finite_loss() -> None:
+    from hpcrl.config import DistributedConfig
+    from hpcrl.distributed.apex import ApexLearner
+    from hpcrl.rl.hparams import DQNConfig
+
+    cfg = DQNConfig(buffer_size=64, batch_size=16, learning_starts=0, train_freq=1, hidden_sizes=[8], lr=1e30)
+    learner = ApexLearner(cfg, DistributedConfig(), gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), CPU)
+    rng = np.random.default_rng(0)
+    obs = rng.uniform(-1, 1, (64, 4)).astype(np.float32)
+    learner.ingest({"obs": obs, "action": rng.integers(2, size=64), "reward": np.ones(64, np.float32), "next_obs": obs[::-1].copy(), "discount": np.full(64, 0.9, np.float32)}, 64)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 64 \(update \d+\)"):
+        for _ in range(20):
+            learner.update(total_steps=1000)
+
+
 # ---------------------------------------------------------------- budgets and divergence
 @pytest.mark.parametrize(("algo", "total", "per_iteration"), [("ppo", 500, 128), ("a2c", 203, 10), ("dqn", 203, 12)])
 def test_the_budget_is_trained_in_full_to_whole_iterations(algo: str, total: int, per_iteration: int) -> None:
