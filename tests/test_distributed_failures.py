@@ -218,6 +218,7 @@ def test_learner_gives_up_when_no_actor_ever_comes(tmp_path: Path) -> None:
     assert not (rd / "DONE").exists() and not rendezvous.path(rd).exists()
 
 
+@pytest.mark.slow
 def test_apex_learns_cartpole_beyond_its_untrained_start(tmp_path: Path) -> None:
     """A real learner and two actors over a real redis-server, for a budget of about half a minute:
     the greedy policy it ends with must beat the network it started from by a wide margin, and the
