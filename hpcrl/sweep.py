@@ -138,8 +138,9 @@ def expand(exp: Experiment) -> list[Run]:
         if setting_hash in points:
             # The config's own check refuses repeated grid values; this guards every other way two
             # points could collapse into one run, which would otherwise surface as a KeyError in a task.
+            where = f"{exp.source}: " if exp.source else ""
             raise ConfigError(
-                f"sweep.grid: the points {setting_label(_encoded(points[setting_hash]))} and {setting_label(_encoded(settings))} are the same run"
+                f"{where}sweep.grid: the points {setting_label(_encoded(points[setting_hash]))} and {setting_label(_encoded(settings))} are the same run"
             )
         points[setting_hash] = settings
         for seed in exp.sweep.seeds:
