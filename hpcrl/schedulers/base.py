@@ -108,6 +108,7 @@ class Scheduler(ABC):
 
     def recover(self) -> None:
         """Settle what a dead predecessor left before a sweep looks at the jobs. Clusters own their jobs; the local backend overrides this."""
+        return None
 
     def start(self, experiment_dir: Path, detach: bool) -> int:
         """Called after every stage is submitted. Clusters run on their own; the local backend works here."""
