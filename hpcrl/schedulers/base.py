@@ -21,6 +21,8 @@ REQUEUE_EXIT = 99
 
 # The states `hpcrl status` shows, from any scheduler.
 PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = "pending", "running", "done", "failed", "cancelled", "unknown"
+ORPHANED = "running (orphaned)"
+"""A local task still running after its runner died: `hpcrl cancel` or the next sweep ends it."""
 
 
 @dataclass
