@@ -203,6 +203,20 @@ def submit_experiment(
     plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0])
     provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
     rollback = _Rollback(root)
+    try:
+        return _sweep_locked(exp, scheduler, runs, provenance, rollback, detach, out, cwd)
+    except ConfigError:
+        if rollback.created:  # a damaged file found on the way: a new experiment leaves nothing behind
+            rollback.undo()
+        raise
+
+
+def _sweep_locked(
+    exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], provenance: dict[str, Any], rollback: _Rollback,
+    detach: bool, out: IO[str] | None, cwd: Path | None,
+) -> int:
+    """The part of a sweep that holds the experiment's sweep lock: from reading jobs.json to writing it."""
+    root = exp.dir
     with sweep_lock(root):
         scheduler.recover()
         runs = sweep.merge_runs(root, runs)
@@ -211,6 +225,7 @@ def submit_experiment(
         in_flight = set().union(*active.values()) if active else set()
         states = {r.index: run_state(sweep.run_dir(root, r.run_id)) for r in runs}
         todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
+        # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
         eval_todo = [
             r.index for r in runs
             if states[r.index] == "done" and eval_state(sweep.run_dir(root, r.run_id)) in ("new", "failed") and r.index not in in_flight
@@ -219,15 +234,19 @@ def submit_experiment(
         sweep.write_experiment(exp, runs, provenance)
         if not todo and not eval_todo:
             print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
-            return scheduler.start(root, detach) if scheduler.name == "local" and in_flight else 0
-        attempt = max((j.attempt for j in jobs), default=-1) + 1
-        new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo), attempt, jobs, rollback)
-    what = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
-    print(
-        f"{root}: submitted {what} to {scheduler.name} ({skipped_done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: "
-        + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs),
-        file=out,
-    )
+            if scheduler.name != "local" or not in_flight:
+                return 0
+        else:
+            attempt = max((j.attempt for j in jobs), default=-1) + 1
+            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo), attempt, jobs, rollback)
+            what = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
+            print(
+                f"{root}: submitted {what} to {scheduler.name} ({skipped_done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: "
+                + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs),
+                file=out,
+            )
+        if detach:  # inside the lock: the next sweep must find the runner alive, not its jobs to settle
+            return scheduler.start(root, detach)
     return scheduler.start(root, detach)
 
 
