@@ -314,6 +314,7 @@ class LocalRunner:
         self.dir = experiment_dir
         self.progress = Progress(progress)
         self.free_gpus = [str(i) for i in range(gpu_count())]
+        self.machine_gpus = len(self.free_gpus)
         self.state = read_state(experiment_dir)
         self.stopping = False
         self.pool = 1
@@ -346,20 +347,20 @@ class LocalRunner:
                 return False
         return True
 
-    @staticmethod
-    def _gpus(job: dict) -> int:
-        """GPUs a task of this job takes, as planned (jobs.json)."""
-        return int(job.get("resources", {}).get("gpus", 0))
+    def _gpus(self, job: dict) -> int:
+        """GPUs a task of this job takes: as planned (jobs.json), at most what the machine has, and
+        none on a machine without GPUs (the task then runs on the CPU)."""
+        return min(int(job.get("resources", {}).get("gpus", 0)), self.machine_gpus)
 
     def _launch(self, job: dict, task: int) -> _Task:
         stage = job["stage"]
         gpus = self._gpus(job)
         t = _Task(job["job_id"], task, stage, self.dir / job["script"], gpus)
         env = dict(os.environ, HPCRL_TASK_ID=str(task), HPCRL_LOCAL_TASK=task_tag(self.dir, job["job_id"], task))
-        if gpus and self.free_gpus:
+        if gpus:
             t.devices, self.free_gpus = tuple(self.free_gpus[:gpus]), self.free_gpus[gpus:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(t.devices)
-        elif self.free_gpus or gpus:
+        elif self.machine_gpus or job.get("resources", {}).get("gpus"):  # no GPU for this task: hide them all
             env["CUDA_VISIBLE_DEVICES"] = ""
         suffix = f".{task}" if job["size"] else ""
         t.log = (self.dir / "jobs" / "logs" / f"{job['job_id']}{suffix}.out").open("a")
@@ -413,7 +414,7 @@ class LocalRunner:
                         if len(running) >= self.pool:
                             break
                         gpus = self._gpus(job)
-                        if s["state"] != PENDING or not self._ready(job, task) or (self.free_gpus and gpus > len(self.free_gpus)):
+                        if s["state"] != PENDING or not self._ready(job, task) or gpus > len(self.free_gpus):
                             continue
                         running.append(self._launch(job, task))
                 still = []
