@@ -231,12 +231,20 @@ class LocalScheduler(Scheduler):
 
 
 def follow(experiment_dir: Path) -> int:
-    """Wait for another process's runner, showing the same progress line."""
+    """Wait for another process's runner, showing the same progress line: of the jobs that had work
+    left while following, as the runner's own line (an earlier attempt's failures are history)."""
     progress = Progress(sys.stdout)
+    watched: set[str] = set()
+
+    def current() -> dict:
+        jobs = read_state(experiment_dir)["jobs"]
+        watched.update(j for j, tasks in jobs.items() if any(s["state"] in (PENDING, RUNNING) for s in tasks.values()))
+        return {j: t for j, t in jobs.items() if j in watched}
+
     while runner_alive(experiment_dir):
-        progress.show(read_state(experiment_dir)["jobs"])
+        progress.show(current())
         time.sleep(1)
-    progress.close(read_state(experiment_dir)["jobs"])
+    progress.close(current())
     return 0
 
 
