@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import hpcrl
-from hpcrl.config import Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
+from hpcrl.config import ConfigError, Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
 from hpcrl.schedulers.base import REQUEUE_EXIT, Scheduler
 
 AGGREGATE_MEM = "2G"
@@ -88,12 +88,21 @@ def stage_resources(exp: Experiment, stage: str) -> StageResources:
         gpus, cpus, mem, time = 0, res.cpus, image.build_mem, image.build_time
     else:
         raise ValueError(f"unknown stage {stage!r}")
+    _check_counts({"gpus": gpus, "cpus": cpus, "signal_seconds": res.signal_seconds, "max_concurrent": max_concurrent})
     time_s = parse_time_s(time)
     return StageResources(
         gpus=gpus, cpus=cpus, mem_mb=parse_mem_mb(mem), time=format_time(time_s),
         soft_time=format_time(max(1, time_s - res.signal_seconds)), signal_seconds=res.signal_seconds,
         max_concurrent=max_concurrent, **site, **placement,
     )
+
+
+def _check_counts(counts: dict[str, Any]) -> None:
+    """Counts reach directive lines and arithmetic: an Experiment built past config validation (the
+    Python API) must not bring a string there. Config validation names the same keys first."""
+    for key, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"resources.{key}: expected an integer, got {value!r}")
 
 
 def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
