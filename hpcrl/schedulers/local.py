@@ -409,10 +409,9 @@ class LocalRunner:
         self.state["runner_pid"] = os.getpid()
         running: list[_Task] = []
         try:
-            jobs = self._load_jobs()
-            self.pool = pool_size(jobs, os.cpu_count() or 1)
             while True:
                 jobs = self._load_jobs()
+                self.pool = pool_size(jobs, os.cpu_count() or 1)
                 if self.stopping:
                     break
                 # Later stages first: a finished train task's eval beats starting another run.
@@ -450,19 +449,12 @@ class LocalRunner:
         return 130 if self.stopping else (1 if failed else 0)
 
     def _shutdown(self, running: list[_Task]) -> None:
-        """Ask each task to checkpoint (SIGTERM reaches the trainer through the job script's trap)."""
-        for t in running:
-            if t.proc and t.proc.poll() is None:
-                os.killpg(t.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_S
+        """Ask each task to checkpoint (SIGTERM reaches the trainer through the job script's trap),
+        SIGKILL what remains of its process group after the grace, then reap and record each task."""
+        end_groups([(t.proc.pid, task_tag(self.dir, t.job_id, t.task)) for t in running if t.proc])
         for t in running:
             assert t.proc is not None
-            try:
-                t.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(t.proc.pid, signal.SIGKILL)
-                t.proc.wait()
-            self._finish(t, t.proc.returncode)
+            self._finish(t, t.proc.wait())
         for tasks in self.state["jobs"].values():
             for s in tasks.values():
                 if s["state"] == PENDING:
