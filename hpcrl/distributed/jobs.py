@@ -3,7 +3,7 @@
     learner-A-C.sh   array, one task per run (manifest A-C.tasks), the GPUs of `resources`, requeued
     actors-A-C.sh    array, runs x actors tasks (manifest A-C.actors.tasks), CPU only, requeued
     eval-A-C.sh      eval task i after learner task i, as for `train`
-    aggregate-A.sh   after every eval array, whatever its outcome
+    aggregate-A.sh   after every eval array, whatever its outcome (added by pipeline.plan_scripts)
 
 The actors' manifest repeats each run index once per actor, run by run, so the k-th line that
 names run r is actor k of run r: the file alone maps a task to (run, actor), and every reader of
