@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from hpcrl.config import load_experiment
-from hpcrl.pipeline import job_context, read_jobs, submit_experiment
+from hpcrl.jobplan import job_context
+from hpcrl.pipeline import read_jobs, submit_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Dependency, Scheduler
 from hpcrl.status import experiment_status

@@ -165,7 +165,22 @@ def _check_section(section: _Section, earlier_stages: set[str]) -> list[Problem]
         problems += _check_files_lines(section)
     if name in ("labels", "applabels"):
         problems += _check_label_lines(section)
+    if name in ("test", "apptest"):
+        problems += _check_test_stops_on_error(section)
     return problems
+
+
+_SET_E = re.compile(r"^\s*set\s+-[a-zA-Z]*e")
+
+
+def _check_test_stops_on_error(section: _Section) -> list[Problem]:
+    """Apptainer runs `%test` with /bin/sh and no `-e`: only the last command's status counts, so a
+    failed `import habitat_sim` before a passing `hpcrl --help` would pass the build. A test of more
+    than one command must start with `set -e`."""
+    commands = [(n, raw) for n, raw in section.body if raw.strip() and not raw.strip().startswith("#")]
+    if len(commands) > 1 and not _SET_E.match(commands[0][1]):
+        return [Problem(commands[0][0], f"'%{section.name}' runs under sh without -e, so only its last command counts: start it with 'set -e'")]
+    return []
 
 
 def _misplaced_headers(section: _Section) -> list[Problem]:

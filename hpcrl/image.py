@@ -37,7 +37,7 @@ from hpcrl import templates
 from hpcrl.config import ConfigError, Experiment, ImageConfig, load_experiment
 from hpcrl.defcheck import check_def, files_entries
 from hpcrl.io import atomic_write_text
-from hpcrl.pipeline import job_context
+from hpcrl.jobplan import job_context
 from hpcrl.schedulers import detect, get_scheduler
 from hpcrl.schedulers.base import SchedulerError
 
@@ -441,13 +441,8 @@ def submit_build(exp: Experiment, p: Plan, job_argv: list[str], scheduler_name: 
         raise ConfigError("--submit: no cluster scheduler here (no sbatch or qsub on PATH); without --submit the image builds on this machine")
     jobs_dir = p.image.parent / "jobs"
     scheduler = get_scheduler(scheduler_name, jobs_dir)
-    cfg = exp.image or ImageConfig()
-    host_exp = dataclasses.replace(
-        exp,
-        container=dataclasses.replace(exp.container, image=None),
-        resources=dataclasses.replace(exp.resources, mem=cfg.build_mem),
-    )
-    context = job_context(host_exp, "build-image", job_argv, 0, jobs_dir / "logs", gpus=0, time=cfg.build_time)
+    host_exp = dataclasses.replace(exp, container=dataclasses.replace(exp.container, image=None))
+    context = job_context(host_exp, "build-image", job_argv, 0, jobs_dir / "logs")
     text = scheduler.render(context)
     script = jobs_dir / f"build-{p.image.name.removesuffix('.sif')}.sh"
     if dry_run:

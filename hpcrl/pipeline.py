@@ -1,85 +1,35 @@
-"""The stage graph: train -> eval -> aggregate, rendered and submitted as one array job per stage.
+"""`hpcrl sweep`: the stage graph train -> eval -> aggregate, planned (jobplan.py), written and submitted.
 
 Eval task i waits for train task i; the aggregate waits for every eval task whatever its outcome.
-Arrays larger than the cluster allows are split into chunks, and each chunk has a manifest (line i
-is the run index of array task i), which is also how a retry resubmits an arbitrary set of runs as
-one contiguous array on every scheduler.
+One sweep of an experiment runs at a time (a lock on jobs/sweep.lock, held from reading jobs.json
+to writing it); a second one refuses with one line and exit 1, since nothing is wrong with its
+input. Every script is rendered before anything is written, so a value a directive cannot carry
+(jobplan's templates refuse it) leaves nothing behind; and when the scheduler refuses the first
+job, what this sweep wrote is rolled back, so a typo in a partition leaves no half experiment.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
-import re
+import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-import hpcrl
 from hpcrl import sweep
-from hpcrl.config import ConfigError, Experiment, format_time, parse_mem_mb, parse_time_s
+from hpcrl.config import ConfigError, Experiment
+from hpcrl.distributed.jobs import plan_distributed
+from hpcrl.image import image_path_for
 from hpcrl.io import atomic_write_text
-from hpcrl.markers import run_state
-from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import REQUEUE_EXIT, Dependency, Job, Scheduler
-
-STAGES = ("train", "eval", "aggregate")
-_DIRECTIVE_SAFE = re.compile(r"[A-Za-z0-9._/+,=@~-]+")
-
-
-def job_context(
-    exp: Experiment,
-    stage: str,
-    argv: list[str],
-    array: int,
-    log_dir: Path,
-    *,
-    requeue: bool = False,
-    gpus: int | None = None,
-    cpus: int | None = None,
-    mem: str | None = None,
-    time: str | None = None,
-) -> dict[str, Any]:
-    """Everything a job template may use. The templates decide layout; this decides values."""
-    res = exp.resources
-    time_s = parse_time_s(time or res.time)
-    container = dataclasses.asdict(exp.container)
-    if exp.container.image:
-        # The job writes into the experiment directory: make sure the container can see it.
-        exp_dir = str(exp.dir.resolve())
-        if exp_dir not in container["binds"]:
-            container["binds"] = [*container["binds"], exp_dir]
-    return {
-        "experiment_name": exp.name,
-        "hpcrl_version": hpcrl.__version__,
-        "stage": stage,
-        "job_name": f"{exp.name}-{stage}",
-        "log_dir": str(log_dir),
-        "array": array,
-        "max_concurrent": res.max_concurrent,
-        "requeue": requeue,
-        "requeue_exit": REQUEUE_EXIT,
-        "res": {
-            **dataclasses.asdict(res),
-            "gpus": res.gpus if gpus is None else gpus,
-            "cpus": res.cpus if cpus is None else cpus,
-            "mem_mb": parse_mem_mb(mem or res.mem),
-            "time": format_time(time_s),
-            "soft_time": format_time(max(1, time_s - res.signal_seconds)),
-        },
-        "cuda": dataclasses.asdict(exp.cuda),
-        "container": container,
-        "python": exp.python or sys.executable,
-        "argv": argv,
-    }
-
-
-def check_directive_safe(exp: Experiment) -> None:
-    """Paths and names end up in #SBATCH / #$ lines, which no shell quoting protects."""
-    path = str(exp.dir.resolve())
-    if not _DIRECTIVE_SAFE.fullmatch(path):
-        raise ConfigError(f"output: the experiment directory {path!r} has characters that job directives cannot carry")
+from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_train
+from hpcrl.markers import eval_state, run_state
+from hpcrl.schedulers import detect_with_reason, get_scheduler
+from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
 
 
 def resolved_image(exp: Experiment) -> str | None:
@@ -88,8 +38,6 @@ def resolved_image(exp: Experiment) -> str | None:
     if exp.container.image:
         return exp.container.image
     if exp.image is not None:
-        from hpcrl.image import image_path_for  # image.py renders jobs through this module
-
         return str(image_path_for(exp))
     return None
 
@@ -114,19 +62,27 @@ def image_provenance(exp: Experiment) -> dict[str, Any]:
 # jobs/jobs.json
 
 
+def jobs_path(experiment_dir: Path) -> Path:
+    return experiment_dir / "jobs" / "jobs.json"
+
+
 def read_jobs(experiment_dir: Path) -> list[Job]:
-    path = experiment_dir / "jobs" / "jobs.json"
+    """The jobs submitted so far; a damaged file is a one-line ConfigError naming it, never a traceback."""
+    path = jobs_path(experiment_dir)
     if not path.exists():
         return []
-    jobs = []
-    for item in json.loads(path.read_text()):
-        item["after"] = [Dependency(**d) for d in item.get("after", [])]
-        jobs.append(Job(**item))
-    return jobs
+    try:
+        jobs = []
+        for item in json.loads(path.read_text()):
+            item["after"] = [Dependency(**d) for d in item.get("after", [])]
+            jobs.append(Job(**item))
+        return jobs
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"{path}: damaged ({type(exc).__name__}: {str(exc)[:80]}); restore it, or move it away to forget the jobs it lists") from None
 
 
 def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
-    atomic_write_text(experiment_dir / "jobs" / "jobs.json", json.dumps([dataclasses.asdict(j) for j in jobs], indent=1))
+    atomic_write_text(jobs_path(experiment_dir), json.dumps([dataclasses.asdict(j) for j in jobs], indent=1))
 
 
 def manifest_runs(experiment_dir: Path, job: Job) -> list[int]:
@@ -136,74 +92,92 @@ def manifest_runs(experiment_dir: Path, job: Job) -> list[int]:
     return [int(line) for line in (experiment_dir / job.manifest).read_text().split()]
 
 
-def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> set[int]:
-    """Runs whose train or eval task is still pending or running: they must not be submitted twice."""
+def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> dict[str, set[int]]:
+    """Stage -> runs whose task of that stage is still pending or running: they must not be submitted twice."""
     relevant = [j for j in jobs if j.manifest and j.scheduler == scheduler.name]
+    active: dict[str, set[int]] = {}
     if not relevant:
-        return set()
+        return active
     states = scheduler.query([j.job_id for j in relevant])
-    active = set()
     for job in relevant:
         tasks = states.get(job.job_id, {})
         for task, run_index in enumerate(manifest_runs(experiment_dir, job), start=1):
             if tasks.get(task) in ("pending", "running"):
-                active.add(run_index)
+                active.setdefault(job.stage, set()).add(run_index)
     return active
+
+
+@contextmanager
+def sweep_lock(experiment_dir: Path) -> Iterator[None]:
+    """One `hpcrl sweep` of an experiment at a time: two would submit everything twice and jobs.json
+    would keep one set only. Held until jobs.json is written; the second sweep refuses at once."""
+    path = experiment_dir / "jobs" / "sweep.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SchedulerError(f"{experiment_dir}: another `hpcrl sweep` of this experiment is submitting; run this one when it has finished") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------
 # Submission.
 
 
-def chunks(items: list[int], size: int) -> list[list[int]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def plan_scripts(
+    exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None, eval_todo: list[int] | None = None
+) -> list[PlannedJob]:
+    """Every script of one submission: training (or learner and actors) with its evals, eval-only
+    work for trained runs whose evaluation is missing, and the aggregate after all of them."""
+    planner = plan_distributed if exp.distributed is not None else plan_train
+    out, evals = planner(exp, scheduler, todo, attempt, cwd) if todo else ([], [])
+    if eval_todo:
+        extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd)
+        out, evals = out + extra, evals + more
+    return [*out, plan_aggregate(exp, scheduler, attempt, evals, cwd)]
 
 
-@dataclasses.dataclass
-class PlannedJob:
-    stage: str
-    script: str
-    """Path of the script relative to the experiment directory."""
-    manifest: str | None
-    runs: list[int]
-    """Run indices of the array tasks, in task order (empty for the aggregate)."""
-    text: str
-    after: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    """Dependencies as (script of an earlier planned job, kind); submission turns scripts into job ids."""
+class _Rollback:
+    """What a sweep writes before its first job is accepted, and how to take it back."""
+
+    FILES = ("experiment.yaml", "runs.csv")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.created = not root.exists()
+        self.files = {name: (root / name).read_bytes() if (root / name).exists() else None for name in self.FILES}
+        runs = root / "runs"
+        self.run_dirs = {p.name for p in runs.iterdir()} if runs.is_dir() else set()
+        self.written: list[Path] = []
+
+    def undo(self) -> None:
+        if self.created:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        for name, data in self.files.items():
+            if data is None:
+                (self.root / name).unlink(missing_ok=True)
+            else:
+                atomic_write_text(self.root / name, data.decode())
+        runs = self.root / "runs"
+        for path in runs.iterdir() if runs.is_dir() else []:
+            if path.name not in self.run_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+        for path in self.written:
+            path.unlink(missing_ok=True)
 
 
-def plan_eval(exp: Experiment, scheduler: Scheduler, script: str, manifest: str, part: list[int], trainer: str, cwd: Path | None) -> PlannedJob:
-    """Eval task i after task i of the job that trains (train, or a distributed learner)."""
-    root = exp.dir.resolve()
-    argv = ["eval", str(root), "--manifest", manifest]
-    ctx = job_context(exp, "eval", argv, len(part), root / "jobs" / "logs", gpus=exp.eval.gpus, time=exp.resources.eval_time)
-    return PlannedJob("eval", script, manifest, part, scheduler.render(ctx, cwd), after=[(trainer, "each")])
-
-
-def plan_aggregate(exp: Experiment, scheduler: Scheduler, attempt: int, evals: list[str], cwd: Path | None) -> PlannedJob:
-    """`hpcrl collect` once every eval job has ended, whatever their outcome."""
-    root = exp.dir.resolve()
-    ctx = job_context(exp, "aggregate", ["collect", str(root)], 0, root / "jobs" / "logs", gpus=0, cpus=1, time=exp.resources.eval_time)
-    return PlannedJob("aggregate", f"jobs/aggregate-{attempt}.sh", None, [], scheduler.render(ctx, cwd), after=[(e, "all") for e in evals])
-
-
-def plan_scripts(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> list[PlannedJob]:
-    """Render the scripts of one submission, chunk by chunk, aggregate last."""
-    if exp.distributed is not None:
-        from hpcrl.distributed.jobs import plan_distributed
-
-        return plan_distributed(exp, scheduler, todo, attempt, cwd)
-    root = exp.dir.resolve()
-    out = []
-    evals = []
-    for c, part in enumerate(chunks(todo, scheduler.max_array_size())):
-        manifest, train = f"jobs/{attempt}-{c}.tasks", f"jobs/train-{attempt}-{c}.sh"
-        ctx = job_context(exp, "train", ["train", str(root), "--manifest", manifest], len(part), root / "jobs" / "logs", requeue=True)
-        out.append(PlannedJob("train", train, manifest, part, scheduler.render(ctx, cwd)))
-        evals.append(f"jobs/eval-{attempt}-{c}.sh")
-        out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, train, cwd))
-    out.append(plan_aggregate(exp, scheduler, attempt, evals, cwd))
-    return out
+def print_dry_run(exp: Experiment, scheduler: Scheduler, n_runs: int, out: IO[str] | None, cwd: Path | None) -> int:
+    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd):
+        size = len(planned.runs)
+        print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
+        print(planned.text, file=out)
+    print(f"# dry run: {n_runs} runs, nothing written, nothing submitted", file=out)
+    return 0
 
 
 def submit_experiment(
@@ -212,53 +186,92 @@ def submit_experiment(
     *,
     dry_run: bool = False,
     detach: bool = False,
-    out=None,
+    out: IO[str] | None = None,
     cwd: Path | None = None,
 ) -> int:
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
     root = exp.dir
+    if scheduler_name == "auto":
+        scheduler_name, why = detect_with_reason()
+        print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
     scheduler = get_scheduler(scheduler_name, root)
     exp.container.image = resolved_image(exp)
     runs = sweep.expand(exp)
-    if scheduler.name != "local":
-        check_directive_safe(exp)
     if dry_run:
-        for planned in plan_scripts(exp, scheduler, [r.index for r in runs], 0, cwd):
-            size = len(planned.runs)
-            print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
-            print(planned.text, file=out)
-        print(f"# dry run: {len(runs)} runs, nothing written, nothing submitted", file=out)
-        return 0
+        return print_dry_run(exp, scheduler, len(runs), out, cwd)
+    # Every template renders before anything is written: a refused directive value leaves nothing.
+    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0])
     provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
-    runs = sweep.merge_runs(root, runs)
-    jobs = read_jobs(root)
-    active = active_runs(root, scheduler, jobs)
-    sweep.write_experiment(exp, runs, provenance)
-    todo = [r.index for r in runs if run_state(sweep.run_dir(root, r.run_id)) != "done" and r.index not in active]
-    skipped_done = sum(1 for r in runs if run_state(sweep.run_dir(root, r.run_id)) == "done")
-    if not todo:
-        print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
-        return scheduler.start(root, detach) if scheduler.name == "local" and active else 0
-    attempt = max((j.attempt for j in jobs), default=-1) + 1
+    rollback = _Rollback(root)
+    try:
+        return _sweep_locked(exp, scheduler, runs, provenance, rollback, detach, out, cwd)
+    except ConfigError:
+        if rollback.created:  # a damaged file found on the way: a new experiment leaves nothing behind
+            rollback.undo()
+        raise
+
+
+def _sweep_locked(
+    exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], provenance: dict[str, Any], rollback: _Rollback,
+    detach: bool, out: IO[str] | None, cwd: Path | None,
+) -> int:
+    """The part of a sweep that holds the experiment's sweep lock: from reading jobs.json to writing it."""
+    root = exp.dir
+    with sweep_lock(root):
+        scheduler.recover()
+        runs = sweep.merge_runs(root, runs)
+        jobs = read_jobs(root)
+        active = active_runs(root, scheduler, jobs)
+        in_flight = set().union(*active.values()) if active else set()
+        states = {r.index: run_state(sweep.run_dir(root, r.run_id)) for r in runs}
+        todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
+        # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
+        eval_todo = [
+            r.index for r in runs
+            if states[r.index] == "done" and eval_state(sweep.run_dir(root, r.run_id)) in ("new", "failed") and r.index not in in_flight
+        ]
+        skipped_done = sum(1 for s in states.values() if s == "done")
+        sweep.write_experiment(exp, runs, provenance)
+        if not todo and not eval_todo:
+            print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
+            if scheduler.name != "local" or not in_flight:
+                return 0
+        else:
+            attempt = max((j.attempt for j in jobs), default=-1) + 1
+            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo), attempt, jobs, rollback)
+            what = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
+            print(
+                f"{root}: submitted {what} to {scheduler.name} ({skipped_done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: "
+                + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs),
+                file=out,
+            )
+        if detach:  # inside the lock: the next sweep must find the runner alive, not its jobs to settle
+            return scheduler.start(root, detach)
+    return scheduler.start(root, detach)
+
+
+def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob], attempt: int, jobs: list[Job], rollback: _Rollback) -> list[Job]:
+    """Write and submit each planned job in order; jobs.json is rewritten after every accepted one."""
+    root = exp.dir
     (root / "jobs" / "logs").mkdir(parents=True, exist_ok=True)
     script_ids: dict[str, str] = {}
-    new_jobs = []
-    for planned in plan_scripts(exp, scheduler, todo, attempt, cwd):
-        stage, manifest = planned.stage, planned.manifest
+    new_jobs: list[Job] = []
+    for planned in planned_jobs:
         script = root / planned.script
-        if manifest:
-            atomic_write_text(root / manifest, "".join(f"{i}\n" for i in planned.runs))
+        if planned.manifest:
+            atomic_write_text(root / planned.manifest, "".join(f"{i}\n" for i in planned.runs))
+            rollback.written.append(root / planned.manifest)
         atomic_write_text(script, planned.text)
+        rollback.written.append(script)
         script.chmod(0o755)
-        after = [Dependency(script_ids[s], kind) for s, kind in planned.after]
-        job_id = scheduler.submit(script, len(planned.runs), after)
+        after = [Dependency(script_ids[s], kind) for s, kind in planned.after]  # type: ignore[arg-type]
+        try:
+            job_id = scheduler.submit(script, len(planned.runs), after)
+        except SchedulerError:
+            if not new_jobs:  # nothing accepted: leave the experiment as it was before this sweep
+                rollback.undo()
+            raise
         script_ids[planned.script] = job_id
-        new_jobs.append(Job(stage, job_id, scheduler.name, planned.script, len(planned.runs), manifest, after, attempt))
+        new_jobs.append(Job(planned.stage, job_id, scheduler.name, planned.script, len(planned.runs), planned.manifest, after, attempt, planned.resources.as_dict()))
         write_jobs(root, jobs + new_jobs)  # after every submission: a crash half-way still leaves a record
-    print(
-        f"{root}: submitted {len(todo)} of {len(runs)} runs to {scheduler.name} "
-        f"({skipped_done} done, {len(active)} in flight) as {len(new_jobs)} jobs: "
-        + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs),
-        file=out,
-    )
-    return scheduler.start(root, detach)
+    return new_jobs

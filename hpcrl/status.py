@@ -15,7 +15,7 @@ from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
 from hpcrl.pipeline import manifest_runs, read_jobs
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import CANCELLED, PENDING, RUNNING, SchedulerError
+from hpcrl.schedulers.base import CANCELLED, ORPHANED, PENDING, RUNNING, SchedulerError
 
 
 @dataclass
@@ -86,7 +86,7 @@ def merge(marker_state: str, sched: str | None) -> str:
     """Markers are the truth for finished work; the scheduler knows about waiting and running."""
     if marker_state in ("done", "failed", "skipped"):
         return marker_state
-    if sched in (PENDING, RUNNING, CANCELLED):
+    if sched in (PENDING, RUNNING, ORPHANED, CANCELLED):
         return sched
     if sched is None:
         return "not submitted"

@@ -2,8 +2,11 @@
 
 Templates are files a user can read, copy and override: a `job_templates/` (or `singularity/`)
 directory in the working directory wins over the bundled copy. StrictUndefined turns a typo in a
-template into an error at render time instead of an empty string in a job script, and `shquote`
-is the one way a value reaches a shell.
+template into an error at render time instead of an empty string in a job script. `shquote` is
+the one way a value reaches a shell; `directive` (one token) and `directive_line` (a raw line)
+are the one way a value reaches a scheduler directive (`#SBATCH`, `#$`), and refuse what it
+cannot carry (hpcrl.directives). A refusal at render time is a ConfigError naming the template,
+so `hpcrl sweep` exits 2 with one line before it writes anything.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+
+from hpcrl.config import ConfigError
+from hpcrl.directives import DirectiveError, directive_line, directive_word
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -54,8 +60,24 @@ def environment(kind: str, cwd: Path | None = None) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["shquote"] = shquote
+    env.filters["directive"] = directive_word
+    env.filters["directive_line"] = directive_line
     return env
 
 
 def render(kind: str, name: str, context: dict[str, Any], cwd: Path | None = None) -> str:
-    return environment(kind, cwd).get_template(name).render(**context)
+    template = environment(kind, cwd).get_template(name)
+    try:
+        return template.render(**context)
+    except DirectiveError as exc:
+        raise ConfigError(f"{template.filename}{_template_line(exc, template.filename)}: {exc}") from None
+
+
+def _template_line(exc: BaseException, filename: str | None) -> str:
+    """`, line N` of the template line that raised (Jinja rewrites tracebacks to point at it), or ''."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f", line {line}" if line else ""

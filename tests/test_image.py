@@ -12,6 +12,7 @@ import inspect
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -587,3 +588,44 @@ def test_cli_dry_run(project: Path, capsys) -> None:
     assert main(["build-image", "exp.yaml", "--dry-run", "-p", "image.python=3.12"]) == 0
     text = capsys.readouterr().out
     assert check_def(text) == [] and "python=3.12" in text
+
+
+# --------------------------------------------------------------------------------------------
+# %test stops at the first failure (issue 12 item 18).
+
+
+def section_body(text: str, name: str = "test") -> str:
+    """The body of one section of a definition, as Apptainer hands it to sh."""
+    body, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("%"):
+            inside = line.split()[0] == f"%{name}"
+            continue
+        if inside:
+            body.append(line)
+    return "\n".join(body)
+
+
+def test_rendered_test_section_fails_on_a_failed_import_under_sh(tmp_path: Path, monkeypatch) -> None:
+    """Run the rendered %test as Apptainer does (sh, no -e), with the image's python failing its import
+    (what a broken habitat_sim does) and an `hpcrl` that passes: the test section must fail."""
+    monkeypatch.chdir(ROOT)
+    text = image.render_definition(load_experiment(habitat_config())).text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named habitat_sim' >&2\nexit 1\n")
+    (bin_dir / "hpcrl").write_text(f"#!/bin/sh\ntouch {tmp_path}/hpcrl-ran\n")
+    (bin_dir / "redis-server").write_text("#!/bin/sh\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    body = section_body(text).replace(f"{image.PREFIX}/bin/python", str(bin_dir / "python"))
+    proc = subprocess.run(["sh", "-c", body], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and not (tmp_path / "hpcrl-ran").exists(), proc.stderr
+
+
+def test_checker_refuses_a_test_section_without_set_e() -> None:
+    text = "Bootstrap: docker\nFrom: debian\n%test\n    python -c 'import habitat_sim'\n    hpcrl --help\n"
+    (problem,) = check_def(text)
+    assert problem.line == 4 and "set -e" in problem.message
+    assert check_def(text.replace("%test\n", "%test\n    set -eu\n")) == []
+    assert check_def("Bootstrap: docker\nFrom: debian\n%test\n    hpcrl --help\n") == []  # one command: its status is the test's

@@ -12,7 +12,8 @@ import pytest
 from factories import write_config
 
 from hpcrl.config import load_experiment
-from hpcrl.pipeline import job_context, plan_scripts
+from hpcrl.jobplan import job_context
+from hpcrl.pipeline import plan_scripts
 from hpcrl.schedulers import get_scheduler
 from hpcrl.templates import render
 
@@ -31,14 +32,21 @@ def rendered(config: Path, scheduler: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("config,scheduler", [("habitat_ppo", "sge"), ("habitat_ppo", "slurm"), ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm")])
 def test_golden_scripts(config: str, scheduler: str) -> None:
-    """Any change to a rendered script is deliberate: regenerate with HPCRL_UPDATE_GOLDEN=1 and review the diff."""
-    for name, text in rendered(REPO / "configs" / f"{config}.yaml", scheduler).items():
-        golden = GOLDEN / f"{config}.{scheduler}.{name}"
+    """Any change to a rendered script is deliberate: regenerate with HPCRL_UPDATE_GOLDEN=1 and review the diff.
+    The set of scripts is compared too: a stage that is no longer planned (or a new one) is noticed."""
+    scripts = rendered(REPO / "configs" / f"{config}.yaml", scheduler)
+    prefix = f"{config}.{scheduler}."
+    if os.environ.get("HPCRL_UPDATE_GOLDEN"):
+        for stale in GOLDEN.glob(prefix + "*"):
+            stale.unlink()
+    for name, text in scripts.items():
+        golden = GOLDEN / f"{prefix}{name}"
         if os.environ.get("HPCRL_UPDATE_GOLDEN"):
             golden.parent.mkdir(parents=True, exist_ok=True)
             golden.write_text(text)
         assert text == golden.read_text(), f"{golden.name} differs from the rendered script"
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    assert sorted(prefix + name for name in scripts) == sorted(p.name for p in GOLDEN.glob(prefix + "*"))
 
 
 def test_habitat_scripts_carry_what_the_cluster_needs() -> None:
@@ -76,6 +84,9 @@ def test_config_values_never_execute_in_job_scripts(tmp_path: Path) -> None:
     # A stand-in for the container runtime (none exists on this machine): it records its argv.
     (standin_dir / "singularity").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {argv_log}\nprintenv > {tmp_path}/env.txt\n')
     (standin_dir / "singularity").chmod(0o755)
+    # A stand-in for environment modules that loads anything: the poisoned module name must pass through it.
+    (standin_dir / "module").write_text("#!/bin/bash\nexit 0\n")
+    (standin_dir / "module").chmod(0o755)
     image = tmp_path / f"img {poison}.sif"
     config = write_config(
         tmp_path,
@@ -115,3 +126,25 @@ def test_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --array=1-2%2" in proc.stdout and "aftercorr" not in proc.stdout
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_module_that_does_not_load_stops_the_job(tmp_path: Path) -> None:
+    """Issue 12 item 18: `module load` failing (site without that module) must not run hpcrl without CUDA."""
+    standin_dir = tmp_path / "bin"
+    standin_dir.mkdir()
+    ran = tmp_path / "python-ran"
+    (standin_dir / "module").write_text('#!/bin/bash\necho "ERROR: Unable to locate a modulefile for $2" >&2\nexit 1\n')
+    (standin_dir / "python").write_text(f"#!/bin/bash\ntouch {ran}\n")
+    for name in ("module", "python"):
+        (standin_dir / name).chmod(0o755)
+    config = write_config(tmp_path, {"cuda": {"modules": ["cuda/12.1", "cudnn/9"]}, "python": str(standin_dir / "python")})
+    exp = load_experiment(config)
+    script = render("job_templates", "local.sh.j2", {"scheduler": "local", **job_context(exp, "train", ["train", "x"], 0, tmp_path)})
+    env = {"PATH": f"{standin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and not ran.exists()
+    assert "module load cuda/12.1 failed" in proc.stderr and "cudnn" not in proc.stderr
+    # With modules that load, the same script runs hpcrl: the check stops only on failure.
+    (standin_dir / "module").write_text("#!/bin/bash\nexit 0\n")
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and ran.exists(), proc.stderr

@@ -16,7 +16,7 @@ from hpcrl.schedulers.base import (
     UNKNOWN,
     Dependency,
 )
-from hpcrl.schedulers.sge import parse_qstat_xml
+from hpcrl.schedulers.sge import parse_qstat_xml, qdel_refusals
 from hpcrl.schedulers.slurm import dependency_argv, parse_sacct, parse_squeue
 
 
@@ -64,3 +64,10 @@ def test_qstat_xml_tasks_ranges_and_states() -> None:
         "33": {4: FAILED},
         "34": {1: CANCELLED},
     }
+
+
+def test_qdel_of_live_and_ended_jobs_is_not_a_refusal() -> None:
+    """What SGE 8.1.9's qdel printed (exit 1) for a cancel of an experiment whose train job had ended."""
+    out = 'root has deleted job 21\nroot has deleted job 20\nroot has registered the job-array task 19.1 for deletion\ndenied: job "18" does not exist\n'
+    assert qdel_refusals(out) == []
+    assert qdel_refusals('denied: job "7" is not owned by you\n') == ['denied: job "7" is not owned by you']

@@ -3,7 +3,7 @@
     learner-A-C.sh   array, one task per run (manifest A-C.tasks), the GPUs of `resources`, requeued
     actors-A-C.sh    array, runs x actors tasks (manifest A-C.actors.tasks), CPU only, requeued
     eval-A-C.sh      eval task i after learner task i, as for `train`
-    aggregate-A.sh   after every eval array, whatever its outcome
+    aggregate-A.sh   after every eval array, whatever its outcome (added by pipeline.plan_scripts)
 
 The actors' manifest repeats each run index once per actor, run by run, so the k-th line that
 names run r is actor k of run r: the file alone maps a task to (run, actor), and every reader of
@@ -11,7 +11,7 @@ manifests (status, retries) still sees one run index per line.
 
 A learner without its actors only waits, so a run's learner and actors must be able to run at
 the same time. Chunks are therefore sized to what can: `distributed.parallel_runs`, and on the
-local executor the task pool (resources.max_concurrent) divided by 1 + actors. Chunk c's learner
+local executor its pool (`jobplan.local_slots`) divided by 1 + actors. Chunk c's learner
 and actors start after chunk c-1's learner array has ended (dependency `all`), so the runs go
 through the machine a gang at a time instead of deadlocking a full pool with learners.
 """
@@ -22,13 +22,8 @@ import os
 from pathlib import Path
 
 from hpcrl.config import ConfigError, Experiment
-from hpcrl.pipeline import PlannedJob, chunks, job_context, plan_aggregate, plan_eval
+from hpcrl.jobplan import PlannedJob, chunks, local_slots, plan_eval, plan_stage, stage_resources
 from hpcrl.schedulers.base import Scheduler
-
-
-def local_pool(exp: Experiment) -> int:
-    """Tasks the local executor runs at once (its rule: max_concurrent, else CPUs / cpus per task)."""
-    return exp.resources.max_concurrent or max(1, (os.cpu_count() or 1) // exp.resources.cpus)
 
 
 def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
@@ -38,7 +33,8 @@ def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
     if d.parallel_runs:
         size = min(size, d.parallel_runs)
     if scheduler.name == "local":
-        pool = local_pool(exp)
+        learner = stage_resources(exp, "learner")
+        pool = local_slots(learner.max_concurrent, learner.cpus, os.cpu_count() or 1)
         if pool < 1 + d.actors:
             raise ConfigError(
                 f"distributed.actors: a run needs its learner and {d.actors} actors running at once, but the local executor "
@@ -57,12 +53,11 @@ def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, 
     return int(run), lines[: task - 1].count(run)
 
 
-def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> list[PlannedJob]:
-    """The scripts of one submission (see the module docstring), with their dependencies."""
+def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> tuple[list[PlannedJob], list[str]]:
+    """The learner, actors and eval jobs of one submission (see the module docstring), and the eval scripts."""
     d = exp.distributed
     assert d is not None
     root = exp.dir.resolve()
-    log_dir = root / "jobs" / "logs"
     out: list[PlannedJob] = []
     previous_learner: str | None = None
     evals: list[str] = []
@@ -70,18 +65,12 @@ def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], att
         manifest, actors_manifest = f"jobs/{attempt}-{c}.tasks", f"jobs/{attempt}-{c}.actors.tasks"
         learner_script = f"jobs/learner-{attempt}-{c}.sh"
         gate = [(previous_learner, "all")] if previous_learner else []
-
-        ctx = job_context(exp, "learner", ["learner", str(root), "--manifest", manifest], len(part), log_dir, requeue=True)
-        out.append(PlannedJob("learner", learner_script, manifest, part, scheduler.render(ctx, cwd), after=gate))
-
-        ctx = job_context(exp, "actors", ["actor", str(root), "--manifest", actors_manifest], len(part) * d.actors, log_dir, requeue=True, gpus=0, cpus=d.actor_cpus, mem=d.actor_mem)
-        if exp.resources.max_concurrent:  # as many actors as the learners allowed to run can use
-            ctx["max_concurrent"] = exp.resources.max_concurrent * d.actors
+        argv = ["learner", str(root), "--manifest", manifest]
+        out.append(plan_stage(exp, scheduler, "learner", learner_script, manifest, part, argv, cwd, requeue=True, after=gate))
         actor_runs = [run for run in part for _ in range(d.actors)]
-        out.append(PlannedJob("actors", f"jobs/actors-{attempt}-{c}.sh", actors_manifest, actor_runs, scheduler.render(ctx, cwd), after=gate))
-
+        argv = ["actor", str(root), "--manifest", actors_manifest]
+        out.append(plan_stage(exp, scheduler, "actors", f"jobs/actors-{attempt}-{c}.sh", actors_manifest, actor_runs, argv, cwd, requeue=True, after=gate))
         evals.append(f"jobs/eval-{attempt}-{c}.sh")
         out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, learner_script, cwd))
         previous_learner = learner_script
-    out.append(plan_aggregate(exp, scheduler, attempt, evals, cwd))
-    return out
+    return out, evals

@@ -8,13 +8,18 @@ from pathlib import Path
 from hpcrl.schedulers.base import Scheduler
 
 
+def detect_with_reason() -> tuple[str, str]:
+    """`auto`: Slurm when sbatch is on PATH, else Grid Engine when qsub is, else the local machine;
+    with the reason in words, which `hpcrl sweep` prints so that a forgotten --scheduler is noticed."""
+    for name, tool in (("slurm", "sbatch"), ("sge", "qsub")):
+        found = shutil.which(tool)
+        if found:
+            return name, f"{tool} is on PATH ({found}); pass --scheduler to choose another"
+    return "local", "neither sbatch nor qsub is on PATH; pass --scheduler to choose another"
+
+
 def detect() -> str:
-    """`auto`: Slurm when sbatch is on PATH, else Grid Engine when qsub is, else the local machine."""
-    if shutil.which("sbatch"):
-        return "slurm"
-    if shutil.which("qsub"):
-        return "sge"
-    return "local"
+    return detect_with_reason()[0]
 
 
 def get_scheduler(name: str, experiment_dir: Path) -> Scheduler:

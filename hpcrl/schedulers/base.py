@@ -21,6 +21,8 @@ REQUEUE_EXIT = 99
 
 # The states `hpcrl status` shows, from any scheduler.
 PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = "pending", "running", "done", "failed", "cancelled", "unknown"
+ORPHANED = "running (orphaned)"
+"""A local task still running after its runner died: `hpcrl cancel` or the next sweep ends it."""
 
 
 @dataclass
@@ -44,6 +46,8 @@ class Job:
     """File whose line i (1-based) is the run index of array task i."""
     after: list[Dependency] = field(default_factory=list)
     attempt: int = 0
+    resources: dict[str, Any] = field(default_factory=dict)
+    """The stage's resources as planned (jobplan.StageResources); the local executor sizes tasks by them."""
 
 
 def expand_ranges(text: str) -> list[int]:
@@ -103,6 +107,10 @@ class Scheduler(ABC):
 
     @abstractmethod
     def cancel(self, job_ids: list[str]) -> None: ...
+
+    def recover(self) -> None:
+        """Settle what a dead predecessor left before a sweep looks at the jobs. Clusters own their jobs; the local backend overrides this."""
+        return None
 
     def start(self, experiment_dir: Path, detach: bool) -> int:
         """Called after every stage is submitted. Clusters run on their own; the local backend works here."""

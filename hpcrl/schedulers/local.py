@@ -10,6 +10,7 @@ is in jobs/local-state.json, which `status` and `cancel` read.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -22,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import yaml
-
+from hpcrl.config import ConfigError
 from hpcrl.io import atomic_write_text
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler
+from hpcrl.jobplan import local_slots
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler
 
 MAX_REQUEUES = 20
+GRACE_S = 60
+"""Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
 STAGE_ORDER = {"train": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
 
@@ -41,8 +44,21 @@ def lock_path(experiment_dir: Path) -> Path:
 
 
 def read_state(experiment_dir: Path) -> dict:
+    """The runner's record; a damaged file is a one-line ConfigError naming it, never a traceback."""
     path = state_path(experiment_dir)
-    return json.loads(path.read_text()) if path.exists() else {"runner_pid": None, "jobs": {}}
+    if not path.exists():
+        return {"runner_pid": None, "jobs": {}}
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict) or not isinstance(state.get("jobs"), dict):
+            raise ValueError("expected an object with a 'jobs' object")
+        return state
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: damaged ({str(exc)[:80]}); move it away and run `hpcrl sweep` again: runs resume from their markers and checkpoints") from None
+
+
+def write_state(experiment_dir: Path, state: dict) -> None:
+    atomic_write_text(state_path(experiment_dir), json.dumps(state, indent=1))
 
 
 def runner_alive(experiment_dir: Path) -> bool:
@@ -57,6 +73,71 @@ def runner_alive(experiment_dir: Path) -> bool:
             return True
         fcntl.flock(f, fcntl.LOCK_UN)
     return False
+
+
+def task_tag(experiment_dir: Path, job_id: str, task: int) -> str:
+    """The value of HPCRL_LOCAL_TASK in a task's environment: it tells a task's processes from a
+    stranger that a recycled process-group id would otherwise make look like them."""
+    return f"{experiment_dir}:{job_id}:{task}"
+
+
+def group_alive(pgid: int, tag: str) -> bool:
+    """Whether a live (not zombie) process of group `pgid` carries `tag` in its environment: the task,
+    or what it started, still runs. Read from /proc; without /proc, whether the group exists."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    needle = f"HPCRL_LOCAL_TASK={tag}".encode()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
+                continue
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                return True
+        except (OSError, IndexError, ValueError):
+            continue
+    return False
+
+
+def end_groups(groups: list[tuple[int, str]], grace: float = GRACE_S) -> None:
+    """SIGTERM each live task process group (the job shell passes it on: the trainer checkpoints),
+    then SIGKILL what is still alive after `grace` seconds. Returns when none is left."""
+    live = [(pgid, tag) for pgid, tag in groups if group_alive(pgid, tag)]
+    for pgid, _ in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        time.sleep(0.1)
+        live = [(pgid, tag) for pgid, tag in live if group_alive(pgid, tag)]
+    for pgid, _ in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    while live:
+        time.sleep(0.05)
+        live = [(pgid, tag) for pgid, tag in live if group_alive(pgid, tag)]
+
+
+def settle(experiment_dir: Path, state: dict, *, pending_too: bool) -> bool:
+    """What a dead runner left: end its tasks' process groups (orphans still training) and call them
+    cancelled, with tasks it never started when `pending_too`. True when anything changed."""
+    left = [
+        (job_id, t, s) for job_id, tasks in state["jobs"].items() for t, s in tasks.items()
+        if s["state"] == RUNNING or (pending_too and s["state"] == PENDING)
+    ]
+    end_groups([(s["pgid"], task_tag(experiment_dir, job_id, int(t))) for job_id, t, s in left if s.get("pgid")])
+    for _, _, s in left:
+        s.update(state=CANCELLED, ended=time.time())
+    return bool(left)
 
 
 def gpu_count() -> int:
@@ -90,18 +171,44 @@ class LocalScheduler(Scheduler):
         result: dict[str, dict[int, str]] = {}
         for job_id in job_ids:
             tasks = state["jobs"].get(job_id)
-            if tasks is not None:
-                # Tasks left pending or running by a runner that died will never run: call them cancelled.
-                result[job_id] = {int(t): s["state"] if alive or s["state"] in _FINISHED else CANCELLED for t, s in tasks.items()}
+            if tasks is None:
+                continue
+            result[job_id] = {}
+            for t, s in tasks.items():
+                found = s["state"]
+                if not alive and found == RUNNING:
+                    # The runner died; its task may still be training on its own.
+                    found = ORPHANED if s.get("pgid") and group_alive(s["pgid"], task_tag(self.dir, job_id, int(t))) else CANCELLED
+                elif not alive and found == PENDING:
+                    found = CANCELLED  # nothing will start it
+                result[job_id][int(t)] = found
         return result
 
     def cancel(self, job_ids: list[str]) -> None:
-        pid = read_state(self.dir).get("runner_pid")
+        """Stop the runner (it stops its tasks), then end every recorded task process group still
+        alive, the runner's or an orphan's, so nothing of the experiment runs on afterwards."""
+        state = read_state(self.dir)
+        pid = state.get("runner_pid")
         if pid and runner_alive(self.dir):
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 60
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + GRACE_S + 10
             while runner_alive(self.dir) and time.monotonic() < deadline:
                 time.sleep(0.1)
+        if not runner_alive(self.dir):
+            state = read_state(self.dir)
+            if settle(self.dir, state, pending_too=True):
+                write_state(self.dir, state)
+
+    def recover(self) -> None:
+        """Before a sweep: a dead runner's orphans are ended (SIGTERM first, so they checkpoint) and its
+        unfinished tasks called cancelled, so the sweep resubmits those runs and no second trainer
+        ever starts beside a live one. With a live runner nothing is touched."""
+        if runner_alive(self.dir):
+            return
+        state = read_state(self.dir)
+        if settle(self.dir, state, pending_too=True):
+            write_state(self.dir, state)
 
     def start(self, experiment_dir: Path, detach: bool) -> int:
         experiment_dir = self.dir
@@ -114,18 +221,30 @@ class LocalScheduler(Scheduler):
                 [sys.executable, "-m", "hpcrl.schedulers.local", str(experiment_dir)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
+            # Return once it holds its lock: a sweep that follows must see a live runner, not orphans to settle.
+            deadline = time.monotonic() + 60
+            while not runner_alive(experiment_dir) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
             print(f"{experiment_dir}: running in the background (pid {proc.pid}); follow with `hpcrl status {experiment_dir}`")
             return 0
         return LocalRunner(experiment_dir, progress=sys.stdout).run()
 
 
 def follow(experiment_dir: Path) -> int:
-    """Wait for another process's runner, showing the same progress line."""
+    """Wait for another process's runner, showing the same progress line: of the jobs that had work
+    left while following, as the runner's own line (an earlier attempt's failures are history)."""
     progress = Progress(sys.stdout)
+    watched: set[str] = set()
+
+    def current() -> dict:
+        jobs = read_state(experiment_dir)["jobs"]
+        watched.update(j for j, tasks in jobs.items() if any(s["state"] in (PENDING, RUNNING) for s in tasks.values()))
+        return {j: t for j, t in jobs.items() if j in watched}
+
     while runner_alive(experiment_dir):
-        progress.show(read_state(experiment_dir)["jobs"])
+        progress.show(current())
         time.sleep(1)
-    progress.close(read_state(experiment_dir)["jobs"])
+    progress.close(current())
     return 0
 
 
@@ -183,37 +302,51 @@ class Progress:
             self.stream.flush()
 
 
+def pool_size(jobs: list[dict], cpu_count: int) -> int:
+    """The pool of the newest training stage's resources (jobplan.local_slots, the one rule)."""
+    work = [j for j in jobs if j["stage"] in ("train", "learner") and j.get("resources")] or [j for j in jobs if j.get("resources")]
+    if not work:
+        return max(1, cpu_count)
+    res = max(work, key=lambda j: j["attempt"])["resources"]
+    return local_slots(res.get("max_concurrent"), int(res.get("cpus", 1)), cpu_count)
+
+
 class LocalRunner:
-    """Runs an experiment's local jobs to completion, honouring the stage dependencies."""
+    """Runs an experiment's local jobs to completion, honouring the stage dependencies.
+
+    Each task's resources come from its job's record in jobs.json (jobplan.py declared them); the
+    pool follows jobplan.local_slots, and a task that asks for GPUs also waits for free ones.
+    """
 
     def __init__(self, experiment_dir: Path, progress: IO | None = None) -> None:
         self.dir = experiment_dir
         self.progress = Progress(progress)
-        config = yaml.safe_load((experiment_dir / "experiment.yaml").read_text())["config"]
-        res = config["resources"]
-        self.train_gpus = int(res["gpus"])
-        self.eval_gpus = int(config["eval"]["gpus"])
         self.free_gpus = [str(i) for i in range(gpu_count())]
-        default_pool = max(1, (os.cpu_count() or 1) // max(1, int(res["cpus"])))
-        if self.train_gpus and self.free_gpus:
-            default_pool = max(1, len(self.free_gpus) // self.train_gpus)
-        self.pool = int(res["max_concurrent"] or default_pool)
+        self.machine_gpus = len(self.free_gpus)
         self.state = read_state(experiment_dir)
         self.stopping = False
+        self.pool = 1
+        """Tasks at once; set from jobs.json when the run starts."""
+        self.mine: set[str] = set()
+        """Jobs with tasks this runner found unfinished: its progress line and exit code are about them only."""
 
     def _save(self) -> None:
-        atomic_write_text(state_path(self.dir), json.dumps(self.state, indent=1))
-        self.progress.show(self.state["jobs"])
+        write_state(self.dir, self.state)
+        self.progress.show({j: t for j, t in self.state["jobs"].items() if j in self.mine})
 
     def _load_jobs(self) -> list[dict]:
         path = self.dir / "jobs" / "jobs.json"
-        jobs = [j for j in json.loads(path.read_text()) if j["scheduler"] == "local"] if path.exists() else []
+        try:
+            jobs = [j for j in json.loads(path.read_text()) if j["scheduler"] == "local"] if path.exists() else []
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"{path}: damaged ({str(exc)[:80]})") from None
         for job in jobs:
             tasks = self.state["jobs"].setdefault(job["job_id"], {})
             for t in range(1, job["size"] + 1) if job["size"] else [0]:
                 tasks.setdefault(str(t), {"state": PENDING, "rc": None, "requeues": 0})
+            if any(s["state"] in (PENDING, RUNNING) for s in tasks.values()):
+                self.mine.add(job["job_id"])
         return jobs
-
     def _ready(self, job: dict, task: int) -> bool:
         for dep in job["after"]:
             tasks = self.state["jobs"].get(dep["job_id"], {})
@@ -222,26 +355,28 @@ class LocalRunner:
                 return False
         return True
 
-    def _gpus(self, stage: str) -> int:
-        """GPUs a task of this stage takes: a distributed learner trains like a train task; actors act on CPU."""
-        return self.train_gpus if stage in ("train", "learner") else self.eval_gpus if stage == "eval" else 0
+    def _gpus(self, job: dict) -> int:
+        """GPUs a task of this job takes: as planned (jobs.json), at most what the machine has, and
+        none on a machine without GPUs (the task then runs on the CPU)."""
+        return min(int(job.get("resources", {}).get("gpus", 0)), self.machine_gpus)
 
     def _launch(self, job: dict, task: int) -> _Task:
         stage = job["stage"]
-        gpus = self._gpus(stage)
+        gpus = self._gpus(job)
         t = _Task(job["job_id"], task, stage, self.dir / job["script"], gpus)
-        env = dict(os.environ, HPCRL_TASK_ID=str(task))
-        if gpus and self.free_gpus:
+        env = dict(os.environ, HPCRL_TASK_ID=str(task), HPCRL_LOCAL_TASK=task_tag(self.dir, job["job_id"], task))
+        if gpus:
             t.devices, self.free_gpus = tuple(self.free_gpus[:gpus]), self.free_gpus[gpus:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(t.devices)
-        elif self.free_gpus or gpus:
+        elif self.machine_gpus or job.get("resources", {}).get("gpus"):  # no GPU for this task: hide them all
             env["CUDA_VISIBLE_DEVICES"] = ""
         suffix = f".{task}" if job["size"] else ""
         t.log = (self.dir / "jobs" / "logs" / f"{job['job_id']}{suffix}.out").open("a")
-        # Own session: Ctrl-C reaches the runner only, which then stops the tasks in order.
+        # Own session and process group (pgid = pid): Ctrl-C reaches the runner only, which then stops
+        # the tasks in order; `cancel` and a later sweep end the group even when this runner is gone.
         t.proc = subprocess.Popen(["bash", str(t.script)], env=env, stdin=subprocess.DEVNULL, stdout=t.log, stderr=subprocess.STDOUT, start_new_session=True)
         s = self.state["jobs"][job["job_id"]][str(task)]
-        s.update(state=RUNNING, pid=t.proc.pid, started=time.time())
+        s.update(state=RUNNING, pid=t.proc.pid, pgid=t.proc.pid, started=time.time())
         return t
 
     def _finish(self, t: _Task, rc: int) -> None:
@@ -269,11 +404,14 @@ class LocalRunner:
             return 1
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
+        self.state = read_state(self.dir)  # as the last runner left it, now that none other can write it
+        settle(self.dir, self.state, pending_too=False)  # tasks a dead runner left running: none runs twice
         self.state["runner_pid"] = os.getpid()
         running: list[_Task] = []
         try:
             while True:
                 jobs = self._load_jobs()
+                self.pool = pool_size(jobs, os.cpu_count() or 1)
                 if self.stopping:
                     break
                 # Later stages first: a finished train task's eval beats starting another run.
@@ -282,8 +420,8 @@ class LocalRunner:
                         task = int(key)
                         if len(running) >= self.pool:
                             break
-                        gpus = self._gpus(job["stage"])
-                        if s["state"] != PENDING or not self._ready(job, task) or (self.free_gpus and gpus > len(self.free_gpus)):
+                        gpus = self._gpus(job)
+                        if s["state"] != PENDING or not self._ready(job, task) or gpus > len(self.free_gpus):
                             continue
                         running.append(self._launch(job, task))
                 still = []
@@ -302,26 +440,21 @@ class LocalRunner:
             if self.stopping:
                 self._shutdown(running)
         finally:
-            self.progress.close(self.state["jobs"])
+            self.progress.close({j: t for j, t in self.state["jobs"].items() if j in self.mine})
             fcntl.flock(lock, fcntl.LOCK_UN)
             lock.close()
-        failed = sum(1 for tasks in self.state["jobs"].values() for s in tasks.values() if s["state"] == FAILED)
+        # Only this runner's work counts: a failure of an earlier attempt that a retry has since
+        # fixed is history, not the outcome of this sweep.
+        failed = sum(1 for j in self.mine for s in self.state["jobs"][j].values() if s["state"] == FAILED)
         return 130 if self.stopping else (1 if failed else 0)
 
     def _shutdown(self, running: list[_Task]) -> None:
-        """Ask each task to checkpoint (SIGTERM reaches the trainer through the job script's trap)."""
-        for t in running:
-            if t.proc and t.proc.poll() is None:
-                os.killpg(t.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
+        """Ask each task to checkpoint (SIGTERM reaches the trainer through the job script's trap),
+        SIGKILL what remains of its process group after the grace, then reap and record each task."""
+        end_groups([(t.proc.pid, task_tag(self.dir, t.job_id, t.task)) for t in running if t.proc])
         for t in running:
             assert t.proc is not None
-            try:
-                t.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(t.proc.pid, signal.SIGKILL)
-                t.proc.wait()
-            self._finish(t, t.proc.returncode)
+            self._finish(t, t.proc.wait())
         for tasks in self.state["jobs"].values():
             for s in tasks.values():
                 if s["state"] == PENDING:

@@ -48,6 +48,14 @@ def parse_qstat_xml(text: str) -> dict[str, dict[int, str]]:
     return result
 
 
+def qdel_refusals(output: str) -> list[str]:
+    """Lines of qdel's output that are real refusals. qdel reports each job on its own line: deleted,
+    registered for deletion, or `denied: job "N" does not exist` for one that already ended, which
+    is what cancelling wants too."""
+    done = ("has deleted", "has registered", "does not exist")
+    return [line for line in output.splitlines() if line.strip() and not any(d in line for d in done)]
+
+
 def hold_argv(after: list[Dependency]) -> list[str]:
     """qsub options for a stage's dependencies (see the module docstring for why these kinds)."""
     each = [d.job_id for d in after if d.kind == "each"]
@@ -88,6 +96,5 @@ class SGEScheduler(Scheduler):
             self.run(["qdel", *job_ids])
         except SchedulerError as exc:
             # qdel deletes the jobs it knows and exits 1 if any id is unknown: jobs that already ended.
-            detail = str(exc).split(": ", 1)[-1]
-            if not all("does not exist" in line for line in detail.splitlines()):
+            if qdel_refusals(str(exc).split(": ", 1)[-1]):
                 raise

@@ -5,8 +5,7 @@
 #$ -j y
 #$ -o /scratch/hpcrl/habitat_ppo/jobs/logs/aggregate-$JOB_ID.out
 #$ -l h_rt=00:30:00
-#$ -l mem_free=32768M
-#$ -q gpu.q
+#$ -l mem_free=2048M
 # hpcrl aggregate job for experiment habitat_ppo, rendered by hpcrl 0.1.0.
 set -uo pipefail
 

@@ -3,7 +3,7 @@
 #SBATCH --output=/scratch/hpcrl/habitat_ppo/jobs/logs/aggregate-%j.out
 #SBATCH --open-mode=append
 #SBATCH --cpus-per-task=1
-#SBATCH --mem=32768M
+#SBATCH --mem=2048M
 #SBATCH --time=00:30:00
 # hpcrl aggregate job for experiment habitat_ppo, rendered by hpcrl 0.1.0.
 set -uo pipefail

@@ -1,0 +1,212 @@
+"""Job planning: what each stage asks the scheduler for, and the scripts of one submission.
+
+Each stage's resources are declared here once (`stage_resources`), written into the job's
+template context and recorded per job in jobs/jobs.json, where the local executor reads them.
+What each stage inherits from the config's `resources:` section, and why:
+
+- train, learner: everything, as written. They are what the section describes.
+- eval: the train job's partition/queue, account and `extra` lines (a site's policy usually
+  applies to every job of a project, and an eval that asks for GPUs needs the GPU partition),
+  with `eval.gpus` GPUs and `resources.eval_time`.
+- actors: CPU work beside their learner, which must run at the same time: the learner's
+  partition/queue, account and `extra` lines, no GPU, `distributed.actor_cpus` / `actor_mem`.
+- aggregate: `hpcrl collect` on one CPU with little memory and no GPU. It keeps only the account
+  (billing applies to every job); the partition/queue and `extra` lines are written for GPU
+  training (`--gres`, `--constraint=a100`, a GPU queue) and would make it wait for a GPU node.
+- build-image: the image section's build_time and build_mem and no GPU; the rest as train, since a
+  site that confines a project to a partition confines its builds too.
+
+Arrays larger than the cluster allows are split into chunks; each chunk has a manifest (line i is
+the run index of array task i), which is also how a retry resubmits any set of runs as one
+contiguous array on every scheduler. Nothing here writes files or talks to a scheduler beyond
+rendering: pipeline.py does both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hpcrl
+from hpcrl.config import ConfigError, Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
+from hpcrl.schedulers.base import REQUEUE_EXIT, Scheduler
+
+AGGREGATE_MEM = "2G"
+"""Memory of the aggregate job: `collect` reads CSVs and draws a few plots."""
+
+
+@dataclass(frozen=True)
+class StageResources:
+    """What one stage's job asks for; recorded as a dict in jobs.json (`Job.resources`)."""
+
+    gpus: int
+    cpus: int
+    mem_mb: int
+    time: str
+    """hh:mm:ss"""
+    soft_time: str
+    """When the warning signal is due: `time` less `signal_seconds` (SGE's s_rt)."""
+    signal_seconds: int
+    max_concurrent: int | None
+    partition: str | None = None
+    account: str | None = None
+    queue: str | None = None
+    sge_pe: str = "smp"
+    sge_gpu_resource: str = "gpu"
+    sge_mem_resource: str | None = "mem_free"
+    extra: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def stage_resources(exp: Experiment, stage: str) -> StageResources:
+    """The resources of `stage` (train, eval, aggregate, learner, actors, build-image): see the module docstring."""
+    res = exp.resources
+    site = {"sge_pe": res.sge_pe, "sge_gpu_resource": res.sge_gpu_resource, "sge_mem_resource": res.sge_mem_resource, "account": res.account}
+    placement = {"partition": res.partition, "queue": res.queue, "extra": list(res.extra)}
+    max_concurrent = res.max_concurrent
+    if stage in ("train", "learner"):
+        gpus, cpus, mem, time = res.gpus, res.cpus, res.mem, res.time
+    elif stage == "eval":
+        gpus, cpus, mem, time = exp.eval.gpus, res.cpus, res.mem, res.eval_time
+    elif stage == "actors":
+        d = exp.distributed
+        if d is None:
+            raise ValueError("the actors stage exists only for a distributed experiment")
+        gpus, cpus, mem, time = 0, d.actor_cpus, d.actor_mem, res.time
+        # As many actors at once as the learners allowed to run can use.
+        max_concurrent = res.max_concurrent * d.actors if res.max_concurrent else None
+    elif stage == "aggregate":
+        gpus, cpus, mem, time = 0, 1, AGGREGATE_MEM, res.eval_time
+        placement = {"partition": None, "queue": None, "extra": []}
+    elif stage == "build-image":
+        image = exp.image or ImageConfig()  # a Dockerfile import has no image section: its defaults
+        gpus, cpus, mem, time = 0, res.cpus, image.build_mem, image.build_time
+    else:
+        raise ValueError(f"unknown stage {stage!r}")
+    _check_counts({"gpus": gpus, "cpus": cpus, "signal_seconds": res.signal_seconds, "max_concurrent": max_concurrent})
+    time_s = parse_time_s(time)
+    return StageResources(
+        gpus=gpus, cpus=cpus, mem_mb=parse_mem_mb(mem), time=format_time(time_s),
+        soft_time=format_time(max(1, time_s - res.signal_seconds)), signal_seconds=res.signal_seconds,
+        max_concurrent=max_concurrent, **site, **placement,
+    )
+
+
+def _check_counts(counts: dict[str, Any]) -> None:
+    """Counts reach directive lines and arithmetic: an Experiment built past config validation (the
+    Python API) must not bring a string there. Config validation names the same keys first."""
+    for key, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"resources.{key}: expected an integer, got {value!r}")
+
+
+def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
+    """The one rule for the local executor's pool: `max_concurrent` tasks, else as many as the CPUs
+    hold at `cpus` each. GPUs do not size the pool: a task that asks for GPUs waits for free ones on
+    its own, so CPU tasks (a learner's actors) still start beside a GPU task holding the only GPU."""
+    return max_concurrent or max(1, cpu_count // max(1, cpus))
+
+
+def job_context(
+    exp: Experiment,
+    stage: str,
+    argv: list[str],
+    array: int,
+    log_dir: Path,
+    *,
+    requeue: bool = False,
+    resources: StageResources | None = None,
+) -> dict[str, Any]:
+    """Everything a job template may use. The templates decide layout; this decides values."""
+    res = resources or stage_resources(exp, stage)
+    container = dataclasses.asdict(exp.container)
+    if exp.container.image:
+        # The job writes into the experiment directory: make sure the container can see it.
+        exp_dir = str(exp.dir.resolve())
+        if exp_dir not in container["binds"]:
+            container["binds"] = [*container["binds"], exp_dir]
+    return {
+        "experiment_name": exp.name,
+        "hpcrl_version": hpcrl.__version__,
+        "stage": stage,
+        "job_name": f"{exp.name}-{stage}",
+        "log_dir": str(log_dir),
+        "array": array,
+        "max_concurrent": res.max_concurrent,
+        "requeue": requeue,
+        "requeue_exit": REQUEUE_EXIT,
+        "res": res.as_dict(),
+        "cuda": dataclasses.asdict(exp.cuda),
+        "container": container,
+        "python": exp.python or sys.executable,
+        "argv": argv,
+    }
+
+
+def chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@dataclass
+class PlannedJob:
+    stage: str
+    script: str
+    """Path of the script relative to the experiment directory."""
+    manifest: str | None
+    runs: list[int]
+    """Run indices of the array tasks, in task order (empty for the aggregate)."""
+    text: str
+    resources: StageResources
+    after: list[tuple[str, str]] = field(default_factory=list)
+    """Dependencies as (script of an earlier planned job, kind); submission turns scripts into job ids."""
+
+
+def plan_stage(
+    exp: Experiment, scheduler: Scheduler, stage: str, script: str, manifest: str | None, runs: list[int], argv: list[str],
+    cwd: Path | None, *, requeue: bool = False, after: list[tuple[str, str]] | None = None, array: int | None = None,
+) -> PlannedJob:
+    """One job of a stage: its resources, its rendered script, its dependencies."""
+    root = exp.dir.resolve()
+    res = stage_resources(exp, stage)
+    size = len(runs) if array is None else array
+    ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res)
+    return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [])
+
+
+def plan_eval(exp: Experiment, scheduler: Scheduler, script: str, manifest: str, part: list[int], trainer: str | None, cwd: Path | None) -> PlannedJob:
+    """Eval task i after task i of the job that trains (train, or a distributed learner); none for eval-only work."""
+    argv = ["eval", str(exp.dir.resolve()), "--manifest", manifest]
+    return plan_stage(exp, scheduler, "eval", script, manifest, part, argv, cwd, after=[(trainer, "each")] if trainer else [])
+
+
+def plan_aggregate(exp: Experiment, scheduler: Scheduler, attempt: int, evals: list[str], cwd: Path | None) -> PlannedJob:
+    """`hpcrl collect` once every eval job has ended, whatever their outcome."""
+    argv = ["collect", str(exp.dir.resolve())]
+    return plan_stage(exp, scheduler, "aggregate", f"jobs/aggregate-{attempt}.sh", None, [], argv, cwd, after=[(e, "all") for e in evals])
+
+
+def plan_eval_only(exp: Experiment, scheduler: Scheduler, runs: list[int], attempt: int, cwd: Path | None) -> tuple[list[PlannedJob], list[str]]:
+    """Eval arrays for runs whose training is done but whose evaluation failed, was cancelled or never ran."""
+    out, evals = [], []
+    for c, part in enumerate(chunks(runs, scheduler.max_array_size())):
+        manifest, script = f"jobs/{attempt}-e{c}.tasks", f"jobs/eval-{attempt}-e{c}.sh"
+        out.append(plan_eval(exp, scheduler, script, manifest, part, None, cwd))
+        evals.append(script)
+    return out, evals
+
+
+def plan_train(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> tuple[list[PlannedJob], list[str]]:
+    """Train and eval arrays of one submission, chunk by chunk; returns the jobs and the eval scripts."""
+    root = exp.dir.resolve()
+    out, evals = [], []
+    for c, part in enumerate(chunks(todo, scheduler.max_array_size())):
+        manifest, train = f"jobs/{attempt}-{c}.tasks", f"jobs/train-{attempt}-{c}.sh"
+        out.append(plan_stage(exp, scheduler, "train", train, manifest, part, ["train", str(root), "--manifest", manifest], cwd, requeue=True))
+        evals.append(f"jobs/eval-{attempt}-{c}.sh")
+        out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, train, cwd))
+    return out, evals
