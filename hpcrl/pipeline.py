@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import hpcrl
-from hpcrl import sweep
+from hpcrl import rundir, sweep
 from hpcrl.config import ConfigError, Experiment, format_time, parse_mem_mb, parse_time_s
 from hpcrl.io import atomic_write_text
-from hpcrl.markers import run_state
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import REQUEUE_EXIT, Dependency, Job, Scheduler
 
@@ -131,9 +130,7 @@ def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
 
 def manifest_runs(experiment_dir: Path, job: Job) -> list[int]:
     """Run indices of a job's array tasks, in task order."""
-    if not job.manifest:
-        return []
-    return [int(line) for line in (experiment_dir / job.manifest).read_text().split()]
+    return rundir.read_manifest(experiment_dir, job.manifest) if job.manifest else []
 
 
 def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> set[int]:
@@ -234,8 +231,8 @@ def submit_experiment(
     jobs = read_jobs(root)
     active = active_runs(root, scheduler, jobs)
     sweep.write_experiment(exp, runs, provenance)
-    todo = [r.index for r in runs if run_state(sweep.run_dir(root, r.run_id)) != "done" and r.index not in active]
-    skipped_done = sum(1 for r in runs if run_state(sweep.run_dir(root, r.run_id)) == "done")
+    todo = [r.index for r in runs if rundir.run_state(sweep.run_dir(root, r.run_id)) != "done" and r.index not in active]
+    skipped_done = sum(1 for r in runs if rundir.run_state(sweep.run_dir(root, r.run_id)) == "done")
     if not todo:
         print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
         return scheduler.start(root, detach) if scheduler.name == "local" and active else 0
@@ -247,7 +244,7 @@ def submit_experiment(
         stage, manifest = planned.stage, planned.manifest
         script = root / planned.script
         if manifest:
-            atomic_write_text(root / manifest, "".join(f"{i}\n" for i in planned.runs))
+            rundir.write_manifest(root, manifest, planned.runs)
         atomic_write_text(script, planned.text)
         script.chmod(0o755)
         after = [Dependency(script_ids[s], kind) for s, kind in planned.after]
