@@ -55,8 +55,13 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Pa
     existing = checkpoint_files(directory)
     sequence = _order(existing[0])[0] + 1 if existing else 1
     path = directory / f"{sequence:06d}-step-{step:012d}.pt"
-    with atomic_open(path, "wb") as f:
-        _save_to(state, f, path)
+    try:
+        with atomic_open(path, "wb") as f:
+            _save_to(state, f)
+    except OSError as exc:  # closing a file on a full disk fails again, without a name: name it
+        if exc.filename or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     for old in checkpoint_files(directory)[max(1, keep):]:
         if old != path:
             old.unlink(missing_ok=True)
@@ -81,14 +86,14 @@ class _WriteRecorder:
         self.f.flush()
 
 
-def _save_to(state: dict[str, Any], f: IO[bytes], path: Path) -> None:
+def _save_to(state: dict[str, Any], f: IO[bytes]) -> None:
     recorder = _WriteRecorder(f)
     try:
         torch.save(state, recorder)
     except RuntimeError:
         if recorder.error is None:
             raise
-        raise OSError(recorder.error.errno, recorder.error.strerror, str(path)) from None
+        raise recorder.error from None
 
 
 def remove_stale_temp(directory: Path) -> list[Path]:
