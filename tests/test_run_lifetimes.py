@@ -1,6 +1,8 @@
 """Whole `hpcrl train` lifetimes on a run directory that earlier lifetimes, crashes and full disks left
 behind: a second trainer, unreadable checkpoints, a torn train.csv, stale temporary files, a full
-disk, a missing run config. Real processes, a real (tiny) training run, a real full filesystem."""
+disk, a missing run config. A real (tiny) training run through the CLI's entry point, in this
+process for speed (importing torch in a fresh process costs seconds); two real processes for the
+lock; a real full filesystem."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl import rundir
+from hpcrl import cli, rundir
 from hpcrl.config import load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.status import experiment_status
@@ -33,8 +35,21 @@ def make_experiment(directory: Path, train: dict | None = None) -> tuple[Path, P
     return exp.dir, exp.dir / "runs" / run.run_id
 
 
-def hpcrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcrl", *args], capture_output=True, text=True, timeout=timeout)
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():
+    """`hpcrl train` installs its warning-signal handlers in this process: put pytest's back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def hpcrl(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """`hpcrl ARGS` through the CLI's main, as the job script runs it: exit code, stdout, stderr."""
+    capsys.readouterr()
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def logged_steps(rd: Path) -> list[int]:
@@ -47,8 +62,12 @@ def logged_steps(rd: Path) -> list[int]:
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """One real training run to completion; tests damage copies of it."""
     exp, rd = make_experiment(tmp_path_factory.mktemp("finished"))
-    proc = hpcrl("train", str(exp), "--task", "0")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert cli.main(["train", str(exp), "--task", "0"]) == 0
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
     return exp, rd
 
 
@@ -70,12 +89,12 @@ def test_done_carries_the_steps_trained_and_status_shows_them(finished: tuple[Pa
     assert (row.train, row.step) == ("done", 896)
 
 
-def test_resumes_from_the_checkpoint_before_a_corrupt_newest_one(unfinished: tuple[Path, Path]) -> None:
+def test_resumes_from_the_checkpoint_before_a_corrupt_newest_one(unfinished: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     exp, rd = unfinished
     newest, before = checkpoint.checkpoint_files(rd / "checkpoints")
     assert (newest.name.endswith("step-000000001024.pt"), before.name.endswith("step-000000000768.pt")) == (True, True)
     newest.write_bytes(newest.read_bytes()[:1000])
-    proc = hpcrl("train", str(exp), "--task", "0")
+    proc = hpcrl(capsys, "train", str(exp), "--task", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"skipped checkpoint {newest.name}: unreadable" in proc.stdout and "resumed from step 768" in proc.stdout
     steps = logged_steps(rd)
@@ -83,35 +102,35 @@ def test_resumes_from_the_checkpoint_before_a_corrupt_newest_one(unfinished: tup
     assert rundir.done_step(rd) == 1024
 
 
-def test_a_torn_train_csv_is_cut_back_on_resume(unfinished: tuple[Path, Path]) -> None:
-    """What a node crash on NFS leaves: half a row and a run of NUL bytes after the last whole one."""
+def test_a_torn_train_csv_is_cut_back_on_resume(unfinished: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    """What a node crash on NFS leaves: the file grew, but the last rows' bytes never arrived (NULs)."""
     exp, rd = unfinished
     with (rd / "train.csv").open("ab") as f:
-        f.write(b"1152,9,0.5,25" + b"\0" * 300)
+        f.write(b"\0" * 300)
     assert rundir.last_logged_step(rd) == 1024 and rundir.read_curve(rd)[0][-1] == 1024  # readers skip the torn tail
-    proc = hpcrl("train", str(exp), "--task", "0")
+    proc = hpcrl(capsys, "train", str(exp), "--task", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resumed from step 1024" in proc.stdout
     steps = logged_steps(rd)
     assert steps == sorted(set(steps)) and steps[-1] == 1024
 
 
-def test_temporary_files_of_a_killed_checkpoint_write_go_at_the_next_start(unfinished: tuple[Path, Path]) -> None:
+def test_temporary_files_of_a_killed_checkpoint_write_go_at_the_next_start(unfinished: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     exp, rd = unfinished
     stale = rd / "checkpoints" / ".000004-step-000000001152.pt.x81kq2.tmp"
     stale.write_bytes(b"PK\x03\x04half a checkpoint")
-    proc = hpcrl("train", str(exp), "--task", "0")
+    proc = hpcrl(capsys, "train", str(exp), "--task", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not stale.exists() and f"removed {stale.name}" in proc.stdout
     assert not [p for p in (rd / "checkpoints").iterdir() if p.name.endswith(".tmp")]
 
 
-def test_unreadable_checkpoints_fail_the_run_with_the_reason_instead_of_restarting(tmp_path: Path) -> None:
+def test_unreadable_checkpoints_fail_the_run_with_the_reason_instead_of_restarting(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     exp, rd = make_experiment(tmp_path)
     (rd / "checkpoints").mkdir()
     for name in ("000001-step-000000000384.pt", "000002-step-000000000768.pt"):
         (rd / "checkpoints" / name).write_bytes(b"\0" * 512)
-    proc = hpcrl("train", str(exp), "--task", "0")
+    proc = hpcrl(capsys, "train", str(exp), "--task", "0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "none of the 2 checkpoints" in proc.stderr and "move them aside" in proc.stderr
@@ -120,7 +139,7 @@ def test_unreadable_checkpoints_fail_the_run_with_the_reason_instead_of_restarti
     assert row.train == "failed" and "none of the 2 checkpoints" in row.note
 
 
-def test_a_second_trainer_of_a_locked_run_refuses_with_one_line(tmp_path: Path) -> None:
+def test_a_second_trainer_of_a_locked_run_refuses_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     exp, rd = make_experiment(tmp_path, {"total_steps": 10_000_000, "checkpoint_every": 10_000})
     first = subprocess.Popen([sys.executable, "-m", "hpcrl", "train", str(exp), "--task", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -130,7 +149,7 @@ def test_a_second_trainer_of_a_locked_run_refuses_with_one_line(tmp_path: Path) 
             time.sleep(0.1)
         assert rundir.lock_holder(rd) == rundir.Holder(first.pid, os.uname().nodename)
         before = (rd / "train.csv").read_bytes()
-        second = hpcrl("train", str(exp), "--task", "0", timeout=60)
+        second = hpcrl(capsys, "train", str(exp), "--task", "0")
         assert second.returncode == rundir.LOCKED_EXIT not in (0, 99)
         assert second.stderr.strip().splitlines() == [
             f"hpcrl: error: {rd.name} is being trained by pid {first.pid} on {os.uname().nodename} (lock {rd / '.lock'}); not starting a second trainer"
@@ -144,7 +163,7 @@ def test_a_second_trainer_of_a_locked_run_refuses_with_one_line(tmp_path: Path) 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-def test_a_full_disk_during_a_checkpoint_fails_with_one_line(tmp_path: Path) -> None:
+def test_a_full_disk_during_a_checkpoint_fails_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
@@ -152,7 +171,7 @@ def test_a_full_disk_during_a_checkpoint_fails_with_one_line(tmp_path: Path) -> 
         exp, rd = make_experiment(disk)
         st = os.statvfs(disk)
         (disk / "filler").write_bytes(b"x" * (st.f_bavail * st.f_frsize - 16 * 1024))  # room for the log, not a checkpoint
-        proc = hpcrl("train", str(exp), "--task", "0")
+        proc = hpcrl(capsys, "train", str(exp), "--task", "0")
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert "No space left on device" in proc.stderr and "-step-000000000384.pt" in proc.stderr
@@ -162,12 +181,12 @@ def test_a_full_disk_during_a_checkpoint_fails_with_one_line(tmp_path: Path) -> 
         subprocess.run(["umount", str(disk)], check=True)
 
 
-def test_a_task_without_its_run_config_or_manifest_is_one_line(tmp_path: Path) -> None:
+def test_a_task_without_its_run_config_or_manifest_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     exp, rd = make_experiment(tmp_path)
     (rd / "config.yaml").unlink()
-    proc = hpcrl("train", str(exp), "--task", "0")
+    proc = hpcrl(capsys, "train", str(exp), "--task", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"hpcrl: error: {exp.resolve()}: cannot load run 0 (No such file or directory: {rd.resolve() / 'config.yaml'}); `hpcrl sweep` the config again to rewrite it"]
-    proc = hpcrl("eval", str(exp), "--task", "1", "--manifest", "jobs/0-0.tasks")
+    proc = hpcrl(capsys, "eval", str(exp), "--task", "1", "--manifest", "jobs/0-0.tasks")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "unreadable task manifest" in proc.stderr
