@@ -158,7 +158,7 @@ def test_a_full_disk_says_so_instead_of_torchs_message(tmp_path: Path, monkeypat
     monkeypatch.setattr(checkpoint, "atomic_open", dev_full)
     with pytest.raises(OSError) as caught:
         checkpoint.save(tmp_path, 100, {"w": torch.zeros(100_000)})
-    assert caught.value.errno == errno.ENOSPC and caught.value.filename.endswith("-step-000000000100.pt")
+    assert caught.value.errno == errno.ENOSPC and Path(caught.value.filename).name.startswith("step-000000000100-")
     assert rundir.one_line_reason(caught.value).startswith("No space left on device (")
 
 

@@ -3,7 +3,7 @@
 A checkpoint is a dict of tensors and plain Python values (never arbitrary objects), loaded with
 `torch.load(weights_only=True)` so that a file from disk can never run code.
 
-Files are named `<sequence>-step-<step>.pt`. The sequence counts writes, so "newest" means the last
+Files are named `step-<step>-<sequence>.pt`. The sequence counts writes, so "newest" means the last
 one written, never the highest step: a run that had to fall back to an older checkpoint (its newest
 files unreadable) writes lower steps than the files it skipped, and pruning or resuming by step
 would delete each new checkpoint as soon as it was written and restart from scratch every lifetime.
@@ -25,8 +25,8 @@ import torch
 from hpcrl.io import atomic_open
 from hpcrl.rundir import RunError
 
-_NAME = re.compile(r"^(?:(\d+)-)?step-(\d+)\.pt$")
-"""`000007-step-000000004096.pt`; files from before the sequence (`step-N.pt`) count as sequence 0."""
+_NAME = re.compile(r"^step-(\d+)(?:-(\d+))?\.pt$")
+"""`step-000000004096-000007.pt`; files from before the sequence (`step-N.pt`) count as sequence 0."""
 
 
 class UnreadableCheckpoints(RunError):
@@ -34,9 +34,10 @@ class UnreadableCheckpoints(RunError):
 
 
 def _order(path: Path) -> tuple[int, int]:
+    """(write sequence, step): the sequence decides; the step only orders files from before it."""
     m = _NAME.match(path.name)
     assert m is not None
-    return int(m.group(1) or 0), int(m.group(2))
+    return int(m.group(2) or 0), int(m.group(1))
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -54,7 +55,7 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Pa
     """
     existing = checkpoint_files(directory)
     sequence = _order(existing[0])[0] + 1 if existing else 1
-    path = directory / f"{sequence:06d}-step-{step:012d}.pt"
+    path = directory / f"step-{step:012d}-{sequence:06d}.pt"
     try:
         with atomic_open(path, "wb") as f:
             _save_to(state, f)
