@@ -30,6 +30,14 @@ def test_train_log_cuts_a_torn_tail_and_rows_past_the_checkpoint(tmp_path: Path)
     assert log.read_text() == HEADER + "100,1,5\n200,2,6\n300,3,8\n"
 
 
+def test_train_log_never_keeps_a_damaged_line(tmp_path: Path) -> None:
+    """Rows after damage cannot be trusted to follow it: the log is cut at the first bad line."""
+    (tmp_path / "train.csv").write_bytes((HEADER + "100,1,5\n").encode() + b"\0\0\0\n" + b"200,2,6\n")
+    with rundir.TrainLog(tmp_path, ("step", "iteration", "episodic_return"), resume_step=200) as writer:
+        writer.write([300, 3, 7])
+    assert (tmp_path / "train.csv").read_text() == HEADER + "100,1,5\n300,3,7\n"
+
+
 @pytest.mark.parametrize("damage", [b"", b"\0" * 4096, b"step,itera"])
 def test_train_log_writes_a_header_after_a_torn_header(tmp_path: Path, damage: bytes) -> None:
     (tmp_path / "train.csv").write_bytes(damage)
