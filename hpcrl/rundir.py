@@ -392,10 +392,6 @@ def lock_holder(run_dir: Path) -> Holder | None:
     return None
 
 
-def is_locked(run_dir: Path) -> bool:
-    return lock_holder(run_dir) is not None
-
-
 def _read_holder(fd: int) -> Holder | None:
     words = os.pread(fd, 256, 0).decode(errors="replace").split()
     return Holder(int(words[0]), words[1]) if len(words) == 2 and words[0].isdigit() else None
