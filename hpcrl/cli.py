@@ -24,16 +24,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _task_run(args: argparse.Namespace):
-    from hpcrl.sweep import load_run
+    from hpcrl import rundir
 
     experiment_dir = Path(args.experiment).resolve()
-    index = args.task
-    if args.manifest:
-        lines = (experiment_dir / args.manifest).read_text().split()
-        if not 1 <= args.task <= len(lines):
-            raise ConfigError(f"--task {args.task}: the manifest {args.manifest} has {len(lines)} tasks")
-        index = int(lines[args.task - 1])
-    return experiment_dir, load_run(experiment_dir, index)
+    index = rundir.task_run(experiment_dir, args.manifest, args.task) if args.manifest else args.task
+    return experiment_dir, rundir.load_task_run(experiment_dir, index)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -51,16 +46,15 @@ def _learner(args: argparse.Namespace) -> int:
 
 
 def _actor(args: argparse.Namespace) -> int:
+    from hpcrl import rundir
     from hpcrl.distributed.actor import run_actor
-    from hpcrl.distributed.jobs import actor_of_task
-    from hpcrl.sweep import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     if args.manifest:
-        index, actor = actor_of_task(experiment_dir, args.manifest, args.task)
+        index, actor = rundir.actor_of_task(experiment_dir, args.manifest, args.task)
     else:
         index, actor = args.task, args.actor
-    return run_actor(experiment_dir, load_run(experiment_dir, index), actor, out=sys.stdout)
+    return run_actor(experiment_dir, rundir.load_task_run(experiment_dir, index), actor, out=sys.stdout)
 
 
 def _eval(args: argparse.Namespace) -> int:

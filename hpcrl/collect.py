@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from hpcrl import markers, plots, stats, sweep
+from hpcrl import plots, rundir, stats, sweep
 from hpcrl.io import atomic_write_text
 
 MAX_PLOTTED = 12
@@ -37,51 +37,32 @@ class RunResult:
     setting: str
     eval_return: float = math.nan
     problem: str = ""
+    """Why the run has no final score (it is then left out of the summary)."""
+    curve_problem: str = ""
+    """Why a run with a score has no training curve (the curves then use fewer seeds)."""
     steps: np.ndarray = field(default_factory=lambda: np.empty(0))
     returns: np.ndarray = field(default_factory=lambda: np.empty(0))
     videos: list[Path] = field(default_factory=list)
 
 
-def read_curve(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(step, episodic return) rows of a train.csv, streamed, skipping iterations with no finished episode."""
-    steps, values = [], []
-    with path.open(newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        s, r = header.index("step"), header.index("episodic_return")
-        for row in reader:
-            if len(row) > r and row[r]:
-                steps.append(row[s])
-                values.append(row[r])
-    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
-
-
-def read_eval(path: Path) -> float:
-    with path.open(newline="") as f:
-        returns = [float(row["return"]) for row in csv.DictReader(f)]
-    if not returns:
-        raise ValueError("no episodes")
-    return float(np.mean(returns))
-
-
 def _train_problem(rd: Path) -> str:
-    state = markers.run_state(rd)
+    state = rundir.run_state(rd)
     if state == "new":
         return "missing: never trained" if rd.is_dir() else "missing: no run directory"
     if state == "failed":
-        return "train failed: " + (markers.reason(rd, markers.FAILED).splitlines() or [""])[0][:100]
+        return "train failed: " + rundir.first_line(rd, rundir.FAILED)[:100]
     if state == "started":
         return "train unfinished"
     return ""
 
 
 def _eval_problem(rd: Path) -> str:
-    evaluation = markers.eval_state(rd)
+    evaluation = rundir.eval_state(rd)
     if evaluation == "skipped":
-        return "eval skipped: " + markers.reason(rd, markers.EVAL_SKIPPED)
+        return "eval skipped: " + rundir.reason(rd, rundir.EVAL_SKIPPED)
     if evaluation == "failed":
-        return "eval failed: " + markers.reason(rd, markers.EVAL_FAILED)[:100]
-    if not (rd / "eval.csv").exists():
+        return "eval failed: " + rundir.reason(rd, rundir.EVAL_FAILED)[:100]
+    if not rundir.has_eval(rd):
         return "not evaluated"
     return ""
 
@@ -92,15 +73,17 @@ def gather(experiment_dir: Path) -> list[RunResult]:
     for row in sweep.current_rows(experiment_dir):  # never pooled with runs of an earlier config
         r = RunResult(int(row["index"]), row["run_id"], int(row["seed"]), sweep.row_label(row))
         rd = sweep.run_dir(experiment_dir, r.run_id)
-        if (rd / "train.csv").exists():
+        if rundir.has_train_log(rd):
             try:
-                r.steps, r.returns = read_curve(rd / "train.csv")
-            except (ValueError, KeyError, csv.Error) as exc:
+                r.steps, r.returns = rundir.read_curve(rd)
+            except (ValueError, UnicodeDecodeError) as exc:
                 r.problem = f"corrupt train.csv ({type(exc).__name__}: {exc})"
+        elif rundir.is_done(rd):
+            r.curve_problem = "no training curve: train.csv is missing"
         r.problem = r.problem or _train_problem(rd) or _eval_problem(rd)
         if not r.problem:
             try:
-                r.eval_return = read_eval(rd / "eval.csv")
+                r.eval_return = rundir.read_eval(rd)
             except (ValueError, KeyError, TypeError, csv.Error) as exc:
                 r.problem = f"corrupt eval.csv ({type(exc).__name__}: {exc})"
         r.videos = sorted((rd / "videos").glob("*.mp4"))
@@ -113,7 +96,7 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
     todo = []
     for row in sweep.current_rows(experiment_dir):
         rd = sweep.run_dir(experiment_dir, row["run_id"])
-        if markers.run_state(rd) == "done" and markers.eval_state(rd) == "new":
+        if rundir.run_state(rd) == "done" and rundir.eval_state(rd) == "new":
             todo.append(int(row["index"]))
     if not todo:
         return
@@ -171,8 +154,11 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
 
     curves = {}
     curve_rows = []
+    partial_curves = []
     for label, rs in by_setting.items():
         usable = [r for r in rs if len(r.steps) >= 2]
+        if len(usable) < len(rs):
+            partial_curves.append(f"{label}: training curve from {len(usable)} of {len(rs)} seeds")
         if usable:
             grid, center, low, high, n = stats.aggregate_curves([r.steps for r in usable], [r.returns for r in usable], None, agg)
             curves[label] = (grid, center, low, high, n)
@@ -202,11 +188,13 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     _write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high"], improvement)
 
     table = summary_table(summary, by_setting)
-    write_report(experiment_dir, table, made, results)
+    write_report(experiment_dir, table, made, results, partial_curves)
     print(table, file=out)
+    for line in partial_curves:
+        print(line, file=out)
     for r in results:
-        if r.problem:
-            print(f"run {r.run_id} ({r.setting}, seed {r.seed}): {r.problem}", file=out)
+        for problem in filter(None, (r.problem, r.curve_problem)):
+            print(f"run {r.run_id} ({r.setting}, seed {r.seed}): {problem}", file=out)
     note = sweep.left_out_note(experiment_dir)
     if note:
         print(note, file=out)
@@ -239,7 +227,7 @@ def summary_table(summary: list[dict], by_setting: dict[str, list[RunResult]]) -
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
 
-def write_report(experiment_dir: Path, table: str, plots_made: dict[str, Path], results: list[RunResult]) -> Path:
+def write_report(experiment_dir: Path, table: str, plots_made: dict[str, Path], results: list[RunResult], partial_curves: list[str]) -> Path:
     """results/report.md: the directory explains itself hours later (provenance, tables, plots, videos)."""
     results_dir = experiment_dir / "results"
     try:
@@ -258,9 +246,11 @@ def write_report(experiment_dir: Path, table: str, plots_made: dict[str, Path], 
     lines += ["Pairwise probability of improvement P(X > Y) with 95% bootstrap CIs: [improvement.csv](improvement.csv).", ""]
     for title, path in plots_made.items():
         lines += [f"## {title}", "", f"![{title}]({path.relative_to(results_dir)})", ""]
-    problems = [r for r in results if r.problem]
+        if title == "Training curves" and partial_curves:
+            lines += [f"- {line}" for line in partial_curves] + [""]
+    problems = [(r, p) for r in results for p in (r.problem, r.curve_problem) if p]
     if problems:
-        lines += ["## Runs without a result", ""] + [f"- `{r.run_id}` ({r.setting}, seed {r.seed}): {r.problem}" for r in problems] + [""]
+        lines += ["## Runs without a result", ""] + [f"- `{r.run_id}` ({r.setting}, seed {r.seed}): {p}" for r, p in problems] + [""]
     videos = [(r, v) for r in results for v in r.videos]
     if videos:
         lines += ["## Videos", ""] + [f"- `{r.run_id}` ({r.setting}, seed {r.seed}): [{v.name}]({os.path.relpath(v, results_dir)})" for r, v in videos] + [""]

@@ -21,13 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl import sweep
+from hpcrl import rundir, sweep
 from hpcrl.config import ConfigError, Experiment
 from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
 from hpcrl.io import atomic_write_text
 from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_train
-from hpcrl.markers import eval_state, run_state
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
 
@@ -87,9 +86,7 @@ def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
 
 def manifest_runs(experiment_dir: Path, job: Job) -> list[int]:
     """Run indices of a job's array tasks, in task order."""
-    if not job.manifest:
-        return []
-    return [int(line) for line in (experiment_dir / job.manifest).read_text().split()]
+    return rundir.read_manifest(experiment_dir, job.manifest) if job.manifest else []
 
 
 def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> dict[str, set[int]]:
@@ -223,12 +220,12 @@ def _sweep_locked(
         jobs = read_jobs(root)
         active = active_runs(root, scheduler, jobs)
         in_flight = set().union(*active.values()) if active else set()
-        states = {r.index: run_state(sweep.run_dir(root, r.run_id)) for r in runs}
+        states = {r.index: rundir.run_state(sweep.run_dir(root, r.run_id)) for r in runs}
         todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
         # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
         eval_todo = [
             r.index for r in runs
-            if states[r.index] == "done" and eval_state(sweep.run_dir(root, r.run_id)) in ("new", "failed") and r.index not in in_flight
+            if states[r.index] == "done" and rundir.eval_state(sweep.run_dir(root, r.run_id)) in ("new", "failed") and r.index not in in_flight
         ]
         skipped_done = sum(1 for s in states.values() if s == "done")
         sweep.write_experiment(exp, runs, provenance)
@@ -259,7 +256,7 @@ def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob
     for planned in planned_jobs:
         script = root / planned.script
         if planned.manifest:
-            atomic_write_text(root / planned.manifest, "".join(f"{i}\n" for i in planned.runs))
+            rundir.write_manifest(root, planned.manifest, planned.runs)
             rollback.written.append(root / planned.manifest)
         atomic_write_text(script, planned.text)
         rollback.written.append(script)

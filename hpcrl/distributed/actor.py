@@ -26,7 +26,7 @@ from typing import TextIO
 
 import redis
 
-from hpcrl import markers
+from hpcrl import rundir
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
@@ -55,7 +55,7 @@ def run_actor(experiment_dir: Path, run: Run, actor: int, out: TextIO | None = N
         raise ValueError(f"{run.run_id}: the config has no distributed section")
     if not 0 <= actor < d.actors:
         raise ValueError(f"actor index {actor} out of range: the run has {d.actors} actors")
-    if (rd / markers.DONE).exists():
+    if rundir.is_done(rd):
         print(f"{run.run_id} actor {actor}: run already done", file=out)
         return 0
     stop = StopFlag()
@@ -92,7 +92,7 @@ class Actor:
         print(f"{self.run_id} actor {self.actor}: {text}", file=self.out, flush=True)
 
     def _run_over(self) -> bool:
-        return (self.rd / markers.DONE).exists() or (self.rd / markers.FAILED).exists()
+        return rundir.is_done(self.rd) or rundir.is_failed(self.rd)
 
     # ------------------------------------------------------------------ connection management
     def run(self) -> int:
@@ -108,11 +108,11 @@ class Actor:
                 info = rendezvous.wait(self.rd, remaining, lambda: bool(self.stop) or self._run_over(), not_instance=skip_instance)
             if self.stop:
                 return REQUEUE_EXIT
-            if (self.rd / markers.DONE).exists():
+            if rundir.is_done(self.rd):
                 self.log("run done")
                 return 0
-            if (self.rd / markers.FAILED).exists():
-                self.log(f"learner failed ({(markers.reason(self.rd, markers.FAILED).splitlines() or ['no reason'])[0]}); exiting with {ORPHANED_EXIT}")
+            if rundir.is_failed(self.rd):
+                self.log(f"learner failed ({rundir.first_line(self.rd, rundir.FAILED) or 'no reason'}); exiting with {ORPHANED_EXIT}")
                 return ORPHANED_EXIT
             if info is None:
                 self.log(f"no learner for {self.d.learner_timeout_s:g} s; exiting with {ORPHANED_EXIT}")

@@ -44,15 +44,6 @@ def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
     return size
 
 
-def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, int]:
-    """(run index, actor index) of an actors-array task: the k-th line naming run r is actor k."""
-    lines = (experiment_dir / manifest).read_text().split()
-    if not 1 <= task <= len(lines):
-        raise ConfigError(f"--task {task}: the manifest {manifest} has {len(lines)} tasks")
-    run = lines[task - 1]
-    return int(run), lines[: task - 1].count(run)
-
-
 def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> tuple[list[PlannedJob], list[str]]:
     """The learner, actors and eval jobs of one submission (see the module docstring), and the eval scripts."""
     d = exp.distributed

@@ -11,7 +11,6 @@ its actors keep running and reconnect to the next start, which writes a new rend
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import secrets
@@ -23,7 +22,7 @@ from typing import Any, TextIO
 import numpy as np
 import redis
 
-from hpcrl import markers
+from hpcrl import rundir
 from hpcrl.distributed import rendezvous, runstats
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
@@ -32,7 +31,7 @@ from hpcrl.distributed.redis_server import RedisServer
 from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import make_vec_env
-from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch, truncate_log
+from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run
 
@@ -132,14 +131,8 @@ class Learner:
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> int:
         algo, d = self.algo, self.d
-        log_path = self.rd / "train.csv"
-        truncate_log(log_path, algo.global_step)
-        columns = BASE_COLUMNS + ApexLearner.metric_names + DIST_COLUMNS
-        new_log = not log_path.exists() or log_path.stat().st_size == 0
-        with log_path.open("a", newline="") as log:
-            self.writer = csv.writer(log)
-            if new_log:
-                self.writer.writerow(columns)
+        with rundir.TrainLog(self.rd, BASE_COLUMNS + ApexLearner.metric_names + DIST_COLUMNS, algo.global_step) as log:
+            self.log_file = log
             self.start, self.start_step = time.monotonic(), algo.global_step
             self.last_report, self.last_report_step = self.start, algo.global_step
             next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
@@ -155,7 +148,6 @@ class Learner:
                         self.board.publish(algo.version, algo.params())
                 if time.monotonic() - self.last_report >= d.heartbeat_s:
                     self._report(RUNNING)
-                    log.flush()
                 if self.stop:
                     self.board.set_status(STOPPING)
                     self.counters["lost"] += self.board.queue_depth()  # pushes are refused from now on
@@ -167,7 +159,7 @@ class Learner:
                     self._save()
                     next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
             self._save()
-            markers.mark(self.rd, markers.DONE, f"step {algo.global_step}")
+            rundir.mark_done(self.rd, algo.global_step)
             self.board.set_status(DONE)
             self._report(DONE)
         self._wait_for_actors_to_leave()
@@ -262,7 +254,7 @@ class Learner:
         row = [algo.global_step, algo.updates, f"{wall:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
         row += [_fmt(metrics.get(k, math.nan)) for k in ApexLearner.metric_names]
         row += [len(alive), depth, _fmt(lag_mean if lag_mean is not None else math.nan), counters["dropped_stale"], counters["malformed"], stats["backpressure_waits"]]
-        self.writer.writerow(row)
+        self.log_file.write(row)
 
     def _wait_for_actors_to_leave(self) -> None:
         """Give actors a moment to read `done` from the board (they exit 0 then) before Redis goes away."""

@@ -1,9 +1,15 @@
 """Atomic, weights-only checkpoints that a preempted job resumes from.
 
 A checkpoint is a dict of tensors and plain Python values (never arbitrary objects), loaded with
-`torch.load(weights_only=True)` so that a file from disk can never run code. Files are
-step-numbered; the newest one that loads is resumed from, and a corrupt newest file (a node died
-mid-write on a filesystem without atomic rename) falls back to the one before it.
+`torch.load(weights_only=True)` so that a file from disk can never run code.
+
+Files are named `step-<step>-<sequence>.pt`. The sequence counts writes, so "newest" means the last
+one written, never the highest step: a run that had to fall back to an older checkpoint (its newest
+files unreadable) writes lower steps than the files it skipped, and pruning or resuming by step
+would delete each new checkpoint as soon as it was written and restart from scratch every lifetime.
+The newest readable file is resumed from; when files exist but none reads, the run fails with the
+reason instead of silently training again from step 0 (and pruning away what might still be
+rescued).
 """
 
 from __future__ import annotations
@@ -11,31 +17,97 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
 from hpcrl.io import atomic_open
+from hpcrl.rundir import RunError
 
-_NAME = re.compile(r"^step-(\d+)\.pt$")
+_NAME = re.compile(r"^step-(\d+)(?:-(\d+))?\.pt$")
+"""`step-000000004096-000007.pt`; files from before the sequence (`step-N.pt`) count as sequence 0."""
+
+
+class UnreadableCheckpoints(RunError):
+    """A run has checkpoints but can read none of them."""
+
+
+def _order(path: Path) -> tuple[int, int]:
+    """(write sequence, step): the sequence decides; the step only orders files from before it."""
+    m = _NAME.match(path.name)
+    assert m is not None
+    return int(m.group(2) or 0), int(m.group(1))
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
-    """Checkpoints in a directory, newest (highest step) first."""
+    """Checkpoints in a directory, newest (last written) first."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=_order, reverse=True)
 
 
 def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
-    path = directory / f"step-{step:012d}.pt"
-    with atomic_open(path, "wb") as f:
-        torch.save(state, f)
-    for old in checkpoint_files(directory)[keep:]:
-        old.unlink(missing_ok=True)
+    """Write a checkpoint atomically, then prune all but the `keep` last written (never this one).
+
+    A failed write (full disk, quota) raises the OSError that caused it, with this file's name,
+    instead of the message torch wraps it in; the previous checkpoints are untouched.
+    """
+    existing = checkpoint_files(directory)
+    sequence = _order(existing[0])[0] + 1 if existing else 1
+    path = directory / f"step-{step:012d}-{sequence:06d}.pt"
+    try:
+        with atomic_open(path, "wb") as f:
+            _save_to(state, f)
+    except OSError as exc:  # closing a file on a full disk fails again, without a name: name it
+        if exc.filename or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    for old in checkpoint_files(directory)[max(1, keep):]:
+        if old != path:
+            old.unlink(missing_ok=True)
     return path
+
+
+class _WriteRecorder:
+    """A file that remembers the OSError its write raised: torch.save turns it into a RuntimeError
+    ("unexpected pos 704 vs 598") that no longer says the disk is full."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save_to(state: dict[str, Any], f: IO[bytes]) -> None:
+    recorder = _WriteRecorder(f)
+    try:
+        torch.save(state, recorder)
+    except RuntimeError:
+        if recorder.error is None:
+            raise
+        raise recorder.error from None
+
+
+def remove_stale_temp(directory: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes that were killed (kill -9, a node crash).
+
+    Only safe while holding the run lock: then no live writer owns one.
+    """
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
@@ -43,13 +115,19 @@ def load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
 
 
 def load_latest(directory: Path, device: str | torch.device = "cpu") -> tuple[dict[str, Any] | None, list[str]]:
-    """The newest readable checkpoint and a note for every unreadable one skipped on the way."""
+    """The newest readable checkpoint (None when there is none) and a note for every unreadable one
+    skipped on the way. UnreadableCheckpoints when there are checkpoints and none of them reads."""
     problems = []
     for path in checkpoint_files(directory):
         try:
             return load(path, device), problems
         except Exception as exc:  # a truncated or foreign file: report it, try the previous one
-            problems.append(f"{path.name}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            problems.append(f"{path.name}: unreadable ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]})")
+    if problems:
+        raise UnreadableCheckpoints(
+            f"none of the {len(problems)} checkpoints in {directory} is readable ({'; '.join(problems)}); "
+            "move them aside to train this run again from step 0"
+        )
     return None, problems
 
 

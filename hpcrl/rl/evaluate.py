@@ -7,16 +7,13 @@ unfinished or failed training run is recorded as skipped, with the reason, never
 
 from __future__ import annotations
 
-import csv
-import io
-import math
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from hpcrl import markers
-from hpcrl.io import atomic_write_text
+from hpcrl import rundir
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import episode_metrics, make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
@@ -26,19 +23,6 @@ from hpcrl.sweep import Run, run_dir
 
 EVAL_SEED_OFFSET = 1_000_003
 """Evaluation episodes use seeds no training env used."""
-
-
-def final_train_return(rd: Path, last: int = 10) -> float:
-    """Mean episodic return over the last `last` logged iterations that finished episodes."""
-    path = rd / "train.csv"
-    if not path.exists():
-        return math.nan
-    values = []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("episodic_return"):
-                values.append(float(row["episodic_return"]))
-    return float(np.mean(values[-last:])) if values else math.nan
 
 
 def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, device: torch.device) -> list[tuple[float, int, dict[str, float]]]:
@@ -67,20 +51,19 @@ def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, 
 def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
     rd = run_dir(experiment_dir, run.run_id)
     ecfg = run.config.eval
-    state = markers.run_state(rd)
+    state = rundir.run_state(rd)
     if state != "done":
-        why = markers.reason(rd, markers.FAILED).splitlines()[0:1] or [state]
-        markers.mark(rd, markers.EVAL_SKIPPED, f"train {state}: {why[0]}")
+        rundir.mark(rd, rundir.EVAL_SKIPPED, f"train {state}: {rundir.first_line(rd, rundir.FAILED) or state}")
         print(f"{run.run_id}: eval skipped, train {state}", file=out)
         return 0
     if ecfg.threshold is not None:
-        final = final_train_return(rd)
+        final = rundir.final_return(rd)
         if not final >= ecfg.threshold:
-            markers.mark(rd, markers.EVAL_SKIPPED, f"final training return {final:.4g} below threshold {ecfg.threshold:g}")
+            rundir.mark(rd, rundir.EVAL_SKIPPED, f"final training return {final:.4g} below threshold {ecfg.threshold:g}")
             print(f"{run.run_id}: eval skipped, final training return {final:.4g} < {ecfg.threshold:g}", file=out)
             return 0
     try:
-        state_dict, problems = checkpoint.load_latest(rd / "checkpoints")
+        state_dict, problems = checkpoint.load_latest(rd / rundir.CHECKPOINTS)
         if state_dict is None:
             raise FileNotFoundError("no readable checkpoint" + (f" ({'; '.join(problems)})" if problems else ""))
         device = pick_device(run.config.train.device)
@@ -97,17 +80,15 @@ def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
             for path, frames in record_episodes(policy, run.config.env, ecfg.video_episodes, EVAL_SEED_OFFSET + run.seed, rd / "videos", device):
                 print(f"{run.run_id}: wrote {path.name} ({frames} frames)", file=out)
     except Exception as exc:
-        markers.mark(rd, markers.EVAL_FAILED, f"{type(exc).__name__}: {exc}")
-        raise
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    metric_names = sorted({name for *_, metrics in results for name in metrics})
-    writer.writerow(["episode", "return", "length", *metric_names])
-    for i, (ret, length, metrics) in enumerate(results):
-        writer.writerow([i, f"{ret:.6g}", length, *(f"{metrics[k]:.6g}" if k in metrics else "" for k in metric_names)])
-    atomic_write_text(rd / "eval.csv", buf.getvalue())
+        line = rundir.one_line_reason(exc)
+        rundir.mark(rd, rundir.EVAL_FAILED, line or f"{type(exc).__name__}: {exc}")
+        if line is None:
+            raise
+        print(f"hpcrl: error: {run.run_id}: eval failed: {line}", file=sys.stderr)
+        return 1
+    rundir.write_eval(rd, results)
     mean = float(np.mean([r for r, *_ in results]))
-    markers.mark(rd, markers.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes")
+    rundir.mark(rd, rundir.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes")
     print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes", file=out)
     return 0
 

@@ -9,7 +9,6 @@ cleanup) it checkpoints at the next iteration boundary and exits with REQUEUE_EX
 
 from __future__ import annotations
 
-import csv
 import importlib
 import math
 import random
@@ -20,9 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcrl import markers
+from hpcrl import rundir
 from hpcrl.guard import StopFlag, guarded_run
-from hpcrl.io import atomic_write_text
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.schedulers.base import REQUEUE_EXIT
@@ -66,19 +64,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def truncate_log(path: Path, max_step: int) -> None:
-    """Drop rows logged after the checkpoint being resumed from (they will be produced again)."""
-    if not path.exists():
-        return
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return
-    kept = [rows[0]] + [r for r in rows[1:] if r and int(float(r[0])) <= max_step]
-    if len(kept) != len(rows):
-        atomic_write_text(path, "".join(",".join(r) + "\n" for r in kept))
-
-
 def train_run(experiment_dir: Path, run: Run, out=None) -> int:
     """Train one run to completion (or to the next preemption). Returns the process exit code."""
     return guarded_run(experiment_dir, run, lambda rd, stop: _train(rd, run, stop, out), out)
@@ -106,14 +91,7 @@ def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
             print(f"{run.run_id}: resumed from step {agent.global_step}", file=out)
         if agent.planned_steps != tcfg.total_steps:
             print(f"{run.run_id}: train.total_steps {tcfg.total_steps} rounded up to {agent.planned_steps}, whole iterations of {agent.planned_steps // agent.num_iterations} steps", file=out)
-        log_path = rd / "train.csv"
-        truncate_log(log_path, agent.global_step)
-        columns = BASE_COLUMNS + tuple(agent.metric_names)
-        new_log = not log_path.exists() or log_path.stat().st_size == 0
-        with log_path.open("a", newline="") as log:
-            writer = csv.writer(log)
-            if new_log:
-                writer.writerow(columns)
+        with rundir.TrainLog(rd, BASE_COLUMNS + tuple(agent.metric_names), agent.global_step) as log:
             start, start_step = time.monotonic(), agent.global_step
 
             def save() -> None:
@@ -128,8 +106,7 @@ def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
                 length = float(np.mean([e[1] for e in episodes])) if episodes else math.nan
                 sps = (agent.global_step - start_step) / max(now - start, 1e-9)
                 row = [agent.global_step, agent.iteration, f"{elapsed + now - start:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
-                writer.writerow(row + [_fmt(metrics.get(k, math.nan)) for k in agent.metric_names])
-                log.flush()
+                log.write(row + [_fmt(metrics.get(k, math.nan)) for k in agent.metric_names])
                 if stop.signal is not None:
                     save()
                     print(f"{run.run_id}: signal {stop.signal} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
@@ -139,7 +116,7 @@ def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
             save()
     finally:
         envs.close()
-    markers.mark(rd, markers.DONE, f"step {agent.global_step}")
+    rundir.mark_done(rd, agent.global_step)
     print(f"{run.run_id}: done at step {agent.global_step}", file=out)
     return 0
 

@@ -1,0 +1,414 @@
+"""The one owner of a run directory's files: markers, train.csv, eval.csv, task manifests, the run lock.
+
+Train, the Ape-X learner, evaluate, collect, status and the CLI all read and write these files
+through this module, because every rule about them (what a torn line means, which marker
+contradicts which, what line N of a manifest names) drifted when it lived in several places.
+
+    runs/<run_id>/
+      .lock                  held (flock) by the one process that trains the run; holds "pid host"
+      DONE | FAILED          train markers with a short reason (DONE: "step N", the steps trained)
+      EVAL_DONE | EVAL_FAILED | EVAL_SKIPPED
+      train.csv              appended one whole line per logged iteration by TrainLog
+      eval.csv               written once, atomically, by the eval stage
+      checkpoints/           rl/checkpoint.py's files; their stale temporary files go at the next start
+    jobs/<attempt>-<chunk>.tasks          line i = the run index of array task i
+    jobs/<attempt>-<chunk>.actors.tasks   the k-th line naming run r = actor k of run r
+
+Markers are the source of truth for whether a stage finished: schedulers differ in what they
+remember (Slurm without accounting forgets, SGE's qstat forgets at once); a file written by the job
+itself does not.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import fcntl
+import io
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from hpcrl.config import ConfigError
+from hpcrl.io import atomic_write_text
+from hpcrl.sweep import Run, load_run
+
+DONE, FAILED = "DONE", "FAILED"
+EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
+TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
+
+LOCKED_EXIT = 75
+"""Exit code of a trainer that found its run locked by another (EX_TEMPFAIL): neither 0, which would
+pass for a finished run, nor the requeue code, which would have the scheduler retry it forever."""
+
+_OPPOSITE = {
+    DONE: (FAILED,), FAILED: (DONE,),
+    EVAL_DONE: (EVAL_FAILED, EVAL_SKIPPED), EVAL_FAILED: (EVAL_DONE, EVAL_SKIPPED), EVAL_SKIPPED: (EVAL_DONE, EVAL_FAILED),
+}  # fmt: skip
+
+
+class RunError(Exception):
+    """A run failed for a reason its one-line message tells whole (a full disk, unreadable
+    checkpoints): the FAILED marker and the log get that line, not a traceback."""
+
+
+class RunLocked(Exception):
+    """Another live process trains this run."""
+
+
+# --------------------------------------------------------------------------------------------
+# Markers.
+
+
+def mark(run_dir: Path, name: str, reason: str = "") -> None:
+    """Write one marker and clear the markers it contradicts."""
+    for other in _OPPOSITE[name]:
+        (run_dir / other).unlink(missing_ok=True)
+    atomic_write_text(run_dir / name, reason.strip() + "\n")
+
+
+def clear(run_dir: Path, *names: str) -> None:
+    for name in names:
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def reason(run_dir: Path, name: str) -> str:
+    try:
+        return (run_dir / name).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def first_line(run_dir: Path, name: str) -> str:
+    """A marker's headline: FAILED may carry a traceback below it."""
+    return (reason(run_dir, name).splitlines() or [""])[0]
+
+
+def is_done(run_dir: Path) -> bool:
+    return (run_dir / DONE).exists()
+
+
+def is_failed(run_dir: Path) -> bool:
+    return (run_dir / FAILED).exists()
+
+
+def run_state(run_dir: Path) -> str:
+    """Training state from markers: done, failed, started (checkpoints or logs exist) or new."""
+    if is_done(run_dir):
+        return "done"
+    if is_failed(run_dir):
+        return "failed"
+    if (run_dir / TRAIN_LOG).exists() or any((run_dir / CHECKPOINTS).glob("*.pt")):
+        return "started"
+    return "new"
+
+
+def eval_state(run_dir: Path) -> str:
+    for name, state in ((EVAL_DONE, "done"), (EVAL_SKIPPED, "skipped"), (EVAL_FAILED, "failed")):
+        if (run_dir / name).exists():
+            return state
+    return "new"
+
+
+def mark_done(run_dir: Path, steps: int) -> None:
+    """DONE with the number of environment steps really trained, which `status` shows."""
+    mark(run_dir, DONE, f"step {steps}")
+
+
+def done_step(run_dir: Path) -> int | None:
+    """The steps a finished run trained, from its DONE marker (None when it does not say)."""
+    head = first_line(run_dir, DONE).split()
+    return int(head[1]) if len(head) == 2 and head[0] == "step" and head[1].isdigit() else None
+
+
+# --------------------------------------------------------------------------------------------
+# train.csv: written by TrainLog only; every reader drops a torn last line.
+#
+# A kill -9 cannot tear a line (each row is one write), but a node that dies on a network
+# filesystem can leave half a line or a run of NUL bytes at the end. Readers therefore use only
+# lines that end in a newline and parse, and the writer cuts the file back before appending.
+
+
+def _complete_lines(data: bytes) -> list[bytes]:
+    """Lines that end in a newline; what follows the last newline is a torn tail."""
+    return data.split(b"\n")[:-1]
+
+
+def _step_of(line: bytes) -> int | None:
+    try:
+        return int(float(line.split(b",", 1)[0]))
+    except ValueError:
+        return None
+
+
+class TrainLog:
+    """The one writer of train.csv: append-only, one whole line per row, flushed at once.
+
+    Opened at the step the run resumes from, it first cuts the file back to its header and the
+    complete rows that step covers: rows logged after the checkpoint will be produced again, and a
+    torn tail (half a line, NUL bytes) would otherwise sit in the middle of the log for good.
+    """
+
+    def __init__(self, run_dir: Path, columns: Sequence[str], resume_step: int) -> None:
+        self.path = run_dir / TRAIN_LOG
+        has_header = _cut_back(self.path, resume_step)
+        self._file = self.path.open("a")
+        if not has_header:
+            self.write(columns)
+
+    def write(self, values: Sequence[object]) -> None:
+        self._file.write(",".join(map(str, values)) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TrainLog:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _cut_back(path: Path, max_step: int) -> bool:
+    """Truncate train.csv after its last complete row with step <= max_step; False: no header kept."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    end = data.find(b"\n")
+    if end < 0 or b"\0" in data[:end] or not data[:end].strip():
+        keep, header = 0, False
+    else:
+        keep, header = end + 1, True
+        while (nxt := data.find(b"\n", keep)) >= 0:
+            step = _step_of(data[keep:nxt])
+            if step is None or step > max_step:
+                break
+            keep = nxt + 1
+    if keep < len(data):
+        os.truncate(path, keep)
+    return header
+
+
+def read_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(step, episodic return) of each logged iteration that finished an episode.
+
+    Raises ValueError when a complete line in the middle of the file does not parse: that is
+    damage, not a torn tail, and collect reports it by run.
+    """
+    lines = _complete_lines((run_dir / TRAIN_LOG).read_bytes())
+    if not lines:
+        return np.empty(0), np.empty(0)
+    header = lines[0].decode().strip().split(",")
+    s, r = header.index("step"), header.index("episodic_return")
+    steps, values = [], []
+    for line in lines[1:]:
+        row = line.split(b",")
+        if len(row) > r and row[r].strip():
+            steps.append(row[s])
+            values.append(row[r])
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+def final_return(run_dir: Path, last: int = 10) -> float:
+    """Mean episodic return over the last `last` logged iterations that finished episodes (NaN if none)."""
+    try:
+        _, returns = read_curve(run_dir)
+    except FileNotFoundError:
+        return math.nan
+    return float(np.mean(returns[-last:])) if len(returns) else math.nan
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The step of train.csv's last complete row, read from the end (logs can be long)."""
+    try:
+        with (run_dir / TRAIN_LOG).open("rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - 4096)
+            f.seek(start)
+            lines = _complete_lines(f.read())
+    except FileNotFoundError:
+        return 0
+    if start > 0:
+        lines = lines[1:]  # begins mid-line
+    for line in reversed(lines):
+        step = _step_of(line)
+        if step is not None:
+            return step
+    return 0
+
+
+def has_train_log(run_dir: Path) -> bool:
+    return (run_dir / TRAIN_LOG).exists()
+
+
+# --------------------------------------------------------------------------------------------
+# eval.csv
+
+
+def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, float]]]) -> None:
+    """One row per episode: return, length and the task metrics the env reported (Habitat: success, SPL)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    metric_names = sorted({name for *_, metrics in results for name in metrics})
+    writer.writerow(["episode", "return", "length", *metric_names])
+    for i, (ret, length, metrics) in enumerate(results):
+        writer.writerow([i, f"{ret:.6g}", length, *(f"{metrics[k]:.6g}" if k in metrics else "" for k in metric_names)])
+    atomic_write_text(run_dir / EVAL_LOG, buf.getvalue())
+
+
+def has_eval(run_dir: Path) -> bool:
+    return (run_dir / EVAL_LOG).exists()
+
+
+def read_eval(run_dir: Path) -> float:
+    """Mean evaluation return; ValueError/KeyError/TypeError for a damaged file."""
+    with (run_dir / EVAL_LOG).open(newline="") as f:
+        returns = [float(row["return"]) for row in csv.DictReader(f)]
+    if not returns:
+        raise ValueError("no episodes")
+    return float(np.mean(returns))
+
+
+# --------------------------------------------------------------------------------------------
+# Task manifests: how an array task finds its run on every scheduler.
+
+
+def write_manifest(experiment_dir: Path, manifest: str, runs: Sequence[int]) -> None:
+    atomic_write_text(experiment_dir / manifest, "".join(f"{i}\n" for i in runs))
+
+
+def read_manifest(experiment_dir: Path, manifest: str) -> list[int]:
+    """Run indices of a job's array tasks, in task order (line i is task i)."""
+    path = experiment_dir / manifest
+    try:
+        return [int(word) for word in path.read_text().split()]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: unreadable task manifest ({_why(exc)})") from None
+
+
+def task_run(experiment_dir: Path, manifest: str, task: int) -> int:
+    """The run index of array task `task` (counted from 1, as every scheduler's array is mapped)."""
+    runs = read_manifest(experiment_dir, manifest)
+    if not 1 <= task <= len(runs):
+        raise ConfigError(f"--task {task}: the manifest {manifest} has {len(runs)} tasks")
+    return runs[task - 1]
+
+
+def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, int]:
+    """(run index, actor index) of an actors-array task: the k-th line naming run r is actor k."""
+    run = task_run(experiment_dir, manifest, task)
+    return run, read_manifest(experiment_dir, manifest)[: task - 1].count(run)
+
+
+def load_task_run(experiment_dir: Path, index: int) -> Run:
+    """The run a task trains or evaluates; a missing or damaged run config is one line, not a traceback."""
+    try:
+        return load_run(experiment_dir, index)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{experiment_dir}: cannot load run {index} ({_why(exc)}); `hpcrl sweep` the config again to rewrite it") from None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    return str(exc)
+
+
+# --------------------------------------------------------------------------------------------
+# The run lock.
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run's lock, as it wrote itself into the lock file."""
+
+    pid: int
+    host: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+@contextmanager
+def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[None]:
+    """Hold the run's lock while training it; RunLocked if another live process holds it.
+
+    An flock on `runs/<id>/.lock` belongs to the open file, so the kernel drops it when its holder
+    dies, however it dies (kill -9, out of memory): a lock can never outlive a trainer, and a stale
+    lock file means nothing. The file is never removed (removing it would let a second trainer lock
+    a new inode while the first still holds the old one). `wait_s` rides out a `status` that
+    probes the lock at that moment.
+
+    Network filesystems: Linux clients (NFS v3 with lockd, v4) turn flock into a lock on the server,
+    so it holds across nodes; when a whole node dies, the server frees its locks only after its
+    lease (NFSv4: 90 s by default), and a run requeued sooner refuses to start until then. A mount
+    with `nolock` or `local_lock=flock` keeps locks on one node only: there the lock guards against
+    a second trainer on the same node, not on another.
+    """
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunLocked(f"{run_dir.name} is being trained by {holder or 'another process'} (lock {run_dir / LOCK}); not starting a second trainer") from None
+            time.sleep(0.05)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock_holder(run_dir: Path) -> Holder | None:
+    """The live process that holds the run's lock, or None: how `status` tells a running trainer
+    from a task the scheduler lost. It takes a shared lock for an instant, never blocking."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd) or Holder(0, "?")
+    finally:
+        os.close(fd)
+    return None
+
+
+def _read_holder(fd: int) -> Holder | None:
+    words = os.pread(fd, 256, 0).decode(errors="replace").split()
+    return Holder(int(words[0]), words[1]) if len(words) == 2 and words[0].isdigit() else None
+
+
+# --------------------------------------------------------------------------------------------
+# Failures that need one line, not a traceback.
+
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+"""OSErrors about the filesystem rather than the code: the user must act, a traceback does not help."""
+
+
+def one_line_reason(exc: BaseException) -> str | None:
+    """The whole story of a failure in one line, or None when it is a bug that needs its traceback."""
+    if isinstance(exc, RunError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or os.strerror(exc.errno)}{where}"
+    return None
