@@ -19,7 +19,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from hpcrl.config import load_experiment
     from hpcrl.pipeline import submit_experiment
 
-    exp = load_experiment(args.config, args.param + ([f"name={args.name}"] if args.name else []))
+    exp = load_experiment(args.config, args.param, name=args.name)
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
 
