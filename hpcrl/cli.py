@@ -18,8 +18,10 @@ from hpcrl.schedulers.base import SchedulerError
 def _sweep(args: argparse.Namespace) -> int:
     from hpcrl.config import load_experiment
     from hpcrl.pipeline import submit_experiment
+    from hpcrl.rl.envcheck import check_environment
 
     exp = load_experiment(args.config, args.param, name=args.name)
+    check_environment(exp)  # before the queue wait, not inside every job after it
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
 
@@ -117,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     add_params(s)
     s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
     s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
-    s.add_argument("--name", help="experiment name (default: the config's name)")
+    s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
     s.set_defaults(func=_sweep)
 
