@@ -77,7 +77,7 @@ def _check_size(root: yaml.Node) -> None:
         if total > MAX_NODES:
             raise ConfigError(
                 f"line {node.start_mark.line + 1}: the config expands to more than {MAX_NODES:,} values "
-                "(aliases multiply what they repeat)"
+                "(counting each alias as what it repeats)"
             )
         sizes[key] = total
         return total
