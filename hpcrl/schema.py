@@ -28,6 +28,7 @@ LARGEST_INT = 2**53
 """Integers above this are refused everywhere: they are not exact as JSON numbers or floats, and no
 count, budget or seed of a run is that large (a bigger `total_steps` would never end)."""
 
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
@@ -220,11 +221,8 @@ def _convert_int(value: Any, path: str) -> int:
 
 
 def _convert_float(value: Any, path: str) -> float:
-    if isinstance(value, str):
-        try:  # YAML 1.1 reads 3e-4 (no dot) as a string
-            value = float(value)
-        except ValueError:
-            pass
+    if isinstance(value, str) and _NUMBER.fullmatch(value):
+        value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{path}: expected a number, got {value!r}")
     try:
