@@ -257,7 +257,7 @@ class ImageConfig:
         scheme, sep, rest = self.base.partition("://")
         if sep and scheme in self._REMOTE and rest.strip() and not any(c.isspace() for c in rest):
             return scheme, rest
-        if not sep and self.base.endswith(".sif") and "\n" not in self.base and "\r" not in self.base:
+        if not sep and self.base.endswith(".sif"):
             return "localimage", self.base
         raise ValueError(
             "expected docker://IMAGE:TAG, library://..., oras://..., shub://... or the path of a local .sif, "

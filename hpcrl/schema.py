@@ -139,7 +139,9 @@ def field_rules(cls: type) -> dict[str, Rules]:
     return out
 
 
+@functools.cache
 def public_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """The fields a config file may set (cached: run configs are validated by the thousand)."""
     return {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
 
 

@@ -126,7 +126,7 @@ class DQNConfig(TrainConfig):
     end_e: float = setting(0.05, ge=0, le=1)
     exploration_fraction: float = setting(0.5, gt=0, le=1)
     """Fraction of total_steps over which epsilon falls linearly from start_e to end_e."""
-    n_step: int = setting(1, ge=1, le=1000)
+    n_step: int = setting(1, ge=1)
     """TD targets from n-step returns. Single-process DQN computes them from the buffer when it samples
     (as SB3's `n_steps`); Ape-X actors send them. Either way a return stops at an episode's end."""
     double_dqn: bool = False
