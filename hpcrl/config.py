@@ -563,7 +563,9 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
         where = f"sweep.grid.{key}"
         if not _known_path(key, exp.algo):
             raise ConfigError(f"{where}: unknown key")
-        if key in ("algo",) or not is_learned(key, exp.algo):
+        if key == "algo":
+            raise ConfigError(f"{where}: cannot be swept: each algorithm has its own train section (make one experiment per algorithm)")
+        if not is_learned(key, exp.algo):
             raise ConfigError(f"{where}: cannot be swept: it does not change what is learned (set it once, outside the grid)")
         if not values:
             raise ConfigError(f"{where}: expected a non-empty list of values")
