@@ -83,27 +83,27 @@ class Rules:
         return None
 
     def _bound_problem(self, value: float) -> str | None:
-        kind = "an integer" if isinstance(value, int) else "a number"
-        low = (self.ge, "[") if self.ge is not None else (self.gt, "(") if self.gt is not None else None
-        high = (self.le, "]") if self.le is not None else (self.lt, ")") if self.lt is not None else None
-        ok = (
+        if (
             (self.ge is None or value >= self.ge)
             and (self.gt is None or value > self.gt)
             and (self.le is None or value <= self.le)
             and (self.lt is None or value < self.lt)
-        )
-        if ok:
+        ):
             return None
+        noun = "an integer" if isinstance(value, int) else "a number"
+        low = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}" if self.gt is not None else ""
+        high = f"{self.le:g}]" if self.le is not None else f"{self.lt:g})" if self.lt is not None else ""
         if low and high:
-            return f"expected {kind} in {low[1]}{low[0]:g}, {high[0]:g}{high[1]}, got {value!r}"
-        if low:
-            if (low[0], low[1]) in ((0, "("), (1, "[") if kind == "an integer" else (0, "(")):
-                return f"expected a positive {kind.split()[-1]}, got {value!r}"
-            if (low[0], low[1]) == (0, "["):
-                return f"expected a non-negative {kind.split()[-1]}, got {value!r}"
-            return f"expected {kind} {'>=' if low[1] == '[' else '>'} {low[0]:g}, got {value!r}"
-        assert high is not None
-        return f"expected {kind} {'<=' if high[1] == ']' else '<'} {high[0]:g}, got {value!r}"
+            expected = f"{noun} in {low}, {high}"
+        elif low in ("(0", "[1") and noun == "an integer" or low == "(0":
+            expected = f"a positive {noun.split()[-1]}"
+        elif low == "[0":
+            expected = f"a non-negative {noun.split()[-1]}"
+        elif low:
+            expected = f"{noun} {'>=' if low[0] == '[' else '>'} {low[1:]}"
+        else:
+            expected = f"{noun} {'<=' if high[-1] == ']' else '<'} {high[:-1]}"
+        return f"expected {expected}, got {value!r}"
 
 
 def setting(
