@@ -181,7 +181,7 @@ class EvalConfig:
     """Skip evaluating runs whose final training return is below this."""
     video: bool = False
     video_episodes: int = setting(1, ge=0, le=1000)
-    gpus: int = setting(0, ge=0)
+    gpus: int = setting(0, ge=0, sweepable=False)
 
 
 def _python_problem(text: str) -> str | None:
@@ -368,7 +368,7 @@ class Experiment:
     resources: Resources = setting(factory=Resources, learned=False)
     container: ContainerConfig = setting(factory=ContainerConfig, learned=False)
     cuda: CudaConfig = setting(factory=CudaConfig, learned=False)
-    eval: EvalConfig = setting(factory=EvalConfig, learned=False)
+    eval: EvalConfig = setting(factory=EvalConfig, learned=False, sweepable=True)
     image: Optional[ImageConfig] = setting(None, learned=False)
     output: str = setting("logs", valid=_non_empty, learned=False)
     """Root under which `<output>/<name>/` is created."""
@@ -425,18 +425,29 @@ def _known_path(dotted: str, algo: str) -> bool:
     return True
 
 
+def _path_rules(dotted: str, algo: str) -> list[Any]:
+    """The rules of each field along a (known) dotted key, down to a free-form mapping."""
+    cls: Any = Experiment
+    out = []
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            break  # inside a free-form mapping, which its field already answered for
+        out.append(field_rules(cls)[part])
+        cls = _field_type(cls, part, algo)
+    return out
+
+
 def is_learned(dotted: str, algo: str) -> bool:
     """Whether the setting at a (known) dotted key changes what a run learns. Settings that change
     only how or where it runs (`resources.*`, `train.device`, `train.checkpoint_every`, ...) are
-    declared `learned=False` on their fields: they cannot be swept, and a run id need not hash them."""
-    cls: Any = Experiment
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(cls):
-            return True  # inside a free-form mapping, which its field already answered for
-        if not field_rules(cls)[part].learned:
-            return False
-        cls = _field_type(cls, part, algo)
-    return True
+    declared `learned=False` on their fields: a run id need not hash them."""
+    return all(rules.learned for rules in _path_rules(dotted, algo))
+
+
+def is_sweepable(dotted: str, algo: str) -> bool:
+    """Whether a grid may vary the setting: what is learned, and how runs are evaluated (`eval.*`
+    but `eval.gpus`)."""
+    return all(rules.in_grid for rules in _path_rules(dotted, algo))
 
 
 def learned_settings(exp: Experiment) -> dict[str, Any]:
@@ -565,8 +576,8 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
             raise ConfigError(f"{where}: unknown key")
         if key == "algo":
             raise ConfigError(f"{where}: cannot be swept: each algorithm has its own train section (make one experiment per algorithm)")
-        if not is_learned(key, exp.algo):
-            raise ConfigError(f"{where}: cannot be swept: it does not change what is learned (set it once, outside the grid)")
+        if not is_sweepable(key, exp.algo):
+            raise ConfigError(f"{where}: cannot be swept: it changes how or where runs execute, not what they learn (set it once, outside the grid)")
         if not values:
             raise ConfigError(f"{where}: expected a non-empty list of values")
         for other in grid:

@@ -65,8 +65,15 @@ class Rules:
     keys: Callable[[str], str | None] | None = None
     """For a mapping field: why one of its keys is wrong, or None."""
     learned: bool = True
-    """False for settings that change how or where a run executes, not what it learns: they cannot be
-    swept (two grid points would be the same run)."""
+    """False for settings that change how or where a run executes, not what it learns: a run id need
+    not hash them, and they cannot be swept (two grid points would be one run) unless `sweepable`."""
+    sweepable: bool | None = None
+    """Whether a grid may vary the setting; None: when it is `learned`. `eval.*` is swept to compare
+    evaluations, though it changes nothing in training."""
+
+    @property
+    def in_grid(self) -> bool:
+        return self.learned if self.sweepable is None else self.sweepable
 
     def problem(self, value: Any) -> str | None:
         """Why a converted scalar breaks these rules, or None."""
@@ -119,9 +126,10 @@ def setting(
     valid: Callable[[Any], str | None] | None = None,
     keys: Callable[[str], str | None] | None = None,
     learned: bool = True,
+    sweepable: bool | None = None,
 ) -> Any:
     """A dataclass field with its rules (`field()` plus bounds), e.g. `gamma: float = setting(0.99, ge=0, le=1)`."""
-    rules = Rules(ge, gt, le, lt, min_items, directive, valid, keys, learned)
+    rules = Rules(ge, gt, le, lt, min_items, directive, valid, keys, learned, sweepable)
     if factory is not None:
         return field(default_factory=factory, metadata={"rules": rules})
     return field(default=default, metadata={"rules": rules})

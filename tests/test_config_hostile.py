@@ -109,7 +109,7 @@ UNSWEPT = {
     "python": ["/usr/bin/python3", "/opt/python"],
     "output": ["a", "b"],
     "name": ["a", "b"],
-    "eval.episodes": [5, 10],
+    "eval.gpus": [0, 1],
     "image.python": ["3.10", "3.11"],
     "train.device": ["cpu", "cuda"],
     "train.checkpoint_every": [1, 2],
@@ -132,6 +132,14 @@ def test_distributed_operational_keys_cannot_be_swept(tmp_path: Path) -> None:
         refused(tmp_path, {**apex, "sweep": {"grid": {key: values}}}, f"sweep.grid.{key}", train=DQN_TRAIN)
     exp = load_experiment(config_with_train(tmp_path, {**apex, "sweep": {"grid": {"distributed.actors": [1, 2]}}}, DQN_TRAIN))
     assert exp.sweep.grid == {"distributed.actors": [1, 2]}
+
+
+def test_evaluation_settings_can_be_swept(tmp_path: Path) -> None:
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"eval.threshold": [0, 1e6]}}}))
+    assert exp.sweep.grid == {"eval.threshold": [0.0, 1e6]}
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"eval": [{"episodes": 3}, {"video": True}]}}}))
+    assert exp.sweep.grid == {"eval": [{"episodes": 3}, {"video": True}]}
+    assert not is_learned("eval.threshold", "ppo")
 
 
 def test_is_learned_follows_the_field_declarations() -> None:
