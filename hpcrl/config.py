@@ -473,7 +473,9 @@ def _merge(old: Any, new: Any) -> Any:
     return new
 
 
-def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+def _set_dotted(data: dict, dotted: str, value: Any, *, merge: bool = False) -> None:
+    """Set a dotted key; with `merge` (a grid point), a mapping changes only the keys it names,
+    while `-p key=value` sets the key to exactly the value given."""
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:
@@ -483,7 +485,7 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{dotted}: {part} is not a mapping")
         node = child
-    node[parts[-1]] = _merge(node.get(parts[-1]), value)
+    node[parts[-1]] = _merge(node.get(parts[-1]), value) if merge else value
 
 
 def _get_dotted(obj: Any, dotted: str) -> Any:
@@ -591,7 +593,7 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
         for value in values:  # every grid point must validate on its own, before anything is written
             point = copy.deepcopy(data)
             point.pop("sweep", None)
-            _set_dotted(point, key, value)
+            _set_dotted(point, key, value, merge=True)
             try:
                 typed = _canonical(_get_dotted(_build_experiment(point), key), value)
             except ConfigError as exc:
@@ -649,7 +651,7 @@ def apply_settings(exp: Experiment, settings: dict[str, Any], seed: int) -> Expe
     changes only the keys it names)."""
     data = exp.to_dict()
     for key, value in settings.items():
-        _set_dotted(data, key, value)
+        _set_dotted(data, key, value, merge=True)
     data["sweep"] = {"seeds": [seed], "grid": {}}
     run = experiment_from_dict(data)
     run.source = exp.source

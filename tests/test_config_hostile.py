@@ -369,3 +369,11 @@ def test_duplicate_yaml_keys_are_refused_with_their_line(tmp_path: Path) -> None
     config.write_text("name: tiny\ntrain: {lr: 0.1, lr: 0.2}\n")
     with pytest.raises(ConfigError, match="line 2: malformed YAML: duplicate key 'lr'"):
         load_experiment(config)
+
+
+def test_an_override_sets_a_mapping_as_given_while_a_grid_point_merges(tmp_path: Path) -> None:
+    """`-p env.kwargs={...}` replaces the mapping (as habitat configs swap `episodes` for `scene`)."""
+    config = write_config(tmp_path, {"env": {"kwargs": {"sutton_barto_reward": True}}})
+    assert load_experiment(config, ["env.kwargs={}"]).env.kwargs == {}
+    runs = expand(load_experiment(config, ["sweep.grid={env.kwargs: [{}]}", "sweep.seeds=[0]"]))
+    assert [r.config.env.kwargs for r in runs] == [{"sutton_barto_reward": True}]
