@@ -7,6 +7,7 @@ importing torch.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from hpcrl.schedulers.base import SchedulerError
 def _sweep(args: argparse.Namespace) -> int:
     from hpcrl.config import load_experiment
     from hpcrl.pipeline import submit_experiment
+    from hpcrl.rl.envcheck import check_environment
 
-    exp = load_experiment(args.config, args.param + ([f"name={args.name}"] if args.name else []))
+    exp = load_experiment(args.config, args.param, name=args.name)
+    check_environment(exp)  # before the queue wait, not inside every job after it
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
 
@@ -98,7 +101,9 @@ def _experiment_dir(text: str) -> Path:
     return path
 
 
+@functools.cache
 def parser() -> argparse.ArgumentParser:
+    """Built once per process: argparse looks up a translation for every help string (~50 ms)."""
     p = argparse.ArgumentParser(prog="hpcrl", description="RL sweeps from one YAML file to evaluated, plotted results.")
     p.add_argument("--version", action="version", version=f"hpcrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -111,7 +116,7 @@ def parser() -> argparse.ArgumentParser:
     add_params(s)
     s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
     s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
-    s.add_argument("--name", help="experiment name (default: the config's name)")
+    s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
     s.set_defaults(func=_sweep)
 

@@ -37,7 +37,7 @@ BAD = [
     ({"sweep": {"grid": {"train.lrr": [1, 2]}}}, "sweep.grid.train.lrr: unknown key"),
     ({"sweep": {"grid": {"train.lr": [1e-3, "fast"]}}}, "sweep.grid.train.lr='fast': train.lr: expected a number"),
     ({"sweep": {"seeds": [1, 1]}}, "sweep.seeds: seeds repeat"),
-    ({"name": "../escape"}, "name: expected letters"),
+    ({"name": "../escape"}, "name: expected a letter"),
     ({"train": {"batch_size": 5}}, "train.batch_size: unknown key"),
 ]
 

@@ -1,0 +1,105 @@
+"""Checks of a config's environments that can run on a login node, at sweep time.
+
+An unknown `env.id`, or DQN on an env with continuous actions, would otherwise fail inside every
+job after its queue wait. What is checked costs milliseconds: gymnasium's registry (no env is
+built, except the few pure-Python ones below, whose action space cannot be known otherwise) and
+ViZDoom's registered scenarios (read from its registry; no game is started). Habitat is not
+checked here: building its simulator is the expensive part, and it lives only in the image.
+
+Imports gymnasium, never torch: `hpcrl sweep` on a login node must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+import gymnasium as gym
+
+from hpcrl.config import EnvConfig, Experiment, apply_settings
+from hpcrl.schema import ConfigError
+
+_CHEAP = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text")
+"""Entry points whose envs are built in microseconds without any simulator: made to read their
+action space (and to try `env.kwargs` on them)."""
+
+
+def check_environment(exp: Experiment) -> None:
+    """Raise ConfigError (naming the key path) for an env the runs of `exp` could not use.
+
+    Checks the config's own env and, for each grid key under `env`, each of its values.
+    """
+    envs: list[tuple[str, EnvConfig]] = [("", exp.env)]
+    for key, values in exp.sweep.grid.items():
+        if key == "env" or key.startswith("env."):
+            for value in values:
+                point = apply_settings(exp, {key: value}, exp.sweep.seeds[0])
+                envs.append((f"sweep.grid.{key}={value!r}: ", point.env))
+    for where, spec in envs:
+        try:
+            _check_one(spec, exp.algo)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}{exc}") from None
+
+
+def _check_one(spec: EnvConfig, algo: str) -> None:
+    if spec.backend == "gymnasium":
+        _check_gymnasium(spec, algo)
+    elif spec.backend == "vizdoom":
+        _check_vizdoom(spec)
+
+
+def _check_gymnasium(spec: EnvConfig, algo: str) -> None:
+    module, _, name = spec.id.rpartition(":")
+    if module:  # gymnasium's `module:EnvId` form imports the module that registers the id
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.id: cannot import {module!r}, which should register {name!r}: {exc}") from None
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"env.id: {name!r} is not a registered gymnasium environment{hint}")
+    entry = gym.registry[name].entry_point
+    if isinstance(entry, str) and entry.startswith(_CHEAP):
+        try:
+            env = gym.make(name, **spec.kwargs)
+        except Exception as exc:  # whatever the env's constructor says about the config's kwargs
+            raise ConfigError(f"env.kwargs: {name} refuses them: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        try:
+            _check_spaces(env, name, algo)
+        finally:
+            env.close()
+
+
+def _check_vizdoom(spec: EnvConfig) -> None:
+    """Scenario names and ids, from ViZDoom's own registrations. Skipped when vizdoom is not
+    installed where `hpcrl sweep` runs (it may be installed in the image only)."""
+    try:
+        from hpcrl.rl.vizdoom_env import resolve_id
+
+        env_id = resolve_id(spec.id)
+    except ImportError:
+        return
+    except ValueError:
+        ids = [i for i, spec_ in gym.registry.items() if i.startswith("Vizdoom") and spec_.kwargs.get("max_buttons_pressed") == 1]
+        scenarios = [str(gym.registry[i].kwargs.get("scenario_config_file", "")).removesuffix(".cfg") for i in ids]
+        close = difflib.get_close_matches(spec.id, ids + scenarios, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f" (scenarios: {', '.join(sorted(set(scenarios)))})"
+        raise ConfigError(f"env.id: {spec.id!r} is not a ViZDoom scenario or registered id{hint}") from None
+    if spec.kwargs.get("max_buttons_pressed", gym.registry[env_id].kwargs.get("max_buttons_pressed")) == 0:
+        raise ConfigError(f"env.id: {env_id} with max_buttons_pressed 0 has MultiBinary actions; hpcrl's policies take Discrete or Box")
+
+
+def _check_spaces(env: gym.Env, env_id: str, algo: str) -> None:
+    """What hpcrl's networks take (hpcrl/rl/networks.py): Box or Dict-of-Box observations, Discrete
+    or Box actions, and Discrete actions for DQN's Q-values."""
+    obs = env.observation_space
+    parts = obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs]
+    if not all(isinstance(part, gym.spaces.Box) for part in parts):
+        raise ConfigError(f"env.id: {env_id} has {type(obs).__name__} observations; hpcrl's networks take Box or a Dict of Box")
+    space = env.action_space
+    if algo == "dqn" and not isinstance(space, gym.spaces.Discrete):
+        raise ConfigError(f"env.id: algo dqn needs Discrete actions, {env_id} has {space}")
+    if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise ConfigError(f"env.id: {env_id} has {type(space).__name__} actions; hpcrl's policies take Discrete or Box")

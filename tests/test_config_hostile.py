@@ -1,0 +1,379 @@
+"""A hostile user's configs (issue 12): each is refused at sweep time, through the real CLI, with
+one line naming the key path, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+import tracemalloc
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+from factories import TINY, deep_update, write_config
+
+from hpcrl.cli import main
+from hpcrl.config import MAX_NAME, MAX_RUNS, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.sweep import expand
+
+DQN_TRAIN = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100}
+
+
+def config_with_train(tmp_path: Path, changes: dict, train: dict) -> Path:
+    """A tiny config whose whole train section is `train` (TINY's is PPO's)."""
+    data = deep_update(TINY, {"output": str(tmp_path / "logs"), **changes})
+    data["train"] = train
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def sweep(config: Path, *args: str, dry_run: bool = True) -> tuple[int, str]:
+    """`hpcrl sweep CONFIG` in this process; (exit code, stderr)."""
+    err = io.StringIO()
+    argv = ["sweep", str(config), "--scheduler", "local", *(["--dry-run"] if dry_run else []), *args]
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        code = main(argv)
+    return code, err.getvalue()
+
+
+def assert_refused(tmp_path: Path, code: int, stderr: str, key: str) -> None:
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("hpcrl: error: "), stderr
+    assert f": {key}" in stderr, stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def refused(tmp_path: Path, changes: dict, key: str, *args: str, dry_run: bool = True, train: dict | None = None) -> str:
+    config = write_config(tmp_path, changes) if train is None else config_with_train(tmp_path, changes, train)
+    code, stderr = sweep(config, *args, dry_run=dry_run)
+    assert_refused(tmp_path, code, stderr, key)
+    return stderr
+
+
+# ---------------------------------------------------------------------------- item 1: directives
+
+POISON = ["gpu\ntouch /tmp/hpcrl-pwned", "gpu --uid=0", "gpu#x", "gpu'x", "gpu\rx", ""]
+
+
+@pytest.mark.parametrize("key", ["partition", "account", "queue", "sge_pe", "sge_mem_resource", "sge_gpu_resource"])
+def test_directive_words_are_refused_with_their_key_path(tmp_path: Path, key: str) -> None:
+    for i, value in enumerate(POISON):
+        stderr = refused(tmp_path, {"resources": {key: value}}, f"resources.{key}", dry_run=i > 0)
+        assert "directive" in stderr or "single line" in stderr
+
+
+def test_extra_directive_lines_are_refused_at_their_index(tmp_path: Path) -> None:
+    for value in ["--exclusive\ntouch /tmp/hpcrl-pwned", "--x\r--y", "--x\x0b", "  "]:
+        refused(tmp_path, {"resources": {"extra": ["--constraint=a100", value]}}, "resources.extra[1]")
+    assert sweep(write_config(tmp_path, {"resources": {"extra": ["--constraint=a100 --exclusive", "-l h=node01"]}}))[0] == 0
+
+
+def test_actor_mem_is_a_memory_size(tmp_path: Path) -> None:
+    apex = {"algo": "dqn", "distributed": {"actor_mem": "2G\ntouch x"}}
+    refused(tmp_path, apex, "distributed.actor_mem", train=DQN_TRAIN)
+
+
+# ---------------------------------------------------------------------------- item 6: duplicate points
+
+
+@pytest.mark.parametrize("values", [[0.001, 0.001], ["1e-3", 0.001], [0.001, "1.0e-3", 0.01]])
+def test_duplicate_grid_points_are_refused(tmp_path: Path, values: list) -> None:
+    stderr = refused(tmp_path, {"sweep": {"seeds": [0], "grid": {"train.lr": values}}}, "sweep.grid.train.lr")
+    assert "repeats" in stderr
+
+
+def test_a_section_point_equal_to_another_once_typed_is_refused(tmp_path: Path) -> None:
+    grid = {"train": [{"lr": 0.001, "gamma": 0.9}, {"gamma": 0.9, "lr": "1e-3"}]}
+    refused(tmp_path, {"sweep": {"grid": grid}}, "sweep.grid.train")
+
+
+def test_grid_values_are_typed(tmp_path: Path) -> None:
+    """`1e-3` (a string to YAML 1.1) and `5` for a float are stored as the numbers they mean."""
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"grid": {"train.lr": ["1e-3", 5], "env.num_envs": [2.0]}}}))
+    assert exp.sweep.grid == {"train.lr": [0.001, 5.0], "env.num_envs": [2]}
+    assert [type(v) for v in exp.sweep.grid["train.lr"]] == [float, float]
+
+
+# ---------------------------------------------------------------------------- item 7: what can be swept
+
+UNSWEPT = {
+    "resources.time": ["00:10:00", "00:20:00"],
+    "resources.partition": ["a", "b"],
+    "resources": [{"mem": "1G"}, {"mem": "2G"}],
+    "container.image": ["a.sif", "b.sif"],
+    "cuda.modules": [["cuda/11"], ["cuda/12"]],
+    "python": ["/usr/bin/python3", "/opt/python"],
+    "output": ["a", "b"],
+    "name": ["a", "b"],
+    "eval.gpus": [0, 1],
+    "image.python": ["3.10", "3.11"],
+    "train.device": ["cpu", "cuda"],
+    "train.checkpoint_every": [1, 2],
+    "train.torch_threads": [1, 2],
+    "env.vectorization": ["sync", "async"],
+    "algo": ["ppo", "a2c"],
+    "sweep.seeds": [[0], [1]],
+}
+
+
+@pytest.mark.parametrize("key", UNSWEPT)
+def test_keys_that_do_not_change_learning_cannot_be_swept(tmp_path: Path, key: str) -> None:
+    stderr = refused(tmp_path, {"sweep": {"grid": {key: UNSWEPT[key]}}}, f"sweep.grid.{key}")
+    assert "cannot be swept" in stderr
+
+
+def test_distributed_operational_keys_cannot_be_swept(tmp_path: Path) -> None:
+    apex = {"algo": "dqn", "distributed": {}}
+    for key, values in {"distributed.redis.address": ["h:1", "h:2"], "distributed.actor_cpus": [1, 2]}.items():
+        refused(tmp_path, {**apex, "sweep": {"grid": {key: values}}}, f"sweep.grid.{key}", train=DQN_TRAIN)
+    exp = load_experiment(config_with_train(tmp_path, {**apex, "sweep": {"grid": {"distributed.actors": [1, 2]}}}, DQN_TRAIN))
+    assert exp.sweep.grid == {"distributed.actors": [1, 2]}
+
+
+def test_evaluation_settings_can_be_swept(tmp_path: Path) -> None:
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"eval.threshold": [0, 1e6]}}}))
+    assert exp.sweep.grid == {"eval.threshold": [0.0, 1e6]}
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"eval": [{"episodes": 3}, {"video": True}]}}}))
+    assert exp.sweep.grid == {"eval": [{"episodes": 3}, {"video": True}]}
+    assert not is_learned("eval.threshold", "ppo")
+
+
+def test_is_learned_follows_the_field_declarations() -> None:
+    assert is_learned("train.lr", "ppo") and is_learned("env.kwargs.frame_skip", "ppo") and is_learned("train.buffer_size", "dqn")
+    assert not is_learned("train.device", "dqn") and not is_learned("resources.mem", "ppo") and not is_learned("train.save_replay", "dqn")
+    learned = learned_settings(experiment_from_dict({"name": "x", "train": {"lr": "1e-3"}}))
+    assert learned["train"]["lr"] == 0.001 and "device" not in learned["train"] and "resources" not in learned
+
+
+def test_a_section_grid_point_changes_only_the_keys_it_names(tmp_path: Path) -> None:
+    """`{train: [{lr: ..}]}` merges into the config's train section instead of resetting it."""
+    config = write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"train": [{"lr": 0.01}, {"lr": 0.02, "gamma": 0.9}]}}})
+    runs = expand(load_experiment(config))
+    assert [r.config.train.lr for r in runs] == [0.01, 0.02]
+    assert [r.config.train.gamma for r in runs] == [0.99, 0.9]
+    assert {r.config.train.num_steps for r in runs} == {TINY["train"]["num_steps"]} != {128}
+    assert {tuple(r.config.train.hidden_sizes) for r in runs} == {tuple(TINY["train"]["hidden_sizes"])}
+
+
+def test_overlapping_grid_keys_are_refused(tmp_path: Path) -> None:
+    refused(tmp_path, {"sweep": {"grid": {"train": [{"lr": 0.01}], "train.lr": [0.1]}}}, "sweep.grid.train.lr")
+
+
+# ---------------------------------------------------------------------------- item 8: login-node checks
+
+
+@pytest.mark.parametrize(
+    "changes,key",
+    [
+        ({"env": {"id": "CartPol-v1"}}, "env.id"),
+        ({"env": {"id": "FrozenLake-v1"}}, "env.id"),
+        ({"env": {"kwargs": {"no_such_kwarg": 1}}}, "env.kwargs"),
+        ({"env": {"backend": "vizdoom", "id": "VizdoomBasic-v0"}}, "env.id"),
+        ({"env": {"backend": "vizdoom", "id": "basik"}}, "env.id"),
+        ({"sweep": {"grid": {"env.id": ["CartPole-v1", "Acrobat-v1"]}}}, "sweep.grid.env.id"),
+        ({"sweep": {"seeds": [-1]}}, "sweep.seeds[0]"),
+        ({"sweep": {"seeds": [0, 1e20]}}, "sweep.seeds[1]"),
+        ({"sweep": {"seeds": [2**32]}}, "sweep.seeds[0]"),
+        ({"train": {"device": "tpu"}}, "train.device"),
+        ({"train": {"device": "cuda:x"}}, "train.device"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_what_a_login_node_can_check_is_checked_at_sweep_time(tmp_path: Path, changes: dict, key: str) -> None:
+    refused(tmp_path, changes, key)
+
+
+def test_dqn_needs_discrete_actions(tmp_path: Path) -> None:
+    stderr = refused(tmp_path, {"algo": "dqn", "env": {"id": "Pendulum-v1"}}, "env.id", train=DQN_TRAIN)
+    assert "Discrete" in stderr
+    assert sweep(config_with_train(tmp_path, {"algo": "dqn"}, DQN_TRAIN))[0] == 0
+
+
+def test_the_checks_accept_what_the_jobs_can_run(tmp_path: Path) -> None:
+    for changes in [
+        {"env": {"id": "Pendulum-v1"}},
+        {"env": {"backend": "vizdoom", "id": "basic"}},
+        {"env": {"backend": "vizdoom", "id": "VizdoomDefendCenter-v1"}},
+        {"sweep": {"seeds": [0, 2**32 - 1]}, "train": {"device": "cuda:1"}},
+    ]:
+        code, stderr = sweep(write_config(tmp_path, changes))
+        assert code == 0, stderr
+
+
+def test_config_checks_do_not_import_torch(tmp_path: Path) -> None:
+    """Validation runs on login nodes; `hpcrl status` and `sweep` must not pay for torch."""
+    config = write_config(tmp_path, {"env": {"id": "Pendulum-v1"}})
+    code = (
+        "import sys; from hpcrl.config import load_experiment; from hpcrl.rl.envcheck import check_environment;"
+        f"check_environment(load_experiment({str(config)!r})); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------- item 9: nonsense numbers
+
+
+@pytest.mark.parametrize(
+    "changes,key",
+    [
+        ({"train": {"lr": float("nan")}}, "train.lr"),
+        ({"train": {"lr": float("inf")}}, "train.lr"),
+        ({"train": {"lr": "-inf"}}, "train.lr"),
+        ({"train": {"max_grad_norm": -1}}, "train.max_grad_norm"),
+        ({"train": {"clip_coef": -1}}, "train.clip_coef"),
+        ({"train": {"gamma": 1.5}}, "train.gamma"),
+        ({"train": {"gae_lambda": -0.1}}, "train.gae_lambda"),
+        ({"train": {"ent_coef": -0.01}}, "train.ent_coef"),
+        ({"train": {"vf_coef": float("nan")}}, "train.vf_coef"),
+        ({"train": {"hidden_sizes": [10**9]}}, "train.hidden_sizes[0]"),
+        ({"train": {"total_steps": 10**30}}, "train.total_steps"),
+        ({"resources": {"mem": "0G"}}, "resources.mem"),
+        ({"resources": {"mem": "0"}}, "resources.mem"),
+        ({"eval": {"gpus": -1}}, "eval.gpus"),
+        ({"eval": {"threshold": float("nan")}}, "eval.threshold"),
+        ({"env": {"num_envs": 10**12}}, "env.num_envs"),
+        ({"env": {"num_envs": 4096}, "train": {"num_steps": 4096}}, "train.num_steps"),
+        ({"resources": {"max_concurrent": 0}}, "resources.max_concurrent"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_nonsense_numbers_are_refused(tmp_path: Path, changes: dict, key: str) -> None:
+    refused(tmp_path, changes, key)
+
+
+def test_dqn_bounds(tmp_path: Path) -> None:
+    for train, key in [({"buffer_size": 10**12}, "train.buffer_size"), ({"tau": 0}, "train.tau"), ({"end_e": 1.5}, "train.end_e"), ({"n_step": 0}, "train.n_step")]:
+        refused(tmp_path, {"algo": "dqn"}, key, train={**DQN_TRAIN, **train})
+
+
+def test_a2c_keeps_the_bounds_of_the_fields_whose_defaults_it_changes(tmp_path: Path) -> None:
+    refused(tmp_path, {"algo": "a2c"}, "train.lr", train={"lr": -1})
+    refused(tmp_path, {"algo": "a2c"}, "train.gae_lambda", train={"gae_lambda": 2})
+    refused(tmp_path, {"algo": "a2c"}, "train.num_steps", train={"num_steps": 0})
+
+
+# ---------------------------------------------------------------------------- item 15: names
+
+
+@pytest.mark.parametrize("name", ["1.10", "0x1f", "1:30", "1e3", "007"])
+def test_name_is_taken_as_typed_and_must_start_with_a_letter(tmp_path: Path, name: str) -> None:
+    stderr = refused(tmp_path, {}, "name", "--name", name, dry_run=False)
+    assert repr(name) in stderr and "start with a digit" in stderr
+
+
+def test_name_option_is_never_read_as_yaml(tmp_path: Path) -> None:
+    for name in ["v1.10", "yes", "null", "x1_30"]:  # YAML would read the middle two as True and None
+        assert load_experiment(write_config(tmp_path), name=name).name == name
+        code, stderr = sweep(write_config(tmp_path), "--name", name)
+        assert code == 0, stderr
+    stderr = refused(tmp_path, {}, "name", "--name", "[1, 2]")
+    assert "'[1, 2]'" in stderr
+
+
+def test_numbers_in_string_fields_keep_their_text(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(write_config(tmp_path).read_text() + "image: {python: 3.10}\n")
+    text = config.read_text().replace("resources:\n", "resources:\n  account: 0x1f\n  partition: 1.10\n")
+    config.write_text(text)
+    exp = load_experiment(config, ["resources.queue=1:30"])
+    assert (exp.resources.account, exp.resources.partition, exp.resources.queue) == ("0x1f", "1.10", "1:30")
+    assert exp.image is not None and exp.image.python == "3.10"
+    assert load_experiment(config, ["name=v1.10"]).name == "v1.10"
+
+
+# ---------------------------------------------------------------------------- item 16: one line, exit 2
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    config.write_bytes(config.read_bytes().replace(b"tiny", b"t\xe9ny"))
+    code, stderr = sweep(config)
+    assert code == 2 and stderr.count("\n") == 1 and "not UTF-8" in stderr and "offset" in stderr, stderr
+
+
+def test_a_name_too_long_for_a_directory_is_refused(tmp_path: Path) -> None:
+    refused(tmp_path, {"name": "a" * (MAX_NAME + 1)}, "name", dry_run=False)
+    code, stderr = sweep(write_config(tmp_path, {"name": "a" * MAX_NAME}))
+    assert code == 0, stderr
+
+
+def test_output_pointing_at_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    for output in [tmp_path / "afile", tmp_path / "afile" / "below"]:
+        code, stderr = sweep(write_config(tmp_path, {"output": str(output)}), dry_run=False)
+        assert code == 2 and stderr.count("\n") == 1 and ": output: " in stderr and "is a file" in stderr, stderr
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "tiny").write_text("")
+    code, stderr = sweep(write_config(tmp_path), dry_run=False)
+    assert code == 2 and ": name: " in stderr and "is a file" in stderr, stderr
+    assert (tmp_path / "logs" / "tiny").read_text() == ""
+
+
+# ---------------------------------------------------------------------------- item 17: limits
+
+
+def test_a_huge_grid_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
+    grid = {"train.lr": [round(0.001 + i * 1e-6, 9) for i in range(1000)], "train.gamma": [round(0.5 + i * 1e-4, 6) for i in range(1000)]}
+    start = time.perf_counter()
+    stderr = refused(tmp_path, {"sweep": {"seeds": [0], "grid": grid}}, "sweep.grid", dry_run=False)
+    assert time.perf_counter() - start < 10
+    assert f"{10**6:,} runs" in stderr and f"{MAX_RUNS:,}" in stderr
+    refused(tmp_path, {"sweep": {"seeds": list(range(1000)), "grid": {"train.lr": grid["train.lr"][:101]}}}, "sweep.grid")
+
+
+def billion_laughs(depth: int = 9) -> str:
+    lines = ["name: tiny", "env:", "  kwargs:", '    l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, depth):
+        refs = ", ".join([f"*l{i - 1}"] * 9)
+        lines.append(f"    l{i}: &l{i} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    config = tmp_path / "bomb.yaml"
+    config.write_text(billion_laughs())
+    tracemalloc.start()
+    try:
+        code, stderr = sweep(config, dry_run=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2 and stderr.count("\n") == 1 and "line " in stderr and "expands to more than" in stderr, stderr
+    assert peak < 50 * 2**20
+    assert not (tmp_path / "logs").exists()
+
+
+def test_small_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    grid = "sweep:\n  seeds: [0]\n  grid:\n    train: [&base {lr: 0.01, gamma: 0.9}, {<<: *base, lr: 0.02}]\n"
+    config.write_text(config.read_text().replace("sweep:\n  seeds:\n  - 0\n  - 1\n", grid))
+    exp = load_experiment(config)
+    assert exp.sweep.grid == {"train": [{"lr": 0.01, "gamma": 0.9}, {"lr": 0.02, "gamma": 0.9}]}
+    config.write_text(billion_laughs(3))
+    assert load_experiment(config).env.kwargs["l2"][0][0] == ["lol"] * 9
+
+
+def test_duplicate_yaml_keys_are_refused_with_their_line(tmp_path: Path) -> None:
+    config = tmp_path / "dup.yaml"
+    data = yaml.safe_load(write_config(tmp_path).read_text())
+    config.write_text(yaml.safe_dump(data, sort_keys=False) + "train:\n  lr: 0.1\n")
+    code, stderr = sweep(config, dry_run=False)
+    first = next(i for i, line in enumerate(config.read_text().splitlines(), 1) if line.startswith("train:"))
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert f"duplicate key 'train' (first on line {first})" in stderr and f"line {len(config.read_text().splitlines()) - 1}:" in stderr
+    config.write_text("name: tiny\ntrain: {lr: 0.1, lr: 0.2}\n")
+    with pytest.raises(ConfigError, match="line 2: malformed YAML: duplicate key 'lr'"):
+        load_experiment(config)
+
+
+def test_an_override_sets_a_mapping_as_given_while_a_grid_point_merges(tmp_path: Path) -> None:
+    """`-p env.kwargs={...}` replaces the mapping (as habitat configs swap `episodes` for `scene`)."""
+    config = write_config(tmp_path, {"env": {"kwargs": {"sutton_barto_reward": True}}})
+    assert load_experiment(config, ["env.kwargs={}"]).env.kwargs == {}
+    runs = expand(load_experiment(config, ["sweep.grid={env.kwargs: [{}]}", "sweep.seeds=[0]"]))
+    assert [r.config.env.kwargs for r in runs] == [{"sutton_barto_reward": True}]
