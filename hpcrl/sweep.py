@@ -30,31 +30,13 @@ from typing import Any
 import yaml
 
 import hpcrl
-from hpcrl.config import ConfigError, Experiment, apply_settings, experiment_from_dict
+from hpcrl.config import ConfigError, Experiment, apply_settings, experiment_from_dict, is_learned, learned_settings
 from hpcrl.io import atomic_write_text
 
 # libyaml when PyYAML was built with it (the wheels are): a 1000-run sweep writes and status reads
 # 1000 run configs, which the pure-Python emitter and parser take ~10 s each for.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-NOT_LEARNED = frozenset({
-    # where and how a run executes, how it is evaluated and named: never what it learns
-    "name", "output", "python", "resources", "container", "cuda", "eval", "image", "sweep",
-    # the same numbers either way (sync and async vector envs step the same envs)
-    "env.vectorization",
-    # checkpoints, threads and the device: what a run costs, not what it learns. (`train.amp` IS
-    # hashed: bf16/fp16 change the arithmetic of every update on a GPU, and fp16 loss scaling skips
-    # steps; an fp32 result must not be pooled with a bf16 one.)
-    "train.checkpoint_every", "train.keep_checkpoints", "train.device", "train.torch_threads",
-    "train.save_replay",
-    # the distributed run's plumbing: liveness, timeouts, placement, where Redis lives
-    "distributed.heartbeat_s", "distributed.dead_after_s", "distributed.learner_timeout_s",
-    "distributed.parallel_runs", "distributed.actor_cpus", "distributed.actor_mem", "distributed.redis",
-})  # fmt: skip
-"""Dotted config keys left out of the run id. Everything else is hashed, so a new field counts as
-learned until it is listed here: at worst a run trains twice, never two settings under one id.
-A swept key is always hashed (a grid over `eval.episodes` still makes distinct runs)."""
 
 GENERATION = "generation"
 """runs.csv column: the config generation that last swept the run (the newest one is pooled)."""
@@ -91,11 +73,6 @@ def row_label(row: dict[str, str]) -> str:
     return setting_label({k: v for k, v in row.items() if k not in _FIXED_COLUMNS and v != ""})
 
 
-def learned(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A config's plain data without the keys in NOT_LEARNED (at any depth)."""
-    return {k: learned(v, f"{prefix}{k}.") if isinstance(v, dict) else v for k, v in data.items() if f"{prefix}{k}" not in NOT_LEARNED}
-
-
 def _get_dotted(data: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         data = data[part]
@@ -105,19 +82,18 @@ def _get_dotted(data: dict[str, Any], dotted: str) -> Any:
 def run_hash(config: Experiment, swept: list[str] | tuple[str, ...] = ()) -> str:
     """The id of a run's setting: a hash of the canonical values of what it learns, plus its swept keys.
 
-    `config` is a resolved, validated run config, so every value is already typed.
+    `config` is a resolved, validated run config, so every value is already typed. What is learned
+    is declared once, on the config's fields (`learned=False` for resources, checkpoints, threads,
+    the device, the distributed plumbing ...): `config.learned_settings` reads those declarations.
+    A field without the flag counts as learned, so at worst a run trains twice, never two settings
+    under one id.
     """
     data = config.to_dict()
-    # A swept key that is learned is in `learned(data)` already: sweeping lr over [0.001] and
-    # writing lr: 0.001 give one id. Only a swept key that is not learned is added on its own.
-    extra = {k: _get_dotted(data, k) for k in sorted(swept) if not _is_learned(k)}
-    blob = json.dumps([learned(data), extra], sort_keys=True).encode()
+    # A swept key that is learned is in learned_settings already: sweeping lr over [0.001] and
+    # writing lr: 0.001 give one id. Only a swept key that is not learned (eval.*) is added on its own.
+    extra = {k: _get_dotted(data, k) for k in sorted(swept) if not is_learned(k, config.algo)}
+    blob = json.dumps([learned_settings(config), extra], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
-
-
-def _is_learned(dotted: str) -> bool:
-    parts = dotted.split(".")
-    return not any(".".join(parts[: i + 1]) in NOT_LEARNED for i in range(len(parts)))
 
 
 def expand(exp: Experiment) -> list[Run]:
@@ -155,10 +131,6 @@ def _encoded(settings: dict[str, Any]) -> dict[str, str]:
 def _seeded(config: Experiment, seed: int) -> Experiment:
     """A grid point's resolved config for one of its seeds (the seed is all that differs)."""
     return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, seeds=[seed]))
-
-
-def seed_of(config: Experiment) -> int:
-    return config.sweep.seeds[0]
 
 
 # --------------------------------------------------------------------------------------------
