@@ -65,21 +65,38 @@ class Target:
     """Only mutate inside these functions (empty: the whole module)."""
 
 
-CONTRACTS = "tests/test_contracts.py"
+
+
+def contracts(*names: str) -> tuple[str, ...]:
+    """Tests of tests/test_contracts.py, by name (the contract tests that aim at one module)."""
+    return tuple(f"tests/test_contracts.py::test_{name}" for name in names)
+
+
+IDENTITY = contracts("run_ids_are_stable_ignore_resources_and_follow_what_is_learned", "a_resweep_keeps_the_index_of_every_run_on_disk", "each_run_reads_back_its_own_resolved_config")
+ATOMIC = contracts("an_interrupted_write_keeps_the_old_file_and_leaves_no_temporary", "written_files_follow_the_umask_like_any_other_file", "appended_lines_are_whole_lines")
+CHECKPOINTS = contracts(
+    "a_checkpoint_write_that_fails_half_way_keeps_the_previous_one",
+    "resume_skips_an_unreadable_newest_checkpoint_and_says_so",
+    "save_keeps_the_newest_checkpoints_and_resume_reads_the_newest",
+    "rng_states_survive_a_checkpoint_and_replay_the_same_draws",
+    "numpy_state_round_trips_through_a_weights_only_checkpoint",
+)
+QUOTING = contracts("a_quoted_value_reaches_the_shell_as_one_literal_word", "booleans_and_none_reach_the_shell_as_yaml_reads_them_back", "a_template_typo_is_an_error_not_an_empty_string")
+TASKS = contracts("task_i_runs_the_run_on_manifest_line_i", "a_task_outside_its_manifest_is_one_line_and_exit_2", "status_reads_done_and_failed_from_the_markers")
 COLLECT = "tests/test_results.py::test_collect_reports_bad_runs_by_name_and_aggregates_the_rest"
 DRY_RUN = "tests/test_job_scripts.py::test_dry_run_prints_and_writes_nothing"
 RESTORE = "tests/test_algorithms.py::test_checkpoint_restores_everything_a_run_continues_from"
 RESUME = "tests/test_algorithms.py::test_interrupted_dqn_run_resumes_with_its_replay_and_logs_each_step_once"
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
-    Target("sweep", "hpcrl/sweep.py", (CONTRACTS, "tests/test_config.py", DRY_RUN, COLLECT)),
-    Target("checkpoint", "hpcrl/rl/checkpoint.py", (CONTRACTS, RESTORE, RESUME)),
-    Target("io", "hpcrl/io.py", (CONTRACTS, RESTORE, COLLECT, DRY_RUN)),
-    Target("templates", "hpcrl/templates.py", (CONTRACTS, "tests/test_job_scripts.py")),
-    Target("markers", "hpcrl/markers.py", (CONTRACTS, COLLECT, RESUME)),
-    Target("manifest:pipeline", "hpcrl/pipeline.py", (CONTRACTS, STATUS), ("manifest_runs",)),
-    Target("manifest:cli", "hpcrl/cli.py", (CONTRACTS, STATUS), ("_task_run",)),
-    Target("manifest:actors", "hpcrl/distributed/jobs.py", (CONTRACTS, "tests/test_distributed_wire.py::test_actor_task_maps_to_run_and_actor"), ("actor_of_task",)),
+    Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *TASKS, "tests/test_config.py", DRY_RUN, COLLECT)),
+    Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, RESTORE, RESUME)),
+    Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], RESTORE, COLLECT, DRY_RUN)),
+    Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
+    Target("markers", "hpcrl/markers.py", (*TASKS, COLLECT, RESUME)),
+    Target("manifest:pipeline", "hpcrl/pipeline.py", (*TASKS, STATUS), ("manifest_runs",)),
+    Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
+    Target("manifest:actors", "hpcrl/distributed/jobs.py", (*contracts("actor_tasks_outside_their_manifest_are_refused"), "tests/test_distributed_wire.py::test_actor_task_maps_to_run_and_actor"), ("actor_of_task",)),
 ]
 
 
@@ -122,11 +139,13 @@ def test_command(target: Target) -> str:
 
 
 def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_s: float) -> Outcome:
+    from cosmic_ray.mutating import mutate_and_test
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
     began = time.monotonic()
     counts: Counter = Counter()
+    note = ""
     with tempfile.TemporaryDirectory(prefix=f"hpcrl-mutation-{target.name.replace(':', '-')}-") as tmp:
         root = Path(tmp) / "tree"
         shutil.copytree(snapshot, root, symlinks=True)
@@ -146,19 +165,11 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
         base = subprocess.run(shlex.split(test_command(target)), cwd=root, env=env, capture_output=True, text=True)
         baseline_s = time.monotonic() - t0
         if base.returncode != 0:
-            return Outcome(target, counts, [], f"baseline fails on the unmutated code:\n{base.stdout[-2000:]}{base.stderr[-2000:]}")
+            return Outcome(target, counts, [], f"baseline fails on the unmutated code:\n{base.stdout[-2000:]}{base.stderr[-2000:]}", time.monotonic() - began)
         timeout = max(args.min_timeout, args.timeout_factor * baseline_s)
 
         config = root / "mutation.toml"
-        config.write_text(
-            "[cosmic-ray]\n"
-            f'module-path = "{target.module}"\n'
-            f"timeout = {timeout:.0f}\n"
-            "excluded-modules = []\n"
-            f"test-command = {test_command(target)!r}\n"
-            "[cosmic-ray.distributor]\n"
-            'name = "local"\n'
-        )
+        config.write_text(f'[cosmic-ray]\nmodule-path = "{target.module}"\ntimeout = {timeout:.0f}\nexcluded-modules = []\ntest-command = ""\n')
         session = root / "mutation.sqlite"
         subprocess.run([_tool("cosmic-ray"), "init", str(config), str(session)], cwd=root, env=env, check=True, capture_output=True)
         with use_db(str(session), WorkDB.Mode.open) as db:
@@ -171,19 +182,29 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
                     db.set_result(item.job_id, WorkResult(output="binary-operator swap not kept", worker_outcome=WorkerOutcome.SKIPPED))
                     counts["filtered"] += 1
                 else:
-                    wanted.append(item.job_id)
-            wanted.sort()
-            random.Random(args.seed).shuffle(wanted)
-            # Sampled down to what fits the time left (a mutant costs about one baseline run), so that
-            # cosmic-ray is never killed mid-mutant with a test process of its own still running.
-            fits = int(budget_s // (baseline_s * 1.2))
-            keep = min(len(wanted), args.max_mutants, fits)
-            note = f"sampled down to {keep} mutants to fit the time budget" if keep < min(len(wanted), args.max_mutants) else ""
-            for job_id in wanted[keep:]:
-                db.set_result(job_id, WorkResult(output="sampled out", worker_outcome=WorkerOutcome.SKIPPED))
-                counts["sampled out"] += 1
-        print(f"[{target.name}] {keep} mutants, baseline {baseline_s:.1f} s, per-mutant timeout {timeout:.0f} s, about {keep * baseline_s / 60:.1f} min", flush=True)
-        subprocess.run([_tool("cosmic-ray"), "exec", str(config), str(session)], cwd=root, env=env, capture_output=True, check=True)
+                    wanted.append(item)
+            wanted.sort(key=lambda item: item.job_id)
+            random.Random(args.seed).shuffle(wanted)  # a seeded sample when the cap or the budget cuts the list
+            counts["sampled out"] = max(0, len(wanted) - args.max_mutants)
+            wanted = wanted[: args.max_mutants]
+            print(f"[{target.name}] {len(wanted)} mutants, baseline {baseline_s:.1f} s, per-mutant timeout {timeout:.0f} s, {budget_s / 60:.1f} min of budget", flush=True)
+            # cosmic-ray's own worker, run here rather than through `cosmic-ray exec` so that the
+            # budget is checked between mutants (a mutant's test process is never killed half-way).
+            # It edits the module in place, relative to the working directory, and restores it.
+            here, saved_env = Path.cwd(), dict(os.environ)
+            os.chdir(root)
+            os.environ.update(env)
+            try:
+                for n, item in enumerate(wanted):
+                    if time.monotonic() - began > budget_s:
+                        counts["not run"] = len(wanted) - n
+                        note = f"budget spent: {len(wanted) - n} sampled mutants not run"
+                        break
+                    db.set_result(item.job_id, mutate_and_test(item.mutations, test_command(target), timeout))
+            finally:
+                os.chdir(here)
+                os.environ.clear()
+                os.environ.update(saved_env)
 
         survivors = []
         with use_db(str(session), WorkDB.Mode.open) as db:
@@ -203,7 +224,6 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
                     counts["incompetent"] += 1
                 else:
                     counts["killed"] += 1
-            counts["not run"] = len(db.pending_work_items)
     return Outcome(target, counts, sorted(survivors), note, time.monotonic() - began)
 
 
