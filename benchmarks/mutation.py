@@ -183,7 +183,8 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
                     counts["filtered"] += 1
                 else:
                     wanted.append(item)
-            wanted.sort(key=lambda item: item.job_id)
+            # Job ids are random: order by what the mutant is, so one seed samples the same mutants every run.
+            wanted.sort(key=lambda item: (item.mutations[0].start_pos, item.mutations[0].operator_name, item.mutations[0].occurrence))
             random.Random(args.seed).shuffle(wanted)  # a seeded sample when the cap or the budget cuts the list
             counts["sampled out"] = max(0, len(wanted) - args.max_mutants)
             wanted = wanted[: args.max_mutants]
