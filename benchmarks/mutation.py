@@ -12,6 +12,11 @@ diff.
     pip install 'cosmic-ray>=8.7'
     python benchmarks/mutation.py                                  # every target
     python benchmarks/mutation.py --only sweep io --max-mutants 30 --report /tmp/mutation.txt
+    python benchmarks/mutation.py --survivors-of /tmp/mutation.txt  # re-check only what survived then
+
+On 2 busy cores a mutant costs 10-30 s (a pytest process each): the default run samples up to 60
+mutants per target (seeded, by what a mutant is, so two runs of one code pick the same ones) and
+stops each target at an even share of --budget-minutes, reporting the rest as "not run".
 
 Why cosmic-ray and not mutmut: mutmut 3 runs the tests in-process on trampolined copies of every
 function and picks each mutant's tests from in-process coverage. Most contract tests here drive the
@@ -181,6 +186,8 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
                 elif not kept_operator(mutation.operator_name):
                     db.set_result(item.job_id, WorkResult(output="binary-operator swap not kept", worker_outcome=WorkerOutcome.SKIPPED))
                     counts["filtered"] += 1
+                elif args.survivors_of is not None and (str(mutation.module_path), *mutation.start_pos, mutation.operator_name) not in args.survivors_of:
+                    db.set_result(item.job_id, WorkResult(output="not a survivor of the earlier report", worker_outcome=WorkerOutcome.SKIPPED))
                 else:
                     wanted.append(item)
             # Job ids are random: order by what the mutant is, so one seed samples the same mutants every run.
@@ -254,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-timeout", type=float, default=30.0, help="seconds, at least (default 30)")
     p.add_argument("--budget-minutes", type=float, default=40.0, help="whole run; later targets are not run past it (default 40)")
     p.add_argument("--report", type=Path, help="also write the report to this file")
+    p.add_argument("--survivors-of", type=Path, metavar="REPORT", help="only the mutants an earlier report lists as SURVIVED (re-check them after adding tests)")
     args = p.parse_args(argv)
+    if args.survivors_of is not None:
+        found = re.findall(r"^SURVIVED (\S+):(\d+):(\d+) in \S+ (\S+)$", args.survivors_of.read_text(), re.M)
+        args.survivors_of = {(path, int(line), int(col), op) for path, line, col, op in found}
     try:
         import cosmic_ray  # noqa: F401
     except ImportError:
