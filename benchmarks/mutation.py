@@ -77,7 +77,12 @@ def contracts(*names: str) -> tuple[str, ...]:
     return tuple(f"tests/test_contracts.py::test_{name}" for name in names)
 
 
-IDENTITY = contracts("run_ids_are_stable_ignore_resources_and_follow_what_is_learned", "a_resweep_keeps_the_index_of_every_run_on_disk", "each_run_reads_back_its_own_resolved_config")
+IDENTITY = contracts(
+    "run_ids_are_stable_ignore_resources_and_follow_what_is_learned",
+    "a_resweep_keeps_the_index_of_every_run_on_disk",
+    "each_run_reads_back_its_own_resolved_config",
+    "experiment_yaml_records_the_resolved_config_and_its_provenance",
+)
 ATOMIC = contracts("an_interrupted_write_keeps_the_old_file_and_leaves_no_temporary", "written_files_follow_the_umask_like_any_other_file", "appended_lines_are_whole_lines")
 CHECKPOINTS = contracts(
     "a_checkpoint_write_that_fails_half_way_keeps_the_previous_one",

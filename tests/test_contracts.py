@@ -9,6 +9,7 @@ functions) and pin no hash value: run identity is being re-hashed on canonical v
 from __future__ import annotations
 
 import os
+import platform
 import random
 import subprocess
 from pathlib import Path
@@ -16,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from factories import write_config
 
+import hpcrl
 from hpcrl.cli import main
 from hpcrl.config import ConfigError, load_experiment
 from hpcrl.io import append_line, atomic_open, atomic_write_text
@@ -73,6 +76,22 @@ def test_each_run_reads_back_its_own_resolved_config(tmp_path: Path) -> None:
     assert [r.run_id for r in load_runs(exp.dir)] == [r.run_id for r in runs]
     with pytest.raises(KeyError):
         load_run(exp.dir, len(runs))
+
+
+def test_experiment_yaml_records_the_resolved_config_and_its_provenance(tmp_path: Path) -> None:
+    """README: experiment.yaml holds the resolved config + provenance (hpcrl version, git commit, host)."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    config = write_config(tmp_path, GRID)
+    subprocess.run([*git, "add", "config.yaml"], check=True)
+    subprocess.run([*git, "commit", "-qm", "config"], check=True)
+    head = subprocess.run([*git[:3], "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    exp = load_experiment(config)
+    write_experiment(exp, merge_runs(exp.dir, expand(exp)), {"scheduler": "local"})
+    recorded = yaml.safe_load((exp.dir / "experiment.yaml").read_text())
+    assert recorded["config"] == exp.to_dict()
+    prov = recorded["provenance"]
+    assert (prov["git_commit"], prov["config_file"], prov["hpcrl_version"], prov["host"], prov["scheduler"]) == (head, str(config.resolve()), hpcrl.__version__, platform.node(), "local")
 
 
 # ---------------------------------------------------------------------------------------- atomic writes
@@ -211,12 +230,14 @@ def test_task_i_runs_the_run_on_manifest_line_i(tmp_path: Path, capsys: pytest.C
     runs = {r.index: r for r in load_runs(root)}
     (root / "jobs" / "0-0.tasks").write_text("3\n0\n2\n")
     (run_dir(root, runs[2].run_id) / "FAILED").write_text("CUDA error: out of memory\n")
+    (run_dir(root, runs[3].run_id) / "EVAL_DONE").write_text("from an earlier config\n")
     for task, index in ((1, 3), (2, 0), (3, 2)):
         assert main(["eval", str(root), "--manifest", "jobs/0-0.tasks", "--task", str(task)]) == 0
         assert capsys.readouterr().out.startswith(f"{runs[index].run_id}: eval skipped")
     skipped = sorted(i for i, r in runs.items() if (run_dir(root, r.run_id) / "EVAL_SKIPPED").exists())
     assert skipped == [0, 2, 3]
     assert "CUDA error: out of memory" in (run_dir(root, runs[2].run_id) / "EVAL_SKIPPED").read_text()
+    assert not list(root.glob("runs/*/EVAL_DONE"))  # README: EVAL_DONE | EVAL_SKIPPED, never both
     # Without --manifest, the task id is the run index.
     assert main(["eval", str(root), "--task", "1"]) == 0
     assert capsys.readouterr().out.startswith(f"{runs[1].run_id}: eval skipped")
