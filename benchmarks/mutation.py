@@ -79,6 +79,7 @@ def contracts(*names: str) -> tuple[str, ...]:
 
 IDENTITY = contracts(
     "run_ids_are_stable_ignore_resources_and_follow_what_is_learned",
+    "the_order_of_grid_keys_does_not_change_run_ids",
     "a_resweep_keeps_the_index_of_every_run_on_disk",
     "each_run_reads_back_its_own_resolved_config",
     "experiment_yaml_records_the_resolved_config_and_its_provenance",

@@ -48,6 +48,13 @@ def test_run_ids_are_stable_ignore_resources_and_follow_what_is_learned(tmp_path
     assert not set(moved) & set(first)
 
 
+def test_the_order_of_grid_keys_does_not_change_run_ids(tmp_path: Path) -> None:
+    """The same settings are the same runs, however the config lists them."""
+    grids = ({"train.lr": [1e-3, 3e-4], "train.gamma": [0.9, 0.99]}, {"train.gamma": [0.9, 0.99], "train.lr": [1e-3, 3e-4]})
+    found = [{r.run_id for r in expand(load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": g}})))} for g in grids]
+    assert found[0] == found[1] and len(found[0]) == 4
+
+
 def test_a_resweep_keeps_the_index_of_every_run_on_disk(tmp_path: Path) -> None:
     """Runs already on disk keep their index (their manifests and logs name it); new runs take the next ones."""
     exp = load_experiment(write_config(tmp_path, GRID))
