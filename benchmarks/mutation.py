@@ -13,6 +13,7 @@ diff.
     python benchmarks/mutation.py                                  # every target
     python benchmarks/mutation.py --only sweep io --max-mutants 30 --report /tmp/mutation.txt
     python benchmarks/mutation.py --survivors-of /tmp/mutation.txt  # re-check only what survived then
+    python benchmarks/mutation.py --survivors-of /tmp/mutation.txt --tests-under tests/test_contracts.py
 
 On 2 busy cores a mutant costs 10-30 s (a pytest process each): the default run samples up to 60
 mutants per target (seeded, by what a mutant is, so two runs of one code pick the same ones) and
@@ -166,7 +167,7 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
         missing = set(target.functions) - function_names(module)
         if missing:
             return Outcome(target, counts, [], f"functions {sorted(missing)} are not in {target.module}: edit TARGETS")
-        present = [t for t in target.tests if (root / t.split("::")[0]).exists()]
+        present = [t for t in target.tests if (root / t.split("::")[0]).exists() and t.startswith(args.tests_under)]
         if not present:
             return Outcome(target, counts, [], "none of its tests exist")
         target = Target(target.name, target.module, tuple(present), target.functions)
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-minutes", type=float, default=40.0, help="whole run; later targets are not run past it (default 40)")
     p.add_argument("--report", type=Path, help="also write the report to this file")
     p.add_argument("--survivors-of", type=Path, metavar="REPORT", help="only the mutants an earlier report lists as SURVIVED (re-check them after adding tests)")
+    p.add_argument("--tests-under", default="", metavar="PREFIX", help="keep only the selected tests whose path starts with this (e.g. tests/test_contracts.py)")
     args = p.parse_args(argv)
     if args.survivors_of is not None:
         found = re.findall(r"^SURVIVED (\S+):(\d+):(\d+) in \S+ (\S+)$", args.survivors_of.read_text(), re.M)
