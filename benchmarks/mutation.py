@@ -92,6 +92,7 @@ CHECKPOINTS = contracts(
     "save_keeps_the_newest_checkpoints_and_resume_reads_the_newest",
     "rng_states_survive_a_checkpoint_and_replay_the_same_draws",
     "numpy_state_round_trips_through_a_weights_only_checkpoint",
+    "a_checkpoint_that_would_run_code_is_refused_not_run",
 )
 QUOTING = contracts("a_quoted_value_reaches_the_shell_as_one_literal_word", "booleans_and_none_reach_the_shell_as_yaml_reads_them_back", "a_template_typo_is_an_error_not_an_empty_string")
 TASKS = contracts("task_i_runs_the_run_on_manifest_line_i", "a_task_outside_its_manifest_is_one_line_and_exit_2", "status_reads_done_and_failed_from_the_markers")
@@ -105,7 +106,7 @@ TARGETS = [
     Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, RESTORE, RESUME)),
     Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], RESTORE, COLLECT, DRY_RUN)),
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
-    Target("markers", "hpcrl/markers.py", (*TASKS, COLLECT, RESUME)),
+    Target("markers", "hpcrl/markers.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again"), COLLECT, RESUME)),
     Target("manifest:pipeline", "hpcrl/pipeline.py", (*TASKS, STATUS), ("manifest_runs",)),
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
     Target("manifest:actors", "hpcrl/distributed/jobs.py", (*contracts("actor_tasks_outside_their_manifest_are_refused"), "tests/test_distributed_wire.py::test_actor_task_maps_to_run_and_actor"), ("actor_of_task",)),
@@ -146,8 +147,15 @@ def kept_operator(name: str) -> bool:
     return m is None or m.group(1) in KEPT_BINARY
 
 
-def test_command(target: Target) -> str:
-    return shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", MARKERS, *target.tests])
+def test_command(target: Target, root: Path) -> str:
+    """pytest on the target's selection in the copy at `root`.
+
+    Its tmp_path lives beside the copy and sorts before it, as /tmp sorts before a checkout under
+    /home or /work: code that compares a user's directory with the bundled one (templates'
+    search path) must see the same order as in a real checkout.
+    """
+    temp = root.parent / "pytest"
+    return shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", "-m", MARKERS, *target.tests])
 
 
 def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_s: float) -> Outcome:
@@ -174,7 +182,7 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
 
         env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
         t0 = time.monotonic()
-        base = subprocess.run(shlex.split(test_command(target)), cwd=root, env=env, capture_output=True, text=True)
+        base = subprocess.run(shlex.split(test_command(target, root)), cwd=root, env=env, capture_output=True, text=True)
         baseline_s = time.monotonic() - t0
         if base.returncode != 0:
             return Outcome(target, counts, [], f"baseline fails on the unmutated code:\n{base.stdout[-2000:]}{base.stderr[-2000:]}", time.monotonic() - began)
@@ -215,7 +223,7 @@ def run_target(target: Target, snapshot: Path, args: argparse.Namespace, budget_
                         counts["not run"] = len(wanted) - n
                         note = f"budget spent: {len(wanted) - n} sampled mutants not run"
                         break
-                    db.set_result(item.job_id, mutate_and_test(item.mutations, test_command(target), timeout))
+                    db.set_result(item.job_id, mutate_and_test(item.mutations, test_command(target, root), timeout))
             finally:
                 os.chdir(here)
                 os.environ.clear()

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import platform
 import random
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +182,25 @@ def test_save_keeps_the_newest_checkpoints_and_resume_reads_the_newest(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000000020.pt", "step-000000000100.pt"]
 
 
+class _RunsCode:
+    """What a foreign or tampered checkpoint could hold: unpickling it would run os.mkdir."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_not_run(tmp_path: Path) -> None:
+    """Checkpoints are weights only: a file from disk is data, never code (DESIGN: rl/checkpoint.py)."""
+    directory, ran = tmp_path / "checkpoints", tmp_path / "code-ran"
+    directory.mkdir()
+    torch.save({"w": torch.zeros(1), "x": _RunsCode(ran)}, directory / "step-000000000001.pt")
+    state, problems = checkpoint.load_latest(directory)
+    assert state is None and len(problems) == 1 and not ran.exists()
+
+
 def test_rng_states_survive_a_checkpoint_and_replay_the_same_draws(tmp_path: Path) -> None:
     """README: every checkpoint carries the RNG states, so a requeued job continues where it stopped."""
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
@@ -248,6 +270,25 @@ def test_task_i_runs_the_run_on_manifest_line_i(tmp_path: Path, capsys: pytest.C
     # Without --manifest, the task id is the run index.
     assert main(["eval", str(root), "--task", "1"]) == 0
     assert capsys.readouterr().out.startswith(f"{runs[1].run_id}: eval skipped")
+
+
+def test_a_retried_run_is_not_left_marked_failed_while_it_trains_again(tmp_path: Path) -> None:
+    """A retry clears the earlier FAILED as it starts: `status` must not call a run failed while it trains,
+    nor after a requeue (exit 99 leaves no marker of its own)."""
+    exp = load_experiment(write_config(tmp_path, {**GRID, "train": {"total_steps": 10**6}}))
+    write_experiment(exp, merge_runs(exp.dir, expand(exp)), {})
+    rd = run_dir(exp.dir, load_run(exp.dir, 0).run_id)
+    (rd / "FAILED").write_text("the earlier attempt\n")
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "train", str(exp.dir), "--task", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (rd / "train.csv").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGUSR1)  # the scheduler's warning: checkpoint and exit 99 for a requeue
+        assert proc.wait(timeout=120) == 99, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert not (rd / "FAILED").exists() and not (rd / "DONE").exists()
 
 
 @pytest.mark.parametrize("task", [0, 4])
