@@ -32,7 +32,7 @@ Mutants kept: every cosmic-ray core operator except the combinatorial binary-ope
 which one natural counterpart per operator is kept (`+` -> `-`, `/` -> `*`, ...): `path / name`
 mutated into eleven other operators only measures how often a TypeError is raised.
 
-Modules move (markers.py becomes rundir.py; manifest readers move): edit TARGETS. A target whose
+The markers, manifests, train.csv and run lock live in rundir.py; when a module moves, edit TARGETS. A target whose
 module or functions are missing is reported as such, not silently dropped.
 """
 
@@ -106,10 +106,10 @@ TARGETS = [
     Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, RESTORE, RESUME)),
     Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], RESTORE, COLLECT, DRY_RUN)),
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
-    Target("markers", "hpcrl/markers.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again"), COLLECT, RESUME)),
+    Target("rundir", "hpcrl/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
+                                           "tests/test_rundir.py", COLLECT, RESUME)),
     Target("manifest:pipeline", "hpcrl/pipeline.py", (*TASKS, STATUS), ("manifest_runs",)),
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
-    Target("manifest:actors", "hpcrl/distributed/jobs.py", (*contracts("actor_tasks_outside_their_manifest_are_refused"), "tests/test_distributed_wire.py::test_actor_task_maps_to_run_and_actor"), ("actor_of_task",)),
 ]
 
 

@@ -302,7 +302,7 @@ def test_a_task_outside_its_manifest_is_one_line_and_exit_2(tmp_path: Path, task
 
 
 def test_actor_tasks_outside_their_manifest_are_refused(tmp_path: Path) -> None:
-    from hpcrl.distributed.jobs import actor_of_task
+    from hpcrl.rundir import actor_of_task
 
     (tmp_path / "a.tasks").write_text("4\n4\n7\n7\n")
     assert actor_of_task(tmp_path, "a.tasks", 4) == (7, 1)
