@@ -28,10 +28,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _task_run(args: argparse.Namespace):
     from hpcrl import rundir
+    from hpcrl.sweep import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     index = rundir.task_run(experiment_dir, args.manifest, args.task) if args.manifest else args.task
-    return experiment_dir, rundir.load_task_run(experiment_dir, index)
+    return experiment_dir, load_run(experiment_dir, index)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -51,13 +52,14 @@ def _learner(args: argparse.Namespace) -> int:
 def _actor(args: argparse.Namespace) -> int:
     from hpcrl import rundir
     from hpcrl.distributed.actor import run_actor
+    from hpcrl.sweep import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     if args.manifest:
         index, actor = rundir.actor_of_task(experiment_dir, args.manifest, args.task)
     else:
         index, actor = args.task, args.actor
-    return run_actor(experiment_dir, rundir.load_task_run(experiment_dir, index), actor, out=sys.stdout)
+    return run_actor(experiment_dir, load_run(experiment_dir, index), actor, out=sys.stdout)
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from hpcrl.config import ConfigError
 from hpcrl.io import atomic_write_text
-from hpcrl.sweep import Run, load_run
 
 DONE, FAILED = "DONE", "FAILED"
 EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
@@ -309,14 +307,6 @@ def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, 
     return run, read_manifest(experiment_dir, manifest)[: task - 1].count(run)
 
 
-def load_task_run(experiment_dir: Path, index: int) -> Run:
-    """The run a task trains or evaluates; a missing or damaged run config is one line, not a traceback."""
-    try:
-        return load_run(experiment_dir, index)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{experiment_dir}: cannot load run {index} ({_why(exc)}); `hpcrl sweep` the config again to rewrite it") from None
-
-
 def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
@@ -406,7 +396,7 @@ DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 def one_line_reason(exc: BaseException) -> str | None:
     """The whole story of a failure in one line, or None when it is a bug that needs its traceback."""
-    if isinstance(exc, RunError):
+    if isinstance(exc, (RunError, FloatingPointError)):  # a non-finite loss says where and what to change
         return str(exc)
     if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
         where = f" ({exc.filename})" if exc.filename else ""

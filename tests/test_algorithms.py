@@ -425,15 +425,14 @@ def test_a_run_whose_loss_turns_non_finite_fails_with_that_reason(tmp_path: Path
     root, run = diverging_run(tmp_path, changes)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
-        with pytest.raises(FloatingPointError, match=r"non-finite loss at step \d+"):
-            train_run(root, run)
+        assert train_run(root, run) == 1  # one line on stderr, no traceback
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
     rd = root / "runs" / run.run_id
     assert not (rd / "DONE").exists()
     reason = (rd / "FAILED").read_text().splitlines()[0]
-    assert reason.startswith("FloatingPointError: non-finite loss at step ")
+    assert reason.startswith("non-finite loss at step ")
     step = int(reason.split("step ")[1].split()[0])
     assert 0 < step < 2048
     out = io.StringIO()

@@ -98,9 +98,10 @@ def test_learned_keys_change_the_ids(change: dict) -> None:
     assert set(ids(change)).isdisjoint(ids())
 
 
-def test_a_grid_over_an_operational_key_still_makes_distinct_runs() -> None:
-    """Sweeping torch_threads (to compare speed) is asked for: those runs are not one run."""
-    grid = ids({"sweep": {"grid": {"train.torch_threads": [1, 2]}}})
+def test_a_grid_over_a_key_that_is_not_learned_still_makes_distinct_runs() -> None:
+    """eval.* is not learned but may be swept (compare evaluations of one training setup): those runs
+    are not one run."""
+    grid = ids({"sweep": {"grid": {"eval.episodes": [5, 10]}}})
     assert len(set(grid)) == 4
 
 

@@ -186,7 +186,7 @@ def test_a_task_without_its_run_config_or_manifest_is_one_line(tmp_path: Path, c
     (rd / "config.yaml").unlink()
     proc = hpcrl(capsys, "train", str(exp), "--task", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"hpcrl: error: {exp.resolve()}: cannot load run 0 (No such file or directory: {rd.resolve() / 'config.yaml'}); `hpcrl sweep` the config again to rewrite it"]
+    assert proc.stderr.strip().splitlines() == [f"hpcrl: error: {rd.resolve() / 'config.yaml'}: missing run config (`hpcrl sweep` with the experiment's config writes it again)"]
     proc = hpcrl(capsys, "eval", str(exp), "--task", "1", "--manifest", "jobs/0-0.tasks")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "unreadable task manifest" in proc.stderr

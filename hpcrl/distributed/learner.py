@@ -173,7 +173,7 @@ class Learner:
         if self.actor_stats or self.consumer.batches or self.consumer.dropped:
             return
         if time.monotonic() - self.start > self.d.learner_timeout_s:
-            raise TimeoutError(f"no actor connected in {self.d.learner_timeout_s:g} s (distributed.learner_timeout_s): were the actor jobs scheduled?")
+            raise rundir.RunError(f"no actor connected in {self.d.learner_timeout_s:g} s (distributed.learner_timeout_s): were the actor jobs scheduled?")
 
     def _poll(self) -> None:
         """Take batches from the queue: many while filling the replay, few once updates gate the pace,
