@@ -95,7 +95,7 @@ CHECKPOINTS = contracts(
     "a_checkpoint_that_would_run_code_is_refused_not_run",
 )
 QUOTING = contracts("a_quoted_value_reaches_the_shell_as_one_literal_word", "booleans_and_none_reach_the_shell_as_yaml_reads_them_back", "a_template_typo_is_an_error_not_an_empty_string")
-TASKS = contracts("task_i_runs_the_run_on_manifest_line_i", "a_task_outside_its_manifest_is_one_line_and_exit_2", "status_reads_done_and_failed_from_the_markers")
+TASKS = contracts("eval_task_i_reads_the_run_on_manifest_line_i", "a_task_outside_its_manifest_is_one_line_and_exit_2", "status_reads_done_and_failed_from_the_markers")
 COLLECT = "tests/test_results.py::test_collect_reports_bad_runs_by_name_and_aggregates_the_rest"
 DRY_RUN = "tests/test_job_scripts.py::test_dry_run_prints_and_writes_nothing"
 RESTORE = "tests/test_algorithms.py::test_checkpoint_restores_everything_a_run_continues_from"

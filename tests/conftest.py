@@ -9,6 +9,7 @@ should work is an error, not a skip: CI must not pass by skipping its integratio
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import time
@@ -37,7 +38,11 @@ def _start(name: str) -> None:
     if reason:
         pytest.skip(f"{name}: {reason}")
     began = time.monotonic()
-    proc = subprocess.run(["bash", str(CLUSTERS / f"{name}.sh"), "start"], capture_output=True, text=True, timeout=900)
+    # pytest-xdist workers each run this session fixture: one at a time installs and starts the
+    # daemons (two apt-get runs would fight over dpkg's lock); the others then find them running.
+    with open(f"/tmp/hpcrl-tests-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["bash", str(CLUSTERS / f"{name}.sh"), "start"], capture_output=True, text=True, timeout=900)
     took = time.monotonic() - began
     if proc.returncode != 0:
         pytest.fail(f"tests/clusters/{name}.sh start exited {proc.returncode}:\n{proc.stdout}{proc.stderr}", pytrace=False)

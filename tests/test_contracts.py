@@ -255,7 +255,7 @@ def experiment_on_disk(tmp_path: Path) -> Path:
     return exp.dir
 
 
-def test_task_i_runs_the_run_on_manifest_line_i(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_task_i_reads_the_run_on_manifest_line_i(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """README: a manifest's line i is the run index of task i (retries and chunks are plain 1-N arrays)."""
     root = experiment_on_disk(tmp_path)
     runs = {r.index: r for r in load_runs(root)}
