@@ -100,14 +100,20 @@ COLLECT = "tests/test_results.py::test_collect_reports_bad_runs_by_name_and_aggr
 DRY_RUN = "tests/test_job_scripts.py::test_dry_run_prints_and_writes_nothing"
 RESTORE = "tests/test_algorithms.py::test_checkpoint_restores_everything_a_run_continues_from"
 RESUME = "tests/test_algorithms.py::test_interrupted_dqn_run_resumes_with_its_replay_and_logs_each_step_once"
+IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
+    "golden_run_id", "one_value_written_several_ways_is_one_run", "operational_keys_keep_the_ids", "learned_keys_change_the_ids",
+    "a_grid_over_a_key_that_is_not_learned_still_makes_distinct_runs", "expand_refuses_two_grid_points_that_are_one_run",
+    "a_damaged_runs_csv_is_a_config_error_naming_it", "runs_csv_damage_names_the_line", "the_same_config_swept_again_stays_one_generation",
+))  # fmt: skip
+LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py")  # checkpoints, train.csv, the run lock: seconds
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
-    Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *TASKS, "tests/test_config.py", DRY_RUN, COLLECT)),
-    Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, RESTORE, RESUME)),
+    Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", DRY_RUN, COLLECT)),
+    Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, *LIFETIMES, RESTORE, RESUME)),
     Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], RESTORE, COLLECT, DRY_RUN)),
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
     Target("rundir", "hpcrl/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
-                                           "tests/test_rundir.py", COLLECT, RESUME)),
+                                           *LIFETIMES, COLLECT, RESUME)),
     Target("manifest:pipeline", "hpcrl/pipeline.py", (*TASKS, STATUS), ("manifest_runs",)),
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
 ]
