@@ -22,7 +22,7 @@ import yaml
 from factories import deep_update, write_config
 
 from hpcrl.config import ConfigError, experiment_from_dict, load_experiment
-from hpcrl.sweep import expand, read_runs_csv, write_experiment
+from hpcrl.sweep import expand, generation, read_runs_csv, split_generations, write_experiment
 
 PY = sys.executable
 BASE: dict[str, Any] = {"name": "ids", "algo": "ppo", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 10_000, "lr": 0.001}, "sweep": {"seeds": [0, 1]}}
@@ -217,3 +217,12 @@ def test_a_missing_or_damaged_run_config_is_one_line_and_exit_2(tmp_path: Path, 
         proc = hpcrl(*args, cwd=tmp_path, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stdout + proc.stderr
         assert proc.stderr.startswith(f"hpcrl: error: {config}: ") and "Traceback" not in proc.stderr
+
+
+def test_only_the_newest_generation_is_current_whatever_the_row_order() -> None:
+    """The pooling rule without a sweep: rows of three generations, in any order on disk."""
+    rows = [{"run_id": f"{i:010x}-s0", "generation": str(g)} for i, g in enumerate([1, 2, 0, 2, 1])]
+    current, earlier = split_generations(rows)
+    assert [r["run_id"] for r in current] == [rows[1]["run_id"], rows[3]["run_id"]]
+    assert sorted(generation(r) for r in earlier) == [0, 1, 1]
+    assert split_generations([{"run_id": "a", "generation": ""}]) == ([{"run_id": "a", "generation": ""}], [])
