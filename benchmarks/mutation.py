@@ -114,7 +114,6 @@ TARGETS = [
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
     Target("rundir", "hpcrl/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
                                            *LIFETIMES, COLLECT, RESUME)),
-    Target("manifest:pipeline", "hpcrl/pipeline.py", (*TASKS, STATUS), ("manifest_runs",)),
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
 ]
 

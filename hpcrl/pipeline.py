@@ -84,11 +84,6 @@ def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
     atomic_write_text(jobs_path(experiment_dir), json.dumps([dataclasses.asdict(j) for j in jobs], indent=1))
 
 
-def manifest_runs(experiment_dir: Path, job: Job) -> list[int]:
-    """Run indices of a job's array tasks, in task order."""
-    return rundir.read_manifest(experiment_dir, job.manifest) if job.manifest else []
-
-
 def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> dict[str, set[int]]:
     """Stage -> runs whose task of that stage is still pending or running: they must not be submitted twice."""
     relevant = [j for j in jobs if j.manifest and j.scheduler == scheduler.name]
@@ -98,7 +93,7 @@ def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> 
     states = scheduler.query([j.job_id for j in relevant])
     for job in relevant:
         tasks = states.get(job.job_id, {})
-        for task, run_index in enumerate(manifest_runs(experiment_dir, job), start=1):
+        for task, run_index in enumerate(rundir.read_manifest(experiment_dir, job.manifest), start=1):
             if tasks.get(task) in ("pending", "running"):
                 active.setdefault(job.stage, set()).add(run_index)
     return active

@@ -290,7 +290,8 @@ def read_manifest(experiment_dir: Path, manifest: str) -> list[int]:
     try:
         return [int(word) for word in path.read_text().split()]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path}: unreadable task manifest ({_why(exc)})") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"{path}: unreadable task manifest ({why})") from None
 
 
 def task_run(experiment_dir: Path, manifest: str, task: int) -> int:
@@ -305,14 +306,6 @@ def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, 
     """(run index, actor index) of an actors-array task: the k-th line naming run r is actor k."""
     run = task_run(experiment_dir, manifest, task)
     return run, read_manifest(experiment_dir, manifest)[: task - 1].count(run)
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    if isinstance(exc, KeyError) and exc.args:
-        return str(exc.args[0])
-    return str(exc)
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 from hpcrl import rundir, sweep
 from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
-from hpcrl.pipeline import manifest_runs, read_jobs
+from hpcrl.pipeline import read_jobs
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, ORPHANED, PENDING, RUNNING, SchedulerError
 
@@ -57,7 +57,7 @@ def scheduler_states(experiment_dir: Path) -> tuple[dict[tuple[str, int], str], 
             tasks = answer.get(job.job_id, {})
             gone = CANCELLED if job.job_id in cancelled else "gone"
             if job.manifest:
-                for task, run_index in enumerate(manifest_runs(experiment_dir, job), start=1):
+                for task, run_index in enumerate(rundir.read_manifest(experiment_dir, job.manifest), start=1):
                     states[(job.stage, run_index)] = tasks.get(task, gone)
             else:
                 states[(job.stage, -1)] = tasks.get(0, gone)

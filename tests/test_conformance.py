@@ -29,7 +29,8 @@ import pytest
 
 from hpcrl.collect import collect
 from hpcrl.config import load_experiment
-from hpcrl.pipeline import manifest_runs, read_jobs, submit_experiment
+from hpcrl.pipeline import read_jobs, submit_experiment
+from hpcrl.rundir import read_manifest
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import PENDING, RUNNING, Dependency, Job
 from hpcrl.status import cancel_experiment, experiment_status, print_status
@@ -176,7 +177,7 @@ def assert_dag_order(exp_dir: Path, jobs: list[Job], times: Times) -> list[str]:
     lines = []
     origin = min(start for start, _ in times.values())
     for job in sorted(jobs, key=lambda j: ("train", "eval", "aggregate").index(j.stage)):
-        runs = manifest_runs(exp_dir, job) or [-1]
+        runs = (read_manifest(exp_dir, job.manifest) if job.manifest else []) or [-1]
         for task, run in enumerate(runs, start=1 if job.manifest else 0):
             start, end = times[(job.job_id, task)]
             lines.append(f"{job.stage:9} attempt {job.attempt} run {run:2}: start {start - origin:7.2f} s  end {end - origin:7.2f} s")
@@ -212,7 +213,7 @@ def test_sweep_runs_train_eval_aggregate_in_order_and_collects(backend: Backend,
     jobs = read_jobs(exp_dir)
     assert [(j.stage, j.size) for j in jobs] == [("train", 2), ("eval", 2), ("train", 1), ("eval", 1), ("aggregate", 0)]
     train0, eval0, train1, eval1, aggregate = jobs
-    assert [manifest_runs(exp_dir, j) for j in (train0, train1)] == [[0, 1], [2]]
+    assert [read_manifest(exp_dir, j.manifest) for j in (train0, train1)] == [[0, 1], [2]]
     assert eval0.after == [Dependency(train0.job_id, "each")] and eval1.after == [Dependency(train1.job_id, "each")]
     assert aggregate.after == [Dependency(eval0.job_id, "all"), Dependency(eval1.job_id, "all")]
 
@@ -255,7 +256,7 @@ def test_failing_task_is_reported_and_only_it_is_retried(backend: Backend, tmp_p
     assert "submitted 1 of 2 runs" in printed, printed
     retry = [j for j in read_jobs(exp_dir) if j.attempt == 1]
     assert [j.stage for j in retry] == ["train", "eval", "aggregate"]
-    assert manifest_runs(exp_dir, retry[0]) == [bad.index] and retry[0].size == 1
+    assert read_manifest(exp_dir, retry[0].manifest) == [bad.index] and retry[0].size == 1
     wait_finished(exp_dir, backend, since)
     rows, aggregate_state, _ = experiment_status(exp_dir)
     assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 2 and aggregate_state == "done"
