@@ -98,8 +98,8 @@ class Rules:
         ):
             return None
         noun = "an integer" if isinstance(value, int) else "a number"
-        low = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}" if self.gt is not None else ""
-        high = f"{self.le:g}]" if self.le is not None else f"{self.lt:g})" if self.lt is not None else ""
+        low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else ""
+        high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else ""
         if low and high:
             expected = f"{noun} in {low}, {high}"
         elif low in ("(0", "[1") and noun == "an integer" or low == "(0":
@@ -346,3 +346,8 @@ def build(cls: type, data: Any, path: str) -> Any:
         for key, message in check():
             raise ConfigError(f"{prefix}{key}: {message}")
     return obj
+
+
+def _num(bound: float) -> str:
+    """A bound as a user types it: integers in full (seeds up to 4294967295), other numbers short."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 2**53 else f"{bound:g}"
