@@ -36,9 +36,15 @@ def _task_run(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
+    experiment_dir, run = _task_run(args)
+    if run.config.algo == "program":
+        from hpcrl.program import train_program
+
+        return train_program(experiment_dir, run, args.program, out=sys.stdout)
+    if args.program:
+        raise ConfigError(f"{run.run_id}: a command after -- is for algo 'program'; this run's algo is {run.config.algo!r}")
     from hpcrl.rl.train import train_run
 
-    experiment_dir, run = _task_run(args)
     return train_run(experiment_dir, run, out=sys.stdout)
 
 
@@ -63,9 +69,13 @@ def _actor(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    experiment_dir, run = _task_run(args)
+    if run.config.algo == "program":
+        from hpcrl.program import evaluate_program
+
+        return evaluate_program(experiment_dir, run, out=sys.stdout)
     from hpcrl.rl.evaluate import evaluate_run
 
-    experiment_dir, run = _task_run(args)
     return evaluate_run(experiment_dir, run, out=sys.stdout)
 
 
@@ -109,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcrl", description="RL sweeps from one YAML file to evaluated, plotted results.")
     p.add_argument("--version", action="version", version=f"hpcrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    p.epilog = "hpcrl train EXPERIMENT --task N -- PROGRAM [ARGS...]: a user's program (algo: program), as its job script runs it"
 
     def add_params(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-p", "--param", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
@@ -165,7 +176,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    program = None
+    if "--" in argv:  # `hpcrl train ... -- python train.py --lr 3e-4`: the words after -- are the program's
+        cut = argv.index("--")
+        argv, program = argv[:cut], argv[cut + 1 :]
     args = parser().parse_args(argv)
+    if program is not None and args.command != "train":
+        parser().error(f"'--' followed by a program is for `hpcrl train`, not `hpcrl {args.command}`")
+    args.program = program
     try:
         return args.func(args)
     except ConfigError as exc:

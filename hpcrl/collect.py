@@ -128,11 +128,31 @@ def _fmt(x: object) -> str:
     return str(x)
 
 
+def _read_meta(experiment_dir: Path) -> dict:
+    try:
+        meta = yaml.safe_load((experiment_dir / "experiment.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        meta = {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def score_name(config: dict) -> str:
+    """What a run's final score is: an evaluation, or (a user's program without `program.eval`) the
+    mean of its last training episodes, which the table and report must not call an evaluation."""
+    program = config.get("program") if config.get("algo") == "program" else None
+    if isinstance(program, dict) and not program.get("eval"):
+        n = (program.get("metrics") or {}).get("last_episodes", "N")
+        return f"Final score (mean of the last {n} training episodes)"
+    return "Final evaluation return"
+
+
 def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = False) -> int:
     experiment_dir = Path(experiment_dir)
     if not (experiment_dir / "runs.csv").exists():
         print(f"hpcrl: error: {experiment_dir}: not an experiment directory (no runs.csv)", file=sys.stderr)
         return 2
+    meta = _read_meta(experiment_dir)
+    score = score_name(meta.get("config") or {})
     if evaluate:
         evaluate_missing(experiment_dir, out)
     results = gather(experiment_dir)
@@ -176,7 +196,8 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     scored = {k: v for k, v in scores.items() if len(v)}
     if scored:
         rows_shown = [s for s in summary if s["n"] and s["setting"] in best]
-        made["Final evaluation return"] = plots.plot_final_intervals(rows_shown, results_dir / "plots" / "final.png", metric=agg)
+        xlabel = "final eval return" if score == "Final evaluation return" else "final score (last training episodes)"
+        made[score] = plots.plot_final_intervals(rows_shown, results_dir / "plots" / "final.png", metric=agg, xlabel=xlabel)
         made["Performance profile"] = plots.plot_performance_profile({k: v for k, v in scored.items() if k in best}, results_dir / "plots" / "profile.png")
 
     improvement = []
@@ -188,7 +209,8 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     _write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high"], improvement)
 
     table = summary_table(summary, by_setting)
-    write_report(experiment_dir, table, made, results, partial_curves)
+    write_report(experiment_dir, meta, score, table, made, results, partial_curves)
+    print(f"{score}:", file=out)
     print(table, file=out)
     for line in partial_curves:
         print(line, file=out)
@@ -227,22 +249,24 @@ def summary_table(summary: list[dict], by_setting: dict[str, list[RunResult]]) -
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
 
-def write_report(experiment_dir: Path, table: str, plots_made: dict[str, Path], results: list[RunResult], partial_curves: list[str]) -> Path:
+def write_report(
+    experiment_dir: Path, meta: dict, score: str, table: str, plots_made: dict[str, Path], results: list[RunResult], partial_curves: list[str]
+) -> Path:
     """results/report.md: the directory explains itself hours later (provenance, tables, plots, videos)."""
     results_dir = experiment_dir / "results"
-    try:
-        meta = yaml.safe_load((experiment_dir / "experiment.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        meta = {}
     prov, config = meta.get("provenance", {}), meta.get("config", {})
     lines = [f"# {experiment_dir.name}", ""]
-    lines += [f"- algorithm: {config.get('algo', '?')}, env: {config.get('env', {}).get('id', '?')}, "
-              f"steps per run: {config.get('train', {}).get('total_steps', '?')}"]
+    if config.get("algo") == "program":
+        program = config.get("program") or {}
+        lines += [f"- program: `{' '.join(map(str, program.get('command', [])))}`, metrics from {(program.get('metrics') or {}).get('source', '?')}"]
+    else:
+        lines += [f"- algorithm: {config.get('algo', '?')}, env: {config.get('env', {}).get('id', '?')}, "
+                  f"steps per run: {config.get('train', {}).get('total_steps', '?')}"]
     for key in ("hpcrl_version", "git_commit", "config_file", "submitted_at", "host", "scheduler", "image", "image_sha256"):
         if prov.get(key):
             lines.append(f"- {key.replace('_', ' ')}: `{prov[key]}`")
     lines.append(f"- collected: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
-    lines += ["", "## Final evaluation return", "", "```", table, "```", ""]
+    lines += ["", f"## {score}", "", "```", table, "```", ""]
     lines += ["Pairwise probability of improvement P(X > Y) with 95% bootstrap CIs: [improvement.csv](improvement.csv).", ""]
     for title, path in plots_made.items():
         lines += [f"## {title}", "", f"![{title}]({path.relative_to(results_dir)})", ""]

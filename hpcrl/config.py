@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from hpcrl import strict_yaml
+from hpcrl.program_spec import ProgramConfig
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
-from hpcrl.schema import ConfigError, build, field_rules, hints, key_path, plain, public_fields, setting
+from hpcrl.schema import ConfigError, Verbatim, build, field_rules, hints, key_path, plain, public_fields, setting
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
@@ -60,7 +61,7 @@ class EnvConfig:
 class SweepConfig:
     seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1)
     """Seeds of numpy and torch: 0 .. 2**32-1."""
-    grid: dict[str, list[Any]] = setting(factory=dict)
+    grid: dict[str, list[Verbatim]] = setting(factory=dict)
     """Dotted key -> values; the runs are the product of all lists times the seeds."""
 
     def check(self) -> list[tuple[str, str]]:
@@ -227,7 +228,7 @@ class ImageConfig:
     torch_index: Optional[str] = setting("https://download.pytorch.org/whl/cu124", valid=_non_empty)
     """The index that holds the torch build for the base's CUDA (cu124 for CUDA 12.4); null for PyPI."""
     pip: list[str] = setting(factory=list, valid=_requirement_problem)
-    extras: list[Literal["vizdoom", "habitat", "distributed", "video"]] = setting(factory=list)
+    extras: list[Literal["vizdoom", "habitat", "distributed", "video", "tensorboard"]] = setting(factory=list)
     habitat_channel: str = setting("aihabitat-nightly", valid=_non_empty)
     """Conda channel of habitat-sim: the stable `aihabitat` channel has Linux builds for Python 3.9 only,
     older than hpcrl supports."""
@@ -361,7 +362,8 @@ def _name_problem(name: str) -> str | None:
 @dataclass
 class Experiment:
     name: str = setting(valid=_name_problem, learned=False)
-    algo: Literal["ppo", "a2c", "dqn"] = "ppo"
+    algo: Literal["ppo", "a2c", "dqn", "program"] = "ppo"
+    """`program`: the user's own trainer (the `program:` section) instead of hpcrl's PPO, A2C or DQN."""
     env: EnvConfig = setting(factory=EnvConfig)
     train: TrainConfig = setting(factory=TrainConfig)
     sweep: SweepConfig = setting(factory=SweepConfig, learned=False)
@@ -376,6 +378,8 @@ class Experiment:
     """Interpreter the job scripts run when no image is set; defaults to the one running `hpcrl sweep`."""
     distributed: Optional[DistributedConfig] = None
     """Decoupled learner and actor jobs (Ape-X style) instead of one train job per run."""
+    program: Optional[ProgramConfig] = None
+    """The user's own trainer, for `algo: program` (hpcrl.program_spec)."""
     source: Optional[str] = dataclasses.field(default=None, metadata={"internal": True})
 
     @property
@@ -385,9 +389,20 @@ class Experiment:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("source")
+        if self.algo == "program":
+            for key in PROGRAM_UNUSED:
+                del data[key]
+        else:
+            del data["program"]
         return data
 
     def check(self) -> list[tuple[str, str]]:
+        if (self.program is None) == (self.algo == "program"):
+            if self.program is None:
+                return [("program", "required with algo 'program': the command of your trainer (program.command)")]
+            return [("program", f"only used with algo 'program' (algo is {self.algo!r})")]
+        if self.algo == "program" and self.distributed is not None:
+            return [("distributed", "not available with algo 'program': your program runs as one job per run")]
         if self.distributed is not None and self.algo != "dqn":
             return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
         if self.eval.gpus > self.resources.max_gpus_per_node:
@@ -402,7 +417,7 @@ class Experiment:
 
 
 def _field_type(cls: Any, part: str, algo: str) -> Any:
-    tp = ALGORITHMS[algo] if (cls is Experiment and part == "train") else hints(cls)[part]
+    tp = ALGORITHMS.get(algo, TrainConfig) if (cls is Experiment and part == "train") else hints(cls)[part]
     if typing.get_origin(tp) in (Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
     return tp
@@ -460,7 +475,12 @@ def learned_settings(exp: Experiment) -> dict[str, Any]:
         rules = field_rules(type(obj))
         return {name: keep(getattr(obj, name)) for name in public_fields(type(obj)) if rules[name].learned}
 
-    return keep(exp)
+    learned = keep(exp)
+    if exp.algo == "program":  # hpcrl's own env and trainer settings do not reach the user's program
+        del learned["env"], learned["train"]
+    else:  # the ids of hpcrl's own runs stay what they were before programs existed
+        del learned["program"]
+    return learned
 
 
 def _merge(old: Any, new: Any) -> Any:
@@ -531,21 +551,55 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+PROGRAM_UNUSED = ("env", "train")
+"""Sections of hpcrl's own trainer that a user's program never sees: refused with algo: program."""
+
+
 def _algo(data: dict[str, Any]) -> str:
     algo = data.get("algo", "ppo")
-    if not isinstance(algo, str) or algo not in ALGORITHMS:
-        raise ConfigError(f"algo: expected one of {', '.join(map(repr, ALGORITHMS))}, got {algo!r}")
+    if not isinstance(algo, str) or algo not in (*ALGORITHMS, "program"):
+        raise ConfigError(f"algo: expected one of {', '.join(map(repr, (*ALGORITHMS, 'program')))}, got {algo!r}")
     return algo
+
+
+def _unused_by_program(key: str) -> ConfigError:
+    return ConfigError(f"{key}: not used with algo 'program' (hpcrl does not train; give your program's settings in program.params or program.args)")
+
+
+def _nest_params(data: dict[str, Any]) -> None:
+    """`program.params` may be written flat with Hydra's dotted keys (`habitat_baselines.rl.ppo.lr: 2.5e-4`):
+    stored nested, as the sweep grammar addresses them (`program.params.habitat_baselines.rl.ppo.lr`)."""
+    program = data.get("program")
+    params = program.get("params") if isinstance(program, dict) else None
+    if not isinstance(params, dict) or not any(isinstance(k, str) and "." in k for k in params):
+        return
+    nested: dict[str, Any] = {}
+    for key, value in params.items():
+        parts = key.split(".") if isinstance(key, str) else [key]
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"program.params.{key}: {part} is both a value and a mapping")
+        if parts[-1] in node:
+            raise ConfigError(f"program.params.{key}: given twice (flat and nested)")
+        node[parts[-1]] = value
+    data["program"] = {**program, "params": nested}
 
 
 def _build_experiment(data: dict[str, Any]) -> Experiment:
     """The dataclasses of plain data; `train` takes the class of the chosen algorithm."""
     data = dict(data)
     algo = _algo(data)
+    if algo == "program":
+        for key in PROGRAM_UNUSED:
+            if key in data:
+                raise _unused_by_program(key)
+        _nest_params(data)
     train_data = data.pop("train", None)
     image_data = data.pop("image", None)
     exp = build(Experiment, data, "")
-    exp.train = build(ALGORITHMS[algo], {} if train_data is None else train_data, "train")
+    exp.train = build(ALGORITHMS.get(algo, TrainConfig), {} if train_data is None else train_data, "train")
     exp.image = None if image_data is None else build(ImageConfig, image_data, "image")
     for key, message in exp.check():  # again: train was a TrainConfig when build() checked it first
         raise ConfigError(f"{key}: {message}")
@@ -559,6 +613,8 @@ def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str,
         key, value = parse_override(text)
         if key != "algo" and not _known_path(key, _algo(data)):
             raise ConfigError(f"-p {key_path('', key)}: unknown key")
+        if _algo(data) == "program" and key.split(".")[0] in PROGRAM_UNUSED:
+            raise _unused_by_program(f"-p {key}")
         _set_dotted(data, key, value)
     exp = _build_experiment(data)
     _check_grid(exp, data)
@@ -576,6 +632,8 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
         where = f"sweep.grid.{key}"
         if not _known_path(key, exp.algo):
             raise ConfigError(f"{where}: unknown key")
+        if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED:
+            raise _unused_by_program(where)
         if key == "algo":
             raise ConfigError(f"{where}: cannot be swept: each algorithm has its own train section (make one experiment per algorithm)")
         if not is_sweepable(key, exp.algo):
@@ -643,6 +701,8 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     exp.source = str(path)
+    if exp.program is not None:  # jobs start elsewhere: the program's directory is fixed now, absolute
+        exp.program.workdir = str(Path(exp.program.workdir or ".").expanduser().resolve())
     return exp
 
 

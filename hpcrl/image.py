@@ -49,7 +49,7 @@ SOURCE_DST = "/opt/hpcrl/src"
 BASE_APT = ("ca-certificates", "curl")
 EXTRA_APT = {"distributed": ("redis-server",), "habitat": ("libegl1", "libgl1", "libglib2.0-0")}
 """OS packages an extra needs besides its Python packages (headless habitat-sim renders through EGL)."""
-EXTRA_IMPORTS = {"vizdoom": "vizdoom", "habitat": "habitat_sim"}
+EXTRA_IMPORTS = {"vizdoom": "vizdoom", "habitat": "habitat_sim", "tensorboard": "tensorboard"}
 
 JUNK_DIRS = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox", ".venv", "venv", "node_modules", ".ipynb_checkpoints"}
@@ -147,8 +147,14 @@ def render_definition(exp: Experiment) -> Definition:
 
 
 def _image_config(exp: Experiment) -> ImageConfig:
+    """The image section, with the extras the config needs whether or not it lists them: a user's
+    program whose metrics are TensorBoard files is read by the eval stage, inside the image."""
     if exp.image is None:
         raise ConfigError(f"{exp.source or 'config'}: image: the config has no image section to build")
+    program = exp.program
+    sources = [program.metrics.source, *([program.eval.metrics.source] if program.eval else [])] if program else []
+    if "tensorboard" in sources and "tensorboard" not in exp.image.extras:
+        return dataclasses.replace(exp.image, extras=[*exp.image.extras, "tensorboard"])
     return exp.image
 
 

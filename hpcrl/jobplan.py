@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import hpcrl
+from hpcrl import program_spec
 from hpcrl.config import ConfigError, Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
 from hpcrl.schedulers.base import REQUEUE_EXIT, Scheduler
+from hpcrl.sweep import Run
 
 AGGREGATE_MEM = "2G"
 """Memory of the aggregate job: `collect` reads CSVs and draws a few plots."""
@@ -121,15 +123,20 @@ def job_context(
     *,
     requeue: bool = False,
     resources: StageResources | None = None,
+    program_tasks: list[list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Everything a job template may use. The templates decide layout; this decides values."""
+    """Everything a job template may use. The templates decide layout; this decides values.
+
+    `program_tasks`: for a user's program, the command line of each array task, in task order."""
     res = resources or stage_resources(exp, stage)
     container = dataclasses.asdict(exp.container)
     if exp.container.image:
-        # The job writes into the experiment directory: make sure the container can see it.
-        exp_dir = str(exp.dir.resolve())
-        if exp_dir not in container["binds"]:
-            container["binds"] = [*container["binds"], exp_dir]
+        # The job writes into the experiment directory, and a user's program runs in its working
+        # directory: make sure the container can see both.
+        needed = [str(exp.dir.resolve())] + ([str(Path(exp.program.workdir or ".").resolve())] if exp.program else [])
+        for path in needed:
+            if path not in container["binds"]:
+                container["binds"] = [*container["binds"], path]
     return {
         "experiment_name": exp.name,
         "hpcrl_version": hpcrl.__version__,
@@ -145,6 +152,7 @@ def job_context(
         "container": container,
         "python": exp.python or sys.executable,
         "argv": argv,
+        "program_tasks": program_tasks,
     }
 
 
@@ -169,12 +177,13 @@ class PlannedJob:
 def plan_stage(
     exp: Experiment, scheduler: Scheduler, stage: str, script: str, manifest: str | None, runs: list[int], argv: list[str],
     cwd: Path | None, *, requeue: bool = False, after: list[tuple[str, str]] | None = None, array: int | None = None,
+    program_tasks: list[list[str]] | None = None,
 ) -> PlannedJob:
     """One job of a stage: its resources, its rendered script, its dependencies."""
     root = exp.dir.resolve()
     res = stage_resources(exp, stage)
     size = len(runs) if array is None else array
-    ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res)
+    ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res, program_tasks=program_tasks)
     return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [])
 
 
@@ -200,13 +209,22 @@ def plan_eval_only(exp: Experiment, scheduler: Scheduler, runs: list[int], attem
     return out, evals
 
 
-def plan_train(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> tuple[list[PlannedJob], list[str]]:
-    """Train and eval arrays of one submission, chunk by chunk; returns the jobs and the eval scripts."""
+def plan_train(
+    exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None, runs: dict[int, Run] | None = None
+) -> tuple[list[PlannedJob], list[str]]:
+    """Train and eval arrays of one submission, chunk by chunk; returns the jobs and the eval scripts.
+
+    `runs` (by index) is needed for a user's program, whose command line each task shows."""
     root = exp.dir.resolve()
     out, evals = [], []
     for c, part in enumerate(chunks(todo, scheduler.max_array_size())):
         manifest, train = f"jobs/{attempt}-{c}.tasks", f"jobs/train-{attempt}-{c}.sh"
-        out.append(plan_stage(exp, scheduler, "train", train, manifest, part, ["train", str(root), "--manifest", manifest], cwd, requeue=True))
+        tasks = None
+        if exp.program is not None:
+            if not runs:
+                raise ValueError("planning a program's train jobs needs its runs")
+            tasks = [program_spec.argv(runs[i].config.program, program_spec.run_values(root, runs[i].run_id, runs[i].seed)) for i in part]
+        out.append(plan_stage(exp, scheduler, "train", train, manifest, part, ["train", str(root), "--manifest", manifest], cwd, requeue=True, program_tasks=tasks))
         evals.append(f"jobs/eval-{attempt}-{c}.sh")
         out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, train, cwd))
     return out, evals

@@ -121,12 +121,18 @@ def sweep_lock(experiment_dir: Path) -> Iterator[None]:
 
 
 def plan_scripts(
-    exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None, eval_todo: list[int] | None = None
+    exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None,
+    eval_todo: list[int] | None = None, *, runs: list[sweep.Run] | None = None,
 ) -> list[PlannedJob]:
     """Every script of one submission: training (or learner and actors) with its evals, eval-only
-    work for trained runs whose evaluation is missing, and the aggregate after all of them."""
-    planner = plan_distributed if exp.distributed is not None else plan_train
-    out, evals = planner(exp, scheduler, todo, attempt, cwd) if todo else ([], [])
+    work for trained runs whose evaluation is missing, and the aggregate after all of them.
+    A user's program needs the `runs` (their command lines are in the train scripts)."""
+    if not todo:
+        out, evals = [], []
+    elif exp.distributed is not None:
+        out, evals = plan_distributed(exp, scheduler, todo, attempt, cwd)
+    else:
+        out, evals = plan_train(exp, scheduler, todo, attempt, cwd, {r.index: r for r in runs or []})
     if eval_todo:
         extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd)
         out, evals = out + extra, evals + more
@@ -163,8 +169,9 @@ class _Rollback:
             path.unlink(missing_ok=True)
 
 
-def print_dry_run(exp: Experiment, scheduler: Scheduler, n_runs: int, out: IO[str] | None, cwd: Path | None) -> int:
-    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd):
+def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], out: IO[str] | None, cwd: Path | None) -> int:
+    n_runs = len(runs)
+    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs):
         size = len(planned.runs)
         print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
         print(planned.text, file=out)
@@ -190,9 +197,9 @@ def submit_experiment(
     exp.container.image = resolved_image(exp)
     runs = sweep.expand(exp)
     if dry_run:
-        return print_dry_run(exp, scheduler, len(runs), out, cwd)
+        return print_dry_run(exp, scheduler, runs, out, cwd)
     # Every template renders before anything is written: a refused directive value leaves nothing.
-    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0])
+    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs)
     provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
     rollback = _Rollback(root)
     try:
@@ -230,7 +237,7 @@ def _sweep_locked(
                 return 0
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
-            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo), attempt, jobs, rollback)
+            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo, runs=runs), attempt, jobs, rollback)
             what = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
             print(
                 f"{root}: submitted {what} to {scheduler.name} ({skipped_done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: "

@@ -8,7 +8,10 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
       .lock                  held (flock) by the one process that trains the run; holds "pid host"
       DONE | FAILED          train markers with a short reason (DONE: "step N", the steps trained)
       EVAL_DONE | EVAL_FAILED | EVAL_SKIPPED
-      train.csv              appended one whole line per logged iteration by TrainLog
+      train.csv              appended one whole line per logged iteration by TrainLog (a user's program:
+                             through hpcrl.job, or converted from its own metrics by the eval stage)
+      lifetimes              a user's program: one line per start of the run (requeues, retries)
+      program.log            a user's program: its output, appended across lifetimes
       eval.csv               written once, atomically, by the eval stage
       checkpoints/           rl/checkpoint.py's files; their stale temporary files go at the next start
     jobs/<attempt>-<chunk>.tasks          line i = the run index of array task i
@@ -36,12 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcrl.config import ConfigError
 from hpcrl.io import atomic_write_text
+from hpcrl.schema import ConfigError
 
 DONE, FAILED = "DONE", "FAILED"
 EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
 TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
+LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
 
 LOCKED_EXIT = 75
 """Exit code of a trainer that found its run locked by another (EX_TEMPFAIL): neither 0, which would
@@ -104,7 +108,7 @@ def run_state(run_dir: Path) -> str:
         return "done"
     if is_failed(run_dir):
         return "failed"
-    if (run_dir / TRAIN_LOG).exists() or any((run_dir / CHECKPOINTS).glob("*.pt")):
+    if (run_dir / TRAIN_LOG).exists() or (run_dir / LIFETIMES).exists() or any((run_dir / CHECKPOINTS).glob("*.pt")):
         return "started"
     return "new"
 
@@ -119,6 +123,19 @@ def eval_state(run_dir: Path) -> str:
 def mark_done(run_dir: Path, steps: int) -> None:
     """DONE with the number of environment steps really trained, which `status` shows."""
     mark(run_dir, DONE, f"step {steps}")
+
+
+def begin_lifetime(run_dir: Path) -> int:
+    """Record one more start of a user's program and return its number (1 for the first): the
+    program is told (HPCRL_LIFETIME), and from the second on its `resume_args` are added."""
+    path = run_dir / LIFETIMES
+    try:
+        earlier = len(_complete_lines(path.read_bytes()))
+    except FileNotFoundError:
+        earlier = 0
+    with path.open("a") as f:  # one short line per write: a kill cannot tear it
+        f.write(f"{earlier + 1} {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {socket.gethostname()} {os.getpid()}\n")
+    return earlier + 1
 
 
 def done_step(run_dir: Path) -> int | None:
@@ -267,13 +284,18 @@ def has_eval(run_dir: Path) -> bool:
     return (run_dir / EVAL_LOG).exists()
 
 
-def read_eval(run_dir: Path) -> float:
-    """Mean evaluation return; ValueError/KeyError/TypeError for a damaged file."""
+def read_eval_returns(run_dir: Path) -> list[float]:
+    """Each evaluation episode's return; ValueError/KeyError/TypeError/csv.Error for a damaged file."""
     with (run_dir / EVAL_LOG).open(newline="") as f:
         returns = [float(row["return"]) for row in csv.DictReader(f)]
     if not returns:
         raise ValueError("no episodes")
-    return float(np.mean(returns))
+    return returns
+
+
+def read_eval(run_dir: Path) -> float:
+    """Mean evaluation return; ValueError/KeyError/TypeError/csv.Error for a damaged file."""
+    return float(np.mean(read_eval_returns(run_dir)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ No torch, no gymnasium: configs are validated on login nodes.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -47,6 +48,11 @@ class YamlFloat(float):
     `name: 1.10` is the name '1.10', not '1.1'; `account: 0x1f` stays '0x1f'."""
 
     text: str
+
+
+class Verbatim:
+    """The type of a free-form value kept as YAML read it: numbers keep their text (YamlInt,
+    YamlFloat). A user's program gets `--lr 2.5e-4` as written, where `Any` would give 0.00025."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,7 @@ def describe(tp: Any) -> str:
         return "a number"
     if tp is str:
         return "a string"
-    if tp is Any:
+    if tp is Any or tp is Verbatim:
         return "any value"
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
@@ -250,6 +256,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return plain(value)
+    if tp is Verbatim:
+        return _verbatim(value)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -287,6 +295,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         out = {}
         for k, v in value.items():
+            if isinstance(k, bool) and args[0] is str:
+                raise ConfigError(f"{key_path(path, k)}: a key YAML read as {str(k).lower()} (YAML 1.1 reads on, off, yes and no as booleans): quote it")
             key = convert(k, args[0], key_path(path, k))
             out[key] = convert(v, args[1], key_path(path, key))
         return out
@@ -295,7 +305,21 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported type {tp!r} at {path}")  # a bug in the schema, not in the config
 
 
-def _one_line(value: Any) -> str | None:
+def _verbatim(value: Any) -> Any:
+    """A free-form value as read, except that YAML 1.1's number-strings (`3e-4`, without a dot)
+    become the numbers they spell, keeping that spelling: `3e-4` and `0.0003` are one value."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        number = YamlFloat(float(value))
+        number.text = value.strip()
+        return number
+    if isinstance(value, list):
+        return [_verbatim(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _verbatim(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def one_line_problem(value: Any) -> str | None:
     """The rule of every string in a config: names, ids, paths and words are one line."""
     if isinstance(value, str) and _CONTROL.search(value):
         return f"expected a single line without control characters, got {value!r}"
@@ -307,17 +331,17 @@ def _check_rules(rules: Rules, value: Any, path: str) -> None:
     key and string value of a mapping (env.kwargs included: no config string holds a line break)."""
     if isinstance(value, dict):
         for key, item in value.items():
-            problem = _one_line(key) or (rules.keys(key) if rules.keys else None)
+            problem = one_line_problem(key) or (rules.keys(key) if rules.keys else None)
             if problem:
                 raise ConfigError(f"{key_path(path, key)}: {problem}")
-            if isinstance(item, str) and _one_line(item):
-                raise ConfigError(f"{key_path(path, key)}: {_one_line(item)}")
+            if isinstance(item, str) and one_line_problem(item):
+                raise ConfigError(f"{key_path(path, key)}: {one_line_problem(item)}")
         return
     items = [(f"{path}[{i}]", item) for i, item in enumerate(value)] if isinstance(value, list) else [(path, value)]
     if isinstance(value, list) and len(value) < rules.min_items:
         raise ConfigError(f"{path}: expected at least {rules.min_items} item{'s' if rules.min_items > 1 else ''}")
     for where, item in items:
-        problem = rules.problem(item) or _one_line(item)
+        problem = rules.problem(item) or one_line_problem(item)
         if problem:
             raise ConfigError(f"{where}: {problem}")
 

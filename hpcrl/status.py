@@ -27,7 +27,8 @@ class RunStatus:
     train: str
     eval: str
     step: int
-    total_steps: int
+    total_steps: int | None
+    """None for a user's program: hpcrl does not know its budget."""
     note: str = ""
     distributed: str | None = None
     """A distributed run's learner report (actors alive, env steps/s, queue, lag, drops)."""
@@ -88,18 +89,26 @@ def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str |
             note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
         elif evaluation == "skipped":
             note = rundir.reason(rd, rundir.EVAL_SKIPPED)[:80]
-        step = (rundir.done_step(rd) or run.config.train.total_steps) if train == "done" else rundir.last_logged_step(rd)
+        total = None if run.config.program else run.config.train.total_steps
+        step = (rundir.done_step(rd) or total or 0) if train == "done" else rundir.last_logged_step(rd)
         report = runstats.status_line(rd) if run.config.distributed and train != "done" else None
-        rows.append(RunStatus(run.index, run.run_id, run.setting_label, run.seed, train, evaluation, step, run.config.train.total_steps, note, report))
+        rows.append(RunStatus(run.index, run.run_id, run.setting_label, run.seed, train, evaluation, step, total, note, report))
     aggregate = "done" if (experiment_dir / "results" / "summary.csv").exists() else states.get(("aggregate", -1), "not submitted")
     return rows, aggregate, problem
+
+
+def _progress(r: RunStatus) -> str:
+    """Percent of the budget; a user's program has no budget hpcrl knows: the step it logged."""
+    if r.total_steps:
+        return f"{min(100, 100 * r.step // r.total_steps):3d}%"
+    return f"step {r.step}" if r.step else ("done" if r.train == "done" else "-")
 
 
 def print_status(experiment_dir: Path, out=None) -> int:
     rows, aggregate, problem = experiment_status(experiment_dir)
     header = ("#", "run", "setting", "seed", "train", "progress", "eval", "note")
     table = [header] + [
-        (str(r.index), r.run_id, r.setting, str(r.seed), r.train, f"{min(100, 100 * r.step // max(1, r.total_steps)):3d}%", r.eval, r.note)
+        (str(r.index), r.run_id, r.setting, str(r.seed), r.train, _progress(r), r.eval, r.note)
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]

@@ -101,6 +101,17 @@ StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
 StrictLoader.add_constructor("tag:yaml.org,2002:float", _float)
 
 
+def _represent_number(dumper: yaml.SafeDumper, value: YamlInt | YamlFloat) -> yaml.ScalarNode:
+    """Free-form values (a program's parameters) are stored as typed: written back as they were spelled."""
+    tag = "tag:yaml.org,2002:float" if isinstance(value, YamlFloat) else "tag:yaml.org,2002:int"
+    return dumper.represent_scalar(tag, value.text)
+
+
+for _dumper in {yaml.SafeDumper, getattr(yaml, "CSafeDumper", yaml.SafeDumper)}:
+    _dumper.add_representer(YamlInt, _represent_number)
+    _dumper.add_representer(YamlFloat, _represent_number)
+
+
 def load(text: str) -> Any:
     """Parse a user's YAML; YAML errors (duplicate keys included) name their line."""
     try:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hpcrl.cli import main
 from hpcrl.config import Experiment
 from hpcrl.rl.hparams import ALGORITHMS
-from hpcrl.schema import hints, public_fields
+from hpcrl.schema import Verbatim, hints, public_fields
 
 NEGATIVE_OK = {"eval.threshold"}
 """Float fields where a negative value is meaningful (a return threshold); every other number of
@@ -45,6 +45,11 @@ BASES: dict[str, dict[str, Any]] = {
         "algo": "dqn",
         "train": {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100, "hidden_sizes": [16]},
         "distributed": {"actors": 1},
+    },
+    "program": {
+        **{k: v for k, v in TINY.items() if k not in ("env", "train")},
+        "algo": "program",
+        "program": {"command": ["true"], "params": {"lr": 0.1}, "eval": {"command": ["true"]}},
     },
 }
 
@@ -72,7 +77,8 @@ def config_keys() -> list[tuple[str, str, Any]]:
     out += [("a2c", k, tp) for _, k, tp in _train_keys("a2c")]
     out += [("dqn", k, tp) for _, k, tp in _train_keys("dqn")]
     out += [(a, k, tp) for a, k, tp in _dqn_distributed_keys(out)]
-    return [(a, k, tp) for a, k, tp in out if not (a == "ppo" and k.startswith("distributed"))]
+    out += [("program", k, tp) for a, k, tp in out if a == "ppo" and k.startswith("program")]
+    return [(a, k, tp) for a, k, tp in out if not (a == "ppo" and k.startswith(("distributed", "program")))]
 
 
 def _train_keys(algo: str) -> list[tuple[str, str, Any]]:
@@ -93,6 +99,14 @@ def must_refuse(tp: Any, value: Any, key: str) -> bool:
     tp, optional = _unwrap(tp)
     if tp is Any:
         return False
+    if tp is Verbatim:  # a program's parameter: a word, a number, or a list or mapping of them
+        if isinstance(value, dict):
+            return any(must_refuse(Verbatim, v, key) for v in value.values())
+        items = value if isinstance(value, list) else [value]
+        return any(
+            isinstance(v, (list, dict)) or (isinstance(v, float) and not math.isfinite(v)) or (isinstance(v, str) and _LINE_BREAK.search(v))
+            for v in items
+        )
     if value is None:
         return not optional
     if isinstance(value, str) and _LINE_BREAK.search(value):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
+from hpcrl import sweep
 from hpcrl.config import load_experiment
 from hpcrl.jobplan import job_context
 from hpcrl.pipeline import plan_scripts
@@ -24,13 +25,17 @@ PINNED = ["output=/scratch/hpcrl", "python=/opt/venv/bin/python"]
 
 
 def rendered(config: Path, scheduler: str) -> dict[str, str]:
-    image = ["container.image=/images/habitat.sif"] if config.stem == "habitat_ppo" else []
-    exp = load_experiment(config, PINNED + image)
-    planned = plan_scripts(exp, get_scheduler(scheduler, exp.dir), [0, 1, 2], 0)
+    image = ["container.image=/images/habitat.sif"] if config.stem.startswith("habitat") else []
+    workdir = ["program.workdir=/work/project"] if "algo: program" in config.read_text() else []
+    exp = load_experiment(config, PINNED + image + workdir)
+    planned = plan_scripts(exp, get_scheduler(scheduler, exp.dir), [0, 1, 2], 0, runs=sweep.expand(exp))
     return {Path(p.script).name: p.text for p in planned}
 
 
-@pytest.mark.parametrize("config,scheduler", [("habitat_ppo", "sge"), ("habitat_ppo", "slurm"), ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm")])
+@pytest.mark.parametrize(
+    "config,scheduler",
+    [("habitat_ppo", "sge"), ("habitat_ppo", "slurm"), ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm"), ("habitat_own_trainer", "sge")],
+)
 def test_golden_scripts(config: str, scheduler: str) -> None:
     """Any change to a rendered script is deliberate: regenerate with HPCRL_UPDATE_GOLDEN=1 and review the diff.
     The set of scripts is compared too: a stage that is no longer planned (or a new one) is noticed."""

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import shutil
+from pathlib import Path
 
 import gymnasium as gym
 
@@ -27,8 +30,12 @@ action space (and to try `env.kwargs` on them)."""
 def check_environment(exp: Experiment) -> None:
     """Raise ConfigError (naming the key path) for an env the runs of `exp` could not use.
 
-    Checks the config's own env and, for each grid key under `env`, each of its values.
+    Checks the config's own env and, for each grid key under `env`, each of its values; for a
+    user's program, that its command exists.
     """
+    if exp.program is not None:
+        check_program(exp)
+        return
     envs: list[tuple[str, EnvConfig]] = [("", exp.env)]
     for key, values in exp.sweep.grid.items():
         if key == "env" or key.startswith("env."):
@@ -40,6 +47,28 @@ def check_environment(exp: Experiment) -> None:
             _check_one(spec, exp.algo)
         except ConfigError as exc:
             raise ConfigError(f"{where}{exc}") from None
+
+
+def check_program(exp: Experiment) -> None:
+    """The program's command must exist where it will run. Without a container that is this
+    machine (a cluster's login and compute nodes share their software); inside an image it cannot
+    be checked here. `python script.py` also checks the script, the most common typo."""
+    program = exp.program
+    if program is None or exp.container.image:
+        return
+    cwd = Path(program.workdir or ".")
+    if not cwd.is_dir():
+        raise ConfigError(f"program.workdir: {cwd} is not a directory")
+    first = program.command[0]
+    if "{" in first:
+        return  # a placeholder (a path inside the run directory) exists only once the run does
+    found = (cwd / first).is_file() and os.access(cwd / first, os.X_OK) if "/" in first else shutil.which(first) is not None
+    if not found:
+        raise ConfigError(f"program.command[0]: {first!r} is not found" + (f" in {cwd}" if "/" in first else " on the PATH") + " (no container is set, so the jobs run it on this machine)")
+    if Path(first).name.startswith("python") and len(program.command) > 1:
+        script = program.command[1]
+        if script.endswith(".py") and "{" not in script and not (cwd / script).is_file():
+            raise ConfigError(f"program.command[1]: {script!r} is not found in {cwd} (program.workdir: where the program runs)")
 
 
 def _check_one(spec: EnvConfig, algo: str) -> None:

@@ -1,0 +1,239 @@
+"""A user's own trainer inside its job: what `hpcrl train` and `hpcrl eval` do for `algo: program`.
+
+The job script shows the program's command line literally (hpcrl.program_spec renders it) and hands
+it to `hpcrl train ... -- <command>`; this module runs it as a child, the way hpcrl runs its own
+trainer, so that everything around a run holds for it:
+
+- the run lock and the DONE/FAILED markers (hpcrl.guard): exit 0 is DONE; any other exit is FAILED
+  with the tail of the program's output as the reason, which `status` and `collect` show;
+- the environment contract of hpcrl.job (`HPCRL_RUN_DIR`, `HPCRL_CHECKPOINT_DIR`, `HPCRL_SEED`,
+  `HPCRL_RUN_ID`, `HPCRL_REQUEUE_EXIT`, `HPCRL_STOP_SIGNAL`, `HPCRL_LIFETIME`);
+- preemption: the scheduler's warning reaches this process (the job script forwards it as USR1)
+  and is passed on as `program.stop_signal`. A program that then exits with the requeue code, or
+  dies of that signal, is requeued; one that ignores it is killed by the scheduler at its limit,
+  and the next sweep retries it. Each later start adds `resume_args`: resuming is the program's own;
+- output: the program's stdout and stderr go to the job log and to `runs/<id>/program.log`.
+
+The eval stage then turns what the program wrote (hpcrl.metrics) into the run's training curve and
+its score: the episodes of `program.eval`'s command when there is one, else the mean of the last
+`metrics.last_episodes` training episodes.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from hpcrl import job, program_spec, rundir
+from hpcrl.guard import StopFlag, guarded_run
+from hpcrl.program_spec import MetricsConfig, ProgramConfig
+from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.sweep import Run, run_dir
+
+TAIL_LINES = 20
+"""Lines of the program's output kept in a FAILED marker."""
+POLL_S = 0.1
+
+
+def placeholder_values(experiment_dir: Path, run: Run) -> dict[str, str]:
+    return program_spec.run_values(experiment_dir, run.run_id, run.seed)
+
+
+def command(experiment_dir: Path, run: Run) -> list[str]:
+    """The run's command line, as its job script shows it."""
+    return program_spec.argv(_program(run), placeholder_values(experiment_dir, run))
+
+
+def workdir(program: ProgramConfig) -> Path:
+    return Path(program.workdir or ".").resolve()
+
+
+def _program(run: Run) -> ProgramConfig:
+    if run.config.program is None:
+        raise ValueError(f"{run.run_id} is not a program run (algo {run.config.algo!r})")
+    return run.config.program
+
+
+def train_program(experiment_dir: Path, run: Run, words: list[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the program of one run to its end (or to the next preemption); the process exit code.
+
+    `words` is the command line the job script shows; without it (a template that predates it, a
+    run started by hand) the run's config renders it again.
+    """
+    words = list(words) if words else command(experiment_dir, run)
+    return guarded_run(experiment_dir, run, lambda rd, stop: _train(experiment_dir, rd, run, words, stop, out), out)
+
+
+def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: StopFlag, out: TextIO | None) -> int:
+    program = _program(run)
+    values = placeholder_values(experiment_dir, run)
+    ckpt = Path(values["checkpoint_dir"])
+    ckpt.mkdir(parents=True, exist_ok=True)
+    lifetime = rundir.begin_lifetime(rd)
+    if lifetime > 1 and program.resume_args:
+        latest = newest_file(ckpt)
+        if latest is None and any("{latest_checkpoint}" in w for w in program.resume_args):
+            print(f"{run.run_id}: start {lifetime}, but {ckpt} is empty: starting afresh, without resume_args", file=out)
+        else:
+            words += program_spec.resume_words(program, {**values, "latest_checkpoint": str(latest or "")})
+            print(f"{run.run_id}: start {lifetime}: resuming with {' '.join(words[-len(program.resume_args):])}", file=out)
+    env = {
+        **os.environ,
+        job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"],
+        job.RUN_ID: run.run_id, job.REQUEUE_EXIT_VAR: str(REQUEUE_EXIT), job.STOP_SIGNAL: program.stop_signal,
+        job.LIFETIME: str(lifetime),
+    }  # fmt: skip
+    print(f"{run.run_id}: running {' '.join(words)}", file=out, flush=True)
+    code, tail = supervise(words, env, workdir(program), rd / rundir.PROGRAM_LOG, stop, getattr(signal, f"SIG{program.stop_signal}"))
+    if code == 0:
+        steps = rundir.last_logged_step(rd)
+        rundir.mark(rd, rundir.DONE, f"step {steps}" if steps else "program exited with 0")
+        print(f"{run.run_id}: done", file=out)
+        return 0
+    if code == REQUEUE_EXIT or stop.signal is not None:
+        # After the warning any ending is the preemption's doing: the next lifetime resumes.
+        print(f"{run.run_id}: program stopped ({describe_exit(code)}) after signal {stop.signal}: asking for a requeue", file=out)
+        return REQUEUE_EXIT
+    raise rundir.RunError(failure(f"program {describe_exit(code)}", tail))
+
+
+def failure(headline: str, tail: list[str]) -> str:
+    """A FAILED marker: the headline with the program's last line, then the tail of its output."""
+    last = next((line for line in reversed(tail) if line.strip()), "")
+    return f"{headline}: {last.strip()[:200]}" + ("\n" + "\n".join(tail) if tail else "") if last else headline
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exited with {code}"
+
+
+def supervise(words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int) -> tuple[int, list[str]]:
+    """Run `words`; copy its output to our stdout and to `log`; pass a stop on as `stop_signal`.
+    Returns the exit code (negative: the signal that killed it) and the last lines it printed."""
+    try:
+        proc = subprocess.Popen(words, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except FileNotFoundError:
+        raise rundir.RunError(f"program: {words[0]!r} not found (in {cwd}, on the PATH of the job)") from None
+    except PermissionError:
+        raise rundir.RunError(f"program: {words[0]!r} is not executable") from None
+    except NotADirectoryError:
+        raise rundir.RunError(f"program: working directory {cwd} does not exist") from None
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    with log.open("ab") as sink:
+        copier = threading.Thread(target=_copy_output, args=(proc.stdout, sink, tail), daemon=True)
+        copier.start()
+        forwarded = False
+        while proc.poll() is None:
+            if stop is not None and stop.signal is not None and not forwarded:
+                proc.send_signal(stop_signal)
+                forwarded = True
+            time.sleep(POLL_S)
+        copier.join()
+    return proc.returncode, list(tail)
+
+
+def _copy_output(pipe: BinaryIO, sink: BinaryIO, tail: collections.deque[str]) -> None:
+    out = getattr(sys.stdout, "buffer", None)
+    for line in iter(pipe.readline, b""):
+        sink.write(line)
+        sink.flush()
+        if out is not None:
+            out.write(line)
+            out.flush()
+        tail.append(line.decode(errors="replace").rstrip("\n"))
+    pipe.close()
+
+
+def newest_file(directory: Path) -> Path | None:
+    """The most recently written file under `directory` (a program's own checkpoint naming is unknown)."""
+    newest, when = None, -1.0
+    for path in directory.rglob("*"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if path.is_file() and not path.name.startswith(".") and stat.st_mtime > when:
+            newest, when = path, stat.st_mtime
+    return newest
+
+
+# --------------------------------------------------------------------------------------------
+# The eval stage.
+
+
+def evaluate_program(experiment_dir: Path, run: Run, out: TextIO | None = None) -> int:
+    """The curve and score of a trained program run (see the module docstring); markers as for hpcrl's own runs."""
+    from hpcrl import metrics  # tensorboard's reader is imported only by the runs that need it
+
+    program = _program(run)
+    rd = run_dir(experiment_dir, run.run_id)
+    state = rundir.run_state(rd)
+    if state != "done":
+        rundir.mark(rd, rundir.EVAL_SKIPPED, f"train {state}: {rundir.first_line(rd, rundir.FAILED) or state}")
+        print(f"{run.run_id}: eval skipped, train {state}", file=out)
+        return 0
+    try:
+        training = _read(metrics, experiment_dir, rd, program.metrics, run)
+        if program.metrics.source != "hpcrl":
+            rundir.write_curve(rd, training.steps, training.returns)
+        if program.eval is None:
+            n = program.metrics.last_episodes
+            returns = [float(r) for r in training.returns[-n:]]
+            what = f"mean of the last {len(returns)} training episodes"
+        else:
+            returns = _run_eval(experiment_dir, rd, run, program, metrics, out)
+            what = f"mean return over {len(returns)} evaluation episodes"
+        if not returns:
+            raise metrics.MetricsError(f"metrics: no episodes in {', '.join(map(str, training.files))}")
+    except Exception as exc:
+        line = rundir.one_line_reason(exc)
+        rundir.mark(rd, rundir.EVAL_FAILED, line or f"{type(exc).__name__}: {exc}")
+        if line is None:
+            raise
+        print(f"hpcrl: error: {run.run_id}: eval failed: {line.splitlines()[0]}", file=sys.stderr)
+        return 1
+    if program.eval is None or program.eval.metrics.source != "hpcrl":
+        rundir.write_eval(rd, [(r, 0, {}) for r in returns])
+    mean = sum(returns) / len(returns)
+    rundir.mark(rd, rundir.EVAL_DONE, f"{what}: {mean:.6g}")
+    print(f"{run.run_id}: score {mean:.2f} ({what})", file=out)
+    return 0
+
+
+def _read(metrics, experiment_dir: Path, rd: Path, spec: MetricsConfig, run: Run):
+    pattern = spec.path and program_spec.fill(spec.path, placeholder_values(experiment_dir, run), _program(run).params)
+    return metrics.read_episodes(rd, spec.source, pattern, tag=spec.tag, step=spec.step, value=spec.value)
+
+
+def _run_eval(experiment_dir: Path, rd: Path, run: Run, program: ProgramConfig, metrics, out: TextIO | None) -> list[float]:
+    """Run `program.eval.command` and read the episodes it wrote."""
+    assert program.eval is not None
+    values = placeholder_values(experiment_dir, run)
+    words = [program_spec.fill(w, values, program.params) for w in program.eval.command]
+    env = {**os.environ, job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"], job.RUN_ID: run.run_id}
+    print(f"{run.run_id}: evaluating with {' '.join(words)}", file=out, flush=True)
+    code, tail = supervise(words, env, workdir(program), rd / rundir.PROGRAM_EVAL_LOG, None, signal.SIGTERM)
+    if code != 0:
+        raise rundir.RunError(failure(f"eval program {describe_exit(code)}", tail))
+    if program.eval.metrics.source == "hpcrl":
+        if not rundir.has_eval(rd):
+            raise metrics.MetricsError(f"metrics: the eval program wrote no {rd / rundir.EVAL_LOG} (hpcrl.job.log_eval writes it)")
+        try:
+            return rundir.read_eval_returns(rd)
+        except (ValueError, KeyError, TypeError, csv.Error) as exc:
+            raise metrics.MetricsError(f"metrics: {rd / rundir.EVAL_LOG} written by the eval program is unreadable ({type(exc).__name__}: {exc})") from None
+    return [float(r) for r in _read(metrics, experiment_dir, rd, program.eval.metrics, run).returns]

@@ -1,0 +1,54 @@
+#!/bin/bash
+#$ -N habitat_own_trainer-train
+#$ -S /bin/bash
+#$ -cwd
+#$ -j y
+#$ -t 1-3
+#$ -tc 2
+#$ -o /scratch/hpcrl/habitat_own_trainer/jobs/logs/train-$JOB_ID.$TASK_ID.out
+#$ -pe smp 32
+#$ -l h_rt=48:00:00
+#$ -l s_rt=47:50:00
+#$ -notify
+#$ -r y
+#$ -l mem_free=65536M
+#$ -l gpu=4
+#$ -q gpu.q
+# hpcrl train job for experiment habitat_own_trainer, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${SGE_TASK_ID:-0}"
+[ "$TASK_ID" = "undefined" ] && TASK_ID=0
+# Put the CUDA libraries on the library path unless the site already did.
+case ":${LD_LIBRARY_PATH:-}:" in
+  *:/opt/cuda-9.2/lib64:*) ;;
+  *) export LD_LIBRARY_PATH=/opt/cuda-9.2/lib64"${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" ;;
+esac
+export SINGULARITYENV_MAGNUM_LOG=quiet
+export APPTAINERENV_MAGNUM_LOG=quiet
+export SINGULARITYENV_GLOG_minloglevel=2
+export APPTAINERENV_GLOG_minloglevel=2
+HPCRL=(singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif hpcrl)
+
+# The user's program, one command line per array task. hpcrl runs it with HPCRL_RUN_DIR,
+# HPCRL_CHECKPOINT_DIR, HPCRL_SEED, HPCRL_RUN_ID, HPCRL_REQUEUE_EXIT set, passes the warning signal on,
+# and adds the config's resume_args when the run starts again after a requeue or a failure.
+case "$TASK_ID" in
+  1) PROGRAM=(python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s0/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s0/train.log) ;;
+  2) PROGRAM=(python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s1/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s1/train.log) ;;
+  3) PROGRAM=(python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s2/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s2/train.log) ;;
+  *) echo "hpcrl: task $TASK_ID is not a task of this job" >&2; exit 1 ;;
+esac
+
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+"${HPCRL[@]}" train /scratch/hpcrl/habitat_own_trainer --manifest jobs/0-0.tasks --task "$TASK_ID" -- "${PROGRAM[@]}" &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# Exit code 99 makes Grid Engine reschedule the task (the job was submitted with -r y).
+exit "$status"

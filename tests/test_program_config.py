@@ -1,0 +1,166 @@
+"""`algo: program`: the config of a user's own trainer and the command line it renders.
+
+What a user relies on: the job script shows the program's command line literally (the seed's
+`python baselines/train_ppo.py --lr 2.5e-4 ...`), in the style the program parses, quoted so that
+no parameter can run a command; program parameters sweep and hash like hpcrl's own settings; and
+bad input (an unknown placeholder, a command that is not there) is one line and exit 2, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcrl import program_spec, sweep
+from hpcrl.cli import main
+from hpcrl.config import experiment_from_dict, load_experiment
+from hpcrl.pipeline import plan_scripts
+from hpcrl.schedulers import get_scheduler
+
+REPO = Path(__file__).resolve().parent.parent
+VALUES = {"run_dir": "/e/runs/r", "checkpoint_dir": "/e/runs/r/checkpoints", "seed": "3", "run_id": "r", "experiment_dir": "/e"}
+
+
+def program_exp(program: dict, **top) -> object:
+    return experiment_from_dict({"name": "p", "algo": "program", "program": program, **top})
+
+
+def argv(program: dict) -> list[str]:
+    return program_spec.argv(program_exp(program).program, VALUES)
+
+
+def test_the_seed_command_line_renders_as_the_seed_wrote_it() -> None:
+    exp = load_experiment(REPO / "configs" / "habitat_own_trainer.yaml", ["program.workdir=/w"])
+    words = program_spec.argv(exp.program, VALUES)
+    seed = ("python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 "
+            "--num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000").split()
+    assert words[: len(seed)] == seed
+    assert words[len(seed):] == ["--checkpoint-folder", "/e/runs/r/checkpoints", "--log-file", "/e/runs/r/train.log"]
+
+
+@pytest.mark.parametrize(
+    "style,expected",
+    [
+        ("argparse", ["--lr", "3e-4", "--sizes", "64", "64", "--cuda", "--name", "a b"]),
+        ("equals", ["--lr=3e-4", "--sizes=64,64", "--cuda=true", "--no_video=false", "--name=a b"]),
+        ("hydra", ["lr=3e-4", "sizes=[64,64]", "cuda=true", "no_video=false", "name=a b", "gone=null"]),
+        ("none", []),
+    ],
+)
+def test_styles(style: str, expected: list[str]) -> None:
+    params = {"lr": "3e-4", "sizes": [64, 64], "cuda": True, "no_video": False, "name": "a b", "gone": None}
+    assert argv({"command": ["t"], "style": style, "params": params}) == ["t", *expected]
+
+
+def test_names_map_underscores_and_dashes_and_hydra_nests() -> None:
+    assert argv({"command": ["t"], "names": "dashes", "params": {"clip_param": 0.1}}) == ["t", "--clip-param", "0.1"]
+    assert argv({"command": ["t"], "names": "underscores", "params": {"num-gpu": 4}}) == ["t", "--num_gpu", "4"]
+    flat = argv({"command": ["t"], "style": "hydra", "params": {"habitat_baselines.rl.ppo.lr": 2.5e-4, "+extra": 1}})
+    nested = argv({"command": ["t"], "style": "hydra", "params": {"habitat_baselines": {"rl": {"ppo": {"lr": 2.5e-4}}}, "+extra": 1}})
+    assert flat == nested == ["t", "habitat_baselines.rl.ppo.lr=0.00025", "+extra=1"]
+
+
+def test_numbers_keep_their_spelling_from_yaml(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("name: p\nalgo: program\nprogram:\n  command: [t]\n  params: {lr: 2.5e-4, eps: 1e-5, n: 0x10}\n")
+    exp = load_experiment(tmp_path / "c.yaml")
+    assert program_spec.argv(exp.program, VALUES) == ["t", "--lr", "2.5e-4", "--eps", "1e-5", "--n", "0x10"]
+
+
+def test_placeholders_fill_and_shell_or_hydra_interpolations_stay() -> None:
+    words = argv({"command": ["t"], "params": {"lr": 1}, "args": ["{run_dir}/x", "--seed={seed}", "${oc.env:HOME}", "{{literal}}", "lr:{params.lr}"]})
+    assert words == ["t", "--lr", "1", "/e/runs/r/x", "--seed=3", "${oc.env:HOME}", "{literal}", "lr:1"]
+
+
+def test_grid_over_program_params_makes_distinct_runs_and_typed_values_hash_alike() -> None:
+    base = {"name": "p", "algo": "program", "program": {"command": ["t"], "params": {"lr": 1e-3}}}
+    grid = experiment_from_dict({**base, "sweep": {"seeds": [0, 1], "grid": {"program.params.lr": [1e-3, 3e-4]}}})
+    runs = sweep.expand(grid)
+    assert len({r.run_id for r in runs}) == 4 and len({r.setting_label for r in runs}) == 2
+    # 1e-3 written as 0.001 is the same setting, so the same run id; a run-only setting is not hashed.
+    same = experiment_from_dict({**base, "program": {"command": ["t"], "params": {"lr": 0.001}, "stop_signal": "TERM", "resume_args": ["--resume"]}})
+    assert sweep.run_hash(same) == sweep.run_hash(experiment_from_dict(base))
+    other = experiment_from_dict({**base, "program": {"command": ["t2"], "params": {"lr": 0.001}}})
+    assert sweep.run_hash(other) != sweep.run_hash(experiment_from_dict(base))
+
+
+@pytest.mark.parametrize(
+    "program,extra,message",
+    [
+        ({"command": ["t", "{rundir}"]}, {}, "program.command[1]: unknown placeholder {rundir}"),
+        ({"command": ["t"], "args": ["{params.lr}"]}, {}, "program.args: {params.lr}: no parameter 'lr'"),
+        ({"command": ["t"], "resume_args": ["{latest}"]}, {}, "program.resume_args[0]: unknown placeholder {latest}"),
+        ({"command": []}, {}, "program.command: expected at least 1 item"),
+        ({"command": ["t"], "params": {"a b": 1}}, {}, "program.params.a b: expected a parameter name"),
+        ({"command": ["t"], "params": {"lr": ".nan"}}, {}, "program.params.lr: expected a finite number"),
+        ({"command": ["t"], "params": {"lr": [[1]]}}, {}, "program.params.lr: expected a value or a list of values"),
+        ({"command": ["t"], "metrics": {"source": "csv"}}, {}, "program.metrics.path: required for source 'csv'"),
+        ({"command": ["t"], "stop_signal": "KILL"}, {}, "program.stop_signal: expected one of"),
+        ({"command": ["t"]}, {"train": {"lr": 1}}, "train: not used with algo 'program'"),
+        ({"command": ["t"]}, {"env": {"id": "CartPole-v1"}}, "env: not used with algo 'program'"),
+    ],
+)
+def test_bad_program_sections_are_one_line_and_exit_2(tmp_path: Path, capsys, program: dict, extra: dict, message: str) -> None:
+    data = {"name": "p", "algo": "program", "output": str(tmp_path / "logs"), "program": program, **extra}
+    text = yaml.safe_dump(data).replace("'.nan'", ".nan")
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["sweep", str(tmp_path / "c.yaml"), "--scheduler", "local"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_program_section_without_algo_program_and_the_reverse_are_refused() -> None:
+    with pytest.raises(ValueError, match="program: required with algo 'program'"):
+        experiment_from_dict({"name": "p", "algo": "program"})
+    with pytest.raises(ValueError, match="program: only used with algo 'program'"):
+        experiment_from_dict({"name": "p", "algo": "ppo", "program": {"command": ["t"]}})
+    with pytest.raises(ValueError, match="-p train.lr: not used with algo 'program'"):
+        experiment_from_dict({"name": "p", "algo": "program", "program": {"command": ["t"]}}, ["train.lr=1"])
+
+
+def test_a_command_that_is_not_there_is_refused_at_sweep_time(tmp_path: Path, capsys) -> None:
+    for command, message in (
+        (["no-such-program-xyz"], "program.command[0]: 'no-such-program-xyz' is not found on the PATH"),
+        ([sys.executable, "missing/train.py"], "program.command[1]: 'missing/train.py' is not found in"),
+        (["./nothing.sh"], "program.command[0]: './nothing.sh' is not found in"),
+    ):
+        data = {"name": "p", "algo": "program", "output": str(tmp_path / "logs"), "program": {"command": command, "workdir": str(tmp_path)}}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+        assert main(["sweep", str(tmp_path / "c.yaml"), "--scheduler", "local"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+        assert not (tmp_path / "logs").exists()
+    # Inside a container the command is the image's: not checked on this machine.
+    data["container"] = {"image": str(tmp_path / "x.sif")}
+    (tmp_path / "x.sif").write_text("")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    assert main(["sweep", str(tmp_path / "c.yaml"), "--scheduler", "local", "--dry-run"]) == 0
+
+
+def test_hostile_parameters_reach_the_program_as_words_and_run_nothing(tmp_path: Path) -> None:
+    """A parameter value is one argument of the program, whatever it holds: the rendered script,
+    run by bash, passes it through untouched and runs none of it."""
+    hostile = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "' \" \\ *", "--lr", "a  b", "~"]
+    exp = program_exp({"command": [sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"], "style": "hydra", "params": {f"p{i}": v for i, v in enumerate(hostile)}},
+                      output=str(tmp_path / "logs"))
+    runs = sweep.expand(exp)
+    text = plan_scripts(exp, get_scheduler("local", exp.dir), [0], 0, runs=runs)[0].text
+    case = text[text.index('case "$TASK_ID"'): text.index("esac") + 4]
+    script = f'TASK_ID=1\n{case}\n"${{PROGRAM[@]}}"\n'
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert yaml.safe_load(out) == [f"p{i}={v}" for i, v in enumerate(hostile)]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_line_breaks_in_program_words_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"program.args\[0\]: expected a single line"):
+        program_exp({"command": ["t"], "args": ["a\nrm -rf ~"]})
+    with pytest.raises(ValueError, match="program.params.x: expected a single line"):
+        program_exp({"command": ["t"], "params": {"x": "a\nb"}})
+    with pytest.raises(ValueError, match="program.params.a.b: expected a single line"):
+        program_exp({"command": ["t"], "style": "hydra", "params": {"a": {"b": "x\rtouch pwned"}}})
