@@ -164,3 +164,31 @@ def test_line_breaks_in_program_words_are_refused(tmp_path: Path) -> None:
         program_exp({"command": ["t"], "params": {"x": "a\nb"}})
     with pytest.raises(ValueError, match="program.params.a.b: expected a single line"):
         program_exp({"command": ["t"], "style": "hydra", "params": {"a": {"b": "x\rtouch pwned"}}})
+
+
+def test_arrays_split_into_chunks_keep_each_task_on_its_own_run(tmp_path: Path) -> None:
+    """An array larger than the cluster allows is split; task i of each chunk runs the command of
+    line i of that chunk's manifest, and nothing else."""
+    exp = program_exp({"command": ["t"], "args": ["{run_id}"]}, output=str(tmp_path / "logs"), sweep={"seeds": [0, 1, 2, 3, 4]})
+    runs = sweep.expand(exp)
+    scheduler = get_scheduler("slurm", exp.dir)
+    scheduler._max_array_size = 2  # what a cluster with MaxArraySize=2 answers
+    trains = [p for p in plan_scripts(exp, scheduler, [r.index for r in runs], 0, runs=runs) if p.stage == "train"]
+    assert [p.runs for p in trains] == [[0, 1], [2, 3], [4]]
+    for planned in trains:
+        for task, index in enumerate(planned.runs, start=1):
+            assert f"  {task}) PROGRAM=(t {runs[index].run_id}) ;;" in planned.text
+        assert f"  {len(planned.runs) + 1}) PROGRAM" not in planned.text
+
+
+def test_build_image_installs_what_the_program_metrics_need(tmp_path: Path) -> None:
+    from hpcrl import image
+
+    data = {
+        "name": "p", "algo": "program", "output": str(tmp_path / "logs"),
+        "program": {"command": ["python", "-m", "rl_zoo3.train"], "metrics": {"source": "tensorboard"}},
+        "image": {"pip": ["rl_zoo3>=2.3"]},
+    }  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    text = image.render_definition(load_experiment(tmp_path / "c.yaml")).text
+    assert "/src[tensorboard]" in text and "rl_zoo3>=2.3" in text and ", tensorboard;" in text
