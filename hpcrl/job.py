@@ -217,17 +217,21 @@ def _where_to_log() -> Path | None:
 
 
 def _first_columns(here: Path, names: list[str]) -> list[str]:
-    """step, then episodic_return when given, then the other names in the order given. A train.csv
-    left by an earlier lifetime keeps its header, so its columns are used when they cover `names`."""
+    """step, then episodic_return when given, then the other names in the order given. A resumed run's
+    train.csv keeps its header, so its columns are used when they cover `names`; a start that does not
+    resume (HPCRL_LIFETIME 1) logs everything again, so an earlier attempt's file with other columns goes."""
     if "episodic_return" in names:
         names = ["episodic_return", *(n for n in names if n != "episodic_return")]
     for name in names:
         if not name or any(c in name for c in ',"\n\r'):
             raise ValueError(f"log: metric name {name!r} cannot be a CSV column")
     existing = rundir.train_columns(here)
+    missing = [n for n in names if n not in existing] if existing else []
+    if existing and (existing[:1] != ["step"] or missing) and not resumed():
+        rundir.clear(here, rundir.TRAIN_LOG)
+        existing = None
     if existing is None:
         return ["step", *names]
-    missing = [n for n in names if n not in existing]
     if existing[:1] != ["step"] or missing:
         raise ValueError(
             f"log: {here / rundir.TRAIN_LOG} has columns {','.join(existing)} from an earlier lifetime; "
