@@ -23,11 +23,16 @@ HPCRL_STOP_SIGNAL names the signal): a signal that came before the first `stop_r
 not kill the program. A handler the program had installed before the import is kept and still called
 after the flag is set. A program that installs its own handler for that signal after the import
 replaces ours, and `stop_requested()` then stays False: that program handles the stop itself.
+So, inside hpcrl, importing this module means the stop signal no longer ends the program by itself:
+a program that imports it should call `stop_requested()` in its loop (one that never does is
+killed by the scheduler at the time limit, as a program that ignores signals is). An ignored
+disposition inherited from the parent (SIG_IGN) is replaced: the stop must reach the program.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import os
 import signal
 import sys
@@ -170,8 +175,7 @@ def log(step: int, **metrics: float) -> None:
     here = _where_to_log()
     if here is None:
         return
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise ValueError(f"log: step must be an integer, got {step!r}")
+    step = _integer(step)
     if _last_step is not None and step < _last_step:
         raise ValueError(f"log: step {step} is below the step logged before it ({_last_step})")
     cells = {name: _cell(name, value) for name, value in metrics.items()}
@@ -238,6 +242,16 @@ def _first_columns(here: Path, names: list[str]) -> list[str]:
             f"this one logs {','.join(['step', *names])}"
         )
     return existing
+
+
+def _integer(step: object) -> int:
+    """An int, numpy's integers included; not a bool, nor 2.0 (a float step would be truncated unseen)."""
+    if not isinstance(step, bool):
+        try:
+            return operator.index(step)  # type: ignore[call-overload]
+        except TypeError:
+            pass
+    raise ValueError(f"log: step must be an integer, got {step!r}")
 
 
 def _cell(name: str, value: object) -> str:

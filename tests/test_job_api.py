@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from hpcrl import rundir
@@ -163,6 +164,19 @@ def test_log_writes_train_csv_that_collect_reads(start, tmp_path: Path) -> None:
     assert steps.tolist() == [10, 20] and returns.tolist() == [1.5, 2.0]
 
 
+def test_numpy_numbers_are_welcome(start, tmp_path: Path) -> None:
+    job = start(run_dir=tmp_path)
+    job.log(np.int64(4), episodic_return=np.float32(2.5), loss=np.float64(np.nan))
+    assert rows(tmp_path)[1] == ["4", "2.5", ""]
+
+
+def test_a_torn_header_is_no_header(start, tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_bytes(b"step,episodic_ret")  # a node died while writing it
+    assert rundir.train_columns(tmp_path) is None
+    start(run_dir=tmp_path, lifetime=2).log(1, episodic_return=1.0)
+    assert rows(tmp_path) == [["step", "episodic_return"], ["1", "1"]]
+
+
 def test_an_unknown_metric_is_refused_and_writes_nothing(start, tmp_path: Path) -> None:
     job = start(run_dir=tmp_path)
     job.log(1, episodic_return=1.0)
@@ -181,6 +195,7 @@ def test_a_value_that_is_not_a_finite_number_is_an_empty_cell(start, tmp_path: P
 
 @pytest.mark.parametrize(("step", "metrics", "why"), [
     ("3", {"episodic_return": 1.0}, "step must be an integer"),
+    (True, {"episodic_return": 1.0}, "step must be an integer"),
     (2.5, {"episodic_return": 1.0}, "step must be an integer"),
     (3, {"episodic_return": "high"}, "metric 'episodic_return' must be a number"),
     (3, {"episodic_return": "3.5"}, "metric 'episodic_return' must be a number"),  # float() would take it
