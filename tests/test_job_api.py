@@ -294,10 +294,10 @@ def counter(run: Path, *args: str, **extra: object) -> subprocess.CompletedProce
 def test_counter_trainer_stops_on_the_signal_and_resumes_where_it_stopped(tmp_path: Path) -> None:
     run, ref = tmp_path / "run", tmp_path / "ref"
     common = ["--total-steps", "30", "--checkpoint-every", "4", "--lr", "0.02"]
-    argv = [sys.executable, str(PROGRAMS / "counter_trainer.py"), "--checkpoint-dir", str(run / "checkpoints"), "--step-seconds", "0.05", *common]
+    argv = [sys.executable, str(PROGRAMS / "counter_trainer.py"), "--checkpoint-dir", str(run / "checkpoints"), "--step-seconds", "0.1", *common]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=program_env(run))
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (run / "train.csv").exists() or len(rows(run)) < 7:
+    while time.monotonic() < deadline and (not (run / "train.csv").exists() or len(rows(run)) < 7):
         time.sleep(0.05)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=30)
