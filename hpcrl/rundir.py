@@ -261,6 +261,18 @@ def last_logged_step(run_dir: Path) -> int:
     return 0
 
 
+def train_columns(run_dir: Path) -> list[str] | None:
+    """train.csv's header, or None when there is no complete one (a resumed user program keeps it)."""
+    try:
+        with (run_dir / TRAIN_LOG).open("rb") as f:
+            lines = _complete_lines(f.readline())
+    except FileNotFoundError:
+        return None
+    if not lines or b"\0" in lines[0] or not lines[0].strip():
+        return None
+    return lines[0].decode(errors="replace").strip().split(",")
+
+
 def has_train_log(run_dir: Path) -> bool:
     return (run_dir / TRAIN_LOG).exists()
 
