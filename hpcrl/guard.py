@@ -1,4 +1,5 @@
-"""What every entry point that trains a run (train, learner) does around its loop.
+"""What every entry point that trains a run (train, learner) does around its loop, and what every
+evaluation (hpcrl's own, a user's program's) does around its work.
 
 It is idempotent (a run with DONE is not trained again); it holds the run's lock, so a second
 trainer of the same run (a re-sweep while an orphan still trains, a scheduler that reruns a task
@@ -72,4 +73,28 @@ def _guarded(rd: Path, run: Run, body: Callable[[Path, StopFlag], int], out: Tex
         if line is None:
             raise
         print(f"hpcrl: error: {run.run_id}: {line}", file=sys.stderr)
+        return 1
+
+
+def guarded_eval(experiment_dir: Path, run: Run, body: Callable[[Path], int], out: TextIO | None) -> int:
+    """Run `body(run_dir)` for a run whose training is done; its return value is the exit code.
+
+    Schedulers disagree on what a failed predecessor means (SGE runs the dependent anyway), so the
+    run's markers decide: an unfinished or failed training run is recorded as skipped, with the
+    reason, never evaluated. A failure leaves EVAL_FAILED: one line when that says it all, the
+    exception re-raised otherwise."""
+    rd = run_dir(experiment_dir, run.run_id)
+    state = rundir.run_state(rd)
+    if state != "done":
+        rundir.mark(rd, rundir.EVAL_SKIPPED, f"train {state}: {rundir.first_line(rd, rundir.FAILED) or state}")
+        print(f"{run.run_id}: eval skipped, train {state}", file=out)
+        return 0
+    try:
+        return body(rd)
+    except Exception as exc:
+        line = rundir.one_line_reason(exc)
+        rundir.mark(rd, rundir.EVAL_FAILED, line or f"{type(exc).__name__}: {exc}")
+        if line is None:
+            raise
+        print(f"hpcrl: error: {run.run_id}: eval failed: {line.splitlines()[0]}", file=sys.stderr)
         return 1

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from hpcrl import job, program_spec, rundir
-from hpcrl.guard import StopFlag, guarded_run
+from hpcrl.guard import StopFlag, guarded_eval, guarded_run
 from hpcrl.program_spec import MetricsConfig, ProgramConfig
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import Run, run_dir
+from hpcrl.sweep import Run
 
 TAIL_LINES = 20
 """Lines of the program's output kept in a FAILED marker."""
@@ -177,35 +177,24 @@ def newest_file(directory: Path) -> Path | None:
 
 def evaluate_program(experiment_dir: Path, run: Run, out: TextIO | None = None) -> int:
     """The curve and score of a trained program run (see the module docstring); markers as for hpcrl's own runs."""
+    return guarded_eval(experiment_dir, run, lambda rd: _evaluate(experiment_dir, rd, run, out), out)
+
+
+def _evaluate(experiment_dir: Path, rd: Path, run: Run, out: TextIO | None) -> int:
     from hpcrl import metrics  # tensorboard's reader is imported only by the runs that need it
 
     program = _program(run)
-    rd = run_dir(experiment_dir, run.run_id)
-    state = rundir.run_state(rd)
-    if state != "done":
-        rundir.mark(rd, rundir.EVAL_SKIPPED, f"train {state}: {rundir.first_line(rd, rundir.FAILED) or state}")
-        print(f"{run.run_id}: eval skipped, train {state}", file=out)
-        return 0
-    try:
-        training = _read(metrics, experiment_dir, rd, program.metrics, run)
-        if program.metrics.source != "hpcrl":
-            rundir.write_curve(rd, training.steps, training.returns)
-        if program.eval is None:
-            n = program.metrics.last_episodes
-            returns = [float(r) for r in training.returns[-n:]]
-            what = f"mean of the last {len(returns)} training episodes"
-        else:
-            returns = _run_eval(experiment_dir, rd, run, program, metrics, out)
-            what = f"mean return over {len(returns)} evaluation episodes"
-        if not returns:
-            raise metrics.MetricsError(f"metrics: no episodes in {', '.join(map(str, training.files))}")
-    except Exception as exc:
-        line = rundir.one_line_reason(exc)
-        rundir.mark(rd, rundir.EVAL_FAILED, line or f"{type(exc).__name__}: {exc}")
-        if line is None:
-            raise
-        print(f"hpcrl: error: {run.run_id}: eval failed: {line.splitlines()[0]}", file=sys.stderr)
-        return 1
+    training = _read(metrics, experiment_dir, rd, program.metrics, run)
+    if program.metrics.source != "hpcrl":
+        rundir.write_curve(rd, training.steps, training.returns)
+    if program.eval is None:
+        returns = [float(r) for r in training.returns[-program.metrics.last_episodes :]]
+        what = f"mean of the last {len(returns)} training episodes"
+    else:
+        returns = _run_eval(experiment_dir, rd, run, program, metrics, out)
+        what = f"mean return over {len(returns)} evaluation episodes"
+    if not returns:
+        raise metrics.MetricsError(f"metrics: no episodes in {', '.join(map(str, training.files))}")
     if program.eval is None or program.eval.metrics.source != "hpcrl":
         rundir.write_eval(rd, [(r, 0, {}) for r in returns])
     mean = sum(returns) / len(returns)

@@ -1,25 +1,24 @@
 """`hpcrl eval`: play N episodes with a run's final policy and write eval.csv.
 
-The eval stage runs after the train task on every scheduler, but schedulers disagree on what a
-failed predecessor means (SGE runs the dependent anyway), so the run's markers decide: an
-unfinished or failed training run is recorded as skipped, with the reason, never evaluated.
+The eval stage runs after the train task on every scheduler; hpcrl.guard.guarded_eval decides from
+the run's markers whether there is anything to evaluate, and records a failure.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from hpcrl import rundir
+from hpcrl.guard import guarded_eval
 from hpcrl.rl import checkpoint
 from hpcrl.rl.envs import episode_metrics, make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.train import algorithm_class, pick_device
 from hpcrl.rl.video import record_episodes
-from hpcrl.sweep import Run, run_dir
+from hpcrl.sweep import Run
 
 EVAL_SEED_OFFSET = 1_000_003
 """Evaluation episodes use seeds no training env used."""
@@ -49,46 +48,35 @@ def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, 
 
 
 def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
-    rd = run_dir(experiment_dir, run.run_id)
+    return guarded_eval(experiment_dir, run, lambda rd: _evaluate(rd, run, out), out)
+
+
+def _evaluate(rd: Path, run: Run, out) -> int:
     ecfg = run.config.eval
-    state = rundir.run_state(rd)
-    if state != "done":
-        rundir.mark(rd, rundir.EVAL_SKIPPED, f"train {state}: {rundir.first_line(rd, rundir.FAILED) or state}")
-        print(f"{run.run_id}: eval skipped, train {state}", file=out)
-        return 0
     if ecfg.threshold is not None:
         final = rundir.final_return(rd)
         if not final >= ecfg.threshold:
             rundir.mark(rd, rundir.EVAL_SKIPPED, f"final training return {final:.4g} below threshold {ecfg.threshold:g}")
             print(f"{run.run_id}: eval skipped, final training return {final:.4g} < {ecfg.threshold:g}", file=out)
             return 0
+    state_dict, problems = checkpoint.load_latest(rd / rundir.CHECKPOINTS)
+    if state_dict is None:
+        raise FileNotFoundError("no readable checkpoint" + (f" ({'; '.join(problems)})" if problems else ""))
+    device = pick_device(run.config.train.device)
+    probe = make_vec_env(run.config.env, 1)
     try:
-        state_dict, problems = checkpoint.load_latest(rd / rundir.CHECKPOINTS)
-        if state_dict is None:
-            raise FileNotFoundError("no readable checkpoint" + (f" ({'; '.join(problems)})" if problems else ""))
-        device = pick_device(run.config.train.device)
-        probe = make_vec_env(run.config.env, 1)
-        try:
-            cls = algorithm_class(run.config.algo)
-            policy = cls.make_policy(run.config.train, probe.single_observation_space, probe.single_action_space).to(device)
-        finally:
-            probe.close()
-        policy.load_state_dict(state_dict["agent"]["policy"])
-        policy.eval()
-        results = play(policy, run, ecfg.episodes, ecfg.deterministic, device)
-        if ecfg.video and ecfg.video_episodes:
-            for path, frames in record_episodes(policy, run.config.env, ecfg.video_episodes, EVAL_SEED_OFFSET + run.seed, rd / "videos", device):
-                print(f"{run.run_id}: wrote {path.name} ({frames} frames)", file=out)
-    except Exception as exc:
-        line = rundir.one_line_reason(exc)
-        rundir.mark(rd, rundir.EVAL_FAILED, line or f"{type(exc).__name__}: {exc}")
-        if line is None:
-            raise
-        print(f"hpcrl: error: {run.run_id}: eval failed: {line}", file=sys.stderr)
-        return 1
+        cls = algorithm_class(run.config.algo)
+        policy = cls.make_policy(run.config.train, probe.single_observation_space, probe.single_action_space).to(device)
+    finally:
+        probe.close()
+    policy.load_state_dict(state_dict["agent"]["policy"])
+    policy.eval()
+    results = play(policy, run, ecfg.episodes, ecfg.deterministic, device)
+    if ecfg.video and ecfg.video_episodes:
+        for path, frames in record_episodes(policy, run.config.env, ecfg.video_episodes, EVAL_SEED_OFFSET + run.seed, rd / "videos", device):
+            print(f"{run.run_id}: wrote {path.name} ({frames} frames)", file=out)
     rundir.write_eval(rd, results)
     mean = float(np.mean([r for r, *_ in results]))
     rundir.mark(rd, rundir.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes")
     print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes", file=out)
     return 0
-
