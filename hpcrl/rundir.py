@@ -234,6 +234,13 @@ def read_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
+def write_curve(run_dir: Path, steps: Sequence[float], returns: Sequence[float]) -> None:
+    """train.csv of a user's program, converted whole from the metrics it wrote (hpcrl.metrics):
+    one row per episode, which `read_curve` and the rest read as they read hpcrl's own log."""
+    rows = "".join(f"{int(s)},{r:.6g}\n" for s, r in zip(steps, returns))
+    atomic_write_text(run_dir / TRAIN_LOG, "step,episodic_return\n" + rows)
+
+
 def final_return(run_dir: Path, last: int = 10) -> float:
     """Mean episodic return over the last `last` logged iterations that finished episodes (NaN if none)."""
     try:
