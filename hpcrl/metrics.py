@@ -136,7 +136,7 @@ def _read_monitors(files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
                     raise MetricsError(f"metrics: {path}, line {number}: expected a Monitor header with r,l,t, got {line[:80]!r}")
                 r, n, t = columns.index("r"), columns.index("l"), columns.index("t")
                 continue
-            row = next(csv.reader([line]), [])
+            row = line.split(",") if '"' not in line else next(csv.reader([line]), [])
             if len(row) < len(columns) or "\0" in line:
                 raise MetricsError(f"metrics: {path}, line {number}: damaged row {line[:80]!r}")
             ends.append(t_start + _number(row[t]))
