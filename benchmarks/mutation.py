@@ -105,12 +105,12 @@ IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
     "a_grid_over_a_key_that_is_not_learned_still_makes_distinct_runs", "expand_refuses_two_grid_points_that_are_one_run",
     "a_damaged_runs_csv_is_a_config_error_naming_it", "runs_csv_damage_names_the_line", "the_same_config_swept_again_stays_one_generation",
 ))  # fmt: skip
-LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py")  # checkpoints, train.csv, the run lock: seconds
+LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py", "tests/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
-    Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", DRY_RUN, COLLECT)),
+    Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
     Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, *LIFETIMES, RESTORE, RESUME)),
-    Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], RESTORE, COLLECT, DRY_RUN)),
+    Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], "tests/test_run_files_edges.py", RESTORE, COLLECT, DRY_RUN)),
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
     Target("rundir", "hpcrl/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
                                            *LIFETIMES, COLLECT, RESUME)),

@@ -1,0 +1,192 @@
+"""Edges of the files every run lives by, each pinned by the mutation audit (benchmarks/mutation.py)
+as a behaviour no other test held: a change there would have gone unnoticed.
+
+runs.csv and run configs that are damaged in ways the common tests do not make, markers and lock
+files with a word too many, a train.csv whose rows are longer than the window `status` reads, a
+lock that is released while a second trainer waits, and the atomic writer's clean-up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from factories import TINY, deep_update
+
+from hpcrl import rundir
+from hpcrl.config import ConfigError, experiment_from_dict
+from hpcrl.io import atomic_open, atomic_write_text
+from hpcrl.sweep import expand, load_runs, read_runs_csv, write_experiment
+
+
+def written(tmp_path: Path) -> Path:
+    exp = experiment_from_dict(deep_update(TINY, {"output": str(tmp_path)}))
+    write_experiment(exp, expand(exp), {})
+    return exp.dir
+
+
+# --------------------------------------------------------------------------------------------
+# runs.csv and run configs.
+
+
+@pytest.mark.parametrize("extra", [",surplus", ""])
+def test_a_runs_csv_row_with_a_field_too_many_or_too_few_is_damage(tmp_path: Path, extra: str) -> None:
+    """A row longer than the header (a stray comma) or shorter (a lost field) is refused, each on its own."""
+    root = written(tmp_path)
+    path = root / "runs.csv"
+    header, first, *rest = path.read_text().splitlines()
+    cut = first + extra if extra else first.rsplit(",", 1)[0]
+    path.write_text("\n".join([header, cut, *rest]) + "\n")
+    with pytest.raises(ConfigError, match=f"^{path}: damaged run index .*: line 2: "):
+        read_runs_csv(root)
+
+
+def test_a_runs_csv_that_the_csv_module_refuses_is_damage(tmp_path: Path) -> None:
+    root = written(tmp_path)
+    path = root / "runs.csv"
+    path.write_text(path.read_text() + '7,"' + "x" * 200_000 + '",7,0\n')  # past csv's field size limit
+    with pytest.raises(ConfigError, match=f"^{path}: damaged run index .*: field larger than field limit"):
+        read_runs_csv(root)
+
+
+@pytest.mark.parametrize("damage", ["not utf-8", "a directory"])
+def test_a_run_config_that_cannot_be_read_is_a_config_error_naming_it(tmp_path: Path, damage: str) -> None:
+    root = written(tmp_path)
+    path = next((root / "runs").iterdir()) / "config.yaml"
+    if damage == "not utf-8":
+        path.write_bytes(b"run: {index: 0}\n\xff\xfe\n")
+    else:
+        path.unlink()
+        path.mkdir()
+    with pytest.raises(ConfigError, match=f"^{path}: damaged run config "):
+        load_runs(root)
+
+
+# --------------------------------------------------------------------------------------------
+# Markers, train.csv, eval.csv.
+
+
+def test_a_done_marker_with_more_than_the_step_says_no_step(tmp_path: Path) -> None:
+    rundir.mark(tmp_path, rundir.DONE, "step 5 extra")
+    assert rundir.done_step(tmp_path) is None
+    rundir.mark_done(tmp_path, 5)
+    assert rundir.done_step(tmp_path) == 5
+
+
+def test_last_logged_step_of_rows_longer_than_its_window(tmp_path: Path) -> None:
+    """`status` reads the last 4 KB: with rows of 3 KB that window holds half a row and one whole row."""
+    wide = ",".join(["0.5"] * 750)
+    with rundir.TrainLog(tmp_path, ["step", "episodic_return", *[f"m{i}" for i in range(749)]], 0) as log:
+        for step in (100, 200, 300):
+            log.write([step, wide])
+    assert (tmp_path / rundir.TRAIN_LOG).stat().st_size > 4096
+    assert rundir.last_logged_step(tmp_path) == 300
+
+
+def test_eval_csv_round_trip_and_an_empty_one(tmp_path: Path) -> None:
+    rundir.write_eval(tmp_path, [(1.0, 10, {"success": 1.0}), (3.0, 12, {})])
+    assert rundir.read_eval(tmp_path) == 2.0 and rundir.read_eval_returns(tmp_path) == [1.0, 3.0]
+    rundir.write_eval(tmp_path, [])
+    assert (tmp_path / rundir.EVAL_LOG).read_text() == "episode,return,length\n"
+    with pytest.raises(ValueError, match="no episodes"):
+        rundir.read_eval(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# The run lock.
+
+
+def hold(run_dir: Path, text: str, seconds: float) -> threading.Thread:
+    """Another holder of the run's lock (its own open file, as another process has), for `seconds`."""
+    fd = os.open(run_dir / rundir.LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
+
+    def release() -> None:
+        time.sleep(seconds)
+        os.close(fd)
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    return thread
+
+
+def test_a_second_trainer_waits_wait_s_for_the_lock_and_gets_it_when_released(tmp_path: Path) -> None:
+    holder = hold(tmp_path, "1 elsewhere\n", 0.3)
+    began = time.monotonic()
+    with rundir.run_lock(tmp_path, wait_s=5.0):
+        waited = time.monotonic() - began
+    holder.join()
+    assert 0.2 < waited < 3.0
+
+
+def test_a_lock_that_stays_held_is_refused_after_wait_s_not_before(tmp_path: Path) -> None:
+    holder = hold(tmp_path, "4242 node07\n", 1.5)
+    began = time.monotonic()
+    with pytest.raises(rundir.RunLocked, match="pid 4242 on node07"), rundir.run_lock(tmp_path, wait_s=0.5):
+        pass
+    waited = time.monotonic() - began
+    holder.join()
+    assert 0.45 < waited < 1.4
+
+
+def test_a_lock_file_with_a_word_too_many_names_no_holder(tmp_path: Path) -> None:
+    holder = hold(tmp_path, "4242 node07 extra\n", 0.5)
+    assert rundir.lock_holder(tmp_path) == rundir.Holder(0, "?")
+    holder.join()
+    assert rundir.lock_holder(tmp_path) is None
+
+
+# --------------------------------------------------------------------------------------------
+# The atomic writer.
+
+
+def test_an_atomic_write_makes_the_directories_it_needs(tmp_path: Path) -> None:
+    atomic_write_text(tmp_path / "a" / "b" / "f.txt", "x")
+    assert (tmp_path / "a" / "b" / "f.txt").read_text() == "x"
+
+
+def test_a_failed_atomic_write_whose_temp_file_is_gone_raises_its_own_error(tmp_path: Path) -> None:
+    """The clean-up must not hide why the write failed behind a FileNotFoundError of its own."""
+    with pytest.raises(ValueError, match="the write failed"), atomic_open(tmp_path / "f.txt"):
+        for temp in tmp_path.glob(".f.txt.*.tmp"):
+            temp.unlink()
+        raise ValueError("the write failed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_disk_that_fills_up_during_a_checkpoint_reports_the_disk_not_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once some writes of torch.save succeeded, a failing one comes out as `RuntimeError: unexpected
+    pos`; the run must report the disk's error. The kernel's file size limit (RLIMIT_FSIZE, EFBIG) is
+    the disk filling up mid-write; the file is unbuffered so that no later flush repeats the error."""
+    import errno
+    import resource
+    import signal
+    from contextlib import contextmanager
+
+    import torch
+
+    from hpcrl.rl import checkpoint
+
+    @contextmanager
+    def unbuffered(path: Path, mode: str = "wb"):
+        with open(path, mode, buffering=0) as f:
+            yield f
+
+    monkeypatch.setattr(checkpoint, "atomic_open", unbuffered)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal's kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2000, limits[1]))
+    try:
+        with pytest.raises(OSError) as caught:
+            checkpoint.save(tmp_path, 7, {"w": torch.zeros(10_000)})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert caught.value.errno == errno.EFBIG and Path(caught.value.filename).name.startswith("step-000000000007-")
+    assert rundir.one_line_reason(caught.value).startswith("File too large (")
