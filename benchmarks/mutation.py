@@ -104,6 +104,7 @@ IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
     "golden_run_id", "one_value_written_several_ways_is_one_run", "operational_keys_keep_the_ids", "learned_keys_change_the_ids",
     "a_grid_over_a_key_that_is_not_learned_still_makes_distinct_runs", "expand_refuses_two_grid_points_that_are_one_run",
     "a_damaged_runs_csv_is_a_config_error_naming_it", "runs_csv_damage_names_the_line", "the_same_config_swept_again_stays_one_generation",
+    "only_the_newest_generation_is_current_whatever_the_row_order",
 ))  # fmt: skip
 LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py", "tests/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
