@@ -40,7 +40,7 @@ PY = sys.executable
 def sweep(config: Path, tmp_path: Path, scheduler: str, *overrides: str) -> tuple[Path, str]:
     """`hpcrl sweep` of a program config into tmp_path, the program run by this interpreter from the repository."""
     command = load_experiment(config).program.command
-    exp = load_experiment(config, [f"output={tmp_path}", f"program.workdir={REPO}", f"program.command={[PY, *command[1:]]}", *overrides])
+    exp = load_experiment(config, [f"output={tmp_path}", f"program.workdir={REPO}", f"program.command=[{PY}, {', '.join(command[1:])}]", *overrides])
     out = io.StringIO()
     assert submit_experiment(exp, scheduler, detach=True, out=out) == 0, out.getvalue()
     return exp.dir, out.getvalue()
@@ -95,7 +95,17 @@ def test_swept_program_trains_scores_collects_and_is_not_retrained(tmp_path: Pat
 
 
 def test_failed_program_shows_its_last_line_and_the_retry_resumes(tmp_path: Path) -> None:
-    overrides = ("sweep.seeds=[0]", "program.args=[--fail-at, 8]")
+    # The user's trainer has a bug (here: a flag file makes it fail at step 8); they fix it and sweep
+    # again. The command line is unchanged, so the run is the same run, retried.
+    bug = tmp_path / "bug"
+    bug.write_text("")
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "import os, runpy, sys\n"
+        f"if os.path.exists({str(bug)!r}):\n    sys.argv += ['--fail-at', '8']\n"
+        f"runpy.run_path({str(REPO / 'tests' / 'programs' / 'counter_trainer.py')!r}, run_name='__main__')\n"
+    )
+    overrides = ("sweep.seeds=[0]", f"program.command=[{PY}, {trainer}]")
     since = time.time()
     exp_dir, _ = sweep(COUNTER, tmp_path, "local", *overrides)
     local = Local()
@@ -110,10 +120,10 @@ def test_failed_program_shows_its_last_line_and_the_retry_resumes(tmp_path: Path
     assert rows[0].train == "failed" and "failing at step 8" in rows[0].note
     assert "failing at step 8" in status_text(exp_dir)
 
-    # The same config again (the failure is a data problem fixed elsewhere, here: the step is past the end).
+    bug.unlink()
     since = time.time()
-    _, printed = sweep(COUNTER, tmp_path, "local", "sweep.seeds=[0]", "program.args=[--fail-at, 999]")
-    assert "submitted 1 of 1 runs" in printed or "submitted" in printed, printed
+    _, printed = sweep(COUNTER, tmp_path, "local", *overrides)
+    assert "submitted 1 of 1 runs" in printed, printed
     wait_finished(exp_dir, local, since, timeout=120)
     assert (rd / "DONE").exists(), status_text(exp_dir)
     log = (rd / "program.log").read_text()
@@ -174,3 +184,72 @@ def test_tensorboard_program_is_collected_from_its_event_files(tmp_path: Path) -
     assert steps == sorted(steps) and steps[-1] <= 4096
     code, printed = collected(exp_dir)
     assert code == 0, printed
+
+
+# ------------------------------------------------------------------------------------ 4. RL Zoo on every backend
+
+
+def test_rl_zoo_sweep_is_collected_from_its_monitor_files(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+    pytest.importorskip("rl_zoo3")
+    started = since = time.time()
+    exp_dir, _ = sweep(RLZOO, tmp_path, backend.name)
+    wait_finished(exp_dir, backend, since, timeout=400)
+    wall = time.time() - started
+    rows, aggregate, _ = experiment_status(exp_dir)
+    assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 6 and aggregate == "done", status_text(exp_dir)
+    for run in load_runs(exp_dir):
+        assert list(run_dir(exp_dir, run.run_id).glob("zoo/ppo/CartPole-v1_*/*monitor.csv")), run.run_id
+    code, printed = collected(exp_dir)
+    assert code == 0, printed
+    results = exp_dir / "results"
+    summary = csv_rows(results / "summary.csv")
+    assert sorted(s["n"] for s in summary) == ["3", "3"] and len({s["setting"] for s in summary}) == 2
+    assert {c["setting"] for c in csv_rows(results / "curves.csv")} == {s["setting"] for s in summary}
+    assert (results / "plots" / "curves.png").exists()
+    assert "Final score (mean of the last 20 training episodes)" in (results / "report.md").read_text()
+    print(f"\n{backend.name}: RL Zoo 2 lr x 3 seeds (-n 2048) in {wall:.1f} s; " + "; ".join(f"{s['setting']}: {float(s['mean']):.1f}" for s in summary))
+
+    _, printed = sweep(RLZOO, tmp_path, backend.name)
+    assert "nothing submitted" in printed, printed
+
+
+# ------------------------------------------------------------------------------------ 5. requeue on every backend
+
+
+def test_warned_program_checkpoints_is_requeued_and_resumes(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+    since = time.time()
+    exp_dir, _ = sweep(COUNTER, tmp_path, backend.name, "sweep.seeds=[0]", "program.params.total_steps=40", "program.params.step_seconds=0.3")
+    train = read_jobs(exp_dir)[0]
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_until("the first checkpoint", lambda: (rd / "checkpoints" / "ckpt-5.json").exists(), 180)
+    backend.warn(exp_dir, train, 1)
+    wait_finished(exp_dir, backend, since, timeout=300)
+
+    log = (rd / "program.log").read_text()
+    stopped = re.search(r"stop requested at step (\d+)", log)
+    resumed = re.search(r"resumed from \S+ckpt-(\d+)\.json at step (\d+)", log)
+    assert stopped and resumed and "done" in log, log
+    assert int(resumed.group(2)) == int(stopped.group(1)) > 0  # resumed from the checkpoint the warning made
+    steps = [int(r["step"]) for r in csv_rows(rd / "train.csv")]
+    assert steps == list(range(1, 41)), steps  # no step twice, none lost
+    returns = [float(r["episodic_return"]) for r in csv_rows(rd / "train.csv")]
+    assert returns == pytest.approx(counter_returns(0, 0.01, range(1, 41)))  # the resumed weights are the saved ones
+    assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), status_text(exp_dir)
+    print(f"\n{backend.name}: warned, stopped at step {stopped.group(1)}, resumed at step {resumed.group(2)}, done at step {steps[-1]}")
+
+
+# ------------------------------------------------------------------------------------ 6. dry run and bad input
+
+
+@pytest.mark.parametrize("scheduler", ["local", "slurm", "sge"])
+def test_dry_run_prints_the_program_lines_and_bad_input_is_one_line(tmp_path: Path, capsys, scheduler: str) -> None:
+    args = ["sweep", str(COUNTER), "--scheduler", scheduler, "--dry-run", "-p", f"output={tmp_path / 'logs'}", "-p", f"program.workdir={REPO}"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "PROGRAM=(python tests/programs/counter_trainer.py --lr 0.01 --total-steps 20" in out, out
+    assert not (tmp_path / "logs").exists()
+    assert main([*args, "-p", "program.args=['{rundir}']"]) == 2
+    err = capsys.readouterr().err
+    assert "program.args[0]: unknown placeholder {rundir}" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "logs").exists()
