@@ -21,7 +21,7 @@ from hpcrl.status import experiment_status
 from hpcrl.sweep import expand, run_dir, write_experiment
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}, "PYTHONPATH": str(REPO)}
 
 PROGRAM = r'''
 import os, signal, sys, time
@@ -33,6 +33,7 @@ def note(text):
     with out.open("a") as f:
         f.write(text + "\n")
 note("argv " + " ".join(sys.argv[3:]) + " lifetime " + os.environ["HPCRL_LIFETIME"] + " seed " + os.environ["HPCRL_SEED"])
+note("threads " + os.environ["OMP_NUM_THREADS"])
 if mode == "stop":
     def stop(signum, frame):
         note("got " + signal.Signals(signum).name)
@@ -56,7 +57,7 @@ time.sleep(60)
 def experiment(tmp_path: Path, mode: str, **program) -> Path:
     (tmp_path / "prog.py").write_text(PROGRAM)
     data = {
-        "name": "w", "algo": "program", "output": str(tmp_path / "logs"), "sweep": {"seeds": [3]},
+        "name": "w", "algo": "program", "output": str(tmp_path / "logs"), "sweep": {"seeds": [3]}, "resources": {"cpus": 2},
         "program": deep_update({"command": [sys.executable, str(tmp_path / "prog.py"), str(tmp_path / "notes"), mode], "args": ["--at", "{run_id}"],
                                 "resume_args": ["--resume", "{checkpoint_dir}"], "workdir": str(tmp_path)}, program),
     }  # fmt: skip
@@ -154,7 +155,9 @@ def test_words_after_dash_dash_are_the_command_that_runs(tmp_path: Path) -> None
     words = [sys.executable, str(tmp_path / "prog.py"), str(tmp_path / "notes"), "done", "--from-the-script"]
     proc = subprocess.run([sys.executable, "-m", "hpcrl", "train", str(root), "--task", "0", "--", *words], env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "argv --from-the-script lifetime 1" in (tmp_path / "notes").read_text()
+    notes = (tmp_path / "notes").read_text()
+    assert "argv --from-the-script lifetime 1" in notes
+    assert "threads 2" in notes  # resources.cpus, not a thread per core of the node
     assert run_dir(root, the_run(root).name).joinpath(rundir.DONE).exists()
 
 
