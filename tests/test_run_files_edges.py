@@ -190,3 +190,34 @@ def test_a_disk_that_fills_up_during_a_checkpoint_reports_the_disk_not_torch(tmp
         signal.signal(signal.SIGXFSZ, handler)
     assert caught.value.errno == errno.EFBIG and Path(caught.value.filename).name.startswith("step-000000000007-")
     assert rundir.one_line_reason(caught.value).startswith("File too large (")
+
+
+def test_lifetimes_count_each_start_and_make_a_run_started(tmp_path: Path) -> None:
+    assert rundir.run_state(tmp_path) == "new"
+    assert [rundir.begin_lifetime(tmp_path) for _ in range(3)] == [1, 2, 3]
+    assert rundir.run_state(tmp_path) == "started"
+
+
+@pytest.mark.parametrize("text", ["step", "", "step x", "program exited with 0"])
+def test_a_done_marker_without_a_step_count_says_no_step(tmp_path: Path, text: str) -> None:
+    rundir.mark(tmp_path, rundir.DONE, text)
+    assert rundir.done_step(tmp_path) is None
+
+
+def test_readers_of_a_run_that_logged_nothing(tmp_path: Path) -> None:
+    assert rundir.last_logged_step(tmp_path) == 0 and rundir.train_columns(tmp_path) is None
+    assert rundir.final_return(tmp_path) != rundir.final_return(tmp_path)  # NaN: no train.csv
+    (tmp_path / rundir.TRAIN_LOG).write_text("step,episodic_return\n")
+    assert rundir.last_logged_step(tmp_path) == 0 and rundir.train_columns(tmp_path) == ["step", "episodic_return"]
+
+
+@pytest.mark.parametrize("header", [b"step,episodic_ret", b"\nstep\n", b"st\0ep,x\n"])
+def test_a_torn_or_damaged_header_is_no_columns(tmp_path: Path, header: bytes) -> None:
+    (tmp_path / rundir.TRAIN_LOG).write_bytes(header)
+    assert rundir.train_columns(tmp_path) is None
+
+
+def test_a_disk_error_without_its_text_is_still_named(tmp_path: Path) -> None:
+    import errno
+
+    assert rundir.one_line_reason(OSError(errno.ENOSPC, "", "/x/ckpt")) == "No space left on device (/x/ckpt)"
