@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_conformance import Backend, Local, backend, csv_rows, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
+from test_conformance import Backend, Local, active_tasks, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.cli import main
 from hpcrl.collect import collect
@@ -237,6 +237,20 @@ def test_warned_program_checkpoints_is_requeued_and_resumes(backend: Backend, tm
     assert returns == pytest.approx(counter_returns(0, 0.01, range(1, 41)))  # the resumed weights are the saved ones
     assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), status_text(exp_dir)
     print(f"\n{backend.name}: warned, stopped at step {stopped.group(1)}, resumed at step {resumed.group(2)}, done at step {steps[-1]}")
+
+
+def test_cancel_stops_every_program_and_nothing_comes_back(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+    exp_dir, _ = sweep(COUNTER, tmp_path, backend.name, "program.params.total_steps=100000", "program.params.step_seconds=0.05")
+    wait_until("a program to checkpoint", lambda: any(exp_dir.glob("runs/*/checkpoints/ckpt-*.json")), 180)
+    assert active_tasks(exp_dir, backend)
+    main(["cancel", str(exp_dir)])
+    wait_until("every task to leave the queue", lambda: not active_tasks(exp_dir, backend), 60)
+    wait_until("every job process to exit", lambda: not processes_of(exp_dir), 60)
+    time.sleep(8)  # a program that asked for a requeue on its way out would be back by now
+    assert not active_tasks(exp_dir, backend) and not processes_of(exp_dir)
+    rows, _, _ = experiment_status(exp_dir)
+    assert {r.train for r in rows} == {"cancelled"}, status_text(exp_dir)
+    assert not list(exp_dir.glob("runs/*/DONE"))
 
 
 # ------------------------------------------------------------------------------------ 6. dry run and bad input
