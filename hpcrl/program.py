@@ -101,7 +101,8 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
         return 0
     if code == REQUEUE_EXIT or stop.signal is not None:
         # After the warning any ending is the preemption's doing: the next lifetime resumes.
-        print(f"{run.run_id}: program stopped ({describe_exit(code)}) after signal {stop.signal}: asking for a requeue", file=out)
+        why = f"after signal {signal.Signals(stop.signal).name}" if stop.signal is not None else "on its own"
+        print(f"{run.run_id}: program stopped ({describe_exit(code)}) {why}: asking for a requeue", file=out)
         return REQUEUE_EXIT
     raise rundir.RunError(failure(f"program {describe_exit(code)}", tail))
 
