@@ -99,9 +99,12 @@ def test_killed_runner_then_status_cancel_and_resweep(tmp_path: Path) -> None:
     status = hpcrl("status", str(exp), cwd=tmp_path, timeout=60)
     assert "orphaned" not in status.stdout and "cancelled" in status.stdout, status.stdout
 
+    # On a loaded machine the orphan may finish training before the cancel reaches it: then the
+    # re-sweep has nothing to train. Either way, never two trainers of the run at once.
+    unfinished = not list((exp / "runs").glob("*/DONE"))
     watch = TrainerWatch(exp)
     resweep = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path, timeout=300)
-    assert watch.done() == 1, "a second trainer ran on the run"
+    assert watch.done() == int(unfinished), "a second trainer ran on the run" if unfinished else "a finished run was trained again"
     assert resweep.returncode == 0, resweep.stdout + resweep.stderr
     assert len(list((exp / "runs").glob("*/DONE"))) == 1 and not trainers(exp)
 
