@@ -44,6 +44,10 @@ def _env_name_problem(key: str) -> str | None:
     return "expected an environment variable name (letters, digits, underscore)"
 
 
+def _word_problem(text: str) -> str | None:
+    return None if text.strip() and not any(c.isspace() for c in text) else f"expected one word without spaces, got {text!r}"
+
+
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
@@ -58,11 +62,24 @@ class EnvConfig:
 
 
 @dataclass
+class WhenRule:
+    """Settings for the grid points that match (RL Zoo keeps hyperparameters per algorithm and env):
+    `{match: {algo: a2c}, set: {train.lr: 7e-4}}`. Rules apply in order; a later one wins."""
+
+    match: dict[str, Verbatim] = setting(factory=dict)
+    """Swept key -> one of its grid values; every pair must hold. Empty: every point."""
+    set: dict[str, Verbatim] = setting(factory=dict)
+    """Dotted key -> value, for keys that are not swept themselves."""
+
+
+@dataclass
 class SweepConfig:
     seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1)
     """Seeds of numpy and torch: 0 .. 2**32-1."""
     grid: dict[str, list[Verbatim]] = setting(factory=dict)
-    """Dotted key -> values; the runs are the product of all lists times the seeds."""
+    """Dotted key -> values; the runs are the product of all lists times the seeds. `algo` and
+    `env.id` may be swept: settings that only some points need go in `when`."""
+    when: list[WhenRule] = setting(factory=list)
 
     def check(self) -> list[tuple[str, str]]:
         if len(set(self.seeds)) != len(self.seeds):
@@ -183,6 +200,61 @@ class EvalConfig:
     video: bool = False
     video_episodes: int = setting(1, ge=0, le=1000)
     gpus: int = setting(0, ge=0, sweepable=False)
+    every_steps: Optional[int] = setting(None, ge=1)
+    """Evaluate inside the training process every N environment steps (and at the end), on held-out
+    seeds, without changing what is learned; null: only the eval stage evaluates, once at the end."""
+    periodic_episodes: int = setting(5, ge=1, le=10_000)
+    """Episodes of each evaluation during training (deterministic when `deterministic` is)."""
+    checkpoint: Literal["last", "best"] = "last"
+    """Which policy the eval stage evaluates: the final one, or the best of the evaluations during
+    training (`best` needs `every_steps`)."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.checkpoint == "best" and self.every_steps is None:
+            return [("checkpoint", "'best' needs eval.every_steps: the best policy is the one the evaluations during training found")]
+        return []
+
+
+@dataclass
+class TrackingConfig:
+    """Where training metrics go besides train.csv, which stays the source of truth. Nothing here
+    changes what is learned, and a tracker that fails never fails the run."""
+
+    tensorboard: Union[bool, Literal["auto"]] = "auto"
+    """Event files under `<experiment>/tensorboard/<setting>/<run id>/`, so `tensorboard --logdir
+    logs/<experiment>` groups runs by setting and seed. `auto`: when the package is installed
+    (`pip install hpcrl[tensorboard]`); true: required (refused at sweep time when missing)."""
+    wandb: bool = False
+    """Weights & Biases in offline mode (jobs have no network); `wandb sync` the run directories'
+    `wandb/` folders later from a login node."""
+    wandb_project: str = setting("hpcrl", valid=_word_problem)
+    wandb_entity: Optional[str] = setting(None, valid=_word_problem)
+
+
+@dataclass
+class ScoreReference:
+    """A task's random and reference scores: normalised score = (score - random) / (reference - random)."""
+
+    random: float
+    reference: float
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.reference == self.random:
+            return [("reference", f"must differ from random ({self.random:g}): the normalised score divides by their difference")]
+        return []
+
+
+@dataclass
+class ResultsConfig:
+    """How `collect` and `compare` score runs across tasks (environments)."""
+
+    normalize: bool = False
+    """Score each task as (score - random) / (reference - random) before aggregating across tasks."""
+    scores: dict[str, ScoreReference] = setting(factory=dict)
+    """Random and reference scores per env id; hpcrl ships them for the classic-control envs."""
+    task: Optional[str] = setting(None, valid=_word_problem)
+    """The task (env id) the runs are scored on when hpcrl cannot tell (algo: program): the key that
+    `compare` joins experiments on."""
 
 
 def _python_problem(text: str) -> str | None:
@@ -380,6 +452,8 @@ class Experiment:
     """Decoupled learner and actor jobs (Ape-X style) instead of one train job per run."""
     program: Optional[ProgramConfig] = None
     """The user's own trainer, for `algo: program` (hpcrl.program_spec)."""
+    tracking: TrackingConfig = setting(factory=TrackingConfig, learned=False)
+    results: ResultsConfig = setting(factory=ResultsConfig, learned=False)
     source: Optional[str] = dataclasses.field(default=None, metadata={"internal": True})
 
     @property
