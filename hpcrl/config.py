@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 import re
 import types
@@ -455,6 +456,9 @@ class Experiment:
     tracking: TrackingConfig = setting(factory=TrackingConfig, learned=False)
     results: ResultsConfig = setting(factory=ResultsConfig, learned=False)
     source: Optional[str] = dataclasses.field(default=None, metadata={"internal": True})
+    given: Optional[dict[str, Any]] = dataclasses.field(default=None, metadata={"internal": True}, repr=False)
+    """The config as the user wrote it (overrides applied): a grid point that changes `algo` starts
+    from it, so each algorithm gets its own defaults rather than the first algorithm's."""
 
     @property
     def dir(self) -> Path:
@@ -463,6 +467,7 @@ class Experiment:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("source")
+        data.pop("given")
         if self.algo == "program":
             for key in PROGRAM_UNUSED:
                 del data[key]
@@ -692,48 +697,113 @@ def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str,
         _set_dotted(data, key, value)
     exp = _build_experiment(data)
     _check_grid(exp, data)
+    exp.given = data
     return exp
 
 
 def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
-    """What may be swept, how many runs a sweep may have, and that no two grid points are one run.
+    """What may be swept, how many runs a sweep may have, that no two grid points are one run, and
+    that every grid point, with the `sweep.when` settings it matches, is a valid config.
 
     Each grid value is validated as part of a whole config, and replaced by its typed value (so
-    `1e-3` and `0.001` are one value, found to repeat here rather than as one run id twice).
+    `1e-3` and `0.001` are one value, found to repeat here rather than as one run id twice); so are
+    the values `sweep.when` matches on.
     """
     grid = exp.sweep.grid
     for key, values in grid.items():
         where = f"sweep.grid.{key}"
-        if not _known_path(key, exp.algo):
+        if key != "algo" and not _known_path(key, exp.algo):
             raise ConfigError(f"{where}: unknown key")
-        if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED:
+        if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED + ("algo",):
             raise _unused_by_program(where)
-        if key == "algo":
-            raise ConfigError(f"{where}: cannot be swept: each algorithm has its own train section (make one experiment per algorithm)")
-        if not is_sweepable(key, exp.algo):
+        if key != "algo" and not is_sweepable(key, exp.algo):
             raise ConfigError(f"{where}: cannot be swept: it changes how or where runs execute, not what they learn (set it once, outside the grid)")
         if not values:
             raise ConfigError(f"{where}: expected a non-empty list of values")
         for other in grid:
             if other.startswith(key + "."):
                 raise ConfigError(f"sweep.grid.{other}: overlaps sweep.grid.{key} (sweep each key once)")
+    if "algo" in grid:
+        for value in grid["algo"]:
+            if not isinstance(value, str) or value not in ALGORITHMS:
+                raise ConfigError(f"sweep.grid.algo: expected values among {', '.join(map(repr, ALGORITHMS))} (a user's program is its own experiment), got {_show(value)}")
     runs = math.prod(len(v) for v in grid.values()) * len(exp.sweep.seeds)
     if runs > MAX_RUNS:
         raise ConfigError(f"sweep.grid: {runs:,} runs (grid points x seeds) pass the limit of {MAX_RUNS:,}")
+    base = copy.deepcopy(data)
+    base.pop("sweep", None)
+    if "algo" in grid:  # a value of another key is typed under the first algorithm of the grid
+        base["algo"] = grid["algo"][0]
     for key, values in grid.items():
-        typed_values: list[Any] = []
-        for value in values:  # every grid point must validate on its own, before anything is written
-            point = copy.deepcopy(data)
-            point.pop("sweep", None)
+        grid[key] = _typed_values(base, key, values, f"sweep.grid.{key}")
+    _check_when(exp, base)
+
+
+def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str) -> list[Any]:
+    """Each value validated as one point on `base` and replaced by its typed value; no repeats."""
+    typed_values: list[Any] = []
+    for value in values:
+        point = copy.deepcopy(base)
+        _set_dotted(point, key, value, merge=True)
+        try:
+            typed = _canonical(_get_dotted(_build_experiment(point), key), value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}={_show(value)}: {exc}") from None
+        if typed in typed_values:
+            raise ConfigError(f"{where}: {_show(value)} repeats {_show(values[typed_values.index(typed)])} (the same value once typed)")
+        typed_values.append(typed)
+    return typed_values
+
+
+def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> dict[str, Any]:
+    """The settings of every `sweep.when` rule that a grid point matches, later rules winning."""
+    out: dict[str, Any] = {}
+    for rule in rules:
+        if all(key in point and point[key] == value for key, value in rule.match.items()):
+            out.update(rule.set)
+    return out
+
+
+def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
+    """`sweep.when`: matches name swept keys and their grid values; sets name keys that are not
+    swept. Then every combination of the keys that rules match on (and `algo`, whose train section
+    differs) is validated with the settings it gets, and every other grid value with each of them."""
+    grid, rules = exp.sweep.grid, exp.sweep.when
+    algos = grid.get("algo", [exp.algo])
+    for i, rule in enumerate(rules):
+        for key, value in rule.match.items():
+            where = f"sweep.when[{i}].match.{key}"
+            if key not in grid:
+                raise ConfigError(f"{where}: not swept (a rule matches on keys of sweep.grid: {', '.join(grid) or 'none'})")
+            typed = _typed_values(base, key, [value], where)[0]
+            if typed not in grid[key]:
+                raise ConfigError(f"{where}: {_show(value)} is not one of the grid's values ({', '.join(map(_show, grid[key]))})")
+            rule.match[key] = typed
+        for key in rule.set:
+            where = f"sweep.when[{i}].set.{key}"
+            if not any(_known_path(key, algo) for algo in algos) or key == "algo":
+                raise ConfigError(f"{where}: unknown key" if key != "algo" else f"{where}: sweep algo in sweep.grid instead")
+            if any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in grid):
+                raise ConfigError(f"{where}: swept in sweep.grid (a rule sets keys that are not swept)")
+            if not all(is_sweepable(key, algo) for algo in algos if _known_path(key, algo)):
+                raise ConfigError(f"{where}: cannot vary between runs: it changes how or where runs execute, not what they learn")
+    cond = list(dict.fromkeys([k for rule in rules for k in rule.match] + (["algo"] if "algo" in grid else [])))
+    if not rules and not cond:
+        return  # every value was validated on the base config, which is each point's
+    others = [k for k in grid if k not in cond]
+    for combo in itertools.product(*(grid[k] for k in cond)):
+        point_values = dict(zip(cond, combo))
+        extra = when_settings(rules, point_values)
+        label = ", ".join(f"{k}={_show(v)}" for k, v in point_values.items()) or "every point"
+        point = copy.deepcopy(base)
+        for key, value in {**point_values, **extra}.items():
             _set_dotted(point, key, value, merge=True)
-            try:
-                typed = _canonical(_get_dotted(_build_experiment(point), key), value)
-            except ConfigError as exc:
-                raise ConfigError(f"sweep.grid.{key}={_show(value)}: {exc}") from None
-            if typed in typed_values:
-                raise ConfigError(f"sweep.grid.{key}: {_show(value)} repeats {_show(values[typed_values.index(typed)])} (the same value once typed)")
-            typed_values.append(typed)
-        grid[key] = typed_values
+        try:
+            _build_experiment(point)
+            for key in others:
+                _typed_values(point, key, grid[key], f"sweep.grid.{key}")
+        except ConfigError as exc:
+            raise ConfigError(f"sweep: the grid point {label}{' with sweep.when settings' if extra else ''}: {exc}") from None
 
 
 def _canonical(typed: Any, given: Any) -> Any:
@@ -782,11 +852,16 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
 
 def apply_settings(exp: Experiment, settings: dict[str, Any], seed: int) -> Experiment:
     """The resolved config of one run: the experiment with one grid point applied (a mapping
-    changes only the keys it names)."""
-    data = exp.to_dict()
-    for key, value in settings.items():
+    changes only the keys it names) and the `sweep.when` settings that point matches.
+
+    It starts from the config as written (`given`), so a point that switches `algo` takes that
+    algorithm's defaults for what the config left out, never the first algorithm's values."""
+    data = copy.deepcopy(exp.given) if exp.given is not None else exp.to_dict()
+    for key, value in {**settings, **when_settings(exp.sweep.when, settings)}.items():
         _set_dotted(data, key, value, merge=True)
     data["sweep"] = {"seeds": [seed], "grid": {}}
     run = experiment_from_dict(data)
     run.source = exp.source
+    if exp.program is not None and run.program is not None:
+        run.program.workdir = exp.program.workdir  # resolved where `hpcrl sweep` ran
     return run

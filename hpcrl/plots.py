@@ -86,6 +86,30 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def _draw_curves(ax: Axes, curves: Mapping[str, Curve], styles: Mapping[str, tuple[str, str]], band_alpha: float) -> int:
+    """Lines with their bands on one axes; returns how many settings had data."""
+    drawn = 0
+    for setting, (grid, center, low, high, n) in curves.items():
+        color, linestyle = styles[setting]
+        if n == 0 or np.size(grid) == 0:
+            ax.plot([], [], linestyle="none", label=f"{setting} (n=0 seeds, no data)")
+            continue
+        ax.plot(grid, center, color=color, linestyle=linestyle, linewidth=1.6, label=f"{setting} ({_plural(n, 'seed')})")
+        if n >= 2:
+            ax.fill_between(grid, low, high, color=color, alpha=band_alpha, linewidth=0)
+        drawn += 1
+    if not drawn:
+        _no_data(ax)
+    ax.xaxis.set_major_formatter(FuncFormatter(_abbreviate))
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def _style_map(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """One colour and line style per setting, the same in every panel of a figure."""
+    return dict(zip(names, _styles()))
+
+
 def curves_figure(
     curves: Mapping[str, Curve],
     agg_name: str,
@@ -104,25 +128,53 @@ def curves_figure(
     """
     fig = Figure(figsize=(7.0, 4.2))
     ax = fig.add_subplot()
-    drawn = 0
-    for (setting, (grid, center, low, high, n)), (color, linestyle) in zip(curves.items(), _styles()):
-        if n == 0 or np.size(grid) == 0:
-            ax.plot([], [], linestyle="none", label=f"{setting} (n=0 seeds, no data)")
-            continue
-        ax.plot(grid, center, color=color, linestyle=linestyle, linewidth=1.6, label=f"{setting} ({_plural(n, 'seed')})")
-        if n >= 2:
-            ax.fill_between(grid, low, high, color=color, alpha=_band_alpha(len(curves)), linewidth=0)
-        drawn += 1
-    if not drawn:
-        _no_data(ax)
+    _draw_curves(ax, curves, _style_map(list(curves)), _band_alpha(len(curves)))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.xaxis.set_major_formatter(FuncFormatter(_abbreviate))
     ax.set_title(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI")
-    ax.grid(alpha=0.3)
     if curves:
         _legend_outside(ax, len(curves))
     return fig
+
+
+def curves_by_task_figure(
+    curves_by_task: Mapping[str, Mapping[str, Curve]],
+    agg_name: str,
+    xlabel: str = "environment steps",
+    ylabel: str = "episodic return",
+    title: str | None = None,
+    confidence: float = 0.95,
+) -> Figure:
+    """One panel per task (environment), each with a line per setting; a setting keeps its colour
+    in every panel and the legend is drawn once, beside the last panel of the first row."""
+    tasks = list(curves_by_task)
+    names = list(dict.fromkeys(s for curves in curves_by_task.values() for s in curves))
+    cols = min(3, max(1, len(tasks)))
+    rows = math.ceil(len(tasks) / cols) if tasks else 1
+    fig = Figure(figsize=(4.2 * cols + 2.0, 3.4 * rows + 0.6))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    styles = _style_map(names)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(tasks):
+            ax.set_visible(False)
+            continue
+        _draw_curves(ax, curves_by_task[tasks[i]], styles, _band_alpha(len(names)))
+        ax.set_title(tasks[i], fontsize="medium")
+        ax.set_xlabel(xlabel)
+        if i % cols == 0:
+            ax.set_ylabel(ylabel)
+    if names:
+        # One legend for all panels; labels without per-panel seed counts, which each panel's lines carry.
+        handles = [axes.flat[0].plot([], [], color=styles[n][0], linestyle=styles[n][1])[0] for n in names]
+        fig.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize="small")
+    fig.suptitle(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI")
+    fig.tight_layout()
+    return fig
+
+
+def plot_curves_by_task(curves_by_task: Mapping[str, Mapping[str, Curve]], path: str | Path, agg_name: str, **kwargs: object) -> Path:
+    """Write `curves_by_task_figure` as a PNG at ``path`` and return the path."""
+    return _save(curves_by_task_figure(curves_by_task, agg_name, **kwargs), path)  # type: ignore[arg-type]
 
 
 def plot_curves(
@@ -136,6 +188,30 @@ def plot_curves(
 ) -> Path:
     """Write `curves_figure` as a PNG at ``path`` and return the path."""
     return _save(curves_figure(curves, agg_name, xlabel, ylabel, title, confidence), path)
+
+
+def _draw_intervals(ax: Axes, summary_rows: Sequence[Mapping[str, object]], metric: str, xlabel: str) -> None:
+    """A point and interval bar per row, top to bottom in input order; rows without runs stay, marked."""
+    labels = []
+    for y, (row, (color, _)) in enumerate(zip(summary_rows, _styles())):
+        n = int(row["n"])
+        labels.append(f"{row['setting']} (n={n}{', no runs' if n == 0 else ''})")
+        point, low, high = (float(row[k]) for k in (metric, f"{metric}_ci_low", f"{metric}_ci_high")) if n else (math.nan,) * 3
+        if n == 0 or math.isnan(point):
+            continue
+        ax.barh(y, high - low, left=low, height=0.6, color=color, alpha=0.35, linewidth=0)
+        ax.plot([point, point], [y - 0.3, y + 0.3], color=color, linewidth=2.2)
+    if not summary_rows:
+        _no_data(ax)
+    # Bars pin the axis limit to their edges ("sticky edges"); without a margin the widest
+    # interval would end exactly on the frame and look cut off.
+    ax.use_sticky_edges = False
+    ax.margins(x=0.05)
+    if labels:
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
 
 
 def final_intervals_figure(
@@ -155,28 +231,35 @@ def final_intervals_figure(
         raise ValueError(f"metric must be one of {sorted(_AGG_LABELS)} (those summarize gives intervals for), got {metric!r}")
     fig = Figure(figsize=(7.0, 1.2 + 0.45 * max(1, len(summary_rows))))
     ax = fig.add_subplot()
-    labels = []
-    for y, (row, (color, _)) in enumerate(zip(summary_rows, _styles())):
-        n = int(row["n"])
-        labels.append(f"{row['setting']} (n={n}{', no runs' if n == 0 else ''})")
-        if n == 0:
-            continue
-        point, low, high = (float(row[k]) for k in (metric, f"{metric}_ci_low", f"{metric}_ci_high"))
-        ax.barh(y, high - low, left=low, height=0.6, color=color, alpha=0.35, linewidth=0)
-        ax.plot([point, point], [y - 0.3, y + 0.3], color=color, linewidth=2.2)
-    if not summary_rows:
-        _no_data(ax)
-    # Bars pin the axis limit to their edges ("sticky edges"); without a margin the widest
-    # interval would end exactly on the frame and look cut off.
-    ax.use_sticky_edges = False
-    ax.margins(x=0.05)
-    if labels:
-        ax.set_yticks(range(len(labels)), labels)
-        ax.set_ylim(len(labels) - 0.5, -0.5)
-    ax.set_xlabel(xlabel)
+    _draw_intervals(ax, summary_rows, metric, xlabel)
     ax.set_title(title if title is not None else f"{_AGG_LABELS[metric]} with {confidence:.0%} bootstrap CI")
-    ax.grid(axis="x", alpha=0.3)
     return fig
+
+
+def aggregate_intervals_figure(
+    rows: Sequence[Mapping[str, object]],
+    metrics: Mapping[str, str],
+    xlabel: str,
+    title: str | None = None,
+    confidence: float = 0.95,
+) -> Figure:
+    """rliable's aggregate-metrics figure: one panel per metric (``{key: panel title}``, e.g. IQM,
+    mean, optimality gap), a row per setting with its point estimate and bootstrap interval."""
+    fig = Figure(figsize=(3.2 * len(metrics) + 2.5, 1.4 + 0.45 * max(1, len(rows))))
+    axes = fig.subplots(1, len(metrics), squeeze=False, sharey=True)[0]
+    for i, (ax, (key, name)) in enumerate(zip(axes, metrics.items())):
+        _draw_intervals(ax, rows, key, xlabel)
+        ax.set_title(name, fontsize="medium")
+        if i:
+            ax.tick_params(labelleft=False)
+    fig.suptitle(title if title is not None else f"Aggregate metrics with {confidence:.0%} stratified bootstrap CIs")
+    fig.tight_layout()
+    return fig
+
+
+def plot_aggregate_intervals(rows: Sequence[Mapping[str, object]], path: str | Path, metrics: Mapping[str, str], xlabel: str, title: str | None = None) -> Path:
+    """Write `aggregate_intervals_figure` as a PNG at ``path`` and return the path."""
+    return _save(aggregate_intervals_figure(rows, metrics, xlabel, title), path)
 
 
 def plot_final_intervals(

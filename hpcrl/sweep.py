@@ -68,9 +68,14 @@ def setting_label(encoded: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(encoded.items())) or "default"
 
 
+def swept_values(row: dict[str, str]) -> dict[str, str]:
+    """The swept values of a runs.csv row, as written there (a run that did not sweep a key has none)."""
+    return {k: v for k, v in row.items() if k not in _FIXED_COLUMNS and v != ""}
+
+
 def row_label(row: dict[str, str]) -> str:
     """The setting label of a runs.csv row, without reading the run's config."""
-    return setting_label({k: v for k, v in row.items() if k not in _FIXED_COLUMNS and v != ""})
+    return setting_label(swept_values(row))
 
 
 def _get_dotted(data: dict[str, Any], dotted: str) -> Any:

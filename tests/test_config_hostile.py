@@ -115,7 +115,6 @@ UNSWEPT = {
     "train.checkpoint_every": [1, 2],
     "train.torch_threads": [1, 2],
     "env.vectorization": ["sync", "async"],
-    "algo": ["ppo", "a2c"],
     "sweep.seeds": [[0], [1]],
 }
 

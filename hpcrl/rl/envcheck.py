@@ -36,17 +36,19 @@ def check_environment(exp: Experiment) -> None:
     if exp.program is not None:
         check_program(exp)
         return
+    algos = exp.sweep.grid.get("algo", [exp.algo])
     envs: list[tuple[str, EnvConfig]] = [("", exp.env)]
     for key, values in exp.sweep.grid.items():
         if key == "env" or key.startswith("env."):
             for value in values:
                 point = apply_settings(exp, {key: value}, exp.sweep.seeds[0])
                 envs.append((f"sweep.grid.{key}={value!r}: ", point.env))
-    for where, spec in envs:
-        try:
-            _check_one(spec, exp.algo)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}{exc}") from None
+    for algo in algos:  # DQN needs discrete actions: each algorithm of the grid with each env
+        for where, spec in envs:
+            try:
+                _check_one(spec, algo)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}{'algo=' + repr(algo) + ': ' if len(algos) > 1 else ''}{exc}") from None
 
 
 def check_program(exp: Experiment) -> None:
