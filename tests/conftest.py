@@ -117,3 +117,23 @@ def redis_client(redis_server):
     client.flushall()
     yield client
     client.close()
+
+
+# ------------------------------------------------------------------------------------------- chromium
+# tests/test_report.py looks at report.html in a real browser: headless Chromium, Debian's package. As root on
+# Debian it is installed when missing (tests/clusters/chromium.sh); elsewhere without it that test skips.
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of the `chromium` binary, installed first where the suite may install packages."""
+    import shutil
+
+    if shutil.which("chromium") is None:
+        reason = _why_not_here()
+        if reason:
+            pytest.skip(f"chromium is not installed and the test {reason}")
+        _start("chromium")
+    path = shutil.which("chromium")
+    assert path, "tests/clusters/chromium.sh start succeeded but no `chromium` is on PATH"
+    return path
