@@ -82,7 +82,13 @@ def _eval(args: argparse.Namespace) -> int:
 def _collect(args: argparse.Namespace) -> int:
     from hpcrl.collect import collect
 
-    return collect(_experiment_dir(args.experiment), agg=args.agg, evaluate=args.evaluate)
+    return collect(_experiment_dir(args.experiment), agg=args.agg, evaluate=args.evaluate, normalize=args.normalize)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from hpcrl.compare import compare_command
+
+    return compare_command(args.experiments, args.output, args.agg, args.normalize)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -152,7 +158,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("experiment")
     c.add_argument("--agg", choices=["iqm", "mean"], default="iqm", help="aggregate for curves and intervals")
     c.add_argument("--evaluate", action="store_true", help="first evaluate, in parallel local processes, trained runs that have no eval yet")
+    c.add_argument("--normalize", action="store_true", default=None, help="score each env as (score - random) / (reference - random) (default: results.normalize)")
     c.set_defaults(func=_collect)
+
+    cm = sub.add_parser("compare", help="join experiments on their common envs into one set of tables, plots and report")
+    cm.add_argument("experiments", nargs="+", metavar="EXPERIMENT")
+    cm.add_argument("-o", "--output", help="directory for the results (default: compare-A-vs-B beside the first experiment)")
+    cm.add_argument("--agg", choices=["iqm", "mean"], default="iqm", help="aggregate for curves and intervals")
+    cm.add_argument("--normalize", action="store_true", default=None, help="score each env as (score - random) / (reference - random) (default: when every experiment sets results.normalize)")
+    cm.set_defaults(func=_compare)
 
     st = sub.add_parser("status", help="runs x stages: pending, running, done, failed")
     st.add_argument("experiment")

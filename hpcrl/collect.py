@@ -96,7 +96,7 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
     print(file=out)
 
 
-def _read_meta(experiment_dir: Path) -> dict:
+def read_meta(experiment_dir: Path) -> dict:
     try:
         meta = yaml.safe_load((experiment_dir / "experiment.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
@@ -144,7 +144,7 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     if not (experiment_dir / "runs.csv").exists():
         print(f"hpcrl: error: {experiment_dir}: not an experiment directory (no runs.csv)", file=sys.stderr)
         return 2
-    meta = _read_meta(experiment_dir)
+    meta = read_meta(experiment_dir)
     config = meta.get("config") or {}
     results = gather(experiment_dir, tasks.experiment_task(config))
     task_names = list(dict.fromkeys(r.task for r in results))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from hpcrl import strict_yaml
+from hpcrl import strict_yaml, tasks
 from hpcrl.program_spec import ProgramConfig
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
 from hpcrl.schema import ConfigError, Verbatim, build, field_rules, hints, key_path, plain, public_fields, setting
@@ -697,8 +697,24 @@ def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str,
         _set_dotted(data, key, value)
     exp = _build_experiment(data)
     _check_grid(exp, data)
+    _check_normalize(exp)
     exp.given = data
     return exp
+
+
+def _check_normalize(exp: Experiment) -> None:
+    """`results.normalize` needs random and reference scores for every env the runs train on: found
+    missing at sweep time, not by the aggregate job after the training is spent."""
+    if not exp.results.normalize:
+        return
+    if "env.id" in exp.sweep.grid:
+        envs = list(exp.sweep.grid["env.id"])
+    elif exp.results.task or exp.algo != "program":
+        envs = [exp.results.task or exp.env.id]
+    else:
+        raise ConfigError("results.normalize: needs results.task with algo 'program' (the env id your program trains on)")
+    scores = {task: dataclasses.asdict(ref) for task, ref in exp.results.scores.items()}
+    tasks.normalizer(envs, tasks.references({"results": {"scores": scores}}))
 
 
 def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
@@ -755,13 +771,10 @@ def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str)
     return typed_values
 
 
-def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> dict[str, Any]:
-    """The settings of every `sweep.when` rule that a grid point matches, later rules winning."""
-    out: dict[str, Any] = {}
-    for rule in rules:
-        if all(key in point and point[key] == value for key, value in rule.match.items()):
-            out.update(rule.set)
-    return out
+def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The settings of every `sweep.when` rule that a grid point matches, in rule order: applied one
+    after the other, each merged like a grid point's mapping, so a later rule wins key by key."""
+    return [item for rule in rules if all(key in point and point[key] == value for key, value in rule.match.items()) for item in rule.set.items()]
 
 
 def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
@@ -796,7 +809,7 @@ def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
         extra = when_settings(rules, point_values)
         label = ", ".join(f"{k}={_show(v)}" for k, v in point_values.items()) or "every point"
         point = copy.deepcopy(base)
-        for key, value in {**point_values, **extra}.items():
+        for key, value in [*point_values.items(), *extra]:
             _set_dotted(point, key, value, merge=True)
         try:
             _build_experiment(point)
@@ -857,7 +870,7 @@ def apply_settings(exp: Experiment, settings: dict[str, Any], seed: int) -> Expe
     It starts from the config as written (`given`), so a point that switches `algo` takes that
     algorithm's defaults for what the config left out, never the first algorithm's values."""
     data = copy.deepcopy(exp.given) if exp.given is not None else exp.to_dict()
-    for key, value in {**settings, **when_settings(exp.sweep.when, settings)}.items():
+    for key, value in [*settings.items(), *when_settings(exp.sweep.when, settings)]:
         _set_dotted(data, key, value, merge=True)
     data["sweep"] = {"seeds": [seed], "grid": {}}
     run = experiment_from_dict(data)
