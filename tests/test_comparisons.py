@@ -288,7 +288,7 @@ def test_aggregates_match_rliable_on_the_same_score_matrix() -> None:
     metrics = pytest.importorskip("rliable.metrics")
     rng = np.random.default_rng(3)
     scores = {"ppo": rng.normal(0.8, 0.2, (10, 4)), "a2c": rng.normal(0.6, 0.3, (10, 4))}
-    for name, m in scores.items():
+    for m in scores.values():
         assert stats.iqm(m) == pytest.approx(metrics.aggregate_iqm(m))
         assert stats.mean(m) == pytest.approx(metrics.aggregate_mean(m))
         assert stats.median(m) == pytest.approx(metrics.aggregate_median(m))
