@@ -25,6 +25,7 @@ DQN_TRAIN = {"total_steps": 1024, "learning_starts": 200, "train_freq": 64, "gra
 def make_run(directory: Path, changes: dict | None = None) -> tuple[Path, Run, Path]:
     """An experiment of one run, written as `hpcrl sweep` writes it: (experiment dir, run, run dir)."""
     changes = changes or {}
+    directory.mkdir(parents=True, exist_ok=True)
     base_train = {"ppo": TRAIN, "a2c": A2C_TRAIN, "dqn": DQN_TRAIN}[changes.get("algo", "ppo")]
     path = write_config(directory, {**changes, "sweep": {"seeds": [0]}})
     data = yaml.safe_load(path.read_text())
