@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -121,3 +122,21 @@ def test_wandb_offline_writes_its_run_folder_in_the_run_directory(tmp_path: Path
     assert "tracking:" not in capsys.readouterr().out
     (folder,) = (rd / "wandb").glob("offline-run-*")
     assert folder.name.endswith(run.run_id) and list(folder.glob("*.wandb"))
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(importlib.util.find_spec("redis") is None, reason="the Ape-X learner needs the redis client (pip install 'hpcrl[distributed]')")
+def test_the_apex_learner_tracks_and_evaluates_its_q_network(tmp_path: Path) -> None:
+    """A local sweep of a tiny Ape-X run: the learner writes event files at its train.csv steps,
+    evaluates during training, and the eval stage evaluates its best policy."""
+    from test_distributed_failures import PY, make_experiment
+
+    exp, rd = make_experiment(tmp_path, {"train": {"total_steps": 1500}, "tracking": {"tensorboard": True}, "eval": {"every_steps": 500, "periodic_episodes": 2, "checkpoint": "best"}})
+    proc = subprocess.run([PY, "-m", "hpcrl", "sweep", str(tmp_path / "apex.yaml"), "--scheduler", "local"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tb,) = (exp / "tensorboard").glob("*/*")
+    assert tb.name == rd.name
+    assert scalars(tb)["charts/SPS"] == [int(r["step"]) for r in train_rows(rd)]
+    steps, _ = rundir.read_eval_curve(rd)
+    assert len(steps) >= 3 and steps[-1] == 1500 and (rd / "checkpoints" / "best.pt").exists()
+    assert "of the best checkpoint" in rundir.reason(rd, rundir.EVAL_DONE)
