@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl import rundir, sweep
+from hpcrl import rundir, sweep, tracking
 from hpcrl.config import ConfigError, Experiment
 from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
@@ -195,6 +195,9 @@ def submit_experiment(
         print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
     scheduler = get_scheduler(scheduler_name, root)
     exp.container.image = resolved_image(exp)
+    if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
+        if problems := tracking.missing_packages(exp.tracking):
+            raise ConfigError("; ".join(problems))
     runs = sweep.expand(exp)
     if dry_run:
         return print_dry_run(exp, scheduler, runs, out, cwd)

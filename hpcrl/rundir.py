@@ -13,7 +13,13 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
       lifetimes              a user's program: one line per start of the run (requeues, retries)
       program.log            a user's program: its output, appended across lifetimes
       eval.csv               written once, atomically, by the eval stage
-      checkpoints/           rl/checkpoint.py's files; their stale temporary files go at the next start
+      eval_curve.csv         the evaluations during training (eval.every_steps), appended by EvalCurveLog:
+                             step,wall_time,mean_return,std_return,mean_length,episodes
+      checkpoints/           rl/checkpoint.py's files (and best.pt, the best evaluated policy); their
+                             stale temporary files go at the next start
+      wandb/                 W&B's offline run folder (tracking.wandb), for `wandb sync`
+    tensorboard/<setting>/<run_id>/   TensorBoard event files (tracking.tensorboard): beside runs/, so
+                             `tensorboard --logdir logs/<experiment>` groups runs by setting, then seed
     jobs/<attempt>-<chunk>.tasks          line i = the run index of array task i
     jobs/<attempt>-<chunk>.actors.tasks   the k-th line naming run r = actor k of run r
 
@@ -45,6 +51,9 @@ from hpcrl.schema import ConfigError
 DONE, FAILED = "DONE", "FAILED"
 EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
 TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
+EVAL_CURVE = "eval_curve.csv"
+EVAL_CURVE_COLUMNS = ("step", "wall_time", "mean_return", "std_return", "mean_length", "episodes")
+TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
 
 LOCKED_EXIT = 75
@@ -164,16 +173,16 @@ def _step_of(line: bytes) -> int | None:
         return None
 
 
-class TrainLog:
-    """The one writer of train.csv: append-only, one whole line per row, flushed at once.
+class AppendLog:
+    """An append-only CSV log: one whole line per row, flushed at once.
 
     Opened at the step the run resumes from, it first cuts the file back to its header and the
     complete rows that step covers: rows logged after the checkpoint will be produced again, and a
     torn tail (half a line, NUL bytes) would otherwise sit in the middle of the log for good.
     """
 
-    def __init__(self, run_dir: Path, columns: Sequence[str], resume_step: int) -> None:
-        self.path = run_dir / TRAIN_LOG
+    def __init__(self, path: Path, columns: Sequence[str], resume_step: int) -> None:
+        self.path = path
         has_header = _cut_back(self.path, resume_step)
         self._file = self.path.open("a")
         if not has_header:
@@ -186,15 +195,22 @@ class TrainLog:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> TrainLog:
+    def __enter__(self) -> AppendLog:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
 
+class TrainLog(AppendLog):
+    """The one writer of train.csv."""
+
+    def __init__(self, run_dir: Path, columns: Sequence[str], resume_step: int) -> None:
+        super().__init__(run_dir / TRAIN_LOG, columns, resume_step)
+
+
 def _cut_back(path: Path, max_step: int) -> bool:
-    """Truncate train.csv after its last complete row with step <= max_step; False: no header kept."""
+    """Truncate a log after its last complete row with step <= max_step; False: no header kept."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -220,11 +236,17 @@ def read_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     Raises ValueError when a complete line in the middle of the file does not parse: that is
     damage, not a torn tail, and collect reports it by run.
     """
-    lines = _complete_lines((run_dir / TRAIN_LOG).read_bytes())
+    return _read_columns(run_dir / TRAIN_LOG, "episodic_return")
+
+
+def _read_columns(path: Path, value_column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(step, value) of each complete row with a value; a torn last line is dropped, a complete
+    line that does not parse (or a header without the columns) is a ValueError."""
+    lines = _complete_lines(path.read_bytes())
     if not lines:
         return np.empty(0), np.empty(0)
     header = lines[0].decode().strip().split(",")
-    s, r = header.index("step"), header.index("episodic_return")
+    s, r = header.index("step"), header.index(value_column)
     steps, values = [], []
     for line in lines[1:]:
         row = line.split(b",")
@@ -315,6 +337,36 @@ def read_eval_returns(run_dir: Path) -> list[float]:
 def read_eval(run_dir: Path) -> float:
     """Mean evaluation return; ValueError/KeyError/TypeError/csv.Error for a damaged file."""
     return float(np.mean(read_eval_returns(run_dir)))
+
+
+# --------------------------------------------------------------------------------------------
+# eval_curve.csv and the TensorBoard directory: what training writes about itself besides train.csv
+
+
+class EvalCurveLog(AppendLog):
+    """The one writer of eval_curve.csv: one row per evaluation during training, cut back on resume
+    like train.csv (an evaluation after the checkpoint is run again)."""
+
+    def __init__(self, run_dir: Path, resume_step: int) -> None:
+        super().__init__(run_dir / EVAL_CURVE, EVAL_CURVE_COLUMNS, resume_step)
+
+
+def read_eval_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(step, mean return) of each evaluation during training; empty arrays when the run has none.
+    A torn last line is dropped; ValueError for damage, as `read_curve`."""
+    try:
+        return _read_columns(run_dir / EVAL_CURVE, "mean_return")
+    except FileNotFoundError:
+        return np.empty(0), np.empty(0)
+
+
+def tensorboard_dir(experiment_dir: Path, setting_label: str, run_id: str) -> Path:
+    """Where a run's TensorBoard event files go: `<experiment>/tensorboard/<setting>/<run_id>/`.
+
+    Outside runs/ so that `tensorboard --logdir logs/<experiment>` shows one group per setting with
+    one line per seed (the run id ends in `-s<seed>`). A label's `/` (an env id like `ALE/Pong-v5`)
+    would split the group in two directories, so it becomes `_`."""
+    return experiment_dir / TENSORBOARD / setting_label.replace("/", "_") / run_id
 
 
 # --------------------------------------------------------------------------------------------

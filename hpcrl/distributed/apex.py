@@ -32,11 +32,11 @@ from torch import nn
 
 from hpcrl.config import DistributedConfig
 from hpcrl.distributed import wire
+from hpcrl.rl.algorithms import algorithm_class
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
 from hpcrl.rl.envs import final_observations, finished_episodes
 from hpcrl.rl.hparams import DQNConfig
 from hpcrl.rl.optim import Adam, GradientStep
-from hpcrl.rl.train import algorithm_class
 
 EPISODE_FIELDS = ("ep_return", "ep_length")
 

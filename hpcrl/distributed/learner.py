@@ -7,10 +7,13 @@ DONE exits at once; otherwise it resumes from the newest checkpoint (network, ta
 replay, counters, parameter version, RNG states). On the scheduler's warning signal it stops
 taking batches, counts the ones still queued as lost, checkpoints and exits with REQUEUE_EXIT;
 its actors keep running and reconnect to the next start, which writes a new rendezvous.
+Its train.csv rows go to the optional trackers too (hpcrl.tracking), and with `eval.every_steps`
+it evaluates its Q-network as `hpcrl train` does (periodic_eval.py): it is the one that has it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -22,14 +25,14 @@ from typing import Any, TextIO
 import numpy as np
 import redis
 
-from hpcrl import rundir
+from hpcrl import rundir, tracking
 from hpcrl.distributed import rendezvous, runstats
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
 from hpcrl.distributed.queue import Consumer
 from hpcrl.distributed.redis_server import RedisServer
 from hpcrl.guard import StopFlag, guarded_run
-from hpcrl.rl import checkpoint
+from hpcrl.rl import checkpoint, periodic_eval
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch
 from hpcrl.schedulers.base import REQUEUE_EXIT
@@ -44,7 +47,7 @@ COUNTERS = ("dropped_stale", "dropped_stale_transitions", "malformed", "lost")
 
 def run_learner(experiment_dir: Path, run: Run, out: TextIO | None = None) -> int:
     """Learn one run to completion (or to the next preemption). Returns the process exit code."""
-    return guarded_run(experiment_dir, run, lambda rd, stop: Learner(rd, run, stop, out).run(), out)
+    return guarded_run(experiment_dir, run, lambda rd, stop: Learner(experiment_dir, rd, run, stop, out).run(), out)
 
 
 def connect_external(address: str, password_env: str) -> redis.Redis:
@@ -53,8 +56,8 @@ def connect_external(address: str, password_env: str) -> redis.Redis:
 
 
 class Learner:
-    def __init__(self, rd: Path, run: Run, stop: StopFlag, out: TextIO | None) -> None:
-        self.rd, self.run_, self.stop, self.out = rd, run, stop, out
+    def __init__(self, experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out: TextIO | None) -> None:
+        self.experiment_dir, self.rd, self.run_, self.stop, self.out = experiment_dir, rd, run, stop, out
         self.cfg = run.config
         assert self.cfg.distributed is not None
         self.d = self.cfg.distributed
@@ -82,6 +85,8 @@ class Learner:
         finally:
             probe.close()
         self.algo = ApexLearner(tcfg, self.d, obs_space, action_space, device)
+        self.device = device
+        self.saved_eval = state.get("periodic_eval") if state else None
         self.elapsed = 0.0
         if state:
             self.algo.load_state_dict(state["agent"])
@@ -131,8 +136,13 @@ class Learner:
     # ------------------------------------------------------------------ main loop
     def _loop(self) -> int:
         algo, d = self.algo, self.d
-        with rundir.TrainLog(self.rd, BASE_COLUMNS + ApexLearner.metric_names + DIST_COLUMNS, algo.global_step) as log:
-            self.log_file = log
+        resume_step = algo.global_step
+        with contextlib.ExitStack() as stack:
+            self.log_file = stack.enter_context(rundir.TrainLog(self.rd, BASE_COLUMNS + ApexLearner.metric_names + DIST_COLUMNS, resume_step))
+            self.trackers = stack.enter_context(tracking.open_trackers(self.experiment_dir, self.run_, self.rd, resume_step, self.out))
+            self.evaluator = periodic_eval.start(self.run_, self.rd, algo.policy, self.device, resume_step, self.saved_eval, self.out)
+            if self.evaluator is not None:
+                stack.callback(self.evaluator.close)
             self.start, self.start_step = time.monotonic(), algo.global_step
             self.last_report, self.last_report_step = self.start, algo.global_step
             next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
@@ -148,6 +158,7 @@ class Learner:
                         self.board.publish(algo.version, algo.params())
                 if time.monotonic() - self.last_report >= d.heartbeat_s:
                     self._report(RUNNING)
+                self._maybe_evaluate(final=False)
                 if self.stop:
                     self.board.set_status(STOPPING)
                     self.counters["lost"] += self.board.queue_depth()  # pushes are refused from now on
@@ -158,6 +169,7 @@ class Learner:
                 if algo.updates >= next_checkpoint:
                     self._save()
                     next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
+            self._maybe_evaluate(final=True)
             self._save()
             rundir.mark_done(self.rd, algo.global_step)
             self.board.set_status(DONE)
@@ -166,6 +178,12 @@ class Learner:
         self.board.retire()
         self.log(f"done at step {algo.global_step} after {algo.updates} updates")
         return 0
+
+    def _maybe_evaluate(self, final: bool) -> None:
+        """An evaluation during training when one is due (eval.every_steps); the actors keep playing meanwhile."""
+        step = self.algo.global_step
+        if self.evaluator is not None and self.evaluator.due(step, final):
+            self.trackers.log(step, self.evaluator.evaluate(step, self.elapsed + time.monotonic() - self.start))
 
     def _check_actors_came(self) -> None:
         """Fail when no actor has shown up for learner_timeout_s in this lifetime (a heartbeat or a
@@ -205,6 +223,8 @@ class Learner:
             "agent": self.algo.state_dict(), "rng": checkpoint.rng_state(), "counters": self._counters(),
             "wall_time": self.elapsed + time.monotonic() - self.start,
         }
+        if self.evaluator is not None:
+            payload["periodic_eval"] = self.evaluator.state_dict()
         checkpoint.save(self.rd / "checkpoints", self.algo.global_step, payload, keep=self.cfg.train.keep_checkpoints)
 
     def _counters(self) -> dict[str, int]:
@@ -255,6 +275,10 @@ class Learner:
         row += [_fmt(metrics.get(k, math.nan)) for k in ApexLearner.metric_names]
         row += [len(alive), depth, _fmt(lag_mean if lag_mean is not None else math.nan), counters["dropped_stale"], counters["malformed"], stats["backpressure_waits"]]
         self.log_file.write(row)
+        self.trackers.log(algo.global_step, {"sps": sps, "episodes": len(episodes), "episodic_return": ret, "episodic_length": length, **metrics,
+            "actors_alive": len(alive), "queue_depth": depth, "lag_mean": lag_mean, "dropped_stale": counters["dropped_stale"],
+            "malformed": counters["malformed"], "backpressure_waits": stats["backpressure_waits"],
+        })  # fmt: skip
 
     def _wait_for_actors_to_leave(self) -> None:
         """Give actors a moment to read `done` from the board (they exit 0 then) before Redis goes away."""

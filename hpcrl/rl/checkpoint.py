@@ -10,6 +10,10 @@ would delete each new checkpoint as soon as it was written and restart from scra
 The newest readable file is resumed from; when files exist but none reads, the run fails with the
 reason instead of silently training again from step 0 (and pruning away what might still be
 rescued).
+
+`best.pt` beside them holds the policy that scored highest in the evaluations during training
+(`eval.every_steps`). Its name is outside the step-file pattern on purpose: resuming, pruning and
+"newest" never see it, so a run never resumes from its best policy and `keep` never deletes it.
 """
 
 from __future__ import annotations
@@ -47,15 +51,26 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=_order, reverse=True)
 
 
-def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write a checkpoint atomically, then prune all but the `keep` last written (never this one).
+BEST = "best.pt"
 
-    A failed write (full disk, quota) raises the OSError that caused it, with this file's name,
-    instead of the message torch wraps it in; the previous checkpoints are untouched.
-    """
-    existing = checkpoint_files(directory)
-    sequence = _order(existing[0])[0] + 1 if existing else 1
-    path = directory / f"step-{step:012d}-{sequence:06d}.pt"
+
+def save_best(directory: Path, state: dict[str, Any]) -> Path:
+    """Write `best.pt` atomically: `{"agent": {"policy": weights}, "step": ..., "mean_return": ...}`,
+    the shape the eval stage reads a policy from."""
+    path = directory / BEST
+    _write(path, state)
+    return path
+
+
+def load_best(directory: Path, device: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """The best policy's checkpoint, or None when the run has none."""
+    path = directory / BEST
+    return load(path, device) if path.exists() else None
+
+
+def _write(path: Path, state: dict[str, Any]) -> None:
+    """A failed write (full disk, quota) raises the OSError that caused it, with this file's name,
+    instead of the message torch wraps it in; what was there before is untouched."""
     try:
         with atomic_open(path, "wb") as f:
             _save_to(state, f)
@@ -63,6 +78,15 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Pa
         if exc.filename or exc.errno is None:
             raise
         raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write a checkpoint atomically (see `_write`), then prune all but the `keep` last written
+    (never this one)."""
+    existing = checkpoint_files(directory)
+    sequence = _order(existing[0])[0] + 1 if existing else 1
+    path = directory / f"step-{step:012d}-{sequence:06d}.pt"
+    _write(path, state)
     for old in checkpoint_files(directory)[max(1, keep):]:
         if old != path:
             old.unlink(missing_ok=True)

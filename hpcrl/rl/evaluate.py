@@ -1,4 +1,4 @@
-"""`hpcrl eval`: play N episodes with a run's final policy and write eval.csv.
+"""`hpcrl eval`: play N episodes with a run's final (or best) policy and write eval.csv.
 
 The eval stage runs after the train task on every scheduler; hpcrl.guard.guarded_eval decides from
 the run's markers whether there is anything to evaluate, and records a failure.
@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from hpcrl import rundir
 from hpcrl.guard import guarded_eval
 from hpcrl.rl import checkpoint
+from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.envs import episode_metrics, make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
-from hpcrl.rl.train import algorithm_class, pick_device
 from hpcrl.rl.video import record_episodes
 from hpcrl.sweep import Run
 
@@ -24,15 +25,29 @@ EVAL_SEED_OFFSET = 1_000_003
 """Evaluation episodes use seeds no training env used."""
 
 
-def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, device: torch.device) -> list[tuple[float, int, dict[str, float]]]:
+def play_envs(run: Run, episodes: int) -> gym.vector.VectorEnv:
+    """The vector env `play` steps for `episodes` episodes; a caller that plays many times (the
+    evaluations during training) keeps one open instead of building it each time."""
+    return make_vec_env(run.config.env, min(episodes, 8))
+
+
+def play(
+    policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, device: torch.device,
+    *, seed: int | None = None, envs: gym.vector.VectorEnv | None = None,
+) -> list[tuple[float, int, dict[str, float]]]:
     """Exactly `episodes` episodes, spread evenly over up to 8 parallel envs (no bias to short ones);
-    each with its return, length and the task metrics the env reports (Habitat: success, SPL)."""
+    each with its return, length and the task metrics the env reports (Habitat: success, SPL).
+
+    The envs are reset with `seed` (default: EVAL_SEED_OFFSET + the run's seed); `envs` from
+    `play_envs` are used and left open, otherwise they are made and closed here."""
     n_envs = min(episodes, 8)
     quota = np.array([episodes // n_envs + (i < episodes % n_envs) for i in range(n_envs)])
-    envs = make_vec_env(run.config.env, n_envs)
+    owned = envs is None
+    envs = play_envs(run, episodes) if envs is None else envs
     results: list[tuple[float, int, dict[str, float]]] = []
+    policy.clear_memory()
     try:
-        obs, _ = envs.reset(seed=EVAL_SEED_OFFSET + run.seed)
+        obs, _ = envs.reset(seed=EVAL_SEED_OFFSET + run.seed if seed is None else seed)
         while len(results) < episodes:
             action = policy.act(obs_to_tensor(obs, device), deterministic)
             obs, _, terminated, truncated, info = envs.step(action.cpu().numpy())
@@ -43,7 +58,8 @@ def play(policy: torch.nn.Module, run: Run, episodes: int, deterministic: bool, 
                         quota[i] -= 1
                         results.append((float(info["episode"]["r"][i]), int(info["episode"]["l"][i]), episode_metrics(info, i)))
     finally:
-        envs.close()
+        if owned:
+            envs.close()
     return results
 
 
@@ -59,9 +75,7 @@ def _evaluate(rd: Path, run: Run, out) -> int:
             rundir.mark(rd, rundir.EVAL_SKIPPED, f"final training return {final:.4g} below threshold {ecfg.threshold:g}")
             print(f"{run.run_id}: eval skipped, final training return {final:.4g} < {ecfg.threshold:g}", file=out)
             return 0
-    state_dict, problems = checkpoint.load_latest(rd / rundir.CHECKPOINTS)
-    if state_dict is None:
-        raise FileNotFoundError("no readable checkpoint" + (f" ({'; '.join(problems)})" if problems else ""))
+    state_dict, which = _checkpoint_to_evaluate(rd, ecfg.checkpoint)
     device = pick_device(run.config.train.device)
     probe = make_vec_env(run.config.env, 1)
     try:
@@ -77,6 +91,20 @@ def _evaluate(rd: Path, run: Run, out) -> int:
             print(f"{run.run_id}: wrote {path.name} ({frames} frames)", file=out)
     rundir.write_eval(rd, results)
     mean = float(np.mean([r for r, *_ in results]))
-    rundir.mark(rd, rundir.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes")
-    print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes", file=out)
+    rundir.mark(rd, rundir.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes of the {which}")
+    print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes of the {which}", file=out)
     return 0
+
+
+def _checkpoint_to_evaluate(rd: Path, which: str) -> tuple[dict, str]:
+    """(checkpoint, what it is, in words): `best.pt` for `eval.checkpoint: best`, else the newest."""
+    ckpt_dir = rd / rundir.CHECKPOINTS
+    if which == "best":
+        best = checkpoint.load_best(ckpt_dir)
+        if best is None:
+            raise rundir.RunError(f"eval.checkpoint is 'best' but {ckpt_dir / checkpoint.BEST} does not exist: did the run train with eval.every_steps?")
+        return best, f"best checkpoint (step {int(best['step'])}, eval return {float(best['mean_return']):.6g} during training)"
+    state_dict, problems = checkpoint.load_latest(ckpt_dir)
+    if state_dict is None:
+        raise FileNotFoundError("no readable checkpoint" + (f" ({'; '.join(problems)})" if problems else ""))
+    return state_dict, f"last checkpoint (step {int(state_dict['agent']['global_step'])})"

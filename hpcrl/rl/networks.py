@@ -375,6 +375,11 @@ class ActorCritic(nn.Module):
         if self._memory is not None:
             self._memory[:, torch.as_tensor(done, dtype=torch.bool, device=self._memory.device)] = 0.0
 
+    def clear_memory(self) -> None:
+        """Start `act` afresh for new episodes: an evaluation during training must not begin with
+        the recurrent state the previous one ended with. (Training keeps its state apart.)"""
+        self._memory = None
+
 
 class QNetwork(nn.Module):
     """Q-values for DQN: the same encoders, a linear head per discrete action.
@@ -408,3 +413,6 @@ class QNetwork(nn.Module):
 
     def reset_memory(self, done: Any) -> None:
         """Feed-forward: nothing to forget (the policy interface evaluation relies on)."""
+
+    def clear_memory(self) -> None:
+        """Feed-forward: nothing to forget."""

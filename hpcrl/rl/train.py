@@ -3,42 +3,32 @@
 Idempotent by design, because schedulers rerun jobs: a run with DONE exits at once, a run with
 checkpoints resumes from the newest (model, optimiser, RNG, counters, algorithm extras), and
 train.csv is cut back to the checkpoint's step so the log never holds the same steps twice.
+Every train.csv row also goes to the optional trackers (hpcrl.tracking), and with
+`eval.every_steps` the policy is evaluated on held-out episodes as it trains (periodic_eval.py).
 On SIGUSR1/SIGTERM (the scheduler's warning before a time limit or preemption, or Ctrl-C's
 cleanup) it checkpoints at the next iteration boundary and exits with REQUEUE_EXIT.
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import math
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from hpcrl import rundir
+from hpcrl import rundir, tracking
 from hpcrl.guard import StopFlag, guarded_run
-from hpcrl.rl import checkpoint
+from hpcrl.rl import checkpoint, periodic_eval
+from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run
 
-ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN"}
 BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
-
-
-def algorithm_class(algo: str) -> Any:
-    module, name = ALGORITHM_CLASSES[algo].split(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def pick_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
 
 
 def setup_torch(threads: int, device_spec: str = "cpu") -> torch.device:
@@ -66,10 +56,10 @@ def seed_everything(seed: int) -> None:
 
 def train_run(experiment_dir: Path, run: Run, out=None) -> int:
     """Train one run to completion (or to the next preemption). Returns the process exit code."""
-    return guarded_run(experiment_dir, run, lambda rd, stop: _train(rd, run, stop, out), out)
+    return guarded_run(experiment_dir, run, lambda rd, stop: _train(experiment_dir, rd, run, stop, out), out)
 
 
-def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
+def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out) -> int:
     cfg = run.config
     tcfg = cfg.train
     device = setup_torch(tcfg.torch_threads, tcfg.device)
@@ -91,11 +81,19 @@ def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
             print(f"{run.run_id}: resumed from step {agent.global_step}", file=out)
         if agent.planned_steps != tcfg.total_steps:
             print(f"{run.run_id}: train.total_steps {tcfg.total_steps} rounded up to {agent.planned_steps}, whole iterations of {agent.planned_steps // agent.num_iterations} steps", file=out)
-        with rundir.TrainLog(rd, BASE_COLUMNS + tuple(agent.metric_names), agent.global_step) as log:
+        resume_step = agent.global_step
+        with contextlib.ExitStack() as stack:
+            log = stack.enter_context(rundir.TrainLog(rd, BASE_COLUMNS + tuple(agent.metric_names), resume_step))
+            trackers = stack.enter_context(tracking.open_trackers(experiment_dir, run, rd, resume_step, out))
+            evaluator = periodic_eval.start(run, rd, agent.policy, device, resume_step, state.get("periodic_eval") if state else None, out)
+            if evaluator is not None:
+                stack.callback(evaluator.close)
             start, start_step = time.monotonic(), agent.global_step
 
             def save() -> None:
                 payload = {"agent": agent.state_dict(), "rng": checkpoint.rng_state(), "wall_time": elapsed + time.monotonic() - start}
+                if evaluator is not None:
+                    payload["periodic_eval"] = evaluator.state_dict()
                 checkpoint.save(ckpt_dir, agent.global_step, payload, keep=tcfg.keep_checkpoints)
 
             while not agent.finished:
@@ -107,6 +105,9 @@ def _train(rd: Path, run: Run, stop: StopFlag, out) -> int:
                 sps = (agent.global_step - start_step) / max(now - start, 1e-9)
                 row = [agent.global_step, agent.iteration, f"{elapsed + now - start:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
                 log.write(row + [_fmt(metrics.get(k, math.nan)) for k in agent.metric_names])
+                trackers.log(agent.global_step, {"sps": sps, "episodes": len(episodes), "episodic_return": ret, "episodic_length": length, **metrics})
+                if evaluator is not None and evaluator.due(agent.global_step, agent.finished):
+                    trackers.log(agent.global_step, evaluator.evaluate(agent.global_step, elapsed + time.monotonic() - start))
                 if stop.signal is not None:
                     save()
                     print(f"{run.run_id}: signal {stop.signal} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
