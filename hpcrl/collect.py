@@ -130,8 +130,14 @@ def facts_of(experiment_dir: Path, meta: dict) -> list[tuple[str, str]]:
         program = config.get("program") or {}
         facts = [("program", " ".join(map(str, program.get("command", [])))), ("metrics", str((program.get("metrics") or {}).get("source", "?")))]
     else:
-        facts = [("algorithm", str(config.get("algo", "?"))), ("env", str((config.get("env") or {}).get("id", "?"))),
-                 ("steps per run", str((config.get("train") or {}).get("total_steps", "?")))]  # fmt: skip
+        sweep_ = config.get("sweep") or {}
+        grid, rules = sweep_.get("grid") or {}, sweep_.get("when") or []
+        set_steps = any("train.total_steps" in r.get("set", {}) or "total_steps" in (r.get("set", {}).get("train") or {}) for r in rules)
+        facts = [
+            ("algorithm", ", ".join(map(str, grid["algo"])) + " (swept)" if "algo" in grid else str(config.get("algo", "?"))),
+            ("env", ", ".join(map(str, grid["env.id"])) + " (swept)" if "env.id" in grid else str((config.get("env") or {}).get("id", "?"))),
+            ("steps per run", "per grid point (sweep.when)" if set_steps or "train.total_steps" in grid else str((config.get("train") or {}).get("total_steps", "?"))),
+        ]
     facts += [(key.replace("_", " "), str(prov[key])) for key in ("hpcrl_version", "git_commit", "config_file", "submitted_at", "host", "scheduler", "image", "image_sha256") if prov.get(key)]
     facts.append(("collected", time.strftime("%Y-%m-%dT%H:%M:%S%z")))
     return facts

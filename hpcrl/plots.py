@@ -164,9 +164,13 @@ def curves_by_task_figure(
         if i % cols == 0:
             ax.set_ylabel(ylabel)
     if names:
-        # One legend for all panels; labels without per-panel seed counts, which each panel's lines carry.
+        # One legend for all panels, each setting with the seeds behind its lines (a range where panels differ).
         handles = [axes.flat[0].plot([], [], color=styles[n][0], linestyle=styles[n][1])[0] for n in names]
-        fig.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize="small")
+        labels = []
+        for name in names:
+            ns = sorted({curves[name][4] for curves in curves_by_task.values() if name in curves})
+            labels.append(f"{name} (n={ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds)")
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize="small")
     fig.suptitle(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI")
     fig.tight_layout()
     return fig
@@ -309,7 +313,7 @@ def performance_profile_figure(
         if n == 0:
             ax.plot([], [], linestyle="none", label=f"{setting} (n=0 runs, no data)")
             continue
-        label = f"{setting} ({_plural(n, 'run')})"
+        label = f"{setting} ({_plural(n, 'run')}" + (f" x {a.shape[1]} tasks)" if a.ndim == 2 and a.shape[1] > 1 else ")")
         ax.plot(t, stats.performance_profile(a, t), color=color, linestyle=linestyle, linewidth=1.6, label=label)
         if n >= 2:
             low, high = stats.performance_profile_ci(a, t, reps, confidence, seed)
