@@ -10,6 +10,7 @@ line (never the run configs), so 1000 runs aggregate in seconds.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -68,6 +69,9 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
                 r.eval_return = rundir.read_eval(rd)
             except (ValueError, KeyError, TypeError, csv.Error) as exc:
                 r.problem = f"corrupt eval.csv ({type(exc).__name__}: {exc})"
+            if not math.isfinite(r.eval_return):  # a NaN or inf return would poison every aggregate it enters
+                r.problem = r.problem or f"corrupt eval.csv (a return of {r.eval_return})"
+                r.eval_return = math.nan
         r.videos = sorted((rd / "videos").glob("*.mp4"))
         results.append(r)
     return results

@@ -82,16 +82,25 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # installed when missing (tests/clusters/redis.sh); elsewhere without it those tests skip.
 
 
+def _installed(binary: str, script: str) -> str:
+    """The path of `binary`, installed first by tests/clusters/<script>.sh where the suite may install
+    packages (root on Debian); elsewhere a test that needs a missing one skips with the reason."""
+    import shutil
+
+    if shutil.which(binary) is None:
+        reason = _why_not_here()
+        if reason:
+            pytest.skip(f"{binary} is not installed and the test {reason}")
+        _start(script)
+    path = shutil.which(binary)
+    assert path, f"tests/clusters/{script}.sh start succeeded but no `{binary}` is on PATH"
+    return path
+
+
 @pytest.fixture(scope="session")
 def redis_installed() -> None:
     """redis-server on PATH: every `redis` test needs it, also those whose learner starts its own."""
-    import shutil
-
-    if shutil.which("redis-server") is None:
-        reason = _why_not_here()
-        if reason:
-            pytest.skip(f"redis-server is not installed and the test {reason}")
-        _start("redis")
+    _installed("redis-server", "redis")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -127,13 +136,4 @@ def redis_client(redis_server):
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """The path of the `chromium` binary, installed first where the suite may install packages."""
-    import shutil
-
-    if shutil.which("chromium") is None:
-        reason = _why_not_here()
-        if reason:
-            pytest.skip(f"chromium is not installed and the test {reason}")
-        _start("chromium")
-    path = shutil.which("chromium")
-    assert path, "tests/clusters/chromium.sh start succeeded but no `chromium` is on PATH"
-    return path
+    return _installed("chromium", "chromium")

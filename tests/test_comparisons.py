@@ -206,6 +206,17 @@ def test_a_seed_missing_on_one_task_leaves_the_aggregate_by_name(tmp_path: Path)
     assert "optimality_gap" not in aggregate["algo=ppo"]  # raw scores: no gap without a normalised target
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_a_non_finite_eval_return_is_named_not_aggregated(tmp_path: Path, bad: str) -> None:
+    root, runs = finished_grid(tmp_path)
+    (run_dir(root, runs[0].run_id) / "eval.csv").write_text(f"episode,return,length\n0,{bad},20\n")
+    out = io.StringIO()
+    assert collect(root, out=out) == 0
+    assert f"run {runs[0].run_id} (algo=ppo, CartPole-v1, seed 0): corrupt eval.csv" in out.getvalue()
+    summary = {(r["setting"], r["task"]): r for r in csv.DictReader((root / "results" / "summary.csv").open())}
+    assert summary["algo=ppo", "CartPole-v1"]["n"] == "2" and math.isfinite(float(summary["algo=ppo", "CartPole-v1"]["mean"]))
+
+
 def test_normalising_an_env_without_references_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     root, _ = finished_grid(tmp_path)
     with (root / "runs.csv").open() as f:
