@@ -261,7 +261,7 @@ def write_results(
         for task in task_names:
             rows_shown = [s for s in per_task[task] if s["n"] and s["setting"] in in_plot]
             suffix = f"-{_file_part(task)}" if multi else ""
-            made[f"{scoring.name}{' on ' + task if multi else ''}"] = plots.plot_final_intervals(
+            made[f"{scoring.name}{' on ' + task if multi else ''}: {agg.upper()} intervals"] = plots.plot_final_intervals(
                 rows_shown, plots_dir / f"final{suffix}.png", metric=agg, xlabel=scoring.unit if scoring.refs is None else "final eval return",
                 title=f"{task}: {agg.upper()} with 95% bootstrap CI" if multi else None,
             )
