@@ -68,6 +68,12 @@ def _actor(args: argparse.Namespace) -> int:
     return run_actor(experiment_dir, load_run(experiment_dir, index), actor, out=sys.stdout)
 
 
+def _search_worker(args: argparse.Namespace) -> int:
+    from hpcrl.study_worker import run_worker
+
+    return run_worker(Path(args.experiment).resolve(), args.task, out=sys.stdout)
+
+
 def _eval(args: argparse.Namespace) -> int:
     experiment_dir, run = _task_run(args)
     if run.config.algo == "program":
@@ -153,6 +159,11 @@ def parser() -> argparse.ArgumentParser:
     ac.add_argument("--manifest", help="file whose k-th line naming run R makes task N actor k of run R")
     ac.add_argument("--actor", type=int, default=0, help="actor index without --manifest")
     ac.set_defaults(func=_actor)
+
+    sw = sub.add_parser("search-worker", help="one worker of an Optuna study (the study stage's entry point): trials until n_trials")
+    sw.add_argument("experiment")
+    sw.add_argument("--task", type=int, required=True, help="array task id: the worker's identity, kept across a requeue")
+    sw.set_defaults(func=_search_worker)
 
     c = sub.add_parser("collect", help="gather runs, report missing ones, write summary, curves and plots")
     c.add_argument("experiment")

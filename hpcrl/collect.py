@@ -166,5 +166,12 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     if evaluate:
         evaluate_missing(experiment_dir, out)
         results = gather(experiment_dir, tasks.experiment_task(config))
-    note = sweep.left_out_note(experiment_dir)
-    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, [note] if note else [], out)
+    notes = [note] if (note := sweep.left_out_note(experiment_dir)) else []
+    extra_plots = None
+    if ((config.get("sweep") or {}).get("search") or {}).get("method") == "optuna":
+        from hpcrl.study_results import write_study_results
+
+        (experiment_dir / "results" / "plots").mkdir(parents=True, exist_ok=True)
+        study_lines, extra_plots = write_study_results(experiment_dir, experiment_dir / "results")
+        notes += study_lines
+    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots)

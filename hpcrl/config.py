@@ -74,6 +74,93 @@ class WhenRule:
 
 
 @dataclass
+class Distribution:
+    """Where one searched key's values come from (`sweep.search.space`): `{type: loguniform, low:
+    1.0e-4, high: 1.0e-2}`, `{type: int, low: 16, high: 256, log: true}`, `{type: choice, values:
+    [tanh, relu]}`. Both bounds are included; the values are typed by the key's own field."""
+
+    type: Literal["uniform", "loguniform", "int", "choice"]
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    """For `int`: sample on a log scale (loguniform is `uniform` with log: true)."""
+    values: list[Verbatim] = setting(factory=list)
+    """The options of a `choice`."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.type == "choice":
+            if not self.values:
+                return [("values", "expected at least one option for a choice")]
+            if self.low is not None or self.high is not None:
+                return [("low" if self.low is not None else "high", "a choice takes values, not low and high")]
+            return []
+        if self.values:
+            return [("values", f"only a choice takes values; {self.type} takes low and high")]
+        for key in ("low", "high"):
+            if getattr(self, key) is None:
+                return [(key, f"required for {self.type}")]
+        assert self.low is not None and self.high is not None
+        if self.low >= self.high:
+            return [("low", f"must be below high ({_num_text(self.low)} >= {_num_text(self.high)})")]
+        if (self.type == "loguniform" or self.log) and self.low <= 0:
+            return [("low", f"a log scale needs low > 0, got {_num_text(self.low)}")]
+        if self.type == "int" and not (self.low.is_integer() and self.high.is_integer()):
+            return [("low" if not self.low.is_integer() else "high", "an int distribution needs integer bounds")]
+        return []
+
+
+def _num_text(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass
+class SearchConfig:
+    """Search beyond the grid: random samples (`method: random`), or an Optuna study whose workers
+    are the train array's tasks (`method: optuna`, `pip install 'hpcrl[optuna]'`)."""
+
+    space: dict[str, Distribution] = setting(factory=dict)
+    """Dotted key -> distribution; each run samples every key. Keys may not also be in the grid."""
+    method: Literal["random", "optuna"] = "random"
+    samples: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
+    """random: how many points. Sample i is the same whatever the count, so a re-sweep with more
+    samples trains only the new ones."""
+    seed: int = setting(0, ge=0, le=2**32 - 1)
+    """Seed of the random points and of Optuna's sampler: the same seed, the same points."""
+    n_trials: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
+    """optuna: trials of the study (complete, pruned and failed); a re-sweep with more adds trials."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    pruner: Literal["none", "median", "hyperband", "asha"] = "median"
+    """Stops trials whose intermediate metric is poor: median (MedianPruner), hyperband
+    (HyperbandPruner) or asha (SuccessiveHalvingPruner)."""
+    direction: Literal["maximize", "minimize"] = "maximize"
+    metric: Literal["auto", "eval", "train"] = "auto"
+    """What a trial reports and is judged on: the evaluations during training (`eval`, needs
+    eval.every_steps), the training episodes' return (`train`), or `auto`: eval when it is set."""
+    startup_trials: int = setting(5, ge=0, le=MAX_RUNS)
+    """Trials that are sampled at random and never pruned before TPE and the pruner start judging."""
+    warmup_percent: int = setting(10, ge=0, le=99)
+    """Percent of its budget a trial trains before the pruner may stop it."""
+    storage: Optional[str] = setting(None, valid=_word_problem)
+    """An RDB URL (postgresql://...) for large studies; default: Optuna's journal file in the
+    experiment directory, which needs no server and works on NFS and Lustre homes."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if not self.space:
+            return [("space", "expected at least one key to search")]
+        if self.method == "random":
+            if self.samples is None:
+                return [("samples", "required for method random (how many points)")]
+            if self.n_trials is not None:
+                return [("n_trials", "for method optuna; random search takes samples")]
+        else:
+            if self.n_trials is None:
+                return [("n_trials", "required for method optuna (how many trials)")]
+            if self.samples is not None:
+                return [("samples", "for method random; an Optuna study takes n_trials")]
+        return []
+
+
+@dataclass
 class SweepConfig:
     seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1)
     """Seeds of numpy and torch: 0 .. 2**32-1."""
@@ -81,6 +168,8 @@ class SweepConfig:
     """Dotted key -> values; the runs are the product of all lists times the seeds. `algo` and
     `env.id` may be swept: settings that only some points need go in `when`."""
     when: list[WhenRule] = setting(factory=list)
+    search: Optional[SearchConfig] = None
+    """Sampled keys beside the grid: random points, or an Optuna study."""
 
     def check(self) -> list[tuple[str, str]]:
         if len(set(self.seeds)) != len(self.seeds):
@@ -697,6 +786,7 @@ def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str,
         _set_dotted(data, key, value)
     exp = _build_experiment(data)
     _check_grid(exp, data)
+    _check_search(exp, data)
     _check_normalize(exp)
     exp.given = data
     return exp
@@ -753,6 +843,48 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
     for key, values in grid.items():
         grid[key] = _typed_values(base, key, values, f"sweep.grid.{key}")
     _check_when(exp, base)
+
+
+def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
+    """`sweep.search`: what may be searched (as for the grid, and never a key the grid sweeps), each
+    distribution's bounds and options typed by the key's own field, and what an Optuna study needs
+    (one seed per trial, hpcrl's own trainer, a metric it reports while it trains)."""
+    search = exp.sweep.search
+    if search is None:
+        return
+    base = copy.deepcopy(data)
+    base.pop("sweep", None)
+    for key, dist in search.space.items():
+        where = f"sweep.search.space.{key}"
+        if key == "algo" or not _known_path(key, exp.algo):
+            raise ConfigError(f"{where}: unknown key" if key != "algo" else f"{where}: sweep algo in sweep.grid instead")
+        if not is_sweepable(key, exp.algo):
+            raise ConfigError(f"{where}: cannot be searched: it changes how or where runs execute, not what they learn")
+        if any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in exp.sweep.grid):
+            raise ConfigError(f"{where}: also in sweep.grid (search or sweep a key, not both)")
+        if dist.type == "choice":
+            dist.values = _typed_values(base, key, dist.values, f"{where}.values")
+            continue
+        low, high = _typed_values(base, key, [dist.low, dist.high], where)
+        if dist.type != "int" and not isinstance(low, float):
+            raise ConfigError(f"{where}: {key} takes integers: use type: int")
+        if dist.type == "int" and isinstance(low, float):
+            dist.low, dist.high = float(low), float(high)  # an int distribution of a float field: whole numbers
+    runs = math.prod(len(v) for v in exp.sweep.grid.values()) * len(exp.sweep.seeds) * (search.samples or search.n_trials or 1)
+    if runs > MAX_RUNS:
+        raise ConfigError(f"sweep.search: {runs:,} runs (grid points x samples x seeds) pass the limit of {MAX_RUNS:,}")
+    if search.method != "optuna":
+        return
+    if exp.algo == "program" or exp.distributed is not None:
+        raise ConfigError("sweep.search.method: optuna trains hpcrl's own PPO, A2C or DQN in its workers (not algo 'program' or a distributed run); use method random")
+    if exp.sweep.grid:
+        raise ConfigError("sweep.search.method: an Optuna study searches its space alone: move the keys of sweep.grid into sweep.search.space (type: choice)")
+    if len(exp.sweep.seeds) != 1:
+        raise ConfigError(f"sweep.seeds: an Optuna trial trains one seed, got {len(exp.sweep.seeds)} (the trial's value is that run's metric)")
+    if search.metric == "eval" and exp.eval.every_steps is None:
+        if search.pruner != "none":
+            raise ConfigError(f"sweep.search.pruner: {search.pruner} has no intermediate metric: metric 'eval' needs eval.every_steps (or use metric: train)")
+        raise ConfigError("sweep.search.metric: 'eval' needs eval.every_steps (the evaluations during training it reports)")
 
 
 def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str) -> list[Any]:

@@ -4,7 +4,7 @@ Each stage's resources are declared here once (`stage_resources`), written into 
 template context and recorded per job in jobs/jobs.json, where the local executor reads them.
 What each stage inherits from the config's `resources:` section, and why:
 
-- train, learner: everything, as written. They are what the section describes.
+- train, learner, study (the workers of an Optuna study): everything, as written. They are what the section describes.
 - eval: the train job's partition/queue, account and `extra` lines (a site's policy usually
   applies to every job of a project, and an eval that asks for GPUs needs the GPU partition),
   with `eval.gpus` GPUs and `resources.eval_time`.
@@ -71,7 +71,7 @@ def stage_resources(exp: Experiment, stage: str) -> StageResources:
     site = {"sge_pe": res.sge_pe, "sge_gpu_resource": res.sge_gpu_resource, "sge_mem_resource": res.sge_mem_resource, "account": res.account}
     placement = {"partition": res.partition, "queue": res.queue, "extra": list(res.extra)}
     max_concurrent = res.max_concurrent
-    if stage in ("train", "learner"):
+    if stage in ("train", "study", "learner"):
         gpus, cpus, mem, time = res.gpus, res.cpus, res.mem, res.time
     elif stage == "eval":
         gpus, cpus, mem, time = exp.eval.gpus, res.cpus, res.mem, res.eval_time
@@ -172,6 +172,13 @@ class PlannedJob:
     resources: StageResources
     after: list[tuple[str, str]] = field(default_factory=list)
     """Dependencies as (script of an earlier planned job, kind); submission turns scripts into job ids."""
+    workers: int = 0
+    """Array tasks of a job whose tasks are not runs (an Optuna study's workers)."""
+
+    @property
+    def tasks(self) -> int:
+        """The array size to submit (0: a single job)."""
+        return self.workers or len(self.runs)
 
 
 def plan_stage(
@@ -184,7 +191,7 @@ def plan_stage(
     res = stage_resources(exp, stage)
     size = len(runs) if array is None else array
     ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res, program_tasks=program_tasks)
-    return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [])
+    return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [], 0 if array is None else array)
 
 
 def plan_eval(exp: Experiment, scheduler: Scheduler, script: str, manifest: str, part: list[int], trainer: str | None, cwd: Path | None) -> PlannedJob:
@@ -207,6 +214,15 @@ def plan_eval_only(exp: Experiment, scheduler: Scheduler, runs: list[int], attem
         out.append(plan_eval(exp, scheduler, script, manifest, part, None, cwd))
         evals.append(script)
     return out, evals
+
+
+def plan_study(exp: Experiment, scheduler: Scheduler, workers: int, attempt: int, cwd: Path | None = None) -> tuple[list[PlannedJob], list[str]]:
+    """The worker array of an Optuna study: each task asks for trials, trains and evaluates them in
+    turn (study_worker.py), so the aggregate waits on it directly. `resources.max_concurrent` caps
+    the tasks that run at once."""
+    script = f"jobs/study-{attempt}.sh"
+    argv = ["search-worker", str(exp.dir.resolve())]
+    return [plan_stage(exp, scheduler, "study", script, None, [], argv, cwd, requeue=True, array=workers)], [script]
 
 
 def plan_train(

@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl import rundir, sweep, tracking
+from hpcrl import rundir, study, sweep, tracking
 from hpcrl.config import ConfigError, Experiment
 from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
 from hpcrl.io import atomic_write_text
-from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_train
+from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
 
@@ -122,12 +122,15 @@ def sweep_lock(experiment_dir: Path) -> Iterator[None]:
 
 def plan_scripts(
     exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None,
-    eval_todo: list[int] | None = None, *, runs: list[sweep.Run] | None = None,
+    eval_todo: list[int] | None = None, *, runs: list[sweep.Run] | None = None, workers: int = 0,
 ) -> list[PlannedJob]:
     """Every script of one submission: training (or learner and actors) with its evals, eval-only
     work for trained runs whose evaluation is missing, and the aggregate after all of them.
-    A user's program needs the `runs` (their command lines are in the train scripts)."""
-    if not todo:
+    A user's program needs the `runs` (their command lines are in the train scripts); an Optuna
+    study has `workers` instead, which train and evaluate its trials."""
+    if workers:
+        out, evals = plan_study(exp, scheduler, workers, attempt, cwd)
+    elif not todo:
         out, evals = [], []
     elif exp.distributed is not None:
         out, evals = plan_distributed(exp, scheduler, todo, attempt, cwd)
@@ -171,12 +174,22 @@ class _Rollback:
 
 def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], out: IO[str] | None, cwd: Path | None) -> int:
     n_runs = len(runs)
-    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs):
-        size = len(planned.runs)
+    workers = _first_workers(exp)
+    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs, workers=workers):
+        size = planned.tasks
         print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
         print(planned.text, file=out)
-    print(f"# dry run: {n_runs} runs, nothing written, nothing submitted", file=out)
+    what = f"an Optuna study of {exp.sweep.search.n_trials} trials, {workers} workers" if workers and exp.sweep.search else f"{n_runs} runs"
+    print(f"# dry run: {what}, nothing written, nothing submitted", file=out)
     return 0
+
+
+def _first_workers(exp: Experiment) -> int:
+    """Workers of a new study (none for a grid or random search)."""
+    if not study.is_study(exp):
+        return 0
+    assert exp.sweep.search is not None and exp.sweep.search.n_trials is not None
+    return min(exp.sweep.search.n_trials, exp.resources.max_concurrent or study.WORKERS)
 
 
 def submit_experiment(
@@ -202,7 +215,9 @@ def submit_experiment(
     if dry_run:
         return print_dry_run(exp, scheduler, runs, out, cwd)
     # Every template renders before anything is written: a refused directive value leaves nothing.
-    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs)
+    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs, workers=_first_workers(exp))
+    if study.is_study(exp):
+        study.require_optuna()
     provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
     rollback = _Rollback(root)
     try:
@@ -221,6 +236,8 @@ def _sweep_locked(
     root = exp.dir
     with sweep_lock(root):
         scheduler.recover()
+        if study.is_study(exp):
+            return _sweep_study(exp, scheduler, provenance, rollback, detach, out, cwd)
         runs = sweep.merge_runs(root, runs)
         jobs = read_jobs(root)
         active = active_runs(root, scheduler, jobs)
@@ -252,6 +269,36 @@ def _sweep_locked(
     return scheduler.start(root, detach)
 
 
+def _sweep_study(
+    exp: Experiment, scheduler: Scheduler, provenance: dict[str, Any], rollback: _Rollback, detach: bool, out: IO[str] | None, cwd: Path | None,
+) -> int:
+    """An Optuna study's sweep (under the sweep lock): workers for the trials still to run, unless
+    workers of an earlier sweep are still pending or running; a trial left RUNNING by a worker
+    that died is resumed by the task of the same id."""
+    root = exp.dir
+    jobs = read_jobs(root)
+    the_study = study.open_study(exp, root)
+    state = study.study_state(exp, the_study)
+    sweep.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
+    workers_jobs = [j for j in jobs if j.stage == "study" and j.scheduler == scheduler.name]
+    answer = scheduler.query([j.job_id for j in workers_jobs]) if workers_jobs else {}
+    if any(s in ("pending", "running") for tasks in answer.values() for s in tasks.values()):
+        print(f"{root}: workers of this study are still in flight ({state.finished}/{state.n_trials} trials finished); nothing submitted", file=out)
+        return scheduler.start(root, detach) if scheduler.name == "local" else 0
+    workers = study.workers_to_start(exp, root, state)
+    if not workers:
+        print(f"{root}: the study has all {state.n_trials} trials ({state.finished} finished); nothing submitted", file=out)
+        return 0
+    attempt = max((j.attempt for j in jobs), default=-1) + 1
+    new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, [], attempt, cwd, workers=workers), attempt, jobs, rollback)
+    print(
+        f"{root}: submitted an Optuna study ({state.finished} of {state.n_trials} trials finished) to {scheduler.name} as {len(new_jobs)} jobs: "
+        + ", ".join(f"{j.stage} {j.job_id}" + (f" ({workers} workers)" if j.stage == "study" else "") for j in new_jobs),
+        file=out,
+    )
+    return scheduler.start(root, detach)
+
+
 def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob], attempt: int, jobs: list[Job], rollback: _Rollback) -> list[Job]:
     """Write and submit each planned job in order; jobs.json is rewritten after every accepted one."""
     root = exp.dir
@@ -268,12 +315,12 @@ def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob
         script.chmod(0o755)
         after = [Dependency(script_ids[s], kind) for s, kind in planned.after]  # type: ignore[arg-type]
         try:
-            job_id = scheduler.submit(script, len(planned.runs), after)
+            job_id = scheduler.submit(script, planned.tasks, after)
         except SchedulerError:
             if not new_jobs:  # nothing accepted: leave the experiment as it was before this sweep
                 rollback.undo()
             raise
         script_ids[planned.script] = job_id
-        new_jobs.append(Job(planned.stage, job_id, scheduler.name, planned.script, len(planned.runs), planned.manifest, after, attempt, planned.resources.as_dict()))
+        new_jobs.append(Job(planned.stage, job_id, scheduler.name, planned.script, planned.tasks, planned.manifest, after, attempt, planned.resources.as_dict()))
         write_jobs(root, jobs + new_jobs)  # after every submission: a crash half-way still leaves a record
     return new_jobs

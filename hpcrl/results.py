@@ -195,8 +195,10 @@ def write_results(
     scoring: Scoring,
     notes: Sequence[str] = (),
     out: TextIO | None = None,
+    extra_plots: dict[str, Path] | None = None,
 ) -> int:
-    """Every results file, the report, and the tables on `out`. 0 when any run had a score, else 1."""
+    """Every results file, the report, and the tables on `out`. 0 when any run had a score, else 1.
+    `extra_plots` (title -> PNG, an Optuna study's) join the report after hpcrl's own."""
     agg = scoring.agg
     groups, task_names = _group(results)
     multi = len(task_names) > 1
@@ -276,6 +278,8 @@ def write_results(
                 {k: v for k, v in matrices.items() if k in in_plot}, plots_dir / "profile.png",
                 xlabel=f"{scoring.unit} threshold τ", title="Performance profile ± 95% bootstrap CI" + (f" over {len(task_names)} tasks" if multi else ""),
             )
+
+    made.update(extra_plots or {})
 
     # The terminal.
     problems = [(r, p) for r in results for p in (r.problem, r.curve_problem) if p]

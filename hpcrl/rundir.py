@@ -49,6 +49,8 @@ from hpcrl.io import atomic_write_text
 from hpcrl.schema import ConfigError
 
 DONE, FAILED = "DONE", "FAILED"
+PRUNED = "PRUNED"
+"""Beside DONE: an Optuna pruner ended the training early, for the reason it holds."""
 EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
 TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
 EVAL_CURVE = "eval_curve.csv"
@@ -61,7 +63,7 @@ LOCKED_EXIT = 75
 pass for a finished run, nor the requeue code, which would have the scheduler retry it forever."""
 
 _OPPOSITE = {
-    DONE: (FAILED,), FAILED: (DONE,),
+    DONE: (FAILED,), FAILED: (DONE, PRUNED), PRUNED: (FAILED,),
     EVAL_DONE: (EVAL_FAILED, EVAL_SKIPPED), EVAL_FAILED: (EVAL_DONE, EVAL_SKIPPED), EVAL_SKIPPED: (EVAL_DONE, EVAL_FAILED),
 }  # fmt: skip
 

@@ -60,6 +60,9 @@ def scheduler_states(experiment_dir: Path) -> tuple[dict[tuple[str, int], str], 
             if job.manifest:
                 for task, run_index in enumerate(rundir.read_manifest(experiment_dir, job.manifest), start=1):
                     states[(job.stage, run_index)] = tasks.get(task, gone)
+            elif job.stage == "study":  # an Optuna study's workers: the trials' runs are theirs
+                found = set(tasks.values())
+                states[("study", -1)] = next((s for s in (RUNNING, PENDING) if s in found), gone if not found else next(iter(found)))
             else:
                 states[(job.stage, -1)] = tasks.get(0, gone)
     return states, problem
@@ -82,13 +85,16 @@ def experiment_status(experiment_dir: Path) -> tuple[list[RunStatus], str, str |
     for run in sweep.load_runs(experiment_dir):
         rd = sweep.run_dir(experiment_dir, run.run_id)
         # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
-        train = merge(rundir.run_state(rd), states.get(("learner" if run.config.distributed else "train", run.index)))
+        trainer = ("study", -1) if "trial" in run.settings else ("learner" if run.config.distributed else "train", run.index)
+        train = merge(rundir.run_state(rd), states.get(trainer))
         evaluation = merge(rundir.eval_state(rd), states.get(("eval", run.index)))
         note = ""
         if train == "failed":
             note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
         elif evaluation == "skipped":
             note = rundir.reason(rd, rundir.EVAL_SKIPPED)[:80]
+        elif (rd / rundir.PRUNED).exists():
+            note = rundir.first_line(rd, rundir.PRUNED)[:80]
         total = None if run.config.program else run.config.train.total_steps
         step = (rundir.done_step(rd) or total or 0) if train == "done" else rundir.last_logged_step(rd)
         report = runstats.status_line(rd) if run.config.distributed and train != "done" else None

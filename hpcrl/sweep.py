@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import hashlib
 import io
 import itertools
@@ -23,6 +24,8 @@ import platform
 import re
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +35,14 @@ import yaml
 import hpcrl
 from hpcrl.config import ConfigError, Experiment, apply_settings, experiment_from_dict, is_learned, learned_settings
 from hpcrl.io import atomic_write_text
+from hpcrl.search import random_points
 
 # libyaml when PyYAML was built with it (the wheels are): a 1000-run sweep writes and status reads
 # 1000 run configs, which the pure-Python emitter and parser take ~10 s each for.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
+INDEX_LOCK = "runs.csv.lock"
 GENERATION = "generation"
 """runs.csv column: the config generation that last swept the run (the newest one is pooled)."""
 _FIXED_COLUMNS = ("index", "run_id", "seed", GENERATION)
@@ -78,7 +83,7 @@ def row_label(row: dict[str, str]) -> str:
     return setting_label(swept_values(row))
 
 
-def _get_dotted(data: dict[str, Any], dotted: str) -> Any:
+def get_dotted(data: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         data = data[part]
     return data
@@ -96,37 +101,52 @@ def run_hash(config: Experiment, swept: list[str] | tuple[str, ...] = ()) -> str
     data = config.to_dict()
     # A swept key that is learned is in learned_settings already: sweeping lr over [0.001] and
     # writing lr: 0.001 give one id. Only a swept key that is not learned (eval.*) is added on its own.
-    extra = {k: _get_dotted(data, k) for k in sorted(swept) if not is_learned(k, config.algo)}
+    extra = {k: get_dotted(data, k) for k in sorted(swept) if not is_learned(k, config.algo)}
     blob = json.dumps([learned_settings(config), extra], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
 def expand(exp: Experiment) -> list[Run]:
-    """The runs of an experiment, in a stable order: grid points in config order, then seeds.
+    """The runs of an experiment, in a stable order: grid points in config order, then the random
+    search's samples (sweep.search), then seeds. An Optuna study has none until its workers ask
+    for trials (hpcrl.study).
 
     A run's `settings` are its swept values as validated (0.001 however the YAML wrote it), so the
     labels results are pooled under are canonical too.
     """
-    keys = list(exp.sweep.grid)
+    search = exp.sweep.search
+    if search is not None and search.method == "optuna":
+        return []
+    samples = random_points(search) if search is not None else [{}]
     runs: list[Run] = []
     points: dict[str, dict[str, Any]] = {}
-    for values in itertools.product(*(exp.sweep.grid[k] for k in keys)):
-        # Validated once per grid point: the seeds of a grid point differ in sweep.seeds only.
-        config = apply_settings(exp, dict(zip(keys, values)), exp.sweep.seeds[0])
-        data = config.to_dict()
-        settings = {k: _get_dotted(data, k) for k in keys}
-        setting_hash = run_hash(config, keys)
-        if setting_hash in points:
-            # The config's own check refuses repeated grid values; this guards every other way two
-            # points could collapse into one run, which would otherwise surface as a KeyError in a task.
-            where = f"{exp.source}: " if exp.source else ""
-            raise ConfigError(
-                f"{where}sweep.grid: the points {setting_label(_encoded(points[setting_hash]))} and {setting_label(_encoded(settings))} are the same run"
-            )
-        points[setting_hash] = settings
-        for seed in exp.sweep.seeds:
-            runs.append(Run(len(runs), f"{setting_hash}-s{seed}", seed, settings, _seeded(config, seed)))
+    for values in itertools.product(*exp.sweep.grid.values()):
+        for sample in samples:
+            runs += _point_runs(exp, {**dict(zip(exp.sweep.grid, values)), **sample}, points, len(runs))
     return runs
+
+
+def _point_runs(exp: Experiment, point: dict[str, Any], points: dict[str, dict[str, Any]], first_index: int) -> list[Run]:
+    """The runs (one per seed) of one point of the sweep; `points` (hash -> settings) holds the
+    points so far. A random sample that repeats an earlier point (a small choice space) adds no
+    run; two grid points that are one run are a config error."""
+    keys = list(point)
+    # Validated once per point: the seeds of a point differ in sweep.seeds only.
+    config = apply_settings(exp, point, exp.sweep.seeds[0])
+    data = config.to_dict()
+    settings = {k: get_dotted(data, k) for k in keys}
+    setting_hash = run_hash(config, keys)
+    if setting_hash in points:
+        if exp.sweep.search is not None and points[setting_hash] == settings:
+            return []
+        # The config's own check refuses repeated grid values; this guards every other way two
+        # points could collapse into one run, which would otherwise surface as a KeyError in a task.
+        where = f"{exp.source}: " if exp.source else ""
+        raise ConfigError(
+            f"{where}sweep.grid: the points {setting_label(_encoded(points[setting_hash]))} and {setting_label(_encoded(settings))} are the same run"
+        )
+    points[setting_hash] = settings
+    return [Run(first_index + i, f"{setting_hash}-s{seed}", seed, settings, _seeded(config, seed)) for i, seed in enumerate(exp.sweep.seeds)]
 
 
 def _encoded(settings: dict[str, Any]) -> dict[str, str]:
@@ -199,9 +219,7 @@ def read_runs_csv(experiment_dir: Path) -> list[dict[str, str]]:
             rows.append(row)
     except csv.Error as exc:
         raise ConfigError(f"{damaged}: {exc}") from None
-    if not rows:  # write_experiment never writes an index without runs
-        raise ConfigError(f"{damaged}: no runs listed")
-    return rows
+    return rows  # no rows: an Optuna study before its first trial (hpcrl.study)
 
 
 def generation(row: dict[str, str]) -> int:
@@ -232,8 +250,58 @@ def left_out_note(experiment_dir: Path) -> str | None:
     )
 
 
+@contextmanager
+def index_lock(experiment_dir: Path) -> Iterator[None]:
+    """Held while runs.csv is read and rewritten: by a sweep, and by an Optuna worker adding the run
+    of its trial while other workers (on other nodes) add theirs. An flock on a file beside it,
+    which NFS v3/v4 clients turn into a lock on the server (see rundir.run_lock)."""
+    experiment_dir.mkdir(parents=True, exist_ok=True)
+    with open(experiment_dir / INDEX_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def add_run(experiment_dir: Path, run: Run) -> Run:
+    """Add a run to an experiment whose config has not changed (an Optuna study's trial), under the
+    config's current generation and the next free index; a run already listed keeps its row.
+    Returns the run with its index."""
+    with index_lock(experiment_dir):
+        old = read_runs_csv(experiment_dir)
+        for row in old:
+            if row["run_id"] == run.run_id:
+                return dataclasses.replace(run, index=int(row["index"]))
+        run = dataclasses.replace(run, index=max((int(row["index"]) for row in old), default=-1) + 1)
+        _write_run_configs(experiment_dir, [run])  # before its row: a listed run always has its config
+        _write_index(experiment_dir, {row["run_id"]: row for row in old} | {run.run_id: _row(run, max(map(generation, old), default=0))})
+        return run
+
+
+def _row(run: Run, gen: int) -> dict[str, Any]:
+    return {"index": run.index, "run_id": run.run_id, "seed": run.seed, GENERATION: gen, **_encoded(run.settings)}
+
+
+def _write_index(root: Path, rows: dict[str, dict[str, Any]]) -> None:
+    keys = sorted({k for row in rows.values() for k in row} - set(_FIXED_COLUMNS))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=[*_FIXED_COLUMNS, *keys], restval="")
+    writer.writeheader()
+    for row in sorted(rows.values(), key=lambda r: int(r["index"])):
+        writer.writerow(row)
+    atomic_write_text(root / "runs.csv", buf.getvalue())
+
+
 def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any]) -> Path:
     """Write experiment.yaml, runs.csv and each run's config.yaml (atomically; existing runs are kept)."""
+    root = exp.dir
+    with index_lock(root):
+        _write_experiment(exp, runs, provenance)
+    return root
+
+
+def _write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any]) -> None:
     root = exp.dir
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     prov = {
@@ -253,15 +321,13 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
     latest = max(map(generation, old), default=0)
     gen = latest if not old or {r["run_id"] for r in current} == {r.run_id for r in runs} else latest + 1
     rows = {row["run_id"]: {**row, GENERATION: generation(row)} for row in old}
-    keys = sorted({k for run in runs for k in run.settings} | {k for row in rows.values() for k in row} - set(_FIXED_COLUMNS))
     for run in runs:
-        rows[run.run_id] = {"index": run.index, "run_id": run.run_id, "seed": run.seed, GENERATION: gen, **_encoded(run.settings)}
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=[*_FIXED_COLUMNS, *keys], restval="")
-    writer.writeheader()
-    for row in sorted(rows.values(), key=lambda r: int(r["index"])):
-        writer.writerow(row)
-    atomic_write_text(root / "runs.csv", buf.getvalue())
+        rows[run.run_id] = _row(run, gen)
+    _write_index(root, rows)
+    _write_run_configs(root, runs)
+
+
+def _write_run_configs(root: Path, runs: list[Run]) -> None:
     # The runs of one grid point share their config but for the seed, which the header carries:
     # the config is serialised once per grid point (YAML's representer is the slow part of a sweep).
     config_text: dict[str, str] = {}
@@ -276,10 +342,9 @@ def write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, Any
         d.mkdir(parents=True, exist_ok=True)
         # Remade from experiment.yaml by every `hpcrl sweep`: atomic, but not worth an fsync each.
         atomic_write_text(d / "config.yaml", header + config_text[setting_hash], durable=False)
-    return root
 
 
-def _read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment]) -> Run:
+def read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment]) -> Run:
     """A run from its config.yaml, as write_experiment lays it out: the `run` header, then the
     resolved config of its grid point. A missing or damaged file is a ConfigError naming it.
 
@@ -308,12 +373,12 @@ def _read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment]) 
 def load_runs(experiment_dir: Path) -> list[Run]:
     """The runs of an experiment on disk (every generation), from runs.csv and each run's config.yaml."""
     parsed: dict[str, Experiment] = {}
-    return [_read_run(experiment_dir, row["run_id"], parsed) for row in read_runs_csv(experiment_dir)]
+    return [read_run(experiment_dir, row["run_id"], parsed) for row in read_runs_csv(experiment_dir)]
 
 
 def load_run(experiment_dir: Path, index: int) -> Run:
     """One run by index, reading only its own config (array tasks must not parse the whole sweep)."""
     for row in read_runs_csv(experiment_dir):
         if int(row["index"]) == index:
-            return _read_run(experiment_dir, row["run_id"], {})
+            return read_run(experiment_dir, row["run_id"], {})
     raise ConfigError(f"{experiment_dir / 'runs.csv'}: no run with index {index}")

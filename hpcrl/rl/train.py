@@ -15,6 +15,7 @@ import contextlib
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,10 @@ from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run
+
+Progress = Callable[[int, dict[str, float]], "str | None"]
+"""Called with the step and the scalars of each train.csv row and of each evaluation during
+training; a string it returns stops the training there, for that reason (an Optuna pruner)."""
 
 BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
 
@@ -54,12 +59,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_run(experiment_dir: Path, run: Run, out=None) -> int:
-    """Train one run to completion (or to the next preemption). Returns the process exit code."""
-    return guarded_run(experiment_dir, run, lambda rd, stop: _train(experiment_dir, rd, run, stop, out), out)
+def train_run(experiment_dir: Path, run: Run, out=None, progress: Progress | None = None) -> int:
+    """Train one run to completion (or to the next preemption). Returns the process exit code.
+
+    `progress` (an Optuna trial's reporter) may end the training early: the run is then DONE at
+    that step, with a PRUNED marker giving the reason."""
+    return guarded_run(experiment_dir, run, lambda rd, stop: _train(experiment_dir, rd, run, stop, out, progress), out)
 
 
-def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out) -> int:
+def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Progress | None = None) -> int:
     cfg = run.config
     tcfg = cfg.train
     device = setup_torch(tcfg.torch_threads, tcfg.device)
@@ -105,20 +113,28 @@ def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out) -> int
                 sps = (agent.global_step - start_step) / max(now - start, 1e-9)
                 row = [agent.global_step, agent.iteration, f"{elapsed + now - start:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
                 log.write(row + [_fmt(metrics.get(k, math.nan)) for k in agent.metric_names])
-                trackers.log(agent.global_step, {"sps": sps, "episodes": len(episodes), "episodic_return": ret, "episodic_length": length, **metrics})
+                scalars = {"sps": sps, "episodes": len(episodes), "episodic_return": ret, "episodic_length": length, **metrics}
+                trackers.log(agent.global_step, scalars)
                 if evaluator is not None and evaluator.due(agent.global_step, agent.finished):
-                    trackers.log(agent.global_step, evaluator.evaluate(agent.global_step, elapsed + time.monotonic() - start))
+                    evaluated = evaluator.evaluate(agent.global_step, elapsed + time.monotonic() - start)
+                    trackers.log(agent.global_step, evaluated)
+                    scalars.update(evaluated)
+                if progress is not None and (why := progress(agent.global_step, scalars)) and not agent.finished:
+                    save()
+                    rundir.mark(rd, rundir.PRUNED, why)
+                    break
                 if stop.signal is not None:
                     save()
                     print(f"{run.run_id}: signal {stop.signal} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
                     return REQUEUE_EXIT
                 if agent.iteration % tcfg.checkpoint_every == 0:
                     save()
-            save()
+            else:  # not pruned: the final checkpoint
+                save()
     finally:
         envs.close()
     rundir.mark_done(rd, agent.global_step)
-    print(f"{run.run_id}: done at step {agent.global_step}", file=out)
+    print(f"{run.run_id}: {rundir.first_line(rd, rundir.PRUNED) or 'done'} at step {agent.global_step}", file=out)
     return 0
 
 

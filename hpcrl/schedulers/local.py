@@ -31,7 +31,7 @@ from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RE
 MAX_REQUEUES = 20
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
-STAGE_ORDER = {"train": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
+STAGE_ORDER = {"train": 0, "study": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
 
 
@@ -304,7 +304,7 @@ class Progress:
 
 def pool_size(jobs: list[dict], cpu_count: int) -> int:
     """The pool of the newest training stage's resources (jobplan.local_slots, the one rule)."""
-    work = [j for j in jobs if j["stage"] in ("train", "learner") and j.get("resources")] or [j for j in jobs if j.get("resources")]
+    work = [j for j in jobs if j["stage"] in ("train", "study", "learner") and j.get("resources")] or [j for j in jobs if j.get("resources")]
     if not work:
         return max(1, cpu_count)
     res = max(work, key=lambda j: j["attempt"])["resources"]
