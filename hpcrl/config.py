@@ -676,6 +676,33 @@ def _set_dotted(data: dict, dotted: str, value: Any, *, merge: bool = False) -> 
     node[parts[-1]] = _merge(node.get(parts[-1]), value) if merge else value
 
 
+DOTTED_KEY_MAPS = ("sweep.grid", "sweep.search.space")
+"""Mappings whose keys are themselves dotted config keys (`train.lr`)."""
+
+
+def _set_override(data: dict, key: str, value: Any) -> None:
+    """`-p key=value`; below a mapping of dotted keys the rest is one key, so
+    `-p sweep.grid.train.lr=[...]` sets the grid's `train.lr`, as the same line in the file does."""
+    for prefix in DOTTED_KEY_MAPS:
+        if key.startswith(prefix + ".") and len(key) > len(prefix) + 1:
+            node = _dotted_or_none(data, prefix)
+            if node is None:
+                _set_dotted(data, prefix, node := {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"-p {key}: {prefix} is not a mapping")
+            node[key[len(prefix) + 1 :]] = value
+            return
+    _set_dotted(data, key, value)
+
+
+def _dotted_or_none(data: dict, dotted: str) -> Any:
+    """The value at a dotted key of plain data; None where a part is missing or not a mapping."""
+    node: Any = data
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def _get_dotted(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
@@ -783,7 +810,7 @@ def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str,
             raise ConfigError(f"-p {key_path('', key)}: unknown key")
         if _algo(data) == "program" and key.split(".")[0] in PROGRAM_UNUSED:
             raise _unused_by_program(f"-p {key}")
-        _set_dotted(data, key, value)
+        _set_override(data, key, value)
     exp = _build_experiment(data)
     _check_grid(exp, data)
     _check_search(exp, data)

@@ -94,6 +94,23 @@ def _fmt(x: object) -> str:
     return str(x)
 
 
+def _cell(x: object) -> str:
+    """A number as the tables show it: 4 significant digits (the CSVs keep 6), so a row of
+    intervals fits a laptop's screen."""
+    if isinstance(x, str):
+        try:
+            x = float(x)
+        except ValueError:
+            return x
+    if isinstance(x, float):
+        return "" if math.isnan(x) else f"{x:.4g}"
+    return str(x)
+
+
+def _p_cell(p: str, low: str, high: str) -> str:
+    return f"{_cell(p)} [{_cell(low)}, {_cell(high)}]"
+
+
 def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -148,15 +165,15 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _interval(item: dict, stat: str) -> str:
-    low, high = _fmt(item[f"{stat}_ci_low"]) or "-", _fmt(item[f"{stat}_ci_high"]) or "-"
+    low, high = _cell(item[f"{stat}_ci_low"]) or "-", _cell(item[f"{stat}_ci_high"]) or "-"
     return "-" if low == high == "-" else f"[{low}, {high}]"
 
 
 def summary_table(summary: list[dict], n_expected: dict[str, int]) -> tuple[list[str], list[list[str]]]:
     header = ["setting", "seeds", "mean", "95% CI", "IQM", "95% CI (IQM)", "std"]
     rows = [
-        [item["setting"], f"{item['n']}/{n_expected[item['setting']]}", _fmt(item["mean"]) or "-", _interval(item, "mean"),
-         _fmt(item["iqm"]) or "-", _interval(item, "iqm"), _fmt(item["std"]) or "-"]
+        [item["setting"], f"{item['n']}/{n_expected[item['setting']]}", _cell(item["mean"]) or "-", _interval(item, "mean"),
+         _cell(item["iqm"]) or "-", _interval(item, "iqm"), _cell(item["std"]) or "-"]
         for item in summary
     ]  # fmt: skip
     return header, rows
@@ -320,14 +337,14 @@ def _aggregate_cells(aggregate: list[dict]) -> tuple[list[str], list[list[str]]]
     metrics = [m for m in ("iqm", "mean", "median", "optimality_gap") if m in aggregate[0]]
     names = {"iqm": "IQM", "mean": "mean", "median": "median", "optimality_gap": "optimality gap"}
     header = ["setting", "seeds x tasks"] + [h for m in metrics for h in (names[m], "95% CI")]
-    rows = [[row["setting"], f"{row['n']} x {row['tasks']}"] + [c for m in metrics for c in (_fmt(row[m]), _interval(row, m))] for row in aggregate]
+    rows = [[row["setting"], f"{row['n']} x {row['tasks']}"] + [c for m in metrics for c in (_cell(row[m]), _interval(row, m))] for row in aggregate]
     return header, rows
 
 
 def _improvement_table(improvement: list[list], shown: list[str]) -> str:
     if not improvement:
         return ""
-    cell = {(x, y): f"{p} [{lo}, {hi}]" for x, y, p, lo, hi in improvement}
+    cell = {(x, y): _p_cell(p, lo, hi) for x, y, p, lo, hi in improvement}
     return text_table(["P(X > Y)", *shown], [[x, *[cell.get((x, y), "-") for y in shown]] for x in shown])
 
 
@@ -346,7 +363,7 @@ def _document(
         header, rows = _aggregate_cells(aggregate)
         sections.append(report.Section(f"Across {len(task_names)} tasks", [_scale_note(scoring).capitalize() + ".", report.Table(header, rows)]))
     if improvement:
-        cell = {(x, y): f"{p} [{lo}, {hi}]" for x, y, p, lo, hi in improvement}
+        cell = {(x, y): _p_cell(p, lo, hi) for x, y, p, lo, hi in improvement}
         table = report.Table(["P(row > column)", *shown], [[x, *[cell.get((x, y), "-") for y in shown]] for x in shown])
         sections.append(report.Section("Probability of improvement", [
             "P(X > Y): the chance that a run of X beats a run of Y on the same task, averaged over tasks, with 95% bootstrap CIs "

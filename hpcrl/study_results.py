@@ -40,7 +40,7 @@ def write_study_results(experiment_dir: Path, results_dir: Path) -> tuple[list[s
     from hpcrl.study_worker import load_experiment_config, metric_key
 
     try:
-        exp = load_experiment_config(experiment_dir)
+        exp, _ = load_experiment_config(experiment_dir)
         optuna = study.require_optuna()
         the_study = study.open_study(exp, experiment_dir)
     except ConfigError as exc:

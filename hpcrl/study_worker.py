@@ -109,20 +109,21 @@ def final_value(exp: Experiment, rd: Path) -> float:
     return rundir.final_return(rd)
 
 
-def load_experiment_config(experiment_dir: Path) -> Experiment:
-    """The experiment as its last sweep wrote it (experiment.yaml), validated again."""
+def load_experiment_config(experiment_dir: Path) -> tuple[Experiment, int]:
+    """The experiment as its last sweep wrote it (experiment.yaml), validated again, and the
+    generation of that config (the runs.csv rows its trials get)."""
     path = experiment_dir / "experiment.yaml"
     try:
-        data = yaml.safe_load(path.read_text())["config"]
-        return experiment_from_dict(data)
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: cannot read the experiment ({type(exc).__name__}: {exc})") from None
+        meta = yaml.safe_load(path.read_text())
+        return experiment_from_dict(meta["config"]), int(meta["provenance"].get(sweep.GENERATION, 0))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the experiment ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 class Worker:
     def __init__(self, experiment_dir: Path, task: int, out: TextIO | None) -> None:
         self.root, self.task, self.out = experiment_dir, task, out
-        self.exp = load_experiment_config(experiment_dir)
+        self.exp, self.generation = load_experiment_config(experiment_dir)
         if not study.is_study(self.exp):
             raise ConfigError(f"{experiment_dir}: not an Optuna study (sweep.search.method is not optuna)")
         self.optuna = study.require_optuna()
@@ -187,7 +188,7 @@ class Worker:
             self.study.tell(trial, state=State.FAIL)
             return None
         trial.set_user_attr("run_id", run.run_id)
-        run = sweep.add_run(self.root, run)
+        run = sweep.add_run(self.root, run, self.generation)
         rd = sweep.run_dir(self.root, run.run_id)
         print(f"trial {trial.number}: run {run.run_id} ({run.setting_label})", file=self.out)
         try:

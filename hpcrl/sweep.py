@@ -264,10 +264,9 @@ def index_lock(experiment_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def add_run(experiment_dir: Path, run: Run) -> Run:
-    """Add a run to an experiment whose config has not changed (an Optuna study's trial), under the
-    config's current generation and the next free index; a run already listed keeps its row.
-    Returns the run with its index."""
+def add_run(experiment_dir: Path, run: Run, gen: int) -> Run:
+    """Add a run of the config of generation `gen` (an Optuna study's trial, added by its worker)
+    under the next free index; a run already listed keeps its row. Returns the run with its index."""
     with index_lock(experiment_dir):
         old = read_runs_csv(experiment_dir)
         for row in old:
@@ -275,7 +274,7 @@ def add_run(experiment_dir: Path, run: Run) -> Run:
                 return dataclasses.replace(run, index=int(row["index"]))
         run = dataclasses.replace(run, index=max((int(row["index"]) for row in old), default=-1) + 1)
         _write_run_configs(experiment_dir, [run])  # before its row: a listed run always has its config
-        _write_index(experiment_dir, {row["run_id"]: row for row in old} | {run.run_id: _row(run, max(map(generation, old), default=0))})
+        _write_index(experiment_dir, {row["run_id"]: row for row in old} | {run.run_id: _row(run, gen)})
         return run
 
 
@@ -313,13 +312,14 @@ def _write_experiment(exp: Experiment, runs: list[Run], provenance: dict[str, An
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
         **provenance,
     }
-    atomic_write_text(root / "experiment.yaml", yaml.dump({"config": exp.to_dict(), "provenance": prov}, Dumper=_DUMPER, sort_keys=False))
     # Rows for runs that were in an earlier version of the config stay listed, under their own
     # generation: their results are still there, but are never pooled with the current config's.
     old = read_runs_csv(root)
     current, _ = split_generations(old)
     latest = max(map(generation, old), default=0)
     gen = latest if not old or {r["run_id"] for r in current} == {r.run_id for r in runs} else latest + 1
+    prov[GENERATION] = gen  # for runs added later by the config's own jobs (an Optuna study's trials)
+    atomic_write_text(root / "experiment.yaml", yaml.dump({"config": exp.to_dict(), "provenance": prov}, Dumper=_DUMPER, sort_keys=False))
     rows = {row["run_id"]: {**row, GENERATION: generation(row)} for row in old}
     for run in runs:
         rows[run.run_id] = _row(run, gen)
