@@ -37,6 +37,15 @@ def _task_run(args: argparse.Namespace):
 
 def _train(args: argparse.Namespace) -> int:
     experiment_dir, run = _task_run(args)
+    if args.ranks is not None:  # the single-host launcher of a multi-rank run (local, Grid Engine)
+        if args.ranks != run.config.resources.ranks:
+            raise ConfigError(f"--ranks {args.ranks}: run {run.run_id} has resources.ranks {run.config.resources.ranks}")
+        if args.ranks > 1:
+            from hpcrl.launch import launch
+            from hpcrl.sweep import run_dir
+
+            child = [sys.executable, "-m", "hpcrl", "train", args.experiment, "--task", str(args.task), *(["--manifest", args.manifest] if args.manifest else [])]
+            return launch(child, args.ranks, run_dir(experiment_dir, run.run_id), out=sys.stdout)
     if run.config.algo == "program":
         from hpcrl.program import train_program
 
@@ -151,6 +160,8 @@ def parser() -> argparse.ArgumentParser:
         t.add_argument("experiment")
         t.add_argument("--task", type=int, required=True, help="array task id, or the run index without --manifest")
         t.add_argument("--manifest", help="file (relative to the experiment) whose line N is the run index of task N")
+        if name == "train":
+            t.add_argument("--ranks", type=int, help="start the run's resources.ranks processes on this host and wait for them (DD-PPO)")
         t.set_defaults(func=func)
 
     ac = sub.add_parser("actor", help="one actor of a distributed run (the actors stage's entry point)")

@@ -248,6 +248,14 @@ class Resources:
     sge_mem_resource: Optional[str] = setting("mem_free", directive="word")
     """Grid Engine memory request; h_vmem caps virtual memory, which CUDA processes exceed at once."""
     eval_time: str = setting("00:30:00", valid=_time_problem)
+    ranks: int = setting(1, ge=1, le=4096)
+    """Processes of one run (DD-PPO: each steps its own envs, gradients are all-reduced); one per
+    GPU when `gpus` > 0. `cpus` is per rank, `gpus` and `mem` per node."""
+    nodes: int = setting(1, ge=1, le=1024)
+    """Nodes one run spans; `ranks` must be a multiple of it (ranks per node = ranks / nodes)."""
+    collective_timeout: int = setting(300, ge=10, le=86400)
+    """Seconds a rank waits in a collective (the rendezvous, an all-reduce) before the run fails:
+    a rank that died never leaves the others hanging longer than this."""
     max_gpus_per_node: int = setting(16, ge=0)
     max_cpus_per_node: int = setting(1024, ge=1)
 
@@ -259,7 +267,19 @@ class Resources:
             errors.append(("cpus", f"expected 1..{self.max_cpus_per_node} CPUs per task, got {self.cpus}"))
         if self.signal_seconds >= parse_time_s(self.time):
             errors.append(("signal_seconds", f"must be shorter than the time limit {self.time}"))
+        if self.nodes > self.ranks:
+            errors.append(("nodes", f"at most one node per rank: {self.nodes} nodes for {self.ranks} ranks"))
+        elif self.ranks % self.nodes:
+            errors.append(("ranks", f"expected a multiple of resources.nodes ({self.nodes}), so every node runs as many ranks, got {self.ranks}"))
+        elif self.gpus and self.ranks > 1 and self.gpus != self.ranks_per_node:
+            errors.append(("gpus", f"one rank per GPU: {self.ranks_per_node} ranks per node need gpus: {self.ranks_per_node}, got {self.gpus}"))
+        elif self.cpus * self.ranks_per_node > self.max_cpus_per_node:
+            errors.append(("cpus", f"{self.ranks_per_node} ranks per node x {self.cpus} cpus is more than {self.max_cpus_per_node} CPUs per node"))
         return errors
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes
 
 
 @dataclass
@@ -573,6 +593,12 @@ class Experiment:
             return [("distributed", "not available with algo 'program': your program runs as one job per run")]
         if self.distributed is not None and self.algo != "dqn":
             return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
+        if self.resources.ranks > 1:
+            if self.algo in ("dqn", "program"):
+                why = "DQN runs in one process, or as Ape-X (distributed:)" if self.algo == "dqn" else "your program starts its own processes (torchrun inside program.command)"
+                return [("resources.ranks", f"more than one rank is DD-PPO, for ppo and a2c: {why}")]
+            if self.sweep.search is not None and self.sweep.search.method == "optuna":
+                return [("resources.ranks", "an Optuna study's workers train one rank each")]
         if self.eval.gpus > self.resources.max_gpus_per_node:
             return [("eval.gpus", f"expected 0..{self.resources.max_gpus_per_node} GPUs per task, got {self.eval.gpus}")]
         if isinstance(self.train, OnPolicyConfig) and self.train.num_steps * self.env.num_envs > MAX_ROLLOUT:
@@ -648,6 +674,8 @@ def learned_settings(exp: Experiment) -> dict[str, Any]:
         del learned["env"], learned["train"]
     else:  # the ids of hpcrl's own runs stay what they were before programs existed
         del learned["program"]
+    if exp.resources.ranks > 1:  # every rank steps env.num_envs envs: the batch grows with the ranks
+        learned["ranks"] = exp.resources.ranks
     return learned
 
 

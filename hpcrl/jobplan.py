@@ -60,9 +60,17 @@ class StageResources:
     sge_gpu_resource: str = "gpu"
     sge_mem_resource: str | None = "mem_free"
     extra: list[str] = field(default_factory=list)
+    ranks: int = 1
+    """Processes of one run (train only: DD-PPO); `cpus` is per rank, `gpus` and `mem_mb` per node."""
+    nodes: int = 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, and ranks_per_node for the templates."""
+        return {**dataclasses.asdict(self), "ranks_per_node": self.ranks_per_node}
 
 
 def stage_resources(exp: Experiment, stage: str) -> StageResources:
@@ -71,6 +79,7 @@ def stage_resources(exp: Experiment, stage: str) -> StageResources:
     site = {"sge_pe": res.sge_pe, "sge_gpu_resource": res.sge_gpu_resource, "sge_mem_resource": res.sge_mem_resource, "account": res.account}
     placement = {"partition": res.partition, "queue": res.queue, "extra": list(res.extra)}
     max_concurrent = res.max_concurrent
+    ranks = {"ranks": res.ranks, "nodes": res.nodes} if stage == "train" else {}
     if stage in ("train", "study", "learner"):
         gpus, cpus, mem, time = res.gpus, res.cpus, res.mem, res.time
     elif stage == "eval":
@@ -95,7 +104,7 @@ def stage_resources(exp: Experiment, stage: str) -> StageResources:
     return StageResources(
         gpus=gpus, cpus=cpus, mem_mb=parse_mem_mb(mem), time=format_time(time_s),
         soft_time=format_time(max(1, time_s - res.signal_seconds)), signal_seconds=res.signal_seconds,
-        max_concurrent=max_concurrent, **site, **placement,
+        max_concurrent=max_concurrent, **site, **placement, **ranks,
     )
 
 
@@ -189,6 +198,8 @@ def plan_stage(
     """One job of a stage: its resources, its rendered script, its dependencies."""
     root = exp.dir.resolve()
     res = stage_resources(exp, stage)
+    if res.nodes > 1 and scheduler.one_host:
+        raise ConfigError(f"resources.nodes: {res.nodes} nodes per run, but {scheduler.name} {scheduler.one_host}")
     size = len(runs) if array is None else array
     ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res, program_tasks=program_tasks)
     return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [], 0 if array is None else array)

@@ -36,7 +36,8 @@ class A2C(OnPolicyAgent):
         logprob, params, value = self.policy.evaluate_params(batch["obs"], batch["actions"], state, firsts)
         adv = batch["adv"]
         if cfg.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            mean, std = self.ranks.mean_std(adv)
+            adv = (adv - mean) / (std + 1e-8)
         policy_loss = -(adv * logprob).mean()
         value_loss = ((batch["returns"] - value) ** 2).mean()
         self.step_with_entropy(policy_loss + cfg.vf_coef * value_loss, params)

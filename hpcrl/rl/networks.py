@@ -19,6 +19,7 @@ as torch.distributions objects: on a CPU, building and checking those objects co
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Union
 
 import gymnasium as gym
@@ -166,9 +167,10 @@ class RunningNorm(nn.Module):
         self.clip = clip
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, moments: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]] | None = None) -> None:
+        """Fold a batch in; `moments` (the ranks' `Ranks.moments`) pools the batch of every rank."""
         x = x.reshape(-1, *self.mean.shape).double()
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        batch_mean, batch_var, n = moments(x) if moments is not None else (x.mean(0), x.var(0, unbiased=False), x.shape[0])
         delta, total = batch_mean - self.mean, self.count + n
         self.mean += delta * n / total
         self.var.copy_((self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total)

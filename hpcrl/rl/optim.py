@@ -118,8 +118,15 @@ class GradientStep:
     buffer. Gradients are zeroed in place, never set to None: the views must stay where they are.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], make_optimizer: Callable[[list[nn.Parameter]], Any], max_grad_norm: float, amp: str, device: torch.device) -> None:
+    def __init__(
+        self, params: Iterable[nn.Parameter], make_optimizer: Callable[[list[nn.Parameter]], Any], max_grad_norm: float, amp: str, device: torch.device,
+        reduce: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
         self.flat = flatten_parameters(list(params))
+        self.reduce = reduce
+        """DD-PPO's all-reduce of the flat gradient, right after backward: one collective per step,
+        before clipping (so the clip sees the averaged gradient) and before fp16 unscaling (so an
+        overflow on any rank makes every rank skip the step)."""
         self.optimizer = make_optimizer([self.flat])
         self.max_grad_norm = max_grad_norm
         self.scaler = torch.amp.GradScaler(device.type) if amp == "fp16" and device.type == "cuda" else None
@@ -132,10 +139,14 @@ class GradientStep:
         self.flat.grad.zero_()
         if self.scaler is None:
             loss.backward()
+            if self.reduce is not None:
+                self.reduce(self.flat.grad)
             self._clip()
             self.optimizer.step()
             return
         self.scaler.scale(loss).backward()
+        if self.reduce is not None:
+            self.reduce(self.flat.grad)
         self.scaler.unscale_(self.optimizer)
         self._clip()
         self.scaler.step(self.optimizer)

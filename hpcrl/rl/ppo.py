@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.envs import final_observations, finished_episodes
 from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
@@ -79,14 +80,20 @@ class OnPolicyAgent:
 
     metric_names: tuple[str, ...] = ()
 
-    def __init__(self, cfg: OnPolicyConfig, envs: gym.vector.VectorEnv, device: torch.device, seed: int) -> None:
+    def __init__(self, cfg: OnPolicyConfig, envs: gym.vector.VectorEnv, device: torch.device, seed: int, ranks: Ranks | None = None) -> None:
         self.cfg, self.envs, self.device = cfg, envs, device
+        self.ranks = ranks or Ranks.single()
+        """DD-PPO: every rank collects its own rollout; gradients, advantage statistics and
+        observation moments are averaged over the ranks, so they all hold the same policy."""
         self.policy = self.make_policy(cfg, envs.single_observation_space, envs.single_action_space).to(device)
-        self.gradient_step = GradientStep(self.policy.parameters(), self.make_optimizer, cfg.max_grad_norm, cfg.amp, device)
+        self.gradient_step = GradientStep(self.policy.parameters(), self.make_optimizer, cfg.max_grad_norm, cfg.amp, device, self.ranks.average_ if self.ranks.distributed else None)
+        self.sync_policy()
         self.num_envs = n = envs.num_envs
         self.batch_size = n * cfg.num_steps
-        self.num_iterations = math.ceil(cfg.total_steps / self.batch_size)
-        self.planned_steps = self.num_iterations * self.batch_size
+        """This rank's rollout; an update of all ranks sees `world` times as many transitions."""
+        self.steps_per_iteration = self.batch_size * self.ranks.world
+        self.num_iterations = math.ceil(cfg.total_steps / self.steps_per_iteration)
+        self.planned_steps = self.num_iterations * self.steps_per_iteration
         """total_steps rounded UP to whole rollouts (as SB3 does): every update sees a full batch, so
         minibatch sizes, the GAE horizon and the GRU's sequences are the same in every iteration."""
         self.losses_finite = torch.ones((), dtype=torch.bool, device=device)
@@ -121,6 +128,12 @@ class OnPolicyAgent:
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> FlatOptimizer:
         return Adam(params, lr=self.cfg.lr, eps=1e-5)
 
+    def sync_policy(self) -> None:
+        """Rank 0's weights and observation statistics on every rank (at the start, after a resume)."""
+        self.ranks.broadcast_(self.gradient_step.flat.data)
+        for buffer in self.policy.buffers():
+            self.ranks.broadcast_(buffer)
+
     @property
     def finished(self) -> bool:
         return self.iteration >= self.num_iterations
@@ -135,7 +148,7 @@ class OnPolicyAgent:
         cfg = self.cfg
         self.rollout_state = self.state
         for step in range(cfg.num_steps):
-            self.global_step += self.num_envs
+            self.global_step += self.num_envs * self.ranks.world
             _write(self.obs, step, self.next_obs)
             self.firsts[step] = self.next_first
             action, logprob, value, self.state = self.policy.step(self.next_obs, self.state, self._firsts_tensor(self.next_first), with_value=not self.values_after_rollout)
@@ -209,7 +222,7 @@ class OnPolicyAgent:
             raise FloatingPointError(f"non-finite loss at step {self.global_step} (iteration {self.iteration + 1}): lower train.lr or look for NaN rewards")
         if self.policy.obs_norm is not None:
             # After the update, so the rollout and its update saw the same statistics.
-            self.policy.obs_norm.update(self.obs)
+            self.policy.obs_norm.update(self.obs, self.ranks.moments)
         self.iteration += 1
         return {**metrics, "lr": lr}
 
@@ -257,7 +270,8 @@ class PPO(OnPolicyAgent):
 
         def neg_advantages(adv: torch.Tensor) -> torch.Tensor:
             if cfg.norm_adv and len(adv) > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                mean, std = self.ranks.mean_std(adv)
+                adv = (adv - mean) / (std + 1e-8)
             return -adv
 
         # With one minibatch (the whole batch), its normalised advantages are the same every epoch.
@@ -282,8 +296,8 @@ class PPO(OnPolicyAgent):
                 else:
                     v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
                 self.step_with_entropy(pg_loss + cfg.vf_coef * v_loss, params)
-            if cfg.target_kl is not None and _approx_kl(logratio) > cfg.target_kl:
-                break
+            if cfg.target_kl is not None and self.ranks.any(bool(_approx_kl(logratio) > cfg.target_kl)):
+                break  # on every rank at once: the ranks' updates stay in step
         with torch.no_grad():
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > clip).float().mean()  # of all samples of all epochs
         return {

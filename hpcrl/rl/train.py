@@ -7,13 +7,22 @@ Every train.csv row also goes to the optional trackers (hpcrl.tracking), and wit
 `eval.every_steps` the policy is evaluated on held-out episodes as it trains (periodic_eval.py).
 On SIGUSR1/SIGTERM (the scheduler's warning before a time limit or preemption, or Ctrl-C's
 cleanup) it checkpoints at the next iteration boundary and exits with REQUEUE_EXIT.
+
+A run of several ranks (`resources.ranks`, DD-PPO) starts this once per rank (hpcrl/rl/ddp.py
+says how they meet). Every rank resumes from the same checkpoint and steps its own envs; rank 0
+alone holds the run's lock and writes train.csv, checkpoints, evaluations and markers, and every
+rank stops at the same iteration when any of them is warned, so rank 0's checkpoint is every
+rank's. A rank that leaves makes the others fail within resources.collective_timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,10 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcrl import rundir, tracking
+from hpcrl import rundir, sweep, tracking
 from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.rl import checkpoint, periodic_eval
 from hpcrl.rl.algorithms import algorithm_class, pick_device
+from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run
@@ -36,7 +46,7 @@ training; a string it returns stops the training there, for that reason (an Optu
 BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
 
 
-def setup_torch(threads: int, device_spec: str = "cpu") -> torch.device:
+def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> torch.device:
     """Process-wide torch settings for a training process; returns its device.
 
     Denormal floats are flushed to zero (as TensorFlow does by default, and as GPU kernels do):
@@ -48,7 +58,10 @@ def setup_torch(threads: int, device_spec: str = "cpu") -> torch.device:
     torch.set_flush_denormal(True)
     torch.set_num_threads(threads)
     device = pick_device(device_spec)
+    if device.type == "cuda" and device.index is None and local_rank:  # one GPU per rank of a node
+        device = torch.device("cuda", local_rank)
     if device.type == "cuda":
+        torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
     return device
 
@@ -64,41 +77,84 @@ def train_run(experiment_dir: Path, run: Run, out=None, progress: Progress | Non
 
     `progress` (an Optuna trial's reporter) may end the training early: the run is then DONE at
     that step, with a PRUNED marker giving the reason."""
-    return guarded_run(experiment_dir, run, lambda rd, stop: _train(experiment_dir, rd, run, stop, out, progress), out)
+    ranks = Ranks.from_env()
+    if ranks.world != run.config.resources.ranks:
+        print(f"hpcrl: error: {run.run_id}: started as {ranks.world} rank(s), but resources.ranks is {run.config.resources.ranks}: launch it as the job script does", file=sys.stderr)
+        return 2
+    body = lambda rd, stop: _train(experiment_dir, rd, run, stop, out, progress, ranks)  # noqa: E731
+    if ranks.is_main:
+        return guarded_run(experiment_dir, run, body, out)
+    return _other_rank(experiment_dir, run, ranks, body)
 
 
-def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Progress | None = None) -> int:
+def _other_rank(experiment_dir: Path, run: Run, ranks: Ranks, body: Callable[[Path, StopFlag], int]) -> int:
+    """A rank other than 0: no lock and no markers of its own (rank 0 holds and writes them), but
+    a failure it alone saw (a peer that left) is the run's reason, once the ranks had met."""
+    rd = sweep.run_dir(experiment_dir, run.run_id)
+    if rundir.is_done(rd):
+        return 0
+    try:
+        return body(rd, StopFlag())
+    except RankError as exc:
+        if ranks.met and not rundir.is_done(rd):  # rank 0 may have finished the run before this rank saw its peers leave
+            rundir.mark(rd, rundir.FAILED, str(exc))
+        print(f"hpcrl: error: {run.run_id}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Progress | None = None, ranks: Ranks | None = None) -> int:
     cfg = run.config
     tcfg = cfg.train
-    device = setup_torch(tcfg.torch_threads, tcfg.device)
-    seed_everything(run.seed)
+    ranks = ranks or Ranks.single()
+    device = setup_torch(tcfg.torch_threads, tcfg.device, ranks.local_rank)
+    ranks.init(rd, device, cfg.resources.collective_timeout)
+    try:
+        return _train_ranks(experiment_dir, rd, run, stop, out if ranks.is_main else io.StringIO(), progress, ranks, device)  # rank 0 speaks for the run
+    finally:
+        ranks.close()
+
+
+def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Progress | None, ranks: Ranks, device: torch.device) -> int:
+    cfg = run.config
+    tcfg = cfg.train
+    seed_everything(run.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
     ckpt_dir = rd / "checkpoints"
     state, problems = checkpoint.load_latest(ckpt_dir)
     for problem in problems:
         print(f"{run.run_id}: skipped checkpoint {problem}", file=out)
-    # A resumed run reseeds its envs differently, so it does not replay the episodes it already saw.
-    env_seed = run.seed * 1000 + (int(state["agent"]["iteration"]) if state else 0)
+    # A resumed run reseeds its envs differently, so it does not replay the episodes it already saw;
+    # rank r steps the envs that 1 rank with `ranks` times the envs would give seeds r*N .. r*N+N-1.
+    iteration = int(state["agent"]["iteration"]) if state else 0
+    env_seed = run.seed * 1000 + iteration + ranks.rank * cfg.env.num_envs
     envs = make_vec_env(cfg.env)
     try:
-        agent = algorithm_class(cfg.algo)(tcfg, envs, device, env_seed)
+        agent = algorithm_class(cfg.algo)(tcfg, envs, device, env_seed, **({"ranks": ranks} if ranks.distributed else {}))
         elapsed = 0.0
         if state:
             agent.load_state_dict(state["agent"])
             checkpoint.set_rng_state(state["rng"])
             elapsed = float(state["wall_time"])
-            print(f"{run.run_id}: resumed from step {agent.global_step}", file=out)
+            where = f" ({ranks.label()})" if ranks.distributed else ""
+            stream = out if ranks.is_main and out is not None else sys.stdout  # each rank says it, in one write: the ranks share the job's log
+            stream.write(f"{run.run_id}{where}: resumed from step {agent.global_step}\n")
+            stream.flush()
+        if ranks.rank:  # rank 0's RNG streams are in the checkpoint; the others draw their own actions
+            seed_everything(int.from_bytes(hashlib.sha256(f"{run.seed}/{ranks.rank}/{iteration}".encode()).digest()[:4], "little"))
         if agent.planned_steps != tcfg.total_steps:
             print(f"{run.run_id}: train.total_steps {tcfg.total_steps} rounded up to {agent.planned_steps}, whole iterations of {agent.planned_steps // agent.num_iterations} steps", file=out)
         resume_step = agent.global_step
         with contextlib.ExitStack() as stack:
-            log = stack.enter_context(rundir.TrainLog(rd, BASE_COLUMNS + tuple(agent.metric_names), resume_step))
-            trackers = stack.enter_context(tracking.open_trackers(experiment_dir, run, rd, resume_step, out))
-            evaluator = periodic_eval.start(run, rd, agent.policy, device, resume_step, state.get("periodic_eval") if state else None, out)
+            main = ranks.is_main
+            log = stack.enter_context(rundir.TrainLog(rd, BASE_COLUMNS + tuple(agent.metric_names), resume_step)) if main else None
+            trackers = stack.enter_context(tracking.open_trackers(experiment_dir, run, rd, resume_step, out)) if main else None
+            evaluator = periodic_eval.start(run, rd, agent.policy, device, resume_step, state.get("periodic_eval") if state else None, out) if main else None
             if evaluator is not None:
                 stack.callback(evaluator.close)
             start, start_step = time.monotonic(), agent.global_step
 
             def save() -> None:
+                if not main:
+                    return
                 payload = {"agent": agent.state_dict(), "rng": checkpoint.rng_state(), "wall_time": elapsed + time.monotonic() - start}
                 if evaluator is not None:
                     payload["periodic_eval"] = evaluator.state_dict()
@@ -107,7 +163,13 @@ def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progre
             while not agent.finished:
                 metrics = agent.train_iteration()
                 now = time.monotonic()
-                episodes, agent.episodes = agent.episodes, []
+                episodes, agent.episodes = ranks.gather(agent.episodes), []
+                warned = ranks.any(stop.signal is not None)  # every rank stops at this iteration
+                if not main:
+                    if warned:
+                        return REQUEUE_EXIT
+                    continue
+                assert log is not None and trackers is not None
                 ret = float(np.mean([e[0] for e in episodes])) if episodes else math.nan
                 length = float(np.mean([e[1] for e in episodes])) if episodes else math.nan
                 sps = (agent.global_step - start_step) / max(now - start, 1e-9)
@@ -123,9 +185,9 @@ def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progre
                     save()
                     rundir.mark(rd, rundir.PRUNED, why)
                     break
-                if stop.signal is not None:
+                if warned:
                     save()
-                    print(f"{run.run_id}: signal {stop.signal} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
+                    print(f"{run.run_id}: signal {stop.signal or 'on another rank'} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
                     return REQUEUE_EXIT
                 if agent.iteration % tcfg.checkpoint_every == 0:
                     save()
@@ -133,6 +195,8 @@ def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progre
                 save()
     finally:
         envs.close()
+    if not ranks.is_main:
+        return 0
     rundir.mark_done(rd, agent.global_step)
     print(f"{run.run_id}: {rundir.first_line(rd, rundir.PRUNED) or 'done'} at step {agent.global_step}", file=out)
     return 0

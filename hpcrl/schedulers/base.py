@@ -67,6 +67,9 @@ class SchedulerError(RuntimeError):
 class Scheduler(ABC):
     name: ClassVar[str]
     template: ClassVar[str]
+    one_host: ClassVar[str | None] = "runs a run's ranks on one host"
+    """Why a run's ranks cannot span nodes here (the one-line refusal of resources.nodes > 1);
+    None where they can (Slurm's srun)."""
 
     def __init__(self) -> None:
         self.calls = 0

@@ -157,6 +157,7 @@ def gpu_count() -> int:
 class LocalScheduler(Scheduler):
     name = "local"
     template = "local.sh.j2"
+    one_host = "runs on this machine alone"
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         return script.stem  # unique per experiment: <stage>-<attempt>-<chunk>
@@ -308,7 +309,7 @@ def pool_size(jobs: list[dict], cpu_count: int) -> int:
     if not work:
         return max(1, cpu_count)
     res = max(work, key=lambda j: j["attempt"])["resources"]
-    return local_slots(res.get("max_concurrent"), int(res.get("cpus", 1)), cpu_count)
+    return local_slots(res.get("max_concurrent"), int(res.get("cpus", 1)) * int(res.get("ranks", 1)), cpu_count)
 
 
 class LocalRunner:

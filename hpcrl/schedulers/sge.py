@@ -66,6 +66,7 @@ def hold_argv(after: list[Dependency]) -> list[str]:
 class SGEScheduler(Scheduler):
     name = "sge"
     template = "sge.sh.j2"
+    one_host = "starts a run's ranks on one host of its parallel environment (for several hosts, see the README: qrsh -inherit with torchrun)"
 
     def _read_max_array_size(self) -> int:
         """The cell's max_aj_tasks (0 means no limit); SGE's task ids start at 1 like hpcrl's.

@@ -81,6 +81,7 @@ def dependency_argv(after: list[Dependency]) -> list[str]:
 class SlurmScheduler(Scheduler):
     name = "slurm"
     template = "slurm.sh.j2"
+    one_host = None  # srun starts the ranks on every node of the allocation
 
     def _read_max_array_size(self) -> int:
         """MaxArraySize - 1: Slurm's indices run 0..MaxArraySize-1 and hpcrl's arrays start at 1.
