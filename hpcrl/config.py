@@ -23,7 +23,7 @@ from typing import Any, Literal, Optional, Union
 from hpcrl import strict_yaml, tasks
 from hpcrl.program_spec import ProgramConfig
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
-from hpcrl.schema import ConfigError, Verbatim, build, field_rules, hints, key_path, plain, public_fields, setting
+from hpcrl.schema import ConfigError, Verbatim, build, did_you_mean, field_rules, hints, key_path, plain, public_fields, setting
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
@@ -160,9 +160,26 @@ class SearchConfig:
         return []
 
 
+def _seed_shorthand(value: Any) -> Any:
+    """`5` -> [0, 1, 2, 3, 4]; `"10..19"` -> [10, ..., 19]; a list (or anything else) as it is."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 1 <= value <= MAX_RUNS:
+            raise ValueError(f"a count of seeds is 1..{MAX_RUNS:,}, got {value}")
+        return list(range(value))
+    if isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)):
+        low, high = int(m.group(1)), int(m.group(2))
+        if low > high or high - low + 1 > MAX_RUNS or high > 2**32 - 1:
+            raise ValueError(f"a range of seeds is LOW..HIGH with LOW <= HIGH <= {2**32 - 1} and at most {MAX_RUNS:,} seeds, got {value!r}")
+        return list(range(low, high + 1))
+    if isinstance(value, str):
+        raise ValueError(f"expected a list of seeds, a count (5) or a range ('10..19'), got {value!r}")
+    return value
+
+
 @dataclass
 class SweepConfig:
-    seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1)
+    seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1, shorthand=_seed_shorthand)
+    """A list, a count (`5`: seeds 0..4) or an inclusive range (`"10..19"`)."""
     """Seeds of numpy and torch: 0 .. 2**32-1."""
     grid: dict[str, list[Verbatim]] = setting(factory=dict)
     """Dotted key -> values; the runs are the product of all lists times the seeds. `algo` and
@@ -634,6 +651,28 @@ def _known_path(dotted: str, algo: str) -> bool:
     return True
 
 
+def known_paths(algo: str) -> list[str]:
+    """Every dotted key of a setting of the schema for `algo` (`train.lr`, `resources.ranks`, ...)."""
+    out: list[str] = []
+
+    def walk(cls: Any, prefix: str) -> None:
+        for name in public_fields(cls):
+            tp = _field_type(cls, name, algo)
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{name}.")
+            else:
+                out.append(prefix + name)
+
+    walk(Experiment, "")
+    return out
+
+
+def _unknown(where: str, key: str, algo: str) -> ConfigError:
+    """`unknown key`, with the closest known keys when one is close (`train.lrr`: did you mean train.lr?)."""
+    hint = did_you_mean(key, known_paths(algo))
+    return ConfigError(f"{where}: unknown key" + (f" ({hint})" if hint else ""))
+
+
 def _path_rules(dotted: str, algo: str) -> list[Any]:
     """The rules of each field along a (known) dotted key, down to a free-form mapping."""
     cls: Any = Experiment
@@ -835,7 +874,7 @@ def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str,
     for text in overrides:
         key, value = parse_override(text)
         if key != "algo" and not _known_path(key, _algo(data)):
-            raise ConfigError(f"-p {key_path('', key)}: unknown key")
+            raise _unknown(f"-p {key_path('', key)}", key, _algo(data))
         if _algo(data) == "program" and key.split(".")[0] in PROGRAM_UNUSED:
             raise _unused_by_program(f"-p {key}")
         _set_override(data, key, value)
@@ -874,7 +913,7 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
     for key, values in grid.items():
         where = f"sweep.grid.{key}"
         if key != "algo" and not _known_path(key, exp.algo):
-            raise ConfigError(f"{where}: unknown key")
+            raise _unknown(where, key, exp.algo)
         if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED + ("algo",):
             raise _unused_by_program(where)
         if key != "algo" and not is_sweepable(key, exp.algo):
@@ -912,7 +951,7 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
     for key, dist in search.space.items():
         where = f"sweep.search.space.{key}"
         if key == "algo" or not _known_path(key, exp.algo):
-            raise ConfigError(f"{where}: unknown key" if key != "algo" else f"{where}: sweep algo in sweep.grid instead")
+            raise _unknown(where, key, exp.algo) if key != "algo" else ConfigError(f"{where}: sweep algo in sweep.grid instead")
         if not is_sweepable(key, exp.algo):
             raise ConfigError(f"{where}: cannot be searched: it changes how or where runs execute, not what they learn")
         if any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in exp.sweep.grid):
@@ -982,7 +1021,7 @@ def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
         for key in rule.set:
             where = f"sweep.when[{i}].set.{key}"
             if not any(_known_path(key, algo) for algo in algos) or key == "algo":
-                raise ConfigError(f"{where}: unknown key" if key != "algo" else f"{where}: sweep algo in sweep.grid instead")
+                raise _unknown(where, key, algos[0]) if key != "algo" else ConfigError(f"{where}: sweep algo in sweep.grid instead")
             if any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in grid):
                 raise ConfigError(f"{where}: swept in sweep.grid (a rule sets keys that are not swept)")
             if not all(is_sweepable(key, algo) for algo in algos if _known_path(key, algo)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import math
 import re
@@ -76,6 +77,9 @@ class Rules:
     sweepable: bool | None = None
     """Whether a grid may vary the setting; None: when it is `learned`. `eval.*` is swept to compare
     evaluations, though it changes nothing in training."""
+    shorthand: Callable[[Any], Any] | None = None
+    """Turns a short form into the value it stands for before typing (`seeds: 5` -> [0, ..., 4]);
+    raises ValueError with what is wrong."""
 
     @property
     def in_grid(self) -> bool:
@@ -133,9 +137,10 @@ def setting(
     keys: Callable[[str], str | None] | None = None,
     learned: bool = True,
     sweepable: bool | None = None,
+    shorthand: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A dataclass field with its rules (`field()` plus bounds), e.g. `gamma: float = setting(0.99, ge=0, le=1)`."""
-    rules = Rules(ge, gt, le, lt, min_items, directive, valid, keys, learned, sweepable)
+    rules = Rules(ge, gt, le, lt, min_items, directive, valid, keys, learned, sweepable, shorthand)
     if factory is not None:
         return field(default_factory=factory, metadata={"rules": rules})
     return field(default=default, metadata={"rules": rules})
@@ -163,6 +168,12 @@ def public_fields(cls: type) -> dict[str, dataclasses.Field]:
 def hints(cls: type) -> dict[str, Any]:
     """Field types of a config class (resolving them is the costly part of validating 1000 run configs)."""
     return typing.get_type_hints(cls)
+
+
+def did_you_mean(key: str, known: list[str], prefix: str = "") -> str:
+    """'did you mean train.lr?' for `train.lrr`: the two closest known keys (difflib's ratio >= 0.7), or ''."""
+    close = difflib.get_close_matches(key, known, n=2, cutoff=0.7)
+    return f"did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
 
 
 def key_path(path: str, key: Any) -> str:
@@ -356,11 +367,18 @@ def build(cls: type, data: Any, path: str) -> Any:
     rules = field_rules(cls)
     for key in data:
         if key not in fields_:
-            raise ConfigError(f"{key_path(path, key)}: unknown key (expected one of: {', '.join(sorted(fields_))})")
+            hint = did_you_mean(str(key), list(fields_), prefix)
+            raise ConfigError(f"{key_path(path, key)}: unknown key ({hint + ' ' if hint else ''}expected one of: {', '.join(sorted(fields_))})")
     kwargs = {}
     for name, f in fields_.items():
         if name in data:
-            kwargs[name] = convert(data[name], types_[name], f"{prefix}{name}")
+            value = data[name]
+            if rules[name].shorthand is not None:
+                try:
+                    value = rules[name].shorthand(value)
+                except ValueError as exc:
+                    raise ConfigError(f"{prefix}{name}: {exc}") from None
+            kwargs[name] = convert(value, types_[name], f"{prefix}{name}")
             _check_rules(rules[name], kwargs[name], f"{prefix}{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{prefix}{name}: required key is missing")
