@@ -285,7 +285,7 @@ class Resources:
         if self.signal_seconds >= parse_time_s(self.time):
             errors.append(("signal_seconds", f"must be shorter than the time limit {self.time}"))
         if self.nodes > self.ranks:
-            errors.append(("nodes", f"at most one node per rank: {self.nodes} nodes for {self.ranks} ranks"))
+            errors.append(("nodes", f"at most one node per rank: {self.nodes} nodes for {self.ranks} rank{'s' if self.ranks > 1 else ''}"))
         elif self.ranks % self.nodes:
             errors.append(("ranks", f"expected a multiple of resources.nodes ({self.nodes}), so every node runs as many ranks, got {self.ranks}"))
         elif self.gpus and self.ranks > 1 and self.gpus != self.ranks_per_node:
@@ -513,6 +513,10 @@ class DistributedConfig:
     envs_per_actor: int = setting(4, ge=1, le=MAX_ENVS)
     batch_transitions: int = setting(64, ge=1, le=1_000_000)
     """Transitions per message an actor sends (rounded up to whole vector steps)."""
+    batches_per_send: int = setting(8, ge=1, le=1024, learned=False)
+    """Batches an actor coalesces into one round trip at most (each stays its own message on the queue)."""
+    send_delay_s: float = setting(0.02, ge=0, le=60, learned=False)
+    """Longest a built batch waits for others before it is sent (0: each batch goes at once)."""
     queue_bound: int = setting(8, ge=1, le=100_000)
     """Batches the queue may hold; a full queue blocks the actors (backpressure) instead of dropping.
     Small on purpose: a batch waits in a full queue for queue_bound x batch_transitions x updates per

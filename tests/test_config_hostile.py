@@ -376,3 +376,45 @@ def test_an_override_sets_a_mapping_as_given_while_a_grid_point_merges(tmp_path:
     assert load_experiment(config, ["env.kwargs={}"]).env.kwargs == {}
     runs = expand(load_experiment(config, ["sweep.grid={env.kwargs: [{}]}", "sweep.seeds=[0]"]))
     assert [r.config.env.kwargs for r in runs] == [{"sutton_barto_reward": True}]
+
+
+# ---------------------------------------------------------------------------- issue 16: DD-PPO ranks
+
+OPTUNA = {"method": "optuna", "n_trials": 2, "space": {"train.lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2}}}
+
+
+@pytest.mark.parametrize(
+    "changes,key,words",
+    [
+        ({"resources": {"ranks": 2, "nodes": 4}}, "resources.nodes", "at most one node per rank"),
+        ({"resources": {"ranks": 3, "nodes": 2}}, "resources.ranks", "multiple of resources.nodes (2)"),
+        ({"resources": {"ranks": 2, "gpus": 1}}, "resources.gpus", "2 ranks per node need gpus: 2, got 1"),
+        ({"resources": {"ranks": 4, "nodes": 2, "gpus": 4}}, "resources.gpus", "2 ranks per node need gpus: 2, got 4"),
+        ({"resources": {"ranks": 0}}, "resources.ranks", "[1, 4096], got 0"),
+        ({"resources": {"ranks": -1}}, "resources.ranks", "[1, 4096], got -1"),
+        ({"resources": {"ranks": "two"}}, "resources.ranks", "expected an integer, got 'two'"),
+        ({"resources": {"ranks": 1e9}}, "resources.ranks", "[1, 4096], got 1000000000"),
+        ({"resources": {"ranks": 2}, "sweep": {"seeds": [0], "search": OPTUNA}}, "resources.ranks", "Optuna"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_ranks_that_no_job_can_run_are_refused(tmp_path: Path, changes: dict, key: str, words: str) -> None:
+    assert words in refused(tmp_path, changes, key, "--scheduler", "slurm")
+
+
+def test_more_than_one_rank_is_for_on_policy_algorithms(tmp_path: Path) -> None:
+    stderr = refused(tmp_path, {"algo": "dqn", "resources": {"ranks": 2}}, "resources.ranks", train=DQN_TRAIN)
+    assert "ppo and a2c" in stderr
+    for algo in ("ppo", "a2c"):
+        code, stderr = sweep(config_with_train(tmp_path, {"algo": algo, "resources": {"ranks": 2}}, {"total_steps": 1000}))
+        assert code == 0, stderr
+
+
+@pytest.mark.parametrize("scheduler", ["local", "sge"])
+def test_several_nodes_per_run_are_refused_where_ranks_start_on_one_host(tmp_path: Path, scheduler: str) -> None:
+    """Refused when the scripts are planned, before anything is written (and not only with --dry-run)."""
+    for dry_run in (True, False):
+        stderr = refused(tmp_path, {"resources": {"ranks": 2, "nodes": 2}}, "resources.nodes", "--scheduler", scheduler, dry_run=dry_run)
+        assert f"2 nodes per run, but {scheduler} " in stderr
+    code, stderr = sweep(write_config(tmp_path, {"resources": {"ranks": 4, "nodes": 2, "gpus": 2}}), "--scheduler", "slurm")
+    assert code == 0, stderr  # srun spans the nodes of the allocation

@@ -34,7 +34,10 @@ def rendered(config: Path, scheduler: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "config,scheduler",
-    [("habitat_ppo", "sge"), ("habitat_ppo", "slurm"), ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm"), ("habitat_own_trainer", "sge")],
+    [
+        ("habitat_ppo", "sge"), ("habitat_ppo", "slurm"), ("habitat_ddppo", "sge"), ("habitat_ddppo", "slurm"),
+        ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm"), ("habitat_own_trainer", "sge"),
+    ],
 )
 def test_golden_scripts(config: str, scheduler: str) -> None:
     """Any change to a rendered script is deliberate: regenerate with HPCRL_UPDATE_GOLDEN=1 and review the diff.
@@ -64,6 +67,32 @@ def test_habitat_scripts_carry_what_the_cluster_needs() -> None:
     slurm = rendered(REPO / "configs" / "habitat_ppo.yaml", "slurm")["train-0-0.sh"]
     assert "#SBATCH --array=1-3%8" in slurm and "#SBATCH --gres=gpu:1" in slurm and "#SBATCH --signal=B:USR1@600" in slurm
     assert "scontrol requeue" in slurm
+
+
+def test_ddppo_scripts_start_every_rank_of_a_node() -> None:
+    """configs/habitat_ddppo.yaml (4 ranks on one 4-GPU node): Slurm asks for 4 tasks on 1 node and
+    starts them with srun, each in its own container; Grid Engine asks for a PE of cpus x ranks slots
+    and hpcrl's own launcher starts the ranks. Evaluation and aggregation stay one process."""
+    scripts = {s: rendered(REPO / "configs" / "habitat_ddppo.yaml", s) for s in ("slurm", "sge")}
+    slurm = scripts["slurm"]["train-0-0.sh"]
+    for directive in ("--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=4", "--gres=gpu:4", "--mem=65536M", "--requeue", "--signal=B:USR1@600"):
+        assert f"#SBATCH {directive}\n" in slurm, directive
+    assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in slurm
+    launch = next(line for line in slurm.splitlines() if line.startswith("srun "))
+    assert launch.startswith("srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 ")
+    assert '"${HPCRL[@]}" train ' in launch and "--ranks" not in slurm  # srun starts the ranks: no launcher of hpcrl's
+    assert slurm.index("export MASTER_ADDR=") < slurm.index("\nsrun ") and "HPCRL=(singularity exec --nv " in slurm
+    sge = scripts["sge"]["train-0-0.sh"]
+    for directive in ("-pe smp 16", "-l gpu=4", "-l mem_free=65536M", "-q gpu.q", "-notify", "-r y"):
+        assert f"#$ {directive}\n" in sge, directive
+    assert '"${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" --ranks 4 &' in sge
+    assert "srun" not in sge and "MASTER_ADDR=" not in sge
+    for scheduler, texts in scripts.items():
+        assert sorted(texts) == ["aggregate-0.sh", "eval-0-0.sh", "train-0-0.sh"], scheduler
+        for name in ("eval-0-0.sh", "aggregate-0.sh"):
+            text = texts[name]
+            assert "srun" not in text and "--ranks" not in text and "ntasks" not in text, (scheduler, name)
+            assert "-pe smp 16" not in text and "gpu=4" not in text and "gpu:4" not in text, (scheduler, name)
 
 
 def test_cuda_guard_prepends_once(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ the same methods either way.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -56,6 +57,8 @@ class Ranks:
     """`env` (torchrun, hpcrl launch), `slurm` (srun) or `single`."""
     met: bool = False
     """Whether the ranks have met (init returned): a failure after that is the run's, not a start's."""
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    """Where this rank's collectives put their own small tensors: NCCL reduces CUDA tensors only."""
 
     @staticmethod
     def single() -> Ranks:
@@ -93,6 +96,7 @@ class Ranks:
         if not self.distributed:
             return
         backend = "nccl" if device.type == "cuda" else "gloo"
+        self.device = device
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
             if self.source == "env":
@@ -167,9 +171,14 @@ class Ranks:
         reaches the ranks at different moments)."""
         if not self.distributed:
             return flag
-        t = torch.tensor([1.0 if flag else 0.0])
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
         self._guard(dist.all_reduce, t, op=dist.ReduceOp.MAX)
         return bool(t.item())
+
+    def barrier(self) -> None:
+        """Every rank waits here for the others (rank 0's checkpoint before a requeue)."""
+        if self.distributed:
+            self._guard(dist.barrier)
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Rank 0's values everywhere (the initial parameters and statistics)."""

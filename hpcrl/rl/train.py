@@ -58,7 +58,7 @@ def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> 
     torch.set_flush_denormal(True)
     torch.set_num_threads(threads)
     device = pick_device(device_spec)
-    if device.type == "cuda" and device.index is None and local_rank:  # one GPU per rank of a node
+    if device.type == "cuda" and device.index is None:  # one GPU per rank of a node (rank 0 of one: cuda:0)
         device = torch.device("cuda", local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -167,6 +167,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                 warned = ranks.any(stop.signal is not None)  # every rank stops at this iteration
                 if not main:
                     if warned:
+                        ranks.barrier()  # until rank 0's checkpoint is written: srun ends a step at the first non-zero exit
                         return REQUEUE_EXIT
                     continue
                 assert log is not None and trackers is not None
@@ -187,6 +188,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                     break
                 if warned:
                     save()
+                    ranks.barrier()
                     print(f"{run.run_id}: signal {stop.signal or 'on another rank'} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
                     return REQUEUE_EXIT
                 if agent.iteration % tcfg.checkpoint_every == 0:

@@ -1,0 +1,36 @@
+#!/bin/bash
+#$ -N habitat_ddppo-aggregate
+#$ -S /bin/bash
+#$ -cwd
+#$ -j y
+#$ -o /scratch/hpcrl/habitat_ddppo/jobs/logs/aggregate-$JOB_ID.out
+#$ -l h_rt=00:30:00
+#$ -l mem_free=2048M
+# hpcrl aggregate job for experiment habitat_ddppo, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${SGE_TASK_ID:-0}"
+[ "$TASK_ID" = "undefined" ] && TASK_ID=0
+# Put the CUDA libraries on the library path unless the site already did.
+case ":${LD_LIBRARY_PATH:-}:" in
+  *:/opt/cuda-9.2/lib64:*) ;;
+  *) export LD_LIBRARY_PATH=/opt/cuda-9.2/lib64"${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" ;;
+esac
+export SINGULARITYENV_MAGNUM_LOG=quiet
+export APPTAINERENV_MAGNUM_LOG=quiet
+export SINGULARITYENV_GLOG_minloglevel=2
+export APPTAINERENV_GLOG_minloglevel=2
+HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --home /work/home /images/habitat.sif hpcrl)
+
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+"${HPCRL[@]}" collect /scratch/hpcrl/habitat_ddppo &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# Exit code 99 makes Grid Engine reschedule the task (the job was submitted with -r y).
+exit "$status"

@@ -1,0 +1,47 @@
+#!/bin/bash
+#$ -N habitat_ddppo-train
+#$ -S /bin/bash
+#$ -cwd
+#$ -j y
+#$ -t 1-3
+#$ -tc 3
+#$ -o /scratch/hpcrl/habitat_ddppo/jobs/logs/train-$JOB_ID.$TASK_ID.out
+#$ -pe smp 16
+#$ -l h_rt=48:00:00
+#$ -l s_rt=47:50:00
+#$ -notify
+#$ -r y
+#$ -l mem_free=65536M
+#$ -l gpu=4
+#$ -q gpu.q
+# hpcrl train job for experiment habitat_ddppo, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${SGE_TASK_ID:-0}"
+[ "$TASK_ID" = "undefined" ] && TASK_ID=0
+# Put the CUDA libraries on the library path unless the site already did.
+case ":${LD_LIBRARY_PATH:-}:" in
+  *:/opt/cuda-9.2/lib64:*) ;;
+  *) export LD_LIBRARY_PATH=/opt/cuda-9.2/lib64"${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" ;;
+esac
+export SINGULARITYENV_MAGNUM_LOG=quiet
+export APPTAINERENV_MAGNUM_LOG=quiet
+export SINGULARITYENV_GLOG_minloglevel=2
+export APPTAINERENV_GLOG_minloglevel=2
+HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --home /work/home /images/habitat.sif hpcrl)
+
+# DD-PPO: 4 ranks on this host. `hpcrl train --ranks` starts them (RANK, WORLD_SIZE,
+# MASTER_ADDR and MASTER_PORT of a store it holds on a free port), passes the warning signal to
+# every rank, and stops them all when one dies.
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+"${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" --ranks 4 &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# Exit code 99 makes Grid Engine reschedule the task (the job was submitted with -r y).
+exit "$status"

@@ -1,0 +1,40 @@
+#!/bin/bash
+#SBATCH --job-name=habitat_ddppo-aggregate
+#SBATCH --output=/scratch/hpcrl/habitat_ddppo/jobs/logs/aggregate-%j.out
+#SBATCH --open-mode=append
+#SBATCH --cpus-per-task=1
+#SBATCH --mem=2048M
+#SBATCH --time=00:30:00
+# hpcrl aggregate job for experiment habitat_ddppo, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
+# Put the CUDA libraries on the library path unless the site already did.
+case ":${LD_LIBRARY_PATH:-}:" in
+  *:/opt/cuda-9.2/lib64:*) ;;
+  *) export LD_LIBRARY_PATH=/opt/cuda-9.2/lib64"${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" ;;
+esac
+export SINGULARITYENV_MAGNUM_LOG=quiet
+export APPTAINERENV_MAGNUM_LOG=quiet
+export SINGULARITYENV_GLOG_minloglevel=2
+export APPTAINERENV_GLOG_minloglevel=2
+HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --home /work/home /images/habitat.sif hpcrl)
+
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+"${HPCRL[@]}" collect /scratch/hpcrl/habitat_ddppo &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
+# even a cancelled job: requeue only a task that Slurm still counts as running.
+if [ "$status" -eq 99 ] && [ -n "${SLURM_ARRAY_JOB_ID:-}" ] &&
+   [ "$(squeue -h -j "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" -o %T 2>/dev/null)" = RUNNING ]; then
+  echo "hpcrl: checkpoint written; requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" >&2
+  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" && exit 0
+fi
+exit "$status"

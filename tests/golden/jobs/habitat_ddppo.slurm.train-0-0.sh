@@ -1,0 +1,52 @@
+#!/bin/bash
+#SBATCH --job-name=habitat_ddppo-train
+#SBATCH --array=1-3%3
+#SBATCH --output=/scratch/hpcrl/habitat_ddppo/jobs/logs/train-%A_%a.out
+#SBATCH --open-mode=append
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=4
+#SBATCH --mem=65536M
+#SBATCH --time=48:00:00
+#SBATCH --gres=gpu:4
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@600
+# hpcrl train job for experiment habitat_ddppo, rendered by hpcrl 0.1.0.
+set -uo pipefail
+
+TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
+# Put the CUDA libraries on the library path unless the site already did.
+case ":${LD_LIBRARY_PATH:-}:" in
+  *:/opt/cuda-9.2/lib64:*) ;;
+  *) export LD_LIBRARY_PATH=/opt/cuda-9.2/lib64"${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" ;;
+esac
+export SINGULARITYENV_MAGNUM_LOG=quiet
+export APPTAINERENV_MAGNUM_LOG=quiet
+export SINGULARITYENV_GLOG_minloglevel=2
+export APPTAINERENV_GLOG_minloglevel=2
+HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --home /work/home /images/habitat.sif hpcrl)
+
+# DD-PPO: srun starts 4 ranks (4 per node, each reads SLURM_PROCID and
+# SLURM_NTASKS). Rank 0 runs on the allocation's first node, opens the rendezvous store there on a
+# port the kernel picks, and publishes it in the run directory under this start's launch id.
+# srun passes the warning signal to every rank, and ends the step when one rank dies.
+export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export HPCRL_LAUNCH_ID="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"
+# The work runs in the background so that this shell can catch the scheduler's warning signal
+# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 "${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+while :; do
+  wait "$child"
+  status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+# scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
+# even a cancelled job: requeue only a task that Slurm still counts as running.
+if [ "$status" -eq 99 ] && [ -n "${SLURM_ARRAY_JOB_ID:-}" ] &&
+   [ "$(squeue -h -j "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" -o %T 2>/dev/null)" = RUNNING ]; then
+  echo "hpcrl: checkpoint written; requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" >&2
+  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" && exit 0
+fi
+exit "$status"
