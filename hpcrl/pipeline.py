@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl import rundir, study, sweep, tracking
+from hpcrl import debug, rundir, study, sweep, tracking
 from hpcrl.config import ConfigError, Experiment
 from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
@@ -203,6 +203,15 @@ def submit_experiment(
 ) -> int:
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
     root = exp.dir
+    if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
+        debug.check(exp)
+        exp.container.image = None  # the work runs here, in this Python, not in a container
+        if dry_run:
+            what = "an Optuna study's trials" if study.is_study(exp) else f"{len(sweep.expand(exp))} runs"
+            print(f"# dry run (--scheduler debug): {what} would train, be evaluated and collected in this process; nothing written", file=out)
+            return 0
+        with sweep_lock(root):
+            return debug.run(exp, sweep.expand(exp), {"scheduler": debug.NAME}, out)
     if scheduler_name == "auto":
         scheduler_name, why = detect_with_reason()
         print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)

@@ -77,3 +77,134 @@ def test_a_bad_seed_count_or_range_is_one_line_exit_2(tmp_path: Path, capsys: py
     err = _refused(["sweep", str(write_config(tmp_path)), "--scheduler", "local", "-p", f"sweep.seeds={value}"], capsys)
     assert expected in err, err
     assert not (tmp_path / "logs").exists()
+
+
+# ------------------------------------------------------------------------------------ the JSON Schema
+
+BUNDLED = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+BAD_CONFIGS = [  # each refused by hpcrl and by the schema
+    ({"trian": {"lr": 1e-3}}, "an unknown section"),
+    ({"train": {"lrr": 1e-3}}, "an unknown key of train"),
+    ({"train": {"lr": "fast"}}, "a word for a number"),
+    ({"train": {"lr": -1.0}}, "lr > 0"),
+    ({"train": {"gamma": 1.5}}, "gamma in [0, 1]"),
+    ({"env": {"num_envs": 0}}, "num_envs >= 1"),
+    ({"algo": "sac"}, "an algorithm hpcrl lacks"),
+    ({"env": {"backend": "atari"}}, "a backend hpcrl lacks"),
+    ({"sweep": {"seeds": []}}, "no seed"),
+    ({"sweep": {"seeds": 0}}, "a seed count of 0"),
+    ({"sweep": {"seeds": "a..b"}}, "a bad seed range"),
+    ({"resources": {"ranks": 0}}, "ranks >= 1"),
+    ({"resources": {"gpus": 1.5}}, "a fraction of a GPU"),
+    ({"algo": "dqn", "train": {"buffer_size": -5}}, "a DQN key checked with DQN's fields"),
+    ({"algo": "dqn", "train": {"clip_coef": 0.2}}, "a PPO key under algo dqn"),
+    ({"eval": {"checkpoint": "newest"}}, "a choice that does not exist"),
+]
+
+
+def _validator() -> object:
+    jsonschema = pytest.importorskip("jsonschema", reason="the schema is checked with jsonschema (in the dev extra)")
+    from hpcrl.json_schema import config_schema
+
+    schema = config_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _read(path: Path) -> dict:
+    from hpcrl import strict_yaml
+    from hpcrl.schema import plain
+
+    return plain(strict_yaml.load(path.read_text()))
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=[p.stem for p in BUNDLED])
+def test_every_bundled_config_is_valid_under_the_schema(path: Path) -> None:
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in _validator().iter_errors(_read(path))]  # type: ignore[attr-defined]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("change,what", BAD_CONFIGS, ids=[w for _, w in BAD_CONFIGS])
+def test_schema_and_validator_agree_on_a_bad_config(tmp_path: Path, change: dict, what: str) -> None:
+    from factories import TINY, deep_update
+
+    from hpcrl.config import ConfigError
+
+    data = deep_update(TINY, {"output": str(tmp_path / "logs"), **change})
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError):
+        load_experiment(path)
+    assert list(_validator().iter_errors(_read(path))), f"the schema accepts {what}"  # type: ignore[attr-defined]
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(deep_update(TINY, {"output": str(tmp_path / "logs")})))
+    load_experiment(good)
+    assert not list(_validator().iter_errors(_read(good)))  # type: ignore[attr-defined]
+
+
+def test_the_schema_is_the_config_s_own_fields_with_their_docs() -> None:
+    from hpcrl.config import known_paths
+    from hpcrl.json_schema import config_schema
+
+    schema = config_schema()
+    for algo, rule in zip(("ppo", "a2c", "dqn"), schema["allOf"]):
+        assert rule["if"]["properties"]["algo"]["const"] == algo
+        train = rule["then"]["properties"]["train"]["properties"]
+        assert {p.split(".", 1)[1] for p in known_paths(algo) if p.startswith("train.")} == set(train)
+    resources = schema["properties"]["resources"]["properties"]
+    assert resources["ranks"]["minimum"] == 1 and resources["ranks"]["maximum"] == 4096 and resources["ranks"]["default"] == 1
+    assert resources["ranks"]["description"].startswith("Processes of one run")
+    assert {p.split(".")[0] for p in known_paths("ppo")} <= set(schema["properties"])
+
+
+# ------------------------------------------------------------------------------------ --scheduler debug
+
+
+def test_debug_runs_every_stage_in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    import hpcrl.rl.train as train
+
+    pids = []
+    real = train._train_ranks
+    monkeypatch.setattr(train, "_train_ranks", lambda *a, **k: pids.append(os.getpid()) or real(*a, **k))
+    config = write_config(tmp_path)
+    assert main(["sweep", str(config), "--scheduler", "debug"]) == 0
+    exp = tmp_path / "logs" / "tiny"
+    assert pids == [os.getpid()] * 2  # both seeds trained here, where a breakpoint stops
+    for rd in (exp / "runs").iterdir():
+        assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists()
+    assert (exp / "results" / "summary.csv").exists() and not list(exp.glob("jobs/*.sh"))  # no job script: nothing was submitted
+    out = capsys.readouterr().out
+    assert out.count("[debug] train") == 2 and out.count("[debug] eval") == 2
+    # The same run directories a scheduler's jobs would use: a second sweep finds everything done.
+    assert main(["sweep", str(config), "--scheduler", "debug"]) == 0
+    assert "[debug] train" in capsys.readouterr().out and pids == [os.getpid()] * 2  # `already done`: not trained again
+
+
+def test_a_debugger_stops_inside_the_training_of_a_debug_sweep(tmp_path: Path) -> None:
+    import inspect
+    import subprocess
+    import sys
+
+    from hpcrl.rl import ppo
+
+    lines, start = inspect.getsourcelines(ppo.OnPolicyAgent.train_iteration)
+    line = start + next(i for i, text in enumerate(lines) if "self.collect()" in text)
+    config = write_config(tmp_path)
+    commands = f"b {ppo.__file__}:{line}\nc\np self.iteration, self.num_envs\nq\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdb", "-m", "hpcrl", "sweep", str(config), "--scheduler", "debug"],
+        input=commands, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert f"ppo.py({line})train_iteration()" in proc.stdout, proc.stdout[-2000:]
+    assert "(0, 2)" in proc.stdout  # the first iteration of the run, its 2 envs, seen from the debugger
+
+
+def test_debug_refuses_what_needs_several_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(["sweep", str(write_config(tmp_path, {"resources": {"ranks": 2}})), "--scheduler", "debug"], capsys)
+    assert "--scheduler debug: resources.ranks is 2; one process is one rank" in err
+    apex = Path(__file__).resolve().parent.parent / "configs" / "cartpole_apex.yaml"
+    err = _refused(["sweep", str(apex), "--scheduler", "debug", "-p", f"output={tmp_path / 'logs'}"], capsys)
+    assert "--scheduler debug: distributed (Ape-X)" in err
+    assert not (tmp_path / "logs").exists()
