@@ -789,6 +789,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"-p {text}: expected key.path=value")
+    if any(c in text for c in "\n\r"):  # YAML would fold it, or read what follows a # as a comment
+        raise ConfigError(f"-p {key_path('', key)}: an override is one line, got a line break in {raw!r}")
     try:
         value = strict_yaml.load(raw) if raw.strip() else ""
     except ConfigError:
