@@ -60,6 +60,17 @@ def expand_ranges(text: str) -> list[int]:
     return tasks
 
 
+def compress_ranges(tasks: list[int]) -> list[str]:
+    """The inverse of expand_ranges, without steps: [1, 2, 3, 5, 7, 8] -> ["1-3", "5", "7-8"]."""
+    spans: list[list[int]] = []
+    for t in sorted(set(tasks)):
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    return [f"{low}-{high}" if high > low else str(low) for low, high in spans]
+
+
 class SchedulerError(RuntimeError):
     """A scheduler command failed; the message carries its command line and stderr."""
 
@@ -110,6 +121,12 @@ class Scheduler(ABC):
 
     @abstractmethod
     def cancel(self, job_ids: list[str]) -> None: ...
+
+    def cancel_tasks(self, tasks: dict[str, list[int]]) -> None:
+        """Cancel some array tasks (job id -> task ids, counted from 1), in one scheduler call where the
+        scheduler can say it in one; tasks that already ended are no error. The rest of each array
+        runs on."""
+        raise SchedulerError(f"{self.name}: cancelling single array tasks is not supported")
 
     def recover(self) -> None:
         """Settle what a dead predecessor left before a sweep looks at the jobs. Clusters own their jobs; the local backend overrides this."""

@@ -26,7 +26,7 @@ from typing import IO
 from hpcrl.config import ConfigError
 from hpcrl.io import atomic_write_text
 from hpcrl.jobplan import local_slots
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler, SchedulerError
 
 MAX_REQUEUES = 20
 GRACE_S = 60
@@ -41,6 +41,12 @@ def state_path(experiment_dir: Path) -> Path:
 
 def lock_path(experiment_dir: Path) -> Path:
     return experiment_dir / "jobs" / "local-runner.lock"
+
+
+def cancel_dir(experiment_dir: Path) -> Path:
+    """Requests to cancel some tasks (`hpcrl cancel --setting/--run/--state`), one JSON file each
+    (job id -> task ids): the live runner owns local-state.json, so it applies them itself."""
+    return experiment_dir / "jobs" / "local-cancel"
 
 
 def read_state(experiment_dir: Path) -> dict:
@@ -140,6 +146,36 @@ def settle(experiment_dir: Path, state: dict, *, pending_too: bool) -> bool:
     return bool(left)
 
 
+def cancel_in_state(state: dict, tasks: dict[str, list[int]]) -> list[tuple[str, int, dict]]:
+    """Call the given pending tasks cancelled; return the running ones (job id, task, record), whose
+    processes the caller ends before it calls them cancelled too."""
+    running = []
+    for job_id, ts in tasks.items():
+        for t in ts:
+            s = state["jobs"].get(job_id, {}).get(str(t))
+            if s is None:
+                continue
+            if s["state"] == PENDING:
+                s.update(state=CANCELLED, ended=time.time())
+            elif s["state"] == RUNNING:
+                running.append((job_id, int(t), s))
+    return running
+
+
+def read_requests(experiment_dir: Path) -> list[tuple[Path, dict[str, list[int]]]]:
+    """The cancel requests waiting in cancel_dir, oldest first; a damaged one is dropped (its writer waits in vain and says so)."""
+    found = []
+    for path in sorted(cancel_dir(experiment_dir).glob("*.json")):
+        try:
+            tasks = json.loads(path.read_text())
+            found.append((path, {str(j): [int(t) for t in ts] for j, ts in tasks.items()}))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, TypeError, AttributeError):
+            path.unlink(missing_ok=True)
+    return found
+
+
 def gpu_count() -> int:
     """GPUs visible to this machine, without importing torch (nvidia-smi -L prints one line each)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -201,6 +237,36 @@ class LocalScheduler(Scheduler):
             if settle(self.dir, state, pending_too=True):
                 write_state(self.dir, state)
 
+    def cancel_tasks(self, tasks: dict[str, list[int]]) -> None:
+        """A live runner gets a request file and applies it in its next loop (pending tasks cancelled,
+        running ones sent SIGTERM, then SIGKILL after the grace); with none alive this process takes the
+        runner's lock for a moment and applies it: pending tasks cancelled, orphans ended."""
+        requests = cancel_dir(self.dir)
+        requests.mkdir(parents=True, exist_ok=True)
+        path = requests / f"{os.getpid()}-{time.time_ns()}.json"
+        atomic_write_text(path, json.dumps(tasks), durable=False)
+        deadline = time.monotonic() + 30
+        while path.exists():
+            with lock_path(self.dir).open("a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # a runner is alive: it takes the request
+                    if time.monotonic() > deadline:
+                        raise SchedulerError(f"{self.dir}: the local runner has not taken the cancel request {path} within 30 s; it will when it loops again") from None
+                    time.sleep(0.05)
+                    continue
+                try:  # no runner: nobody else writes the state now
+                    state = read_state(self.dir)
+                    for request, asked in read_requests(self.dir):
+                        running = cancel_in_state(state, asked)
+                        end_groups([(s["pgid"], task_tag(self.dir, j, t)) for j, t, s in running if s.get("pgid")])
+                        for _, _, s in running:
+                            s.update(state=CANCELLED, ended=time.time())
+                        write_state(self.dir, state)
+                        request.unlink(missing_ok=True)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+
     def recover(self) -> None:
         """Before a sweep: a dead runner's orphans are ended (SIGTERM first, so they checkpoint) and its
         unfinished tasks called cancelled, so the sweep resubmits those runs and no second trainer
@@ -259,6 +325,8 @@ class _Task:
     proc: subprocess.Popen | None = None
     log: IO | None = None
     devices: tuple[str, ...] = ()
+    cancelled_at: float | None = None
+    """When `hpcrl cancel` of this task sent it SIGTERM; SIGKILL follows after the grace."""
 
 
 class Progress:
@@ -386,12 +454,31 @@ class LocalRunner:
         self.free_gpus += list(t.devices)
         s = self.state["jobs"][t.job_id][str(t.task)]
         s.update(rc=rc, ended=time.time())
-        if rc == REQUEUE_EXIT and not self.stopping and s["requeues"] < MAX_REQUEUES:
+        if rc == REQUEUE_EXIT and not self.stopping and t.cancelled_at is None and s["requeues"] < MAX_REQUEUES:
             s.update(state=PENDING, requeues=s["requeues"] + 1)
-        elif self.stopping:
+        elif self.stopping or t.cancelled_at is not None:
             s["state"] = CANCELLED
         else:
             s["state"] = DONE if rc == 0 else FAILED
+
+    def _take_cancels(self, running: list[_Task]) -> list[Path]:
+        """Apply the cancel requests waiting (see LocalScheduler.cancel_tasks); returns their files,
+        removed once the state that shows them is saved. Also SIGKILLs what outlived its grace."""
+        taken = []
+        now = time.monotonic()
+        for path, asked in read_requests(self.dir):
+            for job_id, task, _ in cancel_in_state(self.state, asked):
+                for t in running:
+                    if (t.job_id, t.task) == (job_id, task) and t.cancelled_at is None and t.proc:
+                        t.cancelled_at = now
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(t.proc.pid, signal.SIGTERM)
+            taken.append(path)
+        for t in running:
+            if t.cancelled_at is not None and now - t.cancelled_at > GRACE_S and t.proc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(t.proc.pid, signal.SIGKILL)
+        return taken
 
     def _stop(self, signum: int, _frame) -> None:
         self.stopping = True
@@ -415,6 +502,7 @@ class LocalRunner:
                 self.pool = pool_size(jobs, os.cpu_count() or 1)
                 if self.stopping:
                     break
+                taken = self._take_cancels(running)
                 # Later stages first: a finished train task's eval beats starting another run.
                 for job in sorted(jobs, key=lambda j: -STAGE_ORDER.get(j["stage"], 0)):
                     for key, s in self.state["jobs"][job["job_id"]].items():
@@ -434,6 +522,8 @@ class LocalRunner:
                         self._finish(t, rc)
                 running = still
                 self._save()
+                for path in taken:
+                    path.unlink(missing_ok=True)
                 pending = any(s["state"] in (PENDING, RUNNING) for j in jobs for s in self.state["jobs"][j["job_id"]].values())
                 if not pending and not running:
                     break

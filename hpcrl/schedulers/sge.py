@@ -19,7 +19,7 @@ import getpass
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Dependency, Scheduler, SchedulerError, expand_ranges
+from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Dependency, Scheduler, SchedulerError, compress_ranges, expand_ranges
 
 DEFAULT_MAX_AJ_TASKS = 75000
 """Grid Engine's default for max_aj_tasks, used when `qconf -sconf` does not list it."""
@@ -51,8 +51,8 @@ def parse_qstat_xml(text: str) -> dict[str, dict[int, str]]:
 def qdel_refusals(output: str) -> list[str]:
     """Lines of qdel's output that are real refusals. qdel reports each job on its own line: deleted,
     registered for deletion, or `denied: job "N" does not exist` for one that already ended, which
-    is what cancelling wants too."""
-    done = ("has deleted", "has registered", "does not exist")
+    is what cancelling wants too, as is `task id range "1-2:1" comprises no tasks` (tasks that ended)."""
+    done = ("has deleted", "has registered", "does not exist", "comprises no tasks")
     return [line for line in output.splitlines() if line.strip() and not any(d in line for d in done)]
 
 
@@ -99,3 +99,9 @@ class SGEScheduler(Scheduler):
             # qdel deletes the jobs it knows and exits 1 if any id is unknown: jobs that already ended.
             if qdel_refusals(str(exc).split(": ", 1)[-1]):
                 raise
+
+    def cancel_tasks(self, tasks: dict[str, list[int]]) -> None:
+        """One qdel for every job: `123.1-3 123.7` per contiguous range of tasks."""
+        specs = [f"{job}.{span}" for job, ts in tasks.items() for span in compress_ranges(ts)]
+        if specs:
+            self.cancel(specs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError, expand_ranges
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError, compress_ranges, expand_ranges
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's own default for MaxArraySize, used when `scontrol show config` does not list it."""
@@ -118,3 +118,9 @@ class SlurmScheduler(Scheduler):
     def cancel(self, job_ids: list[str]) -> None:
         if job_ids:
             self.run(["scancel", *job_ids])
+
+    def cancel_tasks(self, tasks: dict[str, list[int]]) -> None:
+        """One scancel for every job: `123_[1-3,7]` per job (tasks that already ended are no error)."""
+        specs = [f"{job}_[{','.join(compress_ranges(ts))}]" for job, ts in tasks.items() if ts]
+        if specs:
+            self.run(["scancel", *specs])
