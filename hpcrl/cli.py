@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """Argument parsing only: each subcommand calls one function elsewhere.
 
 Imports are deferred into the subcommands so that `hpcrl status` on a login node does not pay for
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +23,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from hpcrl.pipeline import submit_experiment
     from hpcrl.rl.envcheck import check_environment
 
-    exp = load_experiment(args.config, args.param, name=args.name)
+    exp = load_experiment(args.config, args.param + args.overrides, name=args.name)
     check_environment(exp)  # before the queue wait, not inside every job after it
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
@@ -109,46 +111,105 @@ def _compare(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from hpcrl.status import print_status
 
-    return print_status(_experiment_dir(args.experiment))
+    return print_status(
+        _experiment_dir(args.experiment), runs=args.runs, summary=args.summary, as_json=args.json,
+        states=args.state, settings=args.setting, run_ids=args.run, watch=args.watch,
+    )
 
 
 def _cancel(args: argparse.Namespace) -> int:
     from hpcrl.status import cancel_experiment
 
-    return cancel_experiment(_experiment_dir(args.experiment))
+    return cancel_experiment(_experiment_dir(args.experiment), states=args.state, settings=args.setting, run_ids=args.run)
 
 
 def _build_image(args: argparse.Namespace) -> int:
     from hpcrl.image import build_image_command
 
     return build_image_command(
-        args.config, args.param, dry_run=args.dry_run, force=args.force, sandbox=args.sandbox,
+        args.config, args.param + args.overrides, dry_run=args.dry_run, force=args.force, sandbox=args.sandbox,
         submit=args.submit, scheduler=args.scheduler, from_dockerfile=args.from_dockerfile,
     )
 
 
+def _schema(args: argparse.Namespace) -> int:
+    import json
+
+    from hpcrl.json_schema import config_schema
+
+    print(json.dumps(config_schema(), indent=1 if args.indent else None))
+    return 0
+
+
+def _configs(args: argparse.Namespace) -> int:
+    from hpcrl.starters import list_configs
+
+    configs = list_configs()
+    width = max(len(name) for name, _ in configs)
+    for name, summary in configs:
+        print(f"{name:<{width}}  {summary}")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    from hpcrl.starters import init
+
+    path = init(args.name, args.source, Path(args.dir), force=args.force)
+    print(f"wrote {path} (from {args.source}); run it with: hpcrl sweep {path} --scheduler local")
+    return 0
+
+
+def _completion(args: argparse.Namespace) -> int:
+    try:
+        import argcomplete
+    except ImportError:
+        raise ConfigError("completion needs argcomplete: pip install 'hpcrl[completion]'") from None
+    print(argcomplete.shellcode(["hpcrl"], shell=args.shell))
+    return 0
+
+
 def _experiment_dir(text: str) -> Path:
-    path = Path(text)
-    if not (path / "runs.csv").exists():
-        raise ConfigError(f"{path}: not an experiment directory (no runs.csv); give logs/<experiment>")
-    return path
+    from hpcrl.api import experiment_dir
+
+    return experiment_dir(text)
+
+
+class _Version(argparse.Action):
+    """`--version`: computed when asked (a git call), not each time the parser is built."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    """`hpcrl 0.1.0`, and `(git <commit>)` when hpcrl runs from a source checkout rather than a wheel."""
+    from hpcrl.sweep import git_commit
+
+    checkout = Path(__file__).resolve().parent.parent
+    commit = git_commit(checkout) if (checkout / ".git").exists() else None
+    return f"hpcrl {__version__}" + (f" (git {commit[:12]}, {checkout})" if commit else "")
 
 
 @functools.cache
 def parser() -> argparse.ArgumentParser:
     """Built once per process: argparse looks up a translation for every help string (~50 ms)."""
     p = argparse.ArgumentParser(prog="hpcrl", description="RL sweeps from one YAML file to evaluated, plotted results.")
-    p.add_argument("--version", action="version", version=f"hpcrl {__version__}")
+    p.add_argument("--version", action=_Version, help="the version, and the git commit when run from a checkout")
     sub = p.add_subparsers(dest="command", required=True)
     p.epilog = "hpcrl train EXPERIMENT --task N -- PROGRAM [ARGS...]: a user's program (algo: program), as its job script runs it"
 
     def add_params(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-p", "--param", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
+        sp.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE", help="overrides as Hydra takes them: the same as -p")
 
     s = sub.add_parser("sweep", help="expand a config into runs, render job scripts and submit train -> eval -> aggregate")
     s.add_argument("config")
     add_params(s)
-    s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
+    s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge", "debug"], default="auto", help="debug: every stage in this process, for a debugger")
     s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
     s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
@@ -190,12 +251,22 @@ def parser() -> argparse.ArgumentParser:
     cm.add_argument("--normalize", action="store_true", default=None, help="score each env as (score - random) / (reference - random) (default: when every experiment sets results.normalize)")
     cm.set_defaults(func=_compare)
 
-    st = sub.add_parser("status", help="runs x stages: pending, running, done, failed")
+    st = sub.add_parser("status", help="runs x stages: pending, running, done, failed (one line per setting past 50 runs)")
     st.add_argument("experiment")
-    st.set_defaults(func=_status)
+    view = st.add_mutually_exclusive_group()
+    view.add_argument("--runs", action="store_true", help="one line per run (the default up to 50 runs, or with a selection)")
+    view.add_argument("--summary", action="store_true", help="one line per setting, the failures named (the default past 50 runs)")
+    st.add_argument("--json", action="store_true", help="runs and per-setting counts as one JSON object (shape: see the README)")
+    st.add_argument("--watch", nargs="?", const="5", metavar="SECONDS", help="refresh every SECONDS (default 5, at least 1) until nothing is pending or running")
 
-    ca = sub.add_parser("cancel", help="cancel every job of an experiment")
+    ca = sub.add_parser("cancel", help="cancel every job of an experiment, or the tasks of some runs")
     ca.add_argument("experiment")
+    for sp, verb in ((st, "show"), (ca, "cancel")):
+        states = "pending, running, orphaned" if sp is ca else "pending, running, orphaned, done, failed, cancelled, skipped, not-submitted"
+        sp.add_argument("--state", action="append", default=[], metavar="STATE", help=f"{verb} runs in this state (repeatable): {states}")
+        sp.add_argument("--setting", action="append", default=[], metavar="LABEL", help=f"{verb} the runs of this setting: its exact label, else every label containing it (repeatable)")
+        sp.add_argument("--run", action="append", default=[], metavar="RUN_ID", help=f"{verb} this run (repeatable)")
+    st.set_defaults(func=_status)
     ca.set_defaults(func=_cancel)
 
     b = sub.add_parser("build-image", help="render, check and build the Singularity image of a config")
@@ -208,20 +279,70 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
     b.add_argument("--from-dockerfile", metavar="FILE", help="import an existing Dockerfile instead of the template")
     b.set_defaults(func=_build_image)
+    sc = sub.add_parser("schema", help="print the config's JSON Schema (for editors: yaml-language-server)")
+    sc.add_argument("--indent", action="store_true", help="indented, for reading")
+    sc.set_defaults(func=_schema)
+
+    cf = sub.add_parser("configs", help="list the bundled configs, one line each")
+    cf.set_defaults(func=_configs)
+
+    it = sub.add_parser("init", help="write NAME.yaml, a starter config copied from a bundled one")
+    it.add_argument("name", help="the experiment's name, and the file's")
+    it.add_argument("--from", dest="source", default="cartpole_ppo", help="the bundled config to start from (`hpcrl configs` lists them)")
+    it.add_argument("--dir", default=".", help="where to write it (default: here)")
+    it.add_argument("--force", action="store_true", help="overwrite an existing file")
+    it.set_defaults(func=_init)
+
+    co = sub.add_parser("completion", help="print the shell completion script: eval \"$(hpcrl completion bash)\"")
+    co.add_argument("shell", choices=["bash", "zsh"])
+    co.set_defaults(func=_completion)
+    _completers(p)
     return p
 
 
+def _completers(p: argparse.ArgumentParser) -> None:
+    """argcomplete's completers, where it is installed: config files (*.yaml) and experiment
+    directories; subcommands and options complete from the parser itself."""
+    try:
+        from argcomplete.completers import ChoicesCompleter, DirectoriesCompleter, FilesCompleter
+    except ImportError:
+        return
+    from hpcrl.starters import bundled
+    for action in p._subparsers._group_actions[0].choices.values():  # type: ignore[union-attr]
+        for arg in action._actions:
+            if arg.dest == "config":
+                arg.completer = FilesCompleter(("yaml", "yml"))  # type: ignore[attr-defined]
+            elif arg.dest in ("experiment", "experiments", "dir", "output"):
+                arg.completer = DirectoriesCompleter()  # type: ignore[attr-defined]
+            elif arg.dest == "source":
+                arg.completer = ChoicesCompleter(list(bundled()))  # type: ignore[attr-defined]
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (`hpcrl completion bash`)
+        try:
+            import argcomplete
+
+            argcomplete.autocomplete(parser())
+        except ImportError:
+            pass
     argv = sys.argv[1:] if argv is None else list(argv)
     program = None
     if "--" in argv:  # `hpcrl train ... -- python train.py --lr 3e-4`: the words after -- are the program's
         cut = argv.index("--")
         argv, program = argv[:cut], argv[cut + 1 :]
-    args = parser().parse_args(argv)
+    args, extra = parser().parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
+        args.overrides += extra  # `hpcrl sweep c.yaml --scheduler local train.lr=3e-4`: overrides after options too
+    elif extra:
+        parser().error(f"unrecognized arguments: {' '.join(extra)}")
     if program is not None and args.command != "train":
         parser().error(f"'--' followed by a program is for `hpcrl train`, not `hpcrl {args.command}`")
     args.program = program
     try:
+        for word in getattr(args, "overrides", []):
+            if "=" not in word:
+                raise ConfigError(f"{word!r}: expected KEY.PATH=VALUE after the config (an override, as -p takes)")
         return args.func(args)
     except ConfigError as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
@@ -231,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `hpcrl schema | head`: the reader left; nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

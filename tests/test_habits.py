@@ -208,3 +208,116 @@ def test_debug_refuses_what_needs_several_processes(tmp_path: Path, capsys: pyte
     err = _refused(["sweep", str(apex), "--scheduler", "debug", "-p", f"output={tmp_path / 'logs'}"], capsys)
     assert "--scheduler debug: distributed (Ape-X)" in err
     assert not (tmp_path / "logs").exists()
+
+
+# ------------------------------------------------------------------------------------ the command line
+
+
+def test_positional_overrides_are_parsed_as_p_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(write_config(tmp_path))
+    assert main(["sweep", config, "train.lr=3e-4", "--scheduler", "local", "--dry-run", "sweep.seeds=3", "-p", "train.gamma=0.9"]) == 0
+    assert "# dry run: 3 runs" in capsys.readouterr().out
+    exp = load_experiment(config, ["train.lr=3e-4"])
+    assert exp.train.lr == 3e-4
+    err = _refused(["sweep", config, "--scheduler", "local", "train.lrr=3e-4"], capsys)
+    assert "-p train.lrr: unknown key (did you mean train.lr?)" in err
+    err = _refused(["sweep", config, "--scheduler", "local", "second.yaml"], capsys)
+    assert "'second.yaml': expected KEY.PATH=VALUE after the config" in err
+    err = _refused(["sweep", config, "--scheduler", "local", 'container.home="/x\\nrm -rf /"'], capsys)  # a YAML escape: a real line break
+    assert "container.home: expected a single line" in err, err
+    err = _refused(["sweep", config, "--scheduler", "local", "resources.partition=gpu\n#SBATCH --wrap=x"], capsys)  # YAML would read a comment
+    assert "-p resources.partition: an override is one line, got a line break in 'gpu\\n#SBATCH --wrap=x'" in err, err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_init_writes_a_starter_and_never_overwrites_by_surprise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hpcrl.starters import bundled
+
+    assert main(["init", "mine", "--from", "cartpole_dqn", "--dir", str(tmp_path)]) == 0
+    path = tmp_path / "mine.yaml"
+    text = path.read_text()
+    assert "name: mine\n" in text and text.replace("name: mine", "name: cartpole_dqn") == bundled()["cartpole_dqn"].read_text()
+    assert load_experiment(path).algo == "dqn"
+    path.write_text(text + "# my notes\n")
+    err = _refused(["init", "mine", "--dir", str(tmp_path)], capsys)
+    assert "exists; choose another name or pass --force" in err and path.read_text().endswith("# my notes\n")
+    assert main(["init", "mine", "--dir", str(tmp_path), "--force"]) == 0 and "# my notes" not in path.read_text()
+    for bad, expected in (("9lives", "expected a letter"), ("a b", "expected a letter"), ("x" * 201, "at most 200"), ("../up", "expected a letter")):
+        assert expected in _refused(["init", bad, "--dir", str(tmp_path)], capsys)
+    assert "did you mean cartpole_ppo" in _refused(["init", "x", "--from", "cartpole_ppp", "--dir", str(tmp_path)], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
+
+
+def test_configs_lists_every_bundled_config_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["configs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [p.stem for p in BUNDLED] and all(len(line.split()) > 3 for line in lines)
+
+
+def test_schema_command_prints_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from hpcrl.json_schema import config_schema
+
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(config_schema()))
+
+
+def test_shell_completion_completes_subcommands_options_configs_and_experiments(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("argcomplete", reason="completion is the optional [completion] extra")
+    (tmp_path / "logs" / "exp1").mkdir(parents=True)
+    (tmp_path / "mine.yaml").write_text("name: mine\n")
+    script = subprocess.run([sys.executable, "-m", "hpcrl", "completion", "bash"], capture_output=True, text=True, check=True).stdout
+    assert "complete" in script and "hpcrl" in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+    def complete(line: str) -> list[str]:
+        out = tmp_path / "completions"
+        env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)), "_ARGCOMPLETE_STDOUT_FILENAME": str(out)}
+        subprocess.run([sys.executable, "-m", "hpcrl"], env=env, cwd=tmp_path, capture_output=True, timeout=60)
+        return out.read_text().replace("\x0b", " ").split()
+
+    assert complete("hpcrl sw") == ["sweep"]
+    assert complete("hpcrl sweep --sch") == ["--scheduler"]
+    assert complete("hpcrl sweep --scheduler ") == ["auto", "local", "slurm", "sge", "debug"]
+    assert complete("hpcrl sweep mi") == ["mine.yaml"]
+    assert complete("hpcrl status logs/") == ["logs/exp1/"]
+    assert "cartpole_ppo" in complete("hpcrl init x --from cartpole_p")
+
+
+def test_version_names_the_commit_of_a_checkout(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert re.fullmatch(r"hpcrl \d+\.\d+\.\d+ \(git [0-9a-f]{12}, .+\)\n", capsys.readouterr().out)
+
+
+# ------------------------------------------------------------------------------------ the Python API
+
+
+def test_a_whole_local_sweep_through_the_python_api(tmp_path: Path) -> None:
+    import io
+
+    from hpcrl import api
+
+    out = io.StringIO()
+    exp_dir = api.sweep(write_config(tmp_path), "sweep.seeds=3", "train.total_steps=512", scheduler="local", out=out)
+    assert exp_dir == tmp_path / "logs" / "tiny" and "submitted 3 of 3 runs to local" in out.getvalue()
+    found = api.status(exp_dir)
+    assert found["counts"]["runs"] == 3 and found["counts"]["state"] == {"done": 3} and found["aggregate"] == "done"
+    assert [r["seed"] for r in found["runs"]] == [0, 1, 2] and all(r["step"] == 512 for r in found["runs"])
+    assert api.status(exp_dir, settings=["default"])["counts"]["runs"] == 3
+    assert api.collect(exp_dir, out=io.StringIO()) == 0 and (exp_dir / "results" / "report.html").exists()
+    # The CLI's errors, as exceptions carrying the CLI's line.
+    with pytest.raises(api.ConfigError, match=r"train.lrr: unknown key \(did you mean train.lr\?\)"):
+        api.sweep(write_config(tmp_path), "train.lrr=1", scheduler="local")
+    with pytest.raises(api.ConfigError, match="not an experiment directory"):
+        api.status(tmp_path)
+    with pytest.raises(api.ConfigError, match="bogus"):
+        api.status(exp_dir, states=["bogus"])
+    assert api.load(write_config(tmp_path), "train.lr=3e-4").train.lr == 3e-4
