@@ -79,7 +79,8 @@ def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], sta
     agent.update(_batch(rollout, cols))
     agent.policy.obs_norm.update(rollout["obs"][:, cols], ranks.moments)
     norm = agent.policy.obs_norm
-    results.put((rank, agent.gradient_step.flat.detach().clone(), norm.mean.clone(), norm.var.clone(), float(norm.count)))
+    # numpy, pickled by value: a torch tensor crosses a Queue as a shared handle that dies with this process
+    results.put((rank, agent.gradient_step.flat.detach().numpy().copy(), norm.mean.numpy().copy(), norm.var.numpy().copy(), float(norm.count)))
     ranks.close()
 
 
@@ -104,11 +105,11 @@ def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     procs = [ctx.Process(target=_rank, args=(r, store.port, algo, rollout, start, results)) for r in range(2)]
     for p in procs:
         p.start()
-    got = sorted(results.get(timeout=120) for _ in procs)
+    got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    (_, w0, m0, v0, c0), (_, w1, m1, v1, c1) = got
+    (_, w0, m0, v0, c0), (_, w1, m1, v1, c1) = [(r, *map(torch.from_numpy, arrays), c) for r, *arrays, c in got]
     assert torch.equal(w0, w1), "the ranks' weights drifted apart"
     torch.testing.assert_close(w0, expected, rtol=1e-5, atol=1e-6)
     norm = one.policy.obs_norm
