@@ -1,24 +1,52 @@
-"""How long `hpcrl collect` takes over many runs, evaluation excluded.
+"""How long `hpcrl collect` takes over many runs, evaluation excluded, beside collect as it was before.
 
-Writes a synthetic experiment (runs.csv, per-run train.csv with ROWS logged iterations, eval.csv and
-markers, as train and eval leave them) and times `collect` on it: reading every CSV, the
-summary with bootstrap CIs, the curves, the three plots and the report. Target: 1000 runs in <= 5 s.
+Writes a synthetic experiment per size (runs.csv, per-run train.csv with ROWS logged iterations,
+eval.csv and markers, as train and eval leave them; SEEDS seeds a setting) and times `collect` on
+it: reading every CSV, the summary with bootstrap CIs, the curves, improvement.csv, the plots and
+the report. Beside it, in the same run and on the same files, the reference: the `hpcrl` package
+of the commit before issue 17 (REFERENCE_COMMIT, extracted with `git archive`). Each collect runs
+in a process of its own (the call timed, not the imports), the two alternate, and the median and
+the best of REPEAT are printed with the machine's load average, because other work on a 2-core
+machine moves single timings by seconds. The results of the last two collects are compared byte
+for byte (every CSV, report.md, report.html with its plots, the terminal's tables): a speed-up that
+changed a number would say so here. Target (issue 17): 10,000 runs x 1,000 settings in <= 5 s.
 
-    python benchmarks/collect_scale.py [--runs 1000] [--settings 100] [--rows 400]
+    python benchmarks/collect_scale.py [--runs 1000 10000] [--seeds 10] [--rows 400] [--repeat 3]
+    python benchmarks/collect_scale.py --runs 10000 --settings 1000 --no-reference
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import os
+import re
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE_COMMIT = "eefd824"
+"""The last commit before issue 17's collect work: `hpcrl collect` as it was measured in the issue."""
+TARGET_RUNS, TARGET_S = 10_000, 5.0
+COMPARED = ("summary.csv", "aggregate.csv", "improvement.csv", "curves.csv", "eval_curves.csv", "report.md", "report.html")
+
+DRIVER = """
+import io, sys, time
+from pathlib import Path
+import hpcrl
 from hpcrl.collect import collect
+out = io.StringIO()
+wall, cpu = time.perf_counter(), time.process_time()
+rc = collect(Path(sys.argv[1]), out=out)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+Path(sys.argv[2]).write_text(out.getvalue())
+print(wall, cpu, rc, hpcrl.__file__)
+"""
 
 
 def make_experiment(root: Path, runs: int, settings: int, rows: int) -> Path:
@@ -43,23 +71,87 @@ def make_experiment(root: Path, runs: int, settings: int, rows: int) -> Path:
     return exp
 
 
+def reference_package(tmp: Path) -> Path:
+    """The `hpcrl` package of REFERENCE_COMMIT, importable from the returned directory."""
+    target = tmp / "reference"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", REFERENCE_COMMIT, "hpcrl"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def timed_collect(exp: Path, package_root: Path, terminal: Path, blas_threads: int | None) -> tuple[float, float]:
+    """(wall s, CPU s of all its threads) of one `collect` call, in a fresh process that imports hpcrl
+    from `package_root`."""
+    env = {**os.environ, "PYTHONPATH": str(package_root)}
+    if blas_threads:
+        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(blas_threads)
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(exp), str(terminal)], capture_output=True, text=True, env=env, cwd=terminal.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"collect with {package_root} failed:\n{proc.stderr[-3000:]}")
+    wall, cpu, rc, where = proc.stdout.split()
+    if not Path(where).is_relative_to(package_root) or rc != "0":
+        raise SystemExit(f"collect imported {where} (wanted one under {package_root}) and exited {rc}")
+    return float(wall), float(cpu)
+
+
+def snapshot(exp: Path, terminal: Path) -> dict[str, str]:
+    """What collect wrote, with the one thing that differs between two runs (the time) taken out."""
+    found = {"terminal": terminal.read_text()}
+    for name in COMPARED:
+        path = exp / "results" / name
+        if path.exists():
+            found[name] = path.read_text()
+    clock = re.compile(r"(collected(?:</dt><dd>|\W+))[0-9T:+-]+")
+    return {k: clock.sub(r"\1-", v) for k, v in found.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--settings", type=int, default=100)
+    parser.add_argument("--runs", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--seeds", type=int, default=10, help="seeds a setting: settings = runs / seeds")
+    parser.add_argument("--settings", type=int, help="settings for every size (instead of runs / seeds)")
     parser.add_argument("--rows", type=int, default=400, help="logged iterations per run")
+    parser.add_argument("--repeat", type=int, default=3, help="timed collects of each; the median and the best are printed")
+    parser.add_argument("--no-reference", action="store_true", help="time the current collect only")
+    parser.add_argument("--blas-threads", type=int, help="OPENBLAS_NUM_THREADS for both collects (default: as the environment has it)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        exp = make_experiment(Path(tmp), args.runs, args.settings, args.rows)
-        made = time.perf_counter() - t0
-        buf = io.StringIO()
-        t0 = time.perf_counter()
-        with redirect_stdout(buf):
-            rc = collect(exp, out=buf)
-        took = time.perf_counter() - t0
-    print(f"synthetic experiment: {args.runs} runs, {args.settings} settings, {args.rows} rows each (written in {made:.1f} s)")
-    print(f"collect (no evaluation): {took:.2f} s  -> {args.runs / took:.0f} runs/s   target: <= 5 s for 1000 runs   exit {rc}")
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        reference = None if args.no_reference else reference_package(tmp)
+        blas = f"OPENBLAS_NUM_THREADS={args.blas_threads}" if args.blas_threads else f"BLAS threads as the environment has them ({os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})"
+        print(f"hpcrl collect (no evaluation), {args.rows} rows per train.csv, {os.cpu_count()} CPUs, {blas}; each collect in its own process, "
+              f"median (best) of {args.repeat}{', alternating with the reference' if reference else ''}")  # fmt: skip
+        print(f"{'runs':>6} {'settings':>8}  {'what':40} {'wall s':>15} {'cpu s':>7}  load before/after")
+        for runs in args.runs:
+            settings = args.settings or max(1, runs // args.seeds)
+            began = time.perf_counter()
+            exp = make_experiment(tmp / f"exp{runs}", runs, settings, args.rows)
+            made = time.perf_counter() - began
+            contenders = ([("reference: collect before issue 17", reference)] if reference else []) + [("hpcrl collect", REPO)]
+            times: dict[str, list[tuple[float, float]]] = {what: [] for what, _ in contenders}
+            outputs: dict[str, dict[str, str]] = {}
+            load_before = os.getloadavg()[0]
+            for _ in range(args.repeat):
+                for what, root in contenders:
+                    terminal = tmp / "terminal.txt"
+                    times[what].append(timed_collect(exp, root, terminal, args.blas_threads))
+                    outputs[what] = snapshot(exp, terminal)
+            load_after = os.getloadavg()[0]
+            for what, _ in contenders:
+                walls, cpus = [w for w, _ in times[what]], [c for _, c in times[what]]
+                print(f"{runs:>6} {settings:>8}  {what:40} {statistics.median(walls):>7.2f} ({min(walls):5.2f}) {statistics.median(cpus):>7.2f}  {load_before:.1f}/{load_after:.1f}")
+            if reference:
+                ours, theirs = outputs["hpcrl collect"], outputs["reference: collect before issue 17"]
+                differ = [name for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
+                speedup = statistics.median(w for w, _ in times["reference: collect before issue 17"]) / statistics.median(w for w, _ in times["hpcrl collect"])
+                verdict = f"DIFFERENT: {', '.join(differ)}" if differ else f"byte-identical ({', '.join(sorted(ours))})"
+                print(f"{'':16}  speed-up {speedup:.1f}x; results {verdict}")
+            if runs == TARGET_RUNS:
+                median = statistics.median(w for w, _ in times["hpcrl collect"])
+                print(f"{'':16}  target: {TARGET_RUNS} runs x {settings} settings <= {TARGET_S:.0f} s: {'met' if median <= TARGET_S else 'MISSED'} (median {median:.2f} s)")
+            print(f"{'':16}  (experiment written in {made:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ a visible note rather than an exception: a report with one hole is still worth w
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import os
 import re
@@ -102,7 +103,23 @@ def _read_png(path: Path) -> tuple[bytes, int, int] | str:
 
 def _relative(target: str | Path, results_dir: Path) -> str:
     """A target as a URL path relative to the results directory, so the folder can be moved whole."""
-    return quote(Path(os.path.relpath(target, results_dir)).as_posix())
+    return quote(Path(_relpath(target, results_dir)).as_posix())
+
+
+def _relpath(target: str | Path, start: str | Path) -> str:
+    """``os.path.relpath(target, start)``, with the part for the target's directory computed once:
+    a report of 10,000 runs links 10,000 run directories of one parent."""
+    target, start = os.path.abspath(target), os.path.abspath(start)
+    parent, name = os.path.split(target)
+    if not name or start == target or start.startswith(target + os.sep):  # start at or below the target: relpath's own answer
+        return os.path.relpath(target, start)
+    above = _relpath_of_dir(parent, start)
+    return name if above == os.curdir else os.path.join(above, name)
+
+
+@functools.lru_cache(maxsize=64)
+def _relpath_of_dir(directory: str, start: str) -> str:
+    return os.path.relpath(directory, start)  # both absolute: the answer does not depend on the working directory
 
 
 def _numeric_columns(rows: list[list[str]], ncols: int) -> list[bool]:

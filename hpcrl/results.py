@@ -11,7 +11,7 @@ because raw returns of different environments do not average.
     results/
       summary.csv        per setting and task: n expected, n, mean, median, IQM, std, CIs, missing runs
       aggregate.csv      per setting across tasks (more than one task): IQM, mean, median, optimality gap + CIs
-      improvement.csv    P(X > Y) between settings, with CIs
+      improvement.csv    P(X > Y) between the settings shown (the best MAX_PLOTTED by the aggregate), with CIs
       curves.csv         training curves per setting and task; eval_curves.csv the same for the
                          evaluations during training (eval.every_steps)
       plots/*.png        curves, eval curves, final scores, aggregate metrics, performance profile
@@ -34,7 +34,8 @@ from hpcrl import plots, report, stats, tasks
 from hpcrl.io import atomic_write_text
 
 MAX_PLOTTED = 12
-"""Settings drawn in one figure and compared pairwise: past a dozen lines a figure is unreadable."""
+"""Settings drawn in one figure and compared pairwise: past a dozen lines a figure is unreadable,
+and a sweep of 1,000 settings would have a million P(X > Y) pairs, which no one reads either."""
 
 
 @dataclass
@@ -184,23 +185,30 @@ def _curves(groups: Groups, task_names: list[str], agg: str, which: str) -> tupl
     by_task: dict[str, dict] = {}
     rows, partial = [], []
     for task in task_names:
+        todo = []  # (setting, usable seeds' curves, the note on seeds without one)
         for setting, by in groups.items():
             rs = by.get(task, [])
             series = [(r.steps, r.returns) if which == "train" else (r.eval_steps, r.eval_returns) for r in rs]
             usable = [s for s in series if len(s[0]) >= (2 if which == "train" else 1)]
+            note = None
             if which == "train" and len(usable) < len(rs):
                 where = f"{setting}" + (f" on {task}" if len(task_names) > 1 else "")
-                partial.append(f"{where}: training curve from {len(usable)} of {len(rs)} seeds")
+                note = f"{where}: training curve from {len(usable)} of {len(rs)} seeds"
+            todo.append((setting, usable, note))
+        curves = iter(stats.aggregate_curves_many([([s for s, _ in u], [v for _, v in u]) for _, u, _ in todo if u], agg=agg))
+        for setting, usable, note in todo:
+            if note:
+                partial.append(note)
             if not usable:
                 continue
-            try:
-                curve = stats.aggregate_curves([s for s, _ in usable], [v for _, v in usable], None, agg)
-            except ValueError as exc:  # seeds whose logs do not overlap: say so, draw the rest
-                partial.append(f"{setting} on {task}: no {which} curve ({exc})")
+            curve = next(curves)
+            if isinstance(curve, ValueError):  # seeds whose logs do not overlap: say so, draw the rest
+                partial.append(f"{setting} on {task}: no {which} curve ({curve})")
                 continue
             by_task.setdefault(task, {})[setting] = curve
             grid, center, low, high, n = curve
-            rows += [[setting, task, f"{g:.0f}", _fmt(c), _fmt(lo), _fmt(hi), n] for g, c, lo, hi in zip(grid, center, low, high)]
+            cells = [["" if x != x else f"{x:.6g}" for x in column.tolist()] for column in (center, low, high)]  # _fmt, inlined: 100 points a curve
+            rows += [[setting, task, f"{g:.0f}", c, lo, hi, n] for g, c, lo, hi in zip(grid.tolist(), *cells)]
     return by_task, rows, partial
 
 

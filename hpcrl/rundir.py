@@ -113,20 +113,37 @@ def is_failed(run_dir: Path) -> bool:
     return (run_dir / FAILED).exists()
 
 
-def run_state(run_dir: Path) -> str:
-    """Training state from markers: done, failed, started (checkpoints or logs exist) or new."""
-    if is_done(run_dir):
+def listing(run_dir: Path) -> frozenset[str]:
+    """The names in a run directory that exist, as ``(run_dir / name).exists()`` says (a symlink
+    counts when its target exists), from one read of the directory: what the state functions
+    below take as `names` when many runs are looked at (collect), instead of a stat per marker.
+    A missing run directory has none."""
+    try:
+        with os.scandir(run_dir) as entries:
+            return frozenset(e.name for e in entries if not e.is_symlink() or os.path.exists(e.path))
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+
+
+def _exists(run_dir: Path, names: frozenset[str] | None, name: str) -> bool:
+    return name in names if names is not None else (run_dir / name).exists()
+
+
+def run_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
+    """Training state from markers: done, failed, started (checkpoints or logs exist) or new.
+    `names`: the run directory's `listing`, when the caller has it."""
+    if _exists(run_dir, names, DONE):
         return "done"
-    if is_failed(run_dir):
+    if _exists(run_dir, names, FAILED):
         return "failed"
-    if (run_dir / TRAIN_LOG).exists() or (run_dir / LIFETIMES).exists() or any((run_dir / CHECKPOINTS).glob("*.pt")):
+    if _exists(run_dir, names, TRAIN_LOG) or _exists(run_dir, names, LIFETIMES) or ((names is None or CHECKPOINTS in names) and any((run_dir / CHECKPOINTS).glob("*.pt"))):
         return "started"
     return "new"
 
 
-def eval_state(run_dir: Path) -> str:
+def eval_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
     for name, state in ((EVAL_DONE, "done"), (EVAL_SKIPPED, "skipped"), (EVAL_FAILED, "failed")):
-        if (run_dir / name).exists():
+        if _exists(run_dir, names, name):
             return state
     return "new"
 
@@ -241,21 +258,175 @@ def read_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     return _read_columns(run_dir / TRAIN_LOG, "episodic_return")
 
 
+def read_curves(run_dirs: Sequence[Path]) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
+    """`read_curve` of many runs: each run's curve, or the exception `read_curve` raises for it.
+
+    The same arrays, read faster: the logs that share a layout are parsed together, a few
+    megabytes per numpy pass, because parsing 400 lines at a time is mostly numpy's overhead per
+    call. A batch that is not plain throughout is read run by run, as `read_curve` reads it.
+    """
+    out: list = [None] * len(run_dirs)
+    batches: dict[tuple[int, int, int], list[tuple[int, bytes]]] = {}  # layout -> (run, its rows)
+
+    def parse(columns: tuple[int, int], batch: list[tuple[int, bytes]]) -> None:
+        parsed = _plain_columns(b"".join(body for _, body in batch), columns)
+        if parsed is None:
+            for i, body in batch:
+                try:
+                    out[i] = _parse_body(body, columns)
+                except Exception as exc:  # noqa: BLE001 - handed back, as read_curve would raise it
+                    out[i] = exc
+            return
+        steps, values, kept, row_ends = parsed
+        rows = np.diff(np.searchsorted(row_ends, np.cumsum([0] + [len(body) for _, body in batch])))  # each run's rows
+        counts = rows if kept is None else np.add.reduceat(kept, np.concatenate([[0], np.cumsum(rows)[:-1]]))
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        for (i, _), lo, hi in zip(batch, bounds[:-1], bounds[1:]):
+            out[i] = (steps[lo:hi].copy(), values[lo:hi].copy())
+
+    for i, rd in enumerate(run_dirs):
+        try:
+            split = _split_log(rd / TRAIN_LOG, "episodic_return")
+        except Exception as exc:  # noqa: BLE001 - handed back, as read_curve would raise it
+            out[i] = exc
+            continue
+        if not isinstance(split, _Body):
+            out[i] = split
+            continue
+        layout = (*split.columns, split.body[: split.body.find(b"\n")].count(b",") + 1)
+        batch = batches.setdefault(layout, [])
+        batch.append((i, split.body))
+        if len(batch) == _BATCH_RUNS:
+            parse(split.columns, batches.pop(layout))
+    for (step, value, _), batch in batches.items():
+        parse((step, value), batch)
+    return out
+
+
+_BATCH_RUNS = 256
+"""Logs parsed together by `read_curves`: ~5 MB of a 400-row train.csv each."""
+
+
+@dataclass
+class _Body:
+    body: bytes
+    """The complete data lines, each ending in a newline (at least one)."""
+    columns: tuple[int, int]
+
+
+def _split_log(path: Path, value_column: str) -> tuple[np.ndarray, np.ndarray] | _Body:
+    """What `_read_columns` does before it parses rows: read, find the columns (raising as it
+    raises); the empty answer, or the rows to parse."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return np.empty(0), np.empty(0)
+    first = data.find(b"\n")
+    header = data[:first].decode().strip().split(",")
+    s, r = header.index("step"), header.index(value_column)
+    if first == end:
+        return np.empty(0, dtype=float), np.empty(0, dtype=float)
+    return _Body(data[first + 1 : end + 1], (s, r))
+
+
 def _read_columns(path: Path, value_column: str) -> tuple[np.ndarray, np.ndarray]:
     """(step, value) of each complete row with a value; a torn last line is dropped, a complete
     line that does not parse (or a header without the columns) is a ValueError."""
-    lines = _complete_lines(path.read_bytes())
-    if not lines:
-        return np.empty(0), np.empty(0)
-    header = lines[0].decode().strip().split(",")
-    s, r = header.index("step"), header.index(value_column)
+    split = _split_log(path, value_column)
+    if not isinstance(split, _Body):
+        return split
+    return _parse_body(split.body, split.columns)
+
+
+def _parse_body(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    fast = _plain_columns(body, columns)
+    if fast is not None:
+        return fast[0], fast[1]
+    s, r = columns
     steps, values = [], []
-    for line in lines[1:]:
+    for line in body[:-1].split(b"\n"):
         row = line.split(b",")
         if len(row) > r and row[r].strip():
             steps.append(row[s])
             values.append(row[r])
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+_POW10 = np.array([1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15])
+"""Powers of ten, each an exact double (as far as 1e22)."""
+_PLACE = 10 ** np.arange(16, -1, -1, dtype=np.int64)
+"""The place value of each byte of a field right-aligned in 17 bytes."""
+
+
+def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray] | None:
+    """`_read_columns`' rows, parsed in a few numpy passes over the bytes; None unless every row
+    has as many fields as the first, the two columns hold plain decimals (an optional sign, at most
+    15 digits, at most one point, no exponent or blank) and no value is empty; then the answer is
+    the line-by-line parser's, float for float, and otherwise that parser runs (and words the errors).
+
+    Same floats: a plain decimal of at most 15 digits is an integer m < 2**53 over a power of ten
+    10**d <= 1e15, both exact doubles, so the one IEEE division m / 10**d is the correctly rounded
+    value of the decimal, which is what Python's float() (and numpy's, after it) return. `body` is
+    the complete data lines, each ending in a newline. A row whose value is empty is skipped, as
+    there; an empty step is an error there, so it leaves this path.
+    """
+    a = np.frombuffer(body, dtype=np.uint8)
+    ends = np.flatnonzero((a == 44) | (a == 10))  # the byte after each field: ',' or a newline
+    width = body[: body.find(b"\n")].count(b",") + 1
+    rows = ends.size // width
+    row_ends = ends[width - 1 :: width]
+    if rows * width != ends.size or max(columns) >= width or body.count(b"\n") != rows or not (a[row_ends] == 10).all():
+        return None  # rows of different lengths: the newlines are not exactly every width-th field end
+    step, value = columns
+    end = np.concatenate([ends[step::width], ends[value::width]])
+    length = end - np.concatenate([_field_starts(ends, step, width), _field_starts(ends, value, width)])
+    kept = None
+    if not length[rows:].all():  # rows without a value are skipped
+        kept = length[rows:] > 0
+        both = np.concatenate([kept, kept])
+        end, length = end[both], length[both]
+    n = end.size // 2
+    if n == 0:
+        return np.empty(0, dtype=float), np.empty(0, dtype=float), kept, row_ends
+    longest = int(length.max())
+    if longest > 17 or not length.min():
+        return None
+    # Each field right-aligned in `longest` bytes, one field per column of `chars`; bytes before
+    # the field's start (and a leading sign) read as '0', which adds nothing.
+    offsets = np.arange(-longest, 0)[:, None]
+    chars = a[np.maximum(end + offsets, 0)]
+    chars[offsets < -length] = 48
+    first = a[end - length]
+    signed = (first == 45) | (first == 43)
+    if signed.any():
+        chars[longest - length[signed], np.flatnonzero(signed)] = 48
+    digits = chars - 48  # uint8: a point becomes 254, anything else but a digit > 9
+    point = digits == 254
+    points = point.sum(axis=0)
+    n_digits = length - signed - points
+    if ((digits > 9) & ~point).any() or points.max() > 1 or n_digits.max() > 15 or n_digits.min() < 1:
+        return None
+    digits[point] = 0
+    decimals = np.arange(longest - 1, -1, -1) @ point  # the places right of the point (0 without one)
+    total = _PLACE[17 - longest :] @ digits.astype(np.int64)  # every byte at its place, the point included
+    tail = 10 ** (decimals + 1)  # what lies right of the point stays; what lies left moves one place down
+    low = total % tail
+    mantissa = np.where(points > 0, (total - low) // 10 + low, total)
+    numbers = mantissa.astype(np.float64) / _POW10[decimals]
+    negative = first == 45
+    numbers[negative] = -numbers[negative]
+    return numbers[:n], numbers[n:], kept, row_ends
+
+
+def _field_starts(ends: np.ndarray, column: int, width: int) -> np.ndarray:
+    """Where each row's field `column` starts: after the field end before it (the previous row's
+    newline for the first column; the first row's first field starts at 0)."""
+    if column:
+        return ends[column - 1 :: width] + 1
+    starts = np.empty(ends.size // width, dtype=ends.dtype)
+    starts[0] = 0
+    starts[1:] = ends[width - 1 : -1 : width] + 1
+    return starts
 
 
 def write_curve(run_dir: Path, steps: Sequence[float], returns: Sequence[float]) -> None:
@@ -304,8 +475,8 @@ def train_columns(run_dir: Path) -> list[str] | None:
     return lines[0].decode(errors="replace").strip().split(",")
 
 
-def has_train_log(run_dir: Path) -> bool:
-    return (run_dir / TRAIN_LOG).exists()
+def has_train_log(run_dir: Path, names: frozenset[str] | None = None) -> bool:
+    return _exists(run_dir, names, TRAIN_LOG)
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,17 +494,45 @@ def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, floa
     atomic_write_text(run_dir / EVAL_LOG, buf.getvalue())
 
 
-def has_eval(run_dir: Path) -> bool:
-    return (run_dir / EVAL_LOG).exists()
+def has_eval(run_dir: Path, names: frozenset[str] | None = None) -> bool:
+    return _exists(run_dir, names, EVAL_LOG)
 
 
 def read_eval_returns(run_dir: Path) -> list[float]:
     """Each evaluation episode's return; ValueError/KeyError/TypeError/csv.Error for a damaged file."""
-    with (run_dir / EVAL_LOG).open(newline="") as f:
-        returns = [float(row["return"]) for row in csv.DictReader(f)]
+    try:
+        with (run_dir / EVAL_LOG).open(newline="") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        text = None  # read as DictReader reads it, so that the error says what it said
+    returns = _plain_returns(text) if text is not None else None
+    if returns is None:
+        with (run_dir / EVAL_LOG).open(newline="") if text is None else io.StringIO(text, newline="") as f:
+            returns = [float(row["return"]) for row in csv.DictReader(f)]
     if not returns:
         raise ValueError("no episodes")
     return returns
+
+
+def _plain_returns(text: str) -> list[float] | None:
+    """The `return` column as csv.DictReader reads it, when the file is plain (no quotes, carriage
+    returns, NUL bytes or blank lines; one `return` column; every row as wide as the header), which
+    splitting on commas reads the same; else None, and DictReader reads it."""
+    if '"' in text or "\r" in text or "\0" in text:
+        return None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) < 2 or "" in lines:
+        return None
+    header = lines[0].split(",")
+    if header.count("return") != 1:
+        return None
+    commas, column = len(header) - 1, header.index("return")
+    rows = lines[1:]
+    if any(line.count(",") != commas for line in rows):
+        return None
+    return [float(line.split(",")[column]) for line in rows]
 
 
 def read_eval(run_dir: Path) -> float:
@@ -353,9 +552,11 @@ class EvalCurveLog(AppendLog):
         super().__init__(run_dir / EVAL_CURVE, EVAL_CURVE_COLUMNS, resume_step)
 
 
-def read_eval_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_eval_curve(run_dir: Path, names: frozenset[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(step, mean return) of each evaluation during training; empty arrays when the run has none.
-    A torn last line is dropped; ValueError for damage, as `read_curve`."""
+    A torn last line is dropped; ValueError for damage, as `read_curve`. `names`: as `run_state`'s."""
+    if names is not None and EVAL_CURVE not in names:
+        return np.empty(0), np.empty(0)
     try:
         return _read_columns(run_dir / EVAL_CURVE, "mean_return")
     except FileNotFoundError:

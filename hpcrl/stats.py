@@ -25,8 +25,12 @@ Conventions shared by every function:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -144,12 +148,101 @@ def probability_of_improvement(x: ArrayLike, y: ArrayLike) -> np.ndarray | float
 
 
 def _percentile_interval(samples: np.ndarray, confidence: float) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """Two-sided percentile interval over axis 0, as arch's ``conf_int(method="percentile")``."""
+    """Two-sided percentile interval over axis 0, as arch's ``conf_int(method="percentile")``.
+
+    Exactly ``np.percentile(samples, [alpha, 100 - alpha], axis=0)``; for many columns of many
+    resamples (a training curve's band) `_tail_percentiles` finds the same order statistics
+    without partitioning every column whole.
+    """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     alpha = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(samples, [alpha, 100.0 - alpha], axis=0)
+    fast = samples.ndim == 2 and samples.shape[0] >= _TAIL_MIN_REPS and samples.shape[1] >= _TAIL_MIN_COLUMNS and samples.dtype == np.float64
+    low, high = _tail_percentiles(samples, alpha) if fast else np.percentile(samples, [alpha, 100.0 - alpha], axis=0)
     return _scalar(low), _scalar(high)
+
+
+# `_tail_percentiles` pays off from a thousand resamples x a few dozen columns; below, np.percentile.
+_TAIL_MIN_REPS, _TAIL_MIN_COLUMNS, _TAIL_PROBE, _TAIL_MAX_WIDTH = 1000, 16, 128, 256
+_TAIL_CHECKED: dict[tuple[int, float], bool] = {}
+"""(resamples, alpha) -> whether `_tail_percentiles` reproduced np.percentile on its first columns."""
+
+
+def _tail_percentiles(samples: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """``np.percentile(samples, [alpha, 100 - alpha], axis=0)``, the same floats, found faster.
+
+    A percentile interval needs four order statistics of each column: the two around rank
+    ``(n - 1) alpha / 100`` and their mirror images. np.percentile partitions every column whole to
+    find them, which was most of the time of collecting a 1,000-setting sweep. Here the sorted first
+    rows of each column (a probe: resamples are exchangeable) give it a threshold per tail; the
+    values beyond it, counted and found to hold both ranks, are the only ones sorted, and numpy's
+    linear interpolation (virtual index ``(n - 1) q``, its ``_lerp``) is applied to the values found.
+    A column whose count falls short or runs long (the lumpy bootstrap distribution of a few seeds)
+    goes to np.percentile; so does everything when a sample is not finite (NaN stays numpy's
+    business), or when this numpy interpolates otherwise: the first call for a shape compares its
+    first columns with np.percentile and, if they differ, never takes this path again.
+    """
+    n, p = samples.shape
+    q = np.true_divide(np.array([alpha, 100.0 - alpha]), 100)
+    virtual = (n - 1) * q
+    before = np.floor(virtual)
+    gamma = virtual - before
+    (lo_prev, hi_prev), (lo_next, hi_next) = before.astype(np.intp), before.astype(np.intp) + 1
+    need = max(lo_next + 1, n - hi_prev)  # values at or beyond a tail's threshold that hold its two ranks
+    k = math.ceil(2.5 * need * (_TAIL_PROBE + 1) / n) - 1  # the probe's order statistic that leaves ~2.5x that
+    key = (n, alpha)
+    with np.errstate(over="ignore", invalid="ignore"):  # a sum that overflows only sends this to np.percentile
+        finite = math.isfinite(float(samples.sum()))
+    if not (finite and _TAIL_CHECKED.get(key, True) and 0 <= lo_prev and hi_next <= n - 1 and k < _TAIL_PROBE // 4):
+        low, high = np.percentile(samples, [alpha, 100.0 - alpha], axis=0)
+        return low, high
+    probe = np.sort(samples[:_TAIL_PROBE].T, axis=1)
+    low_prev, low_next, low_ok = _tail_values(samples, samples <= probe[:, k], (lo_prev, lo_next), need)
+    high_prev, high_next, high_ok = _tail_values(samples, samples >= probe[:, _TAIL_PROBE - 1 - k], (hi_prev - n, hi_next - n), need)
+    with np.errstate(invalid="ignore"):  # columns left to np.percentile below hold inf here
+        low, high = _lerp(low_prev, low_next, gamma[0]), _lerp(high_prev, high_next, gamma[1])
+    redo = ~(low_ok & high_ok)
+    if key not in _TAIL_CHECKED and (check := np.flatnonzero(~redo)[:4]).size:
+        exact = np.percentile(samples[:, check], [alpha, 100.0 - alpha], axis=0)
+        _TAIL_CHECKED[key] = bool(np.array_equal(exact, np.stack([low[check], high[check]])))
+        if not _TAIL_CHECKED[key]:
+            redo[:] = True
+    if redo.any():
+        low[redo], high[redo] = np.percentile(samples[:, redo], [alpha, 100.0 - alpha], axis=0)
+    return low, high
+
+
+def _tail_values(samples: np.ndarray, beyond: np.ndarray, ranks: tuple[int, int], need: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each column's values at two ranks (counted from the bottom, or from the top when negative)
+    among the values `beyond` marks, and whether the column had at least `need` of them (then they
+    are its ranks in the whole column) and few enough to sort cheaply; other columns get junk."""
+    n, p = samples.shape
+    flat = np.flatnonzero(beyond)  # row-major: by row, then column
+    cols = flat % p
+    counts = np.bincount(cols, minlength=p)
+    ok = (counts >= need) & (counts <= _TAIL_MAX_WIDTH)
+    keep = ok[cols]
+    flat, cols = flat[keep], cols[keep]
+    by_column = np.argsort(cols.astype(np.uint16) if p <= 1 << 16 else cols, kind="stable")  # radix sort
+    flat, cols = flat[by_column], cols[by_column]
+    width = max(int(counts[ok].max()) if ok.any() else 0, need)
+    starts = np.zeros(p, dtype=np.intp)
+    np.cumsum(np.where(ok, counts, 0)[:-1], out=starts[1:])
+    bottom = ranks[0] >= 0
+    padded = np.full((p, width), np.inf if bottom else -np.inf)  # sorts after the bottom values, before the top ones
+    padded.ravel()[cols * width + np.arange(cols.size) - starts[cols]] = samples.ravel()[flat]
+    found = np.sort(padded, axis=1)
+    at = ranks if bottom else (width + ranks[0], width + ranks[1])
+    return found[:, at[0]], found[:, at[1]], ok
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
+    """numpy's linear interpolation between neighbouring order statistics, operation for operation."""
+    diff = b - a
+    out = a + diff * t
+    if t >= 0.5:
+        out = b - diff * (1 - t)
+    return out
 
 
 def _stratified_resample(a: np.ndarray, reps: int, rng: np.random.Generator) -> np.ndarray:
@@ -161,6 +254,15 @@ def _stratified_resample(a: np.ndarray, reps: int, rng: np.random.Generator) -> 
     n_runs, n_tasks = a.shape
     idx = rng.integers(0, n_runs, size=(reps, n_runs, n_tasks))
     return a[idx, np.arange(n_tasks)]
+
+
+@functools.lru_cache(maxsize=64)
+def _first_resample_indices(n_runs: int, n_tasks: int, reps: int, seed: int) -> np.ndarray:
+    """The indices `_stratified_resample` draws first from ``default_rng(seed)``: every setting of a
+    sweep with as many runs draws the same ones, so they are drawn once (read-only)."""
+    idx = np.random.default_rng(seed).integers(0, n_runs, size=(reps, n_runs, n_tasks))
+    idx.flags.writeable = False
+    return idx
 
 
 def stratified_bootstrap_ci(
@@ -185,7 +287,11 @@ def stratified_bootstrap_ci(
     if a.shape[0] == 0 or a.shape[1] == 0:
         nan = _scalar(np.full(np.shape(statistic(a)), np.nan))
         return nan, nan
-    samples = np.asarray(statistic(_stratified_resample(a, reps, np.random.default_rng(seed))), dtype=float)
+    if isinstance(seed, int):
+        resamples = a[_first_resample_indices(a.shape[0], a.shape[1], reps, seed), np.arange(a.shape[1])]
+    else:
+        resamples = _stratified_resample(a, reps, np.random.default_rng(seed))
+    samples = np.asarray(statistic(resamples), dtype=float)
     return _percentile_interval(samples, confidence)
 
 
@@ -250,6 +356,7 @@ def summarize(
     same seed, so rerunning the aggregation reproduces the file exactly.
     """
     rows: list[dict[str, str | int | float]] = []
+    pending: list[tuple[dict, np.ndarray, np.ndarray]] = []  # rows whose intervals come from one batch below
     for setting, scores in scores_by_setting.items():
         try:
             a = _matrix(scores)
@@ -258,22 +365,25 @@ def summarize(
         if a.ndim != 2:
             raise ValueError(f"{setting}: scores must be (n_runs, n_tasks), got shape {a.shape}")
         n = a.shape[0]
-        mean_low, mean_high = stratified_bootstrap_ci(a, mean, reps, confidence, seed)
-        iqm_low, iqm_high = stratified_bootstrap_ci(a, iqm, reps, confidence, seed)
-        rows.append(
-            {
-                "setting": setting,
-                "n": n,
-                "mean": mean(a),
-                "median": median(a),
-                "iqm": iqm(a),
-                "std": float(a.mean(axis=1).std(ddof=1)) if n >= 2 else math.nan,
-                "mean_ci_low": mean_low,
-                "mean_ci_high": mean_high,
-                "iqm_ci_low": iqm_low,
-                "iqm_ci_high": iqm_high,
-            }
-        )
+        row: dict = {"setting": setting, "n": n, "mean": mean(a), "median": median(a), "iqm": iqm(a), "std": float(a.mean(axis=1).std(ddof=1)) if n >= 2 else math.nan}
+        row.update(mean_ci_low=math.nan, mean_ci_high=math.nan, iqm_ci_low=math.nan, iqm_ci_high=math.nan)
+        if reps >= 1 and n and a.shape[1] and isinstance(seed, int):
+            if not 0.0 < confidence < 1.0:
+                raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+            # What stratified_bootstrap_ci(a, mean / iqm) computes, up to the percentiles, which are
+            # taken for every setting at once: the same resamples (drawn once per shape), the same
+            # statistics, and percentiles that are column by column what they are for each alone.
+            resamples = a[_first_resample_indices(n, a.shape[1], reps, seed), np.arange(a.shape[1])]
+            pending.append((row, np.asarray(mean(resamples), dtype=float), np.asarray(iqm(resamples), dtype=float)))
+        else:
+            row["mean_ci_low"], row["mean_ci_high"] = stratified_bootstrap_ci(a, mean, reps, confidence, seed)
+            row["iqm_ci_low"], row["iqm_ci_high"] = stratified_bootstrap_ci(a, iqm, reps, confidence, seed)
+        rows.append(row)
+    for key, column in (("mean", 1), ("iqm", 2)):
+        if pending:
+            low, high = _percentile_interval(np.stack([item[column] for item in pending], axis=1), confidence)
+            for (row, *_), lo, hi in zip(pending, np.atleast_1d(low).tolist(), np.atleast_1d(high).tolist()):
+                row[f"{key}_ci_low"], row[f"{key}_ci_high"] = lo, hi
     return rows
 
 
@@ -288,13 +398,25 @@ def _clean_curve(steps: ArrayLike, values: ArrayLike) -> tuple[np.ndarray, np.nd
     if s.shape != v.shape:
         raise ValueError(f"a seed has {s.size} steps but {v.size} values")
     keep = np.isfinite(s) & np.isfinite(v)
-    s, v = s[keep], v[keep]
+    if not keep.all():
+        s, v = s[keep], v[keep]
+    if s.size < 2 or (s[1:] > s[:-1]).all():  # already sorted and unique, as a log that never resumed
+        return s, v
     unique_steps, first_in_reversed = np.unique(s[::-1], return_index=True)
     return unique_steps, v[::-1][first_in_reversed]
 
 
 # Fraction of the sorted seeds cut from each end by each curve aggregate (rliable's IQM cuts 25%).
 _CURVE_TRIM = {"mean": 0.0, "iqm": 0.25}
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_weights(n: int, reps: int, trim: float, seed: int) -> np.ndarray:
+    """`_trimmed_mean_weights` from ``default_rng(seed)``: the same for every setting with n seeds,
+    so drawn once per n (read-only)."""
+    weights = _trimmed_mean_weights(n, reps, trim, np.random.default_rng(seed))
+    weights.flags.writeable = False
+    return weights
 
 
 def _trimmed_mean_weights(n: int, reps: int, trim: float, rng: np.random.Generator) -> np.ndarray:
@@ -336,6 +458,93 @@ def aggregate_curves(
     each point as `stratified_bootstrap_ci` of that point's scores (see `_trimmed_mean_weights`
     for how it is computed fast).
     """
+    curve, ys, covered = _curve_points(steps_per_seed, values_per_seed, grid, agg, reps, n_points)
+    if ys is not None:
+        _, _, low, high, n = curve
+        low[covered], high[covered] = _percentile_interval(_curve_weights(n, reps, agg, seed) @ ys, confidence)
+    return curve
+
+
+def aggregate_curves_many(
+    seeds_of_curves: Sequence[tuple[Sequence[ArrayLike], Sequence[ArrayLike]]],
+    agg: Literal["mean", "iqm"] = "mean",
+    reps: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    n_points: int = 100,
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | ValueError]:
+    """`aggregate_curves` of many ``(steps_per_seed, values_per_seed)`` on their default grids:
+    each one's answer, or the ValueError it raises, float for float the same.
+
+    The difference is BLAS's threads: each curve's bootstrap is one small matmul (reps x seeds by
+    seeds x points), and on a machine whose cores are busy, every such call made with a pool of
+    threads waits for the other thread to be scheduled, milliseconds apiece: 1,000 curves took 7 to
+    10 s on 2 busy cores, and 0.5 s in one thread. So they run in one BLAS thread (`_one_blas_thread`).
+    That changes no number: for products of this shape OpenBLAS gives the same bits whatever its
+    threads (1, 2, 4, 8 and 32 threads agreed on every product of 1,000 to 5,000 reps, 1 to 300
+    seeds and 1 to 100 points; tests/test_stats.py holds this function to `aggregate_curves`).
+    Wider products, which collect does not make (its grids have 100 points), can differ in the
+    last bit between thread counts, as they did in the code before, from one machine to another.
+    """
+    with _one_blas_thread():
+        return [_answer(lambda s=s, v=v: aggregate_curves(s, v, None, agg, reps, confidence, seed, n_points)) for s, v in seeds_of_curves]
+
+
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """Numpy's OpenBLAS limited to one thread while the block runs (as threadpoolctl would; a no-op
+    where numpy's BLAS is not an OpenBLAS found loaded in this process)."""
+    api = _openblas_threads()
+    before = api[0]() if api else 1
+    if before == 1:
+        yield
+        return
+    api[1](1)
+    try:
+        yield
+    finally:
+        api[1](before)
+
+
+@functools.lru_cache(maxsize=1)
+def _openblas_threads() -> tuple[Callable[[], int], Callable[[int], None]] | None:
+    """(get, set) of the thread count of the OpenBLAS loaded in this process (numpy's), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = list(dict.fromkeys(line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1].lower()))
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # only a library already loaded
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"), ("openblas", "")):
+            get, set_ = getattr(lib, f"{prefix}_get_num_threads{suffix}", None), getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                get.restype, get.argtypes, set_.restype, set_.argtypes = ctypes.c_int, [], None, [ctypes.c_int]
+                return get, set_
+    return None
+
+
+def _answer(compute: Callable[[], tuple]) -> tuple | ValueError:
+    try:
+        return compute()
+    except ValueError as exc:
+        return exc
+
+
+def _curve_weights(n: int, reps: int, agg: str, seed: int) -> np.ndarray:
+    trim = _CURVE_TRIM[agg]
+    return _cached_weights(n, reps, trim, seed) if isinstance(seed, int) else _trimmed_mean_weights(n, reps, trim, np.random.default_rng(seed))
+
+
+def _curve_points(
+    steps_per_seed: Sequence[ArrayLike], values_per_seed: Sequence[ArrayLike], grid: ArrayLike | None, agg: str, reps: int, n_points: int
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray | None, np.ndarray | None]:
+    """`aggregate_curves` up to its band: the curve with the band still NaN, the seeds' values at
+    the covered grid points sorted per point (None when there is nothing to bootstrap), and which
+    grid points those are."""
     if len(steps_per_seed) != len(values_per_seed):
         raise ValueError(f"{len(steps_per_seed)} step arrays but {len(values_per_seed)} value arrays")
     if agg not in _CURVE_TRIM:
@@ -356,12 +565,10 @@ def aggregate_curves(
         g = np.unique(np.linspace(start, stop, n_points))
     center, low, high = (np.full(g.shape, np.nan) for _ in range(3))
     if n == 0 or g.size == 0:
-        return g, center, low, high, n
+        return (g, center, low, high, n), None, None
 
     covered = (g >= start) & (g <= stop)
     ys = np.sort(np.stack([np.interp(g[covered], s, v) for s, v in curves]), axis=0)  # (n_seeds, n_covered)
     cut = int(_CURVE_TRIM[agg] * n)
     center[covered] = ys[cut : n - cut].mean(axis=0)
-    samples = _trimmed_mean_weights(n, reps, _CURVE_TRIM[agg], np.random.default_rng(seed)) @ ys
-    low[covered], high[covered] = _percentile_interval(samples, confidence)
-    return g, center, low, high, n
+    return (g, center, low, high, n), ys, covered

@@ -4,11 +4,14 @@ Whole `hpcrl train` lifetimes on these files are in test_run_lifetimes.py."""
 
 from __future__ import annotations
 
+import csv
 import errno
 import os
+import random
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,6 +67,128 @@ def test_read_curve_reports_damage_in_the_middle(tmp_path: Path) -> None:
     (tmp_path / "train.csv").write_text(HEADER + "100,1,5\n200,2,\x00garbage\n300,3,7\n")
     with pytest.raises(ValueError):
         rundir.read_curve(tmp_path)
+
+
+def _line_by_line(path: Path, value_column: str = "episodic_return") -> tuple:
+    """How train.csv was read before issue 17 (one Python split per line, numpy's float() of each
+    field): the specification the fast readers are held to, exceptions included."""
+    lines = path.read_bytes().split(b"\n")[:-1]
+    if not lines:
+        return np.empty(0), np.empty(0)
+    header = lines[0].decode().strip().split(",")
+    s, r = header.index("step"), header.index(value_column)
+    steps, values = [], []
+    for line in lines[1:]:
+        row = line.split(b",")
+        if len(row) > r and row[r].strip():
+            steps.append(row[s])
+            values.append(row[r])
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+def _outcome(read) -> tuple:
+    try:
+        result = read()
+    except Exception as exc:  # noqa: BLE001 - the exception is part of the answer
+        return ("raised", type(exc).__name__, str(exc))
+    if isinstance(result, Exception):
+        return ("raised", type(result).__name__, str(result))
+    return tuple((a.dtype.str, a.tobytes()) for a in result)  # bit for bit: -0.0 is not 0.0
+
+
+_FIELDS = ["256", "-0", "-0.00", "+.5", "1.", "007", "123456789012345", "1234567890123456", "0.000000000000001", "12.50", "480.12",
+           "-3.25", "1e5", "1E-05", "nan", "inf", "", " ", " 7", "7\r", "1_0", "abc", ".", "-", "1.2.3", "\x00", '"3"', "0x10"]  # fmt: skip
+
+
+def _random_log(rng: random.Random, plain: bool) -> bytes:
+    ncol = rng.choice([2, 3, 6, 13])
+    cols = [f"c{i}" for i in range(ncol)]
+    cols[rng.randrange(ncol)] = "step"
+    cols[next(i for i in rng.sample(range(ncol), ncol) if cols[i] != "step")] = "episodic_return"
+    rows = [",".join(cols)]
+    for _ in range(rng.randint(0, 30)):
+        width = ncol if rng.random() < 0.97 else rng.randint(1, ncol + 1)
+        if plain:
+            rows.append(",".join(rng.choice([str(rng.randint(-99999, 99999)), f"{rng.uniform(-1e4, 1e4):.{rng.randint(0, 9)}f}"]) for _ in range(width)))
+        else:
+            rows.append(",".join(rng.choice(_FIELDS) if rng.random() < 0.3 else f"{rng.uniform(0, 500):.2f}" for _ in range(width)))
+    text = "\n".join(rows) + rng.choice(["\n", "", "\n12,3", "\n\x00\x00"])
+    if rng.random() < 0.03:
+        text = text.replace("\n", "\r\n")
+    return text.encode() if rng.random() > 0.02 else b"\xff\xfe" + text.encode()
+
+
+def test_read_curve_and_read_curves_read_as_line_by_line(tmp_path: Path) -> None:
+    """The vectorised parser (one file, or a batch of many) gives the line-by-line reader's floats
+    bit for bit, and its exceptions word for word: plain decimals, signs, -0, 15 and 16 digits,
+    exponents, blanks, whitespace, CRLF, NUL, quotes, ragged rows, torn tails, undecodable headers."""
+    rng = random.Random(17)
+    dirs = []
+    for i in range(600):
+        rd = tmp_path / f"r{i}"
+        rd.mkdir()
+        if rng.random() > 0.01:
+            (rd / "train.csv").write_bytes(_random_log(rng, plain=rng.random() < 0.6))
+        dirs.append(rd)
+    for rd in dirs[:4]:  # a batch of one layout, plain throughout, beside the rest
+        (rd / "train.csv").write_text("step,x,episodic_return\n" + "".join(f"{k * 256},{k},{rng.uniform(-9, 500):.2f}\n" for k in range(50)))
+    expected = [_outcome(lambda rd=rd: _line_by_line(rd / "train.csv")) for rd in dirs]
+    assert [_outcome(lambda rd=rd: rundir.read_curve(rd)) for rd in dirs] == expected
+    assert [_outcome(lambda x=x: x) for x in rundir.read_curves(dirs)] == expected
+    assert sum(e[0] != "raised" for e in expected) > 200  # most files are read, not refused
+
+
+def test_plain_decimals_parse_to_the_correctly_rounded_double() -> None:
+    """m / 10**d of exact doubles is what float() gives for every plain decimal of <= 15 digits."""
+    rng = random.Random(5)
+    fields = [f"{rng.choice(['', '-', '+'])}{rng.randint(0, 10 ** rng.randint(1, 15) - 1)}" for _ in range(3000)]
+    fields = [f[: len(f) - k] + "." + f[len(f) - k :] if (k := rng.randint(0, 6)) < len(f.lstrip("+-")) else f for f in fields]
+    body = "".join(f"{f},{f}\n" for f in fields).encode()
+    steps, values, kept, _ = rundir._plain_columns(body, (0, 1))
+    want = np.array([float(f) for f in fields])
+    assert kept is None and np.array_equal(steps.view(np.int64), want.view(np.int64)) and np.array_equal(values, steps)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["episode,return,length\n0,1.5,10\n1,2,10\n", "episode,return\n0,3\n", "return\n-1\n2\n", "episode,return,length\r\n0,1,2\r\n",
+     'episode,return\n0,"4"\n', "episode,return\n\n0,4\n\n", "episode,return\n0\n", "episode,return\n0,1,2\n", "episode,length\n0,1\n",
+     "return,return\n1,2\n", "episode,return\n", "", "episode,return\n0, 5\n", "episode,return\n0,x\n", "episode,return\n0,1\x00\n"],
+)  # fmt: skip
+def test_read_eval_reads_as_dictreader(tmp_path: Path, text: str) -> None:
+    """eval.csv's plain files are split on commas, the rest read by csv.DictReader: the same mean, or the same error."""
+    (tmp_path / "eval.csv").write_text(text)
+
+    def dictreader() -> float:
+        with (tmp_path / "eval.csv").open(newline="") as f:
+            returns = [float(row["return"]) for row in csv.DictReader(f)]
+        if not returns:
+            raise ValueError("no episodes")
+        return float(np.mean(returns))
+
+    assert _outcome(lambda: (np.array(rundir.read_eval(tmp_path)),)) == _outcome(lambda: (np.array(dictreader()),))
+
+
+def test_listing_says_what_exists_says(tmp_path: Path) -> None:
+    """One directory read stands for a stat per marker: a dangling symlink does not exist, a live one does."""
+    rd = tmp_path / "run"
+    rd.mkdir()
+    for name in ("DONE", "train.csv", "EVAL_FAILED"):
+        (rd / name).write_text("x\n")
+    (rd / "EVAL_DONE").symlink_to(tmp_path / "nowhere")
+    (rd / "eval.csv").symlink_to(rd / "train.csv")
+    names = rundir.listing(rd)
+    assert names == {n for n in os.listdir(rd) if (rd / n).exists()} == {"DONE", "train.csv", "EVAL_FAILED", "eval.csv"}
+    assert rundir.run_state(rd, names) == rundir.run_state(rd) == "done"
+    assert rundir.eval_state(rd, names) == rundir.eval_state(rd) == "failed"
+    assert rundir.has_eval(rd, names) and rundir.has_train_log(rd, names)
+    assert rundir.listing(tmp_path / "missing") == frozenset() and rundir.run_state(tmp_path / "missing", frozenset()) == "new"
+    (rd / "DONE").unlink()
+    (rd / "checkpoints").mkdir()
+    (rd / "train.csv").unlink()
+    assert rundir.run_state(rd, rundir.listing(rd)) == rundir.run_state(rd) == "new"
+    (rd / "checkpoints" / "step_100.pt").write_bytes(b"")
+    assert rundir.run_state(rd, rundir.listing(rd)) == rundir.run_state(rd) == "started"
 
 
 # ---------------------------------------------------------------------------------------------- markers

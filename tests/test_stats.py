@@ -375,3 +375,106 @@ def test_aggregate_curves_rejects_bad_input() -> None:
         stats.aggregate_curves([np.arange(3.0), np.arange(5.0, 8.0)], [np.arange(3.0)] * 2)
     with pytest.raises(ValueError, match="steps but"):
         stats.aggregate_curves([np.arange(3.0)], [np.arange(4.0)])
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 17: the fast paths of a 1,000-setting collect give numpy's numbers, float for float.
+
+
+def _percentile_cases() -> list[tuple[np.ndarray, float]]:
+    rng = np.random.default_rng(17)
+    cases = []
+    for i in range(60):
+        n, p = int(rng.choice([1000, 1999, 2000, 4000])), int(rng.choice([16, 40, 100, 300]))
+        kind = i % 6
+        if kind == 0:
+            s = rng.normal(size=(n, p))
+        elif kind == 1:
+            s = np.round(rng.normal(size=(n, p)), 1)  # many ties
+        elif kind == 2:
+            s = rng.integers(0, 3, size=(n, p)).astype(float)  # lumpy: the bootstrap of two seeds
+        elif kind == 3:
+            s = rng.exponential(size=(n, p)) * 1e6  # skewed
+        elif kind == 4:
+            s = rng.normal(size=(n, p))
+            s[rng.integers(0, n), rng.integers(0, p)] = [np.nan, np.inf, -np.inf][i % 3]
+        else:  # what aggregate_curves computes: trimmed-mean weights of few seeds x sorted curves
+            seeds = int(rng.integers(1, 12))
+            s = stats._trimmed_mean_weights(seeds, n, 0.25, np.random.default_rng(0)) @ np.sort(rng.normal(size=(seeds, p)), axis=0)
+        cases.append((s, float(rng.choice([0.95, 0.9, 0.99, 0.5, 0.999]))))
+    return cases
+
+
+def test_percentile_interval_is_numpys_percentile_float_for_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail selection finds the same order statistics and interpolates as numpy does, NaN and
+    inf left to numpy; and it is really the path taken (numpy sees few columns of a plain matrix)."""
+    percentile = np.percentile
+    seen = []
+    monkeypatch.setattr(stats.np, "percentile", lambda a, *args, **kw: seen.append(np.shape(a)) or percentile(a, *args, **kw))
+    for s, confidence in _percentile_cases():
+        alpha = 100.0 * (1.0 - confidence) / 2.0
+        with np.errstate(invalid="ignore"):
+            want = percentile(s, [alpha, 100.0 - alpha], axis=0)
+        low, high = stats._percentile_interval(s, confidence)
+        assert np.array_equal(low, want[0], equal_nan=True) and np.array_equal(high, want[1], equal_nan=True)
+    seen.clear()
+    s = np.random.default_rng(1).normal(size=(2000, 100))
+    stats._percentile_interval(s, 0.95)
+    assert sum(shape[1] for shape in seen if len(shape) == 2) <= 10, seen
+
+
+def test_summarize_gives_each_setting_its_own_stratified_bootstrap() -> None:
+    """summarize takes the percentiles of all settings at once; each row is still exactly what
+    stratified_bootstrap_ci gives that setting alone (seeds, shapes and ties vary)."""
+    rng = np.random.default_rng(3)
+    scores = {f"s{i}": np.round(rng.normal(100, 30, size=(int(rng.integers(0, 12)), int(rng.choice([1, 1, 3])))), i % 3) for i in range(40)}
+    for row in stats.summarize(scores):
+        a = np.asarray(scores[row["setting"]], dtype=float)
+        for name, fn in (("mean", stats.mean), ("iqm", stats.iqm)):
+            low, high = stats.stratified_bootstrap_ci(a, fn)
+            assert np.array_equal([row[f"{name}_ci_low"], row[f"{name}_ci_high"]], [low, high], equal_nan=True)
+            assert type(row[f"{name}_ci_low"]) is float
+
+
+def test_cached_draws_are_the_fresh_ones_and_read_only() -> None:
+    weights = stats._cached_weights(7, 500, 0.25, 0)
+    assert np.array_equal(weights, stats._trimmed_mean_weights(7, 500, 0.25, np.random.default_rng(0)))
+    idx = stats._first_resample_indices(5, 2, 300, 0)
+    assert np.array_equal(idx, np.random.default_rng(0).integers(0, 5, size=(300, 5, 2)))
+    with pytest.raises(ValueError):
+        weights[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        idx[0, 0, 0] = 1
+
+
+def test_clean_curve_shortcut_for_sorted_logs_is_the_unique_path() -> None:
+    rng = np.random.default_rng(5)
+    steps = np.cumsum(rng.integers(1, 5, size=50)).astype(float)
+    values = rng.normal(size=50)
+    s, v = stats._clean_curve(steps, values)
+    unique, first = np.unique(steps[::-1], return_index=True)
+    assert np.array_equal(s, unique) and np.array_equal(v, values[::-1][first])
+    signed_zero = np.array([-0.0, 0.0, 1.0])  # equal steps: not strictly increasing, so the last one wins
+    s, v = stats._clean_curve(signed_zero, np.array([1.0, 2.0, 3.0]))
+    assert list(v) == [2.0, 3.0]
+
+
+def test_aggregate_curves_many_is_aggregate_curves_of_each() -> None:
+    """Stacking the matmuls of many curves (more than one stack of a shape, several shapes, one
+    seed, seeds that do not overlap, an empty setting) changes no float and no error."""
+    rng = np.random.default_rng(9)
+    items = []
+    for i in range(80):
+        seeds = [1, 2, 3, 10, 10, 10][i % 6]
+        steps = [np.sort(rng.uniform(0, 1e5, size=int(rng.integers(20, 60)))) + (5e5 if i % 23 == 0 and k == 0 else 0) for k in range(seeds)]
+        items.append((steps, [rng.normal(size=s.size) * 100 for s in steps]))
+    items.append(([], []))
+    for agg in ("mean", "iqm"):
+        many = stats.aggregate_curves_many(items, agg=agg)
+        for (steps, values), got in zip(items, many):
+            try:
+                want = stats.aggregate_curves(steps, values, agg=agg)
+            except ValueError as exc:
+                assert isinstance(got, ValueError) and str(got) == str(exc)
+                continue
+            assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got[:4], want[:4])) and got[4] == want[4]
