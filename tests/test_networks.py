@@ -12,7 +12,7 @@ import torch
 
 from hpcrl.config import EnvConfig
 from hpcrl.rl.envs import make_env
-from hpcrl.rl.networks import ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, obs_to_tensor
+from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, obs_to_tensor
 
 torch.manual_seed(0)
 
@@ -190,10 +190,29 @@ def test_amp_encoder_runs_reduced_precision_and_returns_float32() -> None:
     assert logprob.dtype == value.dtype == torch.float32
 
 
-def test_amp_is_ignored_on_cpu() -> None:
+def _twins(amp: str) -> tuple[ActorCritic, ActorCritic, torch.Tensor]:
+    """A pixel policy with `amp`, the same weights without, and a batch of frames."""
     pixels = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)
-    policy = ActorCritic(pixels, gym.spaces.Discrete(3), [16], "relu", amp="fp16")
+    policy = ActorCritic(pixels, gym.spaces.Discrete(3), [16], "relu", amp=amp)
     plain = ActorCritic(pixels, gym.spaces.Discrete(3), [16], "relu")
     plain.load_state_dict(policy.state_dict())
-    obs = obs_to_tensor(np.random.default_rng(0).integers(0, 256, (2, 1, 36, 36), dtype=np.uint8), torch.device("cpu"))
-    torch.testing.assert_close(policy.value(obs), plain.value(obs))
+    obs = obs_to_tensor(np.random.default_rng(0).integers(0, 256, (8, 1, 36, 36), dtype=np.uint8), torch.device("cpu"))
+    return policy, plain, obs
+
+
+def test_fp16_is_ignored_on_cpu() -> None:
+    policy, plain, obs = _twins("fp16")
+    torch.testing.assert_close(policy.value(obs), plain.value(obs), rtol=0, atol=0)
+
+
+def test_bf16_on_cpu_follows_native_support() -> None:
+    """Where the CPU computes bfloat16 natively the encoder runs in it (float32 out, close to the
+    float32 policy, not equal to it: it did run reduced); elsewhere bf16 is ignored, bit for bit."""
+    policy, plain, obs = _twins("bf16")
+    mine, theirs = policy.value(obs), plain.value(obs)
+    assert mine.dtype == torch.float32
+    if CPU_BF16:
+        torch.testing.assert_close(mine, theirs, rtol=0.05, atol=0.05)
+        assert not torch.equal(mine, theirs)
+    else:
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)

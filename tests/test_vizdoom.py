@@ -1,21 +1,26 @@
 """ViZDoom through its own gymnasium wrapper: ids, headless pixels from the config, episode ends
-as the learner needs them, and the three bundled configs running end to end (tiny budgets)."""
+as the learner needs them, the worker groups a rollout pipelines (the same steps as one
+AsyncVectorEnv), the three bundled configs running end to end (tiny budgets), and PPO learning
+`basic` with the bundled config (slow)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("vizdoom")
 
 from hpcrl.config import EnvConfig, load_experiment  # noqa: E402
-from hpcrl.rl.envs import final_observations, make_env, make_vec_env  # noqa: E402
+from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
-from hpcrl.rl.train import train_run  # noqa: E402
+from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
 from hpcrl.rl.vizdoom_env import resolve_id  # noqa: E402
 from hpcrl.sweep import expand  # noqa: E402
 
@@ -99,3 +104,86 @@ def test_bundled_configs_train_and_evaluate(name: str, tmp_path: Path) -> None:
     rd = experiment_dir / "runs" / run.run_id
     rows = (rd / "eval.csv").read_text().splitlines()
     assert rows[0].startswith("episode,return,length") and len(rows) == 3
+
+
+def _one_async_vector_env(spec: EnvConfig) -> gym.vector.VectorEnv:
+    """What make_vec_env built before the worker groups: one AsyncVectorEnv of all the envs."""
+    workers = gym.vector.AsyncVectorEnv([lambda: make_env(spec) for _ in range(spec.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(workers)
+
+
+def test_worker_groups_step_as_one_async_vector_env() -> None:
+    """3 envs in groups of 2 and 1: the same observations, rewards, episode ends, final frames and
+    episode statistics as one AsyncVectorEnv with the same seeds and actions."""
+    spec = EnvConfig(backend="vizdoom", id="basic", num_envs=3, vectorization="async", kwargs={"downsample": 2})
+    grouped, one = make_vec_env(spec), _one_async_vector_env(spec)
+    try:
+        assert isinstance(grouped, GroupedVectorEnv) and [g.num_envs for g in grouped.groups] == [2, 1]
+        assert grouped.observation_space == one.observation_space and grouped.action_space == one.action_space
+        np.testing.assert_array_equal(grouped.reset(seed=5)[0], one.reset(seed=5)[0])
+        rng = np.random.default_rng(0)
+        episodes = 0
+        for _ in range(160):  # attacking ends episodes early; doing nothing runs into the timeout
+            actions = rng.choice([0, 2], size=3, p=[0.9, 0.1])
+            mine, theirs = grouped.step(actions), one.step(actions)
+            for a, b in zip(mine[:4], theirs[:4]):
+                np.testing.assert_array_equal(a, b)
+            info, expected = mine[4], theirs[4]
+            assert ("_episode" in info) == ("_episode" in expected)
+            if "_episode" in expected:
+                np.testing.assert_array_equal(info["_episode"], expected["_episode"])
+                for key in ("r", "l"):
+                    np.testing.assert_array_equal(info["episode"][key], expected["episode"][key])
+                np.testing.assert_array_equal(final_observations(mine[0], info), final_observations(theirs[0], expected))
+                episodes += int(expected["_episode"].sum())
+        assert episodes >= 3
+    finally:
+        grouped.close()
+        one.close()
+
+
+@pytest.mark.parametrize("recurrent_size", [0, 16])
+def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int) -> None:
+    """A rollout over worker groups (each group's forward pass while the other group steps) gives
+    every env the observations, actions, episode starts and episodes that one batched forward pass
+    per vector step gives, from the same seed. Log-probabilities, values and rewards (a timeout's
+    bootstrap value) may differ in the last bit: the CNN's kernels sum in another order for a
+    smaller batch or another thread count."""
+    exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["env.num_envs=4", "train.num_steps=90", f"train.recurrent_size={recurrent_size}"])
+    results = []
+    for envs in (make_vec_env(exp.env), _one_async_vector_env(exp.env)):
+        seed_everything(0)
+        torch.set_num_threads(2)
+        try:
+            agent = algorithm_class("ppo")(exp.train, envs, torch.device("cpu"), 0)
+            agent.collect()  # 90 steps: past the 75-step timeout of the envs that never shoot
+            results.append((agent.obs, agent.actions, agent.logprobs, agent.values, agent.firsts, agent.episodes, agent.rewards, agent.state))
+        finally:
+            envs.close()
+        assert torch.get_num_threads() == min(2, len(os.sched_getaffinity(0)))  # the update's threads are back
+    (obs, actions, logprobs, values, firsts, episodes, rewards, state), expected = results
+    torch.testing.assert_close(obs, expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(actions, expected[1], rtol=0, atol=0)
+    torch.testing.assert_close(logprobs, expected[2], rtol=0, atol=1e-6)
+    torch.testing.assert_close(values, expected[3], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(firsts, expected[4])
+    assert episodes == expected[5] and len(episodes) > 0
+    np.testing.assert_allclose(rewards, expected[6], rtol=0, atol=1e-6)
+    if recurrent_size:
+        torch.testing.assert_close(state, expected[7])
+
+
+@pytest.mark.slow
+def test_ppo_learns_basic_with_the_bundled_config(tmp_path: Path) -> None:
+    """configs/vizdoom_ppo.yaml as bundled, on the CPU, for 49,152 steps (96 updates): a random
+    policy scores about -190 and a trained one 70-90; the final evaluation (20 episodes of the last
+    checkpoint) must reach 70. About 2 minutes on 2 cores."""
+    exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["train.total_steps=49152", "train.device=cpu", "sweep.seeds=[0]", f"output={tmp_path}"])
+    (run,) = expand(exp)
+    experiment_dir = tmp_path / exp.name
+    assert train_run(experiment_dir, run) == 0
+    assert evaluate_run(experiment_dir, run) == 0
+    rows = (experiment_dir / "runs" / run.run_id / "eval.csv").read_text().splitlines()
+    returns = [float(row.split(",")[1]) for row in rows[1:]]
+    assert len(returns) == exp.eval.episodes
+    assert np.mean(returns) >= 70, returns

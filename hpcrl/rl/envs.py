@@ -4,11 +4,17 @@ All backends produce a gymnasium VectorEnv in SAME_STEP autoreset mode: a finish
 reset inside the same `step` and its last observation arrives in `info["final_obs"]`. That keeps
 every rollout transition real (NEXT_STEP mode's extra "reset step" would have to be masked) and
 gives truncated episodes the observation needed to bootstrap their value.
+
+Simulators step in worker processes (AsyncVectorEnv), split into two groups that a rollout can
+step one at a time (`GroupedVectorEnv`): while one group's workers step, the learner runs the
+policy on the other group's observations, so inference and simulation overlap instead of taking
+turns. For everyone else the groups are one vector env with the usual `step`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +25,9 @@ from hpcrl.config import EnvConfig
 # Simulators pay for inter-process communication; cheap envs do not (see notes: CartPole runs
 # 5x faster in SyncVectorEnv than in AsyncVectorEnv).
 _ASYNC_BACKENDS = {"vizdoom", "habitat"}
+PIPELINE_GROUPS = 2
+"""Worker groups of an async vector env: two are enough for one group to step while the policy
+runs on the other's observations."""
 
 
 def _gymnasium_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
@@ -91,10 +100,122 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
             # fork (evaluation starts its envs after the policy is on the GPU); habitat-baselines
             # uses forkserver for the same reason.
             kwargs["context"] = "forkserver"
-        envs = gym.vector.AsyncVectorEnv(thunks, **kwargs)
-    else:
-        envs = gym.vector.SyncVectorEnv(thunks, **kwargs)
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+        groups = []
+        for part in np.array_split(np.arange(n), min(PIPELINE_GROUPS, n)):
+            workers = gym.vector.AsyncVectorEnv([_worker_thunk(thunks[i]) for i in part], **kwargs)
+            groups.append(gym.wrappers.vector.RecordEpisodeStatistics(_SendReceive(workers)))
+        return GroupedVectorEnv(groups)
+    return gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(thunks, **kwargs))
+
+
+def _worker_thunk(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
+    """An env factory for a worker process, whose numeric libraries (loaded there, or in the
+    simulator's own processes) get one thread each: every worker already takes a core."""
+
+    def make() -> gym.Env:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[var] = "1"
+        return thunk()
+
+    return make
+
+
+class GroupedVectorEnv(gym.vector.VectorEnv):
+    """Groups of envs in worker processes, stepped all together (`step`) or one group at a time
+    (`send`, then `receive`), as one vector env: env i of the whole is env i of the groups in order.
+
+    A rollout sends a group's actions, runs the policy on the next group's observations while the
+    first group's workers step, and so on round the groups. Every env sees the same actions and
+    seeds as in one AsyncVectorEnv; episode statistics are kept per group (each group is wrapped in
+    RecordEpisodeStatistics) and `step` and `reset` concatenate the groups' infos.
+    """
+
+    def __init__(self, groups: Sequence[gym.vector.VectorEnv]) -> None:
+        self.groups = list(groups)
+        sizes = [g.num_envs for g in self.groups]
+        bounds = np.cumsum([0, *sizes])
+        self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        """The envs of each group, as a slice of the whole batch."""
+        self.num_envs = int(bounds[-1])
+        first = self.groups[0]
+        self.single_observation_space = first.single_observation_space
+        self.single_action_space = first.single_action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.metadata = dict(first.metadata)
+        self.render_mode = first.render_mode
+        self.closed = False
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if seed is None or isinstance(seed, int):
+            seeds = [None if seed is None else seed + s.start for s in self.slices]
+        else:
+            seeds = [list(seed[s]) for s in self.slices]
+        results = [g.reset(seed=sd, options=options) for g, sd in zip(self.groups, seeds)]
+        return _concat([obs for obs, _ in results]), self._infos([info for _, info in results])
+
+    def send(self, group: int, actions: Any) -> None:
+        """Start group `group` stepping with its envs' actions (rows `slices[group]` of the batch)."""
+        self.groups[group].env.send(actions)
+
+    def receive(self, group: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Wait for the step `send` started; the group's (obs, reward, terminated, truncated, info)."""
+        return self.groups[group].step(RECEIVE)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        for k, part in enumerate(self.slices):
+            self.send(k, _rows(actions, part))
+        results = [self.receive(k) for k in range(len(self.groups))]
+        obs, reward, terminated, truncated, infos = zip(*results)
+        return _concat(obs), np.concatenate(reward), np.concatenate(terminated), np.concatenate(truncated), self._infos(infos)
+
+    def _infos(self, infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return _concat_infos(infos, [g.num_envs for g in self.groups])
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for g in self.groups:
+            g.close(**kwargs)
+
+
+RECEIVE = object()
+"""The "actions" that make a `_SendReceive` collect the step already sent instead of sending one."""
+
+
+class _SendReceive(gym.vector.VectorWrapper):
+    """An AsyncVectorEnv's two halves of `step` through the wrappers above it: `send` starts a
+    step; `step(RECEIVE)` collects it, so RecordEpisodeStatistics, which passes the actions down
+    unchanged, counts it as any other step."""
+
+    def send(self, actions: Any) -> None:
+        self.env.step_async(actions)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        return self.env.step_wait() if actions is RECEIVE else self.env.step(actions)
+
+
+def _rows(batch: Any, rows: slice) -> Any:
+    return {k: v[rows] for k, v in batch.items()} if isinstance(batch, dict) else batch[rows]
+
+
+def _concat(parts: Sequence[Any]) -> Any:
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)
+
+
+def _concat_infos(parts: Sequence[dict[str, Any]], sizes: Sequence[int]) -> dict[str, Any]:
+    """Vector infos of consecutive groups as the info of one vector env: a key some group lacks
+    is filled for its envs as gymnasium fills an env without it (zeros, False, None)."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for p in parts for k in p):
+        values = [p.get(key) for p in parts]
+        like = next(v for v in values if v is not None)
+        if isinstance(like, dict):
+            out[key] = _concat_infos([v if v is not None else {} for v in values], sizes)
+        else:
+            fill = (lambda n, like=like: np.full(n, None, dtype=object)) if like.dtype == object else (lambda n, like=like: np.zeros((n, *like.shape[1:]), like.dtype))
+            out[key] = np.concatenate([v if v is not None else fill(n) for v, n in zip(values, sizes)])
+    return out
 
 
 def final_observations(obs: np.ndarray | dict[str, np.ndarray], info: dict[str, Any]) -> np.ndarray | dict[str, np.ndarray]:

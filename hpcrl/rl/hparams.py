@@ -46,8 +46,10 @@ class TrainConfig:
     device: str = setting("auto", valid=device_problem, learned=False)
     """`auto` takes the GPU when there is one; `cpu`, `cuda`, `cuda:1` force a device."""
     amp: Literal["none", "bf16", "fp16"] = "none"
-    """Mixed precision for the observation encoder (the CNN, where the FLOPs are) on CUDA; heads,
-    recurrent core and losses stay float32. `fp16` adds gradient scaling. Ignored on CPU."""
+    """Mixed precision for the observation encoder (the CNN, where the FLOPs are); heads, recurrent
+    core and losses stay float32. On CUDA both; `fp16` adds gradient scaling. On a CPU only `bf16`,
+    and only where the CPU computes bfloat16 natively (AVX512-BF16 or AMX: about half a CNN update's
+    time); elsewhere it is ignored, as `fp16` is on any CPU."""
     torch_threads: int = setting(1, ge=1, le=1024, learned=False)
     """Intra-op threads for torch; 1 is fastest for small MLPs and keeps array tasks off each other's cores."""
 

@@ -32,6 +32,9 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
 """The same functions as ACTIVATIONS' modules, called directly by the encoders' forward pass."""
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CPU_BF16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+"""Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX; oneDNN's own test): there
+`amp: bf16` halves a CNN update's time; elsewhere bf16 is emulated, slower than float32, and ignored."""
 
 Obs = Union[torch.Tensor, dict[str, torch.Tensor]]
 """A batch of observations on the device: one tensor, or one per key of a Dict space."""
@@ -133,9 +136,11 @@ class Encoder(nn.Module):
         return image.float() * scale if scale != 1.0 else image.float()
 
     def forward(self, obs: Obs) -> torch.Tensor:
-        if self.amp_dtype is not None and self._get(obs, (self.image_keys or self.vector_keys)[0]).is_cuda:
-            with torch.autocast("cuda", dtype=self.amp_dtype):
-                return self._encode(obs).float()
+        if self.amp_dtype is not None:
+            device = self._get(obs, (self.image_keys or self.vector_keys)[0]).device.type
+            if device == "cuda" or (device == "cpu" and self.amp_dtype == torch.bfloat16 and CPU_BF16):
+                with torch.autocast(device, dtype=self.amp_dtype):
+                    return self._encode(obs).float()
         return self._encode(obs)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,9 @@ update reads them there), rewards and episode starts in host memory, where GAE r
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from hpcrl.rl.ddp import Ranks
-from hpcrl.rl.envs import final_observations, finished_episodes
+from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
 from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
@@ -46,7 +48,7 @@ def _storage(space: gym.Space, steps: int, num_envs: int, device: torch.device) 
     return torch.zeros((steps, num_envs, *space.shape), dtype=dtype, device=device)
 
 
-def _write(storage: Obs, step: int, obs: Obs) -> None:
+def _write(storage: Obs, step: int | tuple[int, slice] | slice, obs: Obs) -> None:
     if isinstance(storage, dict):
         for k in storage:
             storage[k][step] = obs[k]
@@ -145,32 +147,86 @@ class OnPolicyAgent:
     # ---------------------------------------------------------------- rollout
     @torch.no_grad()
     def collect(self) -> None:
+        """`num_steps` vector steps of every env. Envs in worker groups (GroupedVectorEnv) are
+        pipelined: each group's actions are sent as soon as its forward pass is done, and the next
+        group's forward pass runs while those workers step. Every env gets the same observations,
+        actions and states as with one batched forward pass per vector step; only the order of the
+        random draws between envs changes."""
         cfg = self.cfg
         self.rollout_state = self.state
-        for step in range(cfg.num_steps):
-            self.global_step += self.num_envs * self.ranks.world
-            _write(self.obs, step, self.next_obs)
-            self.firsts[step] = self.next_first
-            action, logprob, value, self.state = self.policy.step(self.next_obs, self.state, self._firsts_tensor(self.next_first), with_value=not self.values_after_rollout)
-            self.actions[step] = action
-            self.logprobs[step] = logprob
-            if value is not None:
-                self.values[step] = value
-            obs, reward, terminated, truncated, info = self.envs.step(self.policy.clip_action(action).cpu().numpy())
-            reward = reward.astype(np.float32) * cfg.reward_scale
-            cut = truncated & ~terminated
-            if cut.any():
-                # A time limit is not a terminal state: bootstrap from the value of the last observation.
-                last = _map(lambda x, cut=cut: x[torch.as_tensor(cut, device=self.device)], obs_to_tensor(final_observations(obs, info), self.device))
-                state = self.state[:, torch.as_tensor(cut, device=self.device)] if self.state is not None else None
-                reward[cut] += cfg.gamma * self.policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
-            self.rewards[step] = reward
-            self.next_obs = obs_to_tensor(obs, self.device)
-            self.next_first = (terminated | truncated).astype(np.float32)
-            returns, lengths = finished_episodes(info)
-            self.episodes.extend(zip(returns.tolist(), lengths.tolist()))
+        grouped = isinstance(self.envs, GroupedVectorEnv)
+        parts = self.envs.slices if grouped else [slice(None)]
+        states = [None if self.state is None else self.state[:, part] for part in parts]
+        with self._rollout_threads():
+            for step in range(cfg.num_steps):
+                self.global_step += self.num_envs * self.ranks.world
+                for k, part in enumerate(parts):
+                    if step > 0:
+                        self._receive(step - 1, k, part, states)
+                    self._act(step, k, part, states)
+            for k, part in enumerate(parts):
+                self._receive(cfg.num_steps - 1, k, part, states)
+        self.state = states[0] if len(states) == 1 or self.state is None else torch.cat(states, dim=1)
         if self.values_after_rollout:
             self.values.copy_(self.policy.value(self.obs.flatten(0, 1)).view_as(self.values))
+
+    def _act(self, step: int, k: int, part: slice, states: list[torch.Tensor | None]) -> None:
+        """Store the observations of envs `part` (group k) at `step`, act on them, send the actions."""
+        obs = _map(lambda x: x[part], self.next_obs)
+        _write(self.obs, (step, part), obs)
+        self.firsts[step, part] = self.next_first[part]
+        action, logprob, value, states[k] = self.policy.step(obs, states[k], self._firsts_tensor(self.next_first[part]), with_value=not self.values_after_rollout)
+        self.actions[step, part] = action
+        self.logprobs[step, part] = logprob
+        if value is not None:
+            self.values[step, part] = value
+        actions = self.policy.clip_action(action).cpu().numpy()
+        if isinstance(self.envs, GroupedVectorEnv):
+            self.envs.send(k, actions)
+        else:
+            self._sent = actions
+
+    def _receive(self, step: int, k: int, part: slice, states: list[torch.Tensor | None]) -> None:
+        """The outcome of the actions envs `part` (group k) took at `step`."""
+        cfg = self.cfg
+        if isinstance(self.envs, GroupedVectorEnv):
+            obs, reward, terminated, truncated, info = self.envs.receive(k)
+        else:
+            obs, reward, terminated, truncated, info = self.envs.step(self._sent)
+        reward = reward.astype(np.float32) * cfg.reward_scale
+        cut = truncated & ~terminated
+        if cut.any():
+            # A time limit is not a terminal state: bootstrap from the value of the last observation.
+            last = _map(lambda x, cut=cut: x[torch.as_tensor(cut, device=self.device)], obs_to_tensor(final_observations(obs, info), self.device))
+            state = states[k][:, torch.as_tensor(cut, device=self.device)] if states[k] is not None else None
+            reward[cut] += cfg.gamma * self.policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
+        self.rewards[step, part] = reward
+        if part == slice(None):
+            self.next_obs = obs_to_tensor(obs, self.device)
+            self.next_first = (terminated | truncated).astype(np.float32)
+        else:
+            _write(self.next_obs, part, obs_to_tensor(obs, self.device))
+            self.next_first[part] = terminated | truncated
+        returns, lengths = finished_episodes(info)
+        self.episodes.extend(zip(returns.tolist(), lengths.tolist()))
+
+    @contextlib.contextmanager
+    def _rollout_threads(self) -> Iterator[None]:
+        """Torch threads for the rollout and the update on the cores this process may use.
+
+        During the rollout every env worker process wants a core: the forward passes get the
+        cores the workers leave (at least one), else the intra-op threads wait on each other at
+        every op while workers hold their cores (a rollout ran 2-8x slower with 2 threads on 2
+        cores than with 1). The update (workers idle) takes train.torch_threads, but not more
+        threads than cores."""
+        threads = torch.get_num_threads()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = self.num_envs if isinstance(self.envs, GroupedVectorEnv) else 0
+        torch.set_num_threads(max(1, min(threads, cores - workers)))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(min(threads, cores))
 
     @torch.no_grad()
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
