@@ -515,8 +515,11 @@ class DistributedConfig:
     """Transitions per message an actor sends (rounded up to whole vector steps)."""
     batches_per_send: int = setting(8, ge=1, le=1024, learned=False)
     """Batches an actor coalesces into one round trip at most (each stays its own message on the queue)."""
-    send_delay_s: float = setting(0.02, ge=0, le=60, learned=False)
-    """Longest a built batch waits for others before it is sent (0: each batch goes at once)."""
+    send_delay_s: float = setting(0.002, ge=0, le=60, learned=False)
+    """Longest a built batch waits for others before it is sent (0: each batch goes at once). Short on
+    purpose: an actor sends its waiting batches and reads the parameter version once per round trip, so
+    a batch held back longer was acted on with older parameters (20 ms: 205 stale drops in a CartPole
+    run of the bundled config, against 16 with one batch per round trip)."""
     queue_bound: int = setting(8, ge=1, le=100_000)
     """Batches the queue may hold; a full queue blocks the actors (backpressure) instead of dropping.
     Small on purpose: a batch waits in a full queue for queue_bound x batch_transitions x updates per

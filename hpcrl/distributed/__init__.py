@@ -5,7 +5,8 @@ Per run, one learner job (GPU when there is one) and an array of CPU actor jobs:
 - the learner starts its own `redis-server` (or uses an external one), writes a rendezvous file
   into the run directory (host, port, password; mode 600) and publishes parameters on the board;
 - actors find it through that file, step their envs with a per-actor epsilon, and push batches of
-  transitions onto a bounded queue; they block when it is full (backpressure, counted);
+  transitions onto a bounded queue, several per round trip when they come fast; they block when it
+  is full (backpressure, counted);
 - the learner pops batches, drops the ones produced with parameters older than the lag limit
   (counted), learns from a replay buffer, checkpoints everything a requeued job needs, and writes
   a stats file that `hpcrl status` reads without talking to Redis.

@@ -8,8 +8,8 @@ is the learner's absence:
   rendezvous, retrying with backoff up to 5 s and re-reading the file (a requeued learner comes
   back on another node, port and password); a learner that is `stopping` is waited for under a new
   instance token, since the old one will not come back;
-- a batch built but not queued is kept and sent to the next learner (which drops it as stale if
-  it is, and counts it);
+- batches built but not queued are kept (queue.Outbox) and sent to the next learner (which drops
+  them as stale if they are, and counts them);
 - when the learner is gone for longer than `distributed.learner_timeout_s`, or failed, the actor
   exits with ORPHANED_EXIT (75) instead of burning its CPU allocation; when the run is done (board
   status or DONE marker) it exits 0; on the scheduler's warning signal it exits with
@@ -30,7 +30,7 @@ from hpcrl import rundir
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
-from hpcrl.distributed.queue import NotRunning, Producer
+from hpcrl.distributed.queue import NotRunning, Outbox, Producer
 from hpcrl.guard import StopFlag
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import setup_torch
@@ -75,9 +75,13 @@ class Actor:
         self.policy = ApexActor(run.config.train, self.d, envs, actor, run.seed)
         self.instance: str | None = None
         self.version = -1
+        self.batch_version: int | None = None
+        """The parameter version the batch being built was first acted with: its stamp. The actor may step
+        on while its outbox waits, and a round trip may bring new parameters before the batch is done;
+        the batch then carries its oldest version, so the learner's lag and max_lag see its oldest step."""
         self.seq = 0
-        self.pending: bytes | None = None
-        """A batch built but not queued yet: it survives a lost learner and goes to the next one."""
+        self.outbox = Outbox(self.d.batches_per_send, self.d.send_delay_s)
+        """Batches built but not queued yet, sent together: they survive a lost learner and go to the next one."""
         self.sent = 0
         self.param_fetches = 0
         """Parameter blobs downloaded: one per new version, never one per batch."""
@@ -172,37 +176,48 @@ class Actor:
             if self.stop:
                 self._leave(board)
                 raise _Stopped
-            if self.pending is None:
-                if self.version < 0:
-                    self._load_params(board, None)
-                    continue
-                self._fill()
-                if self.policy.ready() < self.d.batch_transitions:  # a heartbeat fell due first
-                    version, status = self._exchange(board, None)
-                else:
-                    batch = self.policy.take_batch()
-                    self.pending = wire.encode(wire.BATCH, self.version, self.actor, self.seq, batch)
-                    continue
-            else:
+            if self._send_due():
                 version, status = self._exchange(board, producer)
-                self.pending = None
-                self.seq += 1
+            elif self.version < 0:
+                self._load_params(board, None)
+                continue
+            else:
+                self._fill()
+                if self.policy.ready() >= self.d.batch_transitions:
+                    version = self.version if self.batch_version is None else self.batch_version
+                    self.outbox.add(wire.encode(wire.BATCH, version, self.actor, self.seq, self.policy.take_batch()))
+                    self.seq, self.batch_version = self.seq + 1, None
+                    continue
+                if self.outbox:  # its delay ran out or a heartbeat fell due: it goes on the next turn
+                    continue
+                version, status = self._exchange(board, None)  # a heartbeat fell due, nothing to send
             if status in (DONE, FAILED):
                 self._leave(board)
                 return self._code_for(status)
             if version is not None and version != self.version:
                 self._load_params(board, version)
 
+    def _send_due(self) -> bool:
+        """Whether the outbox goes now: it is full or its oldest batch waited send_delay_s, a heartbeat is
+        due (it rides along), or this is a new learner (acting on with the old one's parameters is moot)."""
+        return bool(self.outbox) and (self.outbox.due() or self.version < 0 or self._heartbeat_due())
+
+    def _heartbeat_due(self) -> bool:
+        return time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s
+
     def _fill(self) -> None:
-        """Step the envs until a batch is ready or a heartbeat is due."""
+        """Step the envs until a batch is ready, a heartbeat is due or the outbox must go."""
         while self.policy.ready() < self.d.batch_transitions and not self.stop:
+            if self.batch_version is None:
+                self.batch_version = self.version
             self.policy.step()
-            if time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s:
+            if self._heartbeat_due() or self.outbox.due():
                 return
 
     def _exchange(self, board: Board, producer: Producer | None) -> tuple[int | None, str | None]:
-        """One round trip: the pending batch (if a producer is given), heartbeat if due, version and status."""
-        heartbeat = time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s
+        """One round trip (more while the queue is full): the outbox (if a producer is given), heartbeat
+        if due, version and status."""
+        heartbeat = self._heartbeat_due()
 
         def piggyback(pipe: redis.client.Pipeline) -> None:
             if heartbeat:
@@ -210,8 +225,7 @@ class Actor:
             board.watch(pipe)
 
         if producer is not None:
-            assert self.pending is not None
-            results = producer.put(self.pending, piggyback)
+            results = self.outbox.send(producer, piggyback)
         else:
             pipe = board.client.pipeline(transaction=False)
             piggyback(pipe)
@@ -225,7 +239,7 @@ class Actor:
         if self.stop:
             self._leave(board)
             raise _Stopped
-        if time.monotonic() - self.last_heartbeat >= self.d.heartbeat_s:
+        if self._heartbeat_due():
             pipe = board.client.pipeline(transaction=False)
             board.heartbeat(pipe, self.actor, self._stats(), self.d.dead_after_s)
             pipe.execute()

@@ -2,14 +2,20 @@
 
 Throughput comes from sending few, large messages in few round trips, not from a faster codec:
 
-- an actor sends a whole batch of transitions as one message, and the same round trip carries its
-  heartbeat and reads the parameter version and run status (one pipeline);
+- an actor sends each batch of transitions as one message, and coalesces the batches it built since
+  its last round trip (`Outbox`: up to `distributed.batches_per_send` of them, none waiting longer
+  than `distributed.send_delay_s`) into one push; the same round trip carries its heartbeat and
+  reads the parameter version and run status (one pipeline). Each batch stays its own list element,
+  with its own sequence number and parameter version, so the bound, the stale drops and the loss
+  count mean what they meant with one batch per round trip; only the round trips are fewer (at the
+  bundled batch of 64 transitions, a round trip per batch cost more than the batch itself);
 - the push is one server-side script (EVALSHA) that appends only if the run's status is
-  `running` and the list is below its bound, so the bound is exact and costs no extra round trip;
-  a full queue makes the producer keep its batch and poll (with backoff) until the learner made
-  room: nothing is dropped, every wait is counted (`blocked`, `blocked_s`) and reported in the
-  heartbeat. A learner that is stopping (requeue) or finished refuses pushes atomically, so the
-  batches still queued when it stops are exactly the ones it counts as lost;
+  `running`, and only as many messages as the list has room for below its bound, so the bound is
+  exact and costs no extra round trip; a full queue makes the producer keep the rest and poll
+  (with backoff) until the learner made room: nothing is dropped, every wait is counted (`blocked`,
+  `blocked_s`) and reported in the heartbeat. A learner that is stopping (requeue) or finished
+  refuses pushes atomically, so the batches still queued when it stops are exactly the ones it
+  counts as lost;
 - the learner pops up to `max_batches` messages with one LPOP (COUNT), and blocks in BLPOP only
   when it has nothing else to do.
 
@@ -33,10 +39,17 @@ from hpcrl.distributed.board import RUNNING, parse_status
 
 PUSH_SCRIPT = f"""
 if redis.call('GET', KEYS[2]) ~= '{RUNNING}' then return -1 end
-if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return -2 end
-return redis.call('RPUSH', KEYS[1], ARGV[1])
+local room = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1])
+if room <= 0 then return -2 end
+local n = math.min(room, #ARGV - 1)
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 2, n + 1))
+return n
 """
-"""KEYS: queue, status; ARGV: message, bound. -1: the learner is not running; -2: the queue is full."""
+"""KEYS: queue, status; ARGV: bound, then the messages in order. Returns how many of them (from the
+first) were appended, all that fit below the bound; -1: the learner is not running; -2: the queue is full."""
+
+MAX_PER_PUSH = 1024
+"""Messages one push carries at most (Lua's unpack has a stack limit; the config bounds the outbox lower)."""
 
 
 class NotRunning(Exception):
@@ -54,6 +67,9 @@ class Producer:
         self.on_wait = on_wait
         """Called while blocked (the actor's heartbeat); may raise to abandon the wait."""
         self.sent = 0
+        """Messages queued."""
+        self.pushes = 0
+        """Round trips that queued them (fewer than `sent` when the caller coalesces)."""
         self.blocked = 0
         self.blocked_s = 0.0
 
@@ -62,40 +78,94 @@ class Producer:
 
         Raises NotRunning (the message was not queued) when the learner does not take batches.
         """
-        while True:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(self.sha, 2, self.key, self.status_key, blob, self.bound)
-            if piggyback is not None:
-                piggyback(pipe)
-            code, *rest = pipe.execute()
-            if code >= 0:
-                self.sent += 1
-                return rest
-            if code == -1:
-                raise NotRunning(parse_status(self.client.get(self.status_key)))
-            self.wait_for_room()
+        return self.put_many([blob], piggyback)
 
-    def wait_for_room(self) -> None:
-        """Block until the queue is below its bound: the learner is the bottleneck, so acting slows down."""
-        self.blocked += 1
-        start = time.monotonic()
-        delay = 0.0005
+    def put_many(self, blobs: list[bytes], piggyback: Callable[[redis.client.Pipeline], None] | None = None) -> list:
+        """Push messages in order, as many per round trip as the bound leaves room for, waiting while the
+        queue is full; return the results of `piggyback`'s commands in the last round trip.
+
+        Each message leaves `blobs` once the server has appended it, so what is still in `blobs` after
+        an exception (NotRunning, a lost connection) was not queued: the caller keeps it for later. A
+        call that had to wait counts once in `blocked`, however many times the queue filled up again.
+        """
+        if not blobs:
+            raise ValueError("nothing to push")
+        results: list = []
+        waited_since: float | None = None
         try:
             while True:
                 pipe = self.client.pipeline(transaction=False)
-                pipe.llen(self.key)
-                pipe.get(self.status_key)
-                length, status = pipe.execute()
-                if parse_status(status) != RUNNING:
-                    raise NotRunning(parse_status(status))
-                if int(length) < self.bound:
-                    return
-                if self.on_wait is not None:
-                    self.on_wait()
-                time.sleep(delay)
-                delay = min(0.05, delay * 2)
+                pipe.evalsha(self.sha, 2, self.key, self.status_key, self.bound, *blobs[:MAX_PER_PUSH])
+                if piggyback is not None:
+                    piggyback(pipe)
+                code, *results = pipe.execute()
+                if code > 0:
+                    del blobs[:code]
+                    self.sent += code
+                    self.pushes += 1
+                    if not blobs:
+                        return results
+                elif code == -1:
+                    raise NotRunning(parse_status(self.client.get(self.status_key)))
+                if waited_since is None:
+                    waited_since = time.monotonic()
+                    self.blocked += 1
+                self._wait_for_room()
         finally:
-            self.blocked_s += time.monotonic() - start
+            if waited_since is not None:
+                self.blocked_s += time.monotonic() - waited_since
+
+    def _wait_for_room(self) -> None:
+        """Poll (with backoff) until the queue is below its bound: the learner is the bottleneck, so acting slows down."""
+        delay = 0.0005
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.llen(self.key)
+            pipe.get(self.status_key)
+            length, status = pipe.execute()
+            if parse_status(status) != RUNNING:
+                raise NotRunning(parse_status(status))
+            if int(length) < self.bound:
+                return
+            if self.on_wait is not None:
+                self.on_wait()
+            time.sleep(delay)
+            delay = min(0.05, delay * 2)
+
+
+class Outbox:
+    """The batches an actor built and has not queued yet, sent together in one round trip.
+
+    A batch is ready to go (`due`) once `batches` of them wait, or once the oldest has waited
+    `max_delay_s`: a slow actor (one batch takes longer than the delay to build) sends each batch as
+    soon as it is built, exactly as without an outbox, and a fast one sends `batches` per round trip
+    instead of one. The outbox outlives a connection: what a lost learner did not take goes to the
+    next one (which drops it as stale if it is, and counts it).
+    """
+
+    def __init__(self, batches: int, max_delay_s: float) -> None:
+        if not 1 <= batches <= MAX_PER_PUSH:
+            raise ValueError(f"batches per send must be in 1..{MAX_PER_PUSH}, got {batches}")
+        self.batches, self.max_delay_s = batches, max_delay_s
+        self.blobs: list[bytes] = []
+        self.since = 0.0
+        """time.monotonic() when the oldest waiting batch was added."""
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def add(self, blob: bytes) -> None:
+        if not self.blobs:
+            self.since = time.monotonic()
+        self.blobs.append(blob)
+
+    def due(self) -> bool:
+        """Whether the waiting batches should go now: enough of them, or the oldest waited long enough."""
+        return bool(self.blobs) and (len(self.blobs) >= self.batches or time.monotonic() - self.since >= self.max_delay_s)
+
+    def send(self, producer: Producer, piggyback: Callable[[redis.client.Pipeline], None] | None = None) -> list:
+        """Queue every waiting batch, in order (see Producer.put_many); what an exception leaves unqueued stays."""
+        return producer.put_many(self.blobs, piggyback)
 
 
 class Consumer:

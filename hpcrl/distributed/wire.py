@@ -14,7 +14,9 @@ them through a generic serializer costs more than moving them. Here a message is
 
 The decoder checks every count against hard limits and the total length against the table
 before it touches the body, and returns read-only arrays that view the message (no copy). The
-table of a stream of batches is the same message after message, so its parsed layout is cached.
+table of a stream of batches is the same message after message, so its parsed layout is cached,
+and a decoded message carries it (`Message.layout`): a schema check already passed for that very
+layout need not be repeated (ApexLearner.validate), since names, dtypes and shapes are all in it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +48,14 @@ class MalformedMessage(ValueError):
 
 
 @dataclass(frozen=True)
+class _Layout:
+    """A parsed field table: names, dtypes, shapes and body offsets."""
+
+    entries: tuple[tuple[str, np.dtype, tuple[int, ...], int, int], ...]
+    body_len: int
+
+
+@dataclass(frozen=True)
 class Message:
     kind: int
     version: int
@@ -53,14 +63,9 @@ class Message:
     sender: int
     seq: int
     fields: dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """A parsed field table: names, dtypes, shapes and body offsets."""
-
-    entries: tuple[tuple[str, np.dtype, tuple[int, ...], int, int], ...]
-    body_len: int
+    layout: _Layout | None = field(default=None, compare=False, repr=False)
+    """The parsed field table the fields were decoded by (the same object for the same table while it
+    is cached), or None for a message not made by `decode`."""
 
 
 _LAYOUTS: dict[bytes, _Layout] = {}
@@ -171,11 +176,8 @@ def decode(data: bytes | memoryview) -> Message:
     start = HEADER.size + table_len
     if len(data) != start + layout.body_len:
         raise MalformedMessage(f"body is {len(data) - start} bytes, the field table describes {layout.body_len}")
-    fields = {}
-    for name, dtype, shape, offset, nbytes in layout.entries:
-        a = np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize, offset=start + offset)
-        fields[name] = a.reshape(shape)
-    return Message(kind, version, sender, seq, fields)
+    fields = {name: np.ndarray(shape, dtype, buffer=data, offset=start + offset) for name, dtype, shape, offset, _ in layout.entries}
+    return Message(kind, version, sender, seq, fields, layout)
 
 
 def check_fields(fields: Mapping[str, np.ndarray], expected: Mapping[str, tuple[np.dtype, tuple[int, ...]]], leading: bool) -> None:
