@@ -13,13 +13,14 @@ Every job is submitted on hold (`--hold` / `-h`) so that nothing runs and the tw
 compete on equal terms; everything is cancelled at the end. Start the clusters first:
 
     bash tests/clusters/slurm.sh start; bash tests/clusters/sge.sh start; source tests/clusters/env.sh
-    python benchmarks/submit_scale.py [--runs 1000] [--schedulers slurm sge]
+    python benchmarks/submit_scale.py [--runs 1000 10000] [--loop-max 1000] [--schedulers slurm sge]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import shutil
 import tempfile
 import time
@@ -113,24 +114,46 @@ def status_of(exp_dir: Path) -> tuple[float, CallCounter, int]:
     return took, counter, sum(1 for r in rows if r.train == "pending")
 
 
-def bench(name: str, runs: int) -> None:
+def file_cost(root: Path, n: int = 1000) -> float:
+    """Seconds to make one run directory and create one file in it on this file system, measured
+    beside the sweep (a sweep makes one of each per run; on this VM's disk it varies 5x in a day)."""
+    base = root / "fs-probe"
+    base.mkdir()
+    began = time.perf_counter()
+    for i in range(n):
+        os.mkdir(base / str(i))
+        os.close(os.open(base / str(i) / "config.yaml", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    took = (time.perf_counter() - began) / n
+    shutil.rmtree(base)
+    return took
+
+
+def bench(name: str, runs: int, loop_max: int) -> None:
     if shutil.which(SUBMIT[name]) is None:
         print(f"{name}: {SUBMIT[name]} not on PATH; start it with tests/clusters/{name}.sh start")
         return
-    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+    # ignore_cleanup_errors: Grid Engine may still write a cancelled job's files while the directory goes
+    with tempfile.TemporaryDirectory(dir="/tmp", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         scheduler = get_scheduler(name, root)
+        per_run = file_cost(root)
         exp_dir, t_hpcrl, c_hpcrl = hpcrl_sweep(name, root, runs)
-        t_loop, c_loop, loop_ids = one_at_a_time(name, root, runs)
+        loop = runs <= loop_max
+        t_loop, c_loop, loop_ids = one_at_a_time(name, root, runs) if loop else (0.0, None, [])
         t_status, c_status, pending = status_of(exp_dir)
         try:
             print(f"\n{name}: {runs} runs, every job held; cluster limit {scheduler.max_array_size()} tasks per array")
             print(f"  {'':34} {'calls':>6} {'wall s':>8}")
             jobs = read_jobs(exp_dir)
             print(f"  {'hpcrl sweep (' + str(len(jobs)) + ' array jobs)':34} {len(c_hpcrl.calls):>6} {t_hpcrl:>8.2f}   {c_hpcrl.summary()}")
-            print(f"  {'one job per run and stage':34} {len(c_loop.calls):>6} {t_loop:>8.2f}   {c_loop.summary()}")
+            print(f"  {'':34} {'':>6} {per_run * runs:>8.2f}   beside it, a bare loop making a directory and a file per run ({per_run * 1e6:.0f} µs each on this disk)")
+            if c_loop is not None:
+                print(f"  {'one job per run and stage':34} {len(c_loop.calls):>6} {t_loop:>8.2f}   {c_loop.summary()}")
             print(f"  {'hpcrl status':34} {len(c_status.calls):>6} {t_status:>8.2f}   {c_status.summary()}; {pending} runs pending")
-            print(f"  speed-up of hpcrl sweep over the loop: {t_loop / t_hpcrl:.0f}x wall, {len(c_loop.calls) / len(c_hpcrl.calls):.0f}x fewer calls")
+            if c_loop is not None:
+                print(f"  speed-up of hpcrl sweep over the loop: {t_loop / t_hpcrl:.0f}x wall, {len(c_loop.calls) / len(c_hpcrl.calls):.0f}x fewer calls")
+            else:
+                print(f"  (the loop is not run past --loop-max {loop_max} runs: {2 * runs + 1} submissions; the smaller sizes give its rate)")
         finally:
             scheduler.cancel([j.job_id for j in read_jobs(exp_dir)])
             for start in range(0, len(loop_ids), 200):
@@ -139,11 +162,13 @@ def bench(name: str, runs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--runs", type=int, nargs="+", default=[1000], help="sweep sizes, each measured on every scheduler")
+    parser.add_argument("--loop-max", type=int, default=1000, help="largest size the one-job-at-a-time reference is run for")
     parser.add_argument("--schedulers", nargs="+", default=["slurm", "sge"], choices=["slurm", "sge"])
     args = parser.parse_args()
     for name in args.schedulers:
-        bench(name, args.runs)
+        for runs in args.runs:
+            bench(name, runs, args.loop_max)
 
 
 if __name__ == "__main__":

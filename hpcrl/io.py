@@ -19,8 +19,11 @@ def atomic_open(path: str | Path, mode: str = "w", durable: bool = True) -> Iter
     written by the thousand (a sweep's run configs), where one fsync each costs seconds.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileNotFoundError:  # the directory is made only when missing: a sweep writes 10,000 files
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are meant to be shared
     try:
         with os.fdopen(fd, mode) as f:

@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -237,6 +238,17 @@ def submit_experiment(
         raise
 
 
+def _listings(root: Path, runs: list[sweep.Run]) -> dict[int, frozenset[str]]:
+    """Each run's `rundir.listing`, reading only the run directories that exist (one scandir of
+    runs/): a first sweep of 10,000 runs makes no call per run."""
+    try:
+        with os.scandir(root / "runs") as entries:
+            present = {e.name for e in entries}
+    except (FileNotFoundError, NotADirectoryError):
+        present = set()
+    return {r.index: rundir.listing(sweep.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
+
+
 def _sweep_locked(
     exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], provenance: dict[str, Any], rollback: _Rollback,
     detach: bool, out: IO[str] | None, cwd: Path | None,
@@ -251,12 +263,13 @@ def _sweep_locked(
         jobs = read_jobs(root)
         active = active_runs(root, scheduler, jobs)
         in_flight = set().union(*active.values()) if active else set()
-        states = {r.index: rundir.run_state(sweep.run_dir(root, r.run_id)) for r in runs}
+        listings = _listings(root, runs)
+        states = {r.index: rundir.run_state(sweep.run_dir(root, r.run_id), listings[r.index]) for r in runs}
         todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
         # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
         eval_todo = [
             r.index for r in runs
-            if states[r.index] == "done" and rundir.eval_state(sweep.run_dir(root, r.run_id)) in ("new", "failed") and r.index not in in_flight
+            if states[r.index] == "done" and rundir.eval_state(sweep.run_dir(root, r.run_id), listings[r.index]) in ("new", "failed") and r.index not in in_flight
         ]
         skipped_done = sum(1 for s in states.values() if s == "done")
         sweep.write_experiment(exp, runs, provenance)

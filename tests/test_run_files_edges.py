@@ -53,6 +53,26 @@ def test_a_runs_csv_that_the_csv_module_refuses_is_damage(tmp_path: Path) -> Non
         read_runs_csv(root)
 
 
+def test_run_headers_are_what_yaml_writes_and_read_back(tmp_path: Path) -> None:
+    """A sweep writes each run's `run:` header directly, not through YAML's representer; the text
+    is the dump's byte for byte, for settings that YAML quotes, wraps or writes as a flow list, and
+    for seeds of every width."""
+    import yaml
+
+    grid = {
+        "train.hidden_sizes": [[16], [8, 8]],
+        "env.kwargs": [{"note": "a: b # c"}, {"note": "x" * 120}, {}],
+    }
+    exp = experiment_from_dict(deep_update(TINY, {"output": str(tmp_path), "sweep": {"seeds": [0, 7, 4294967295], "grid": grid}}))
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    for run in runs:
+        head = (exp.dir / "runs" / run.run_id / "config.yaml").read_text().partition("\nconfig:")[0] + "\n"
+        dumped = yaml.dump({"run": {"index": run.index, "run_id": run.run_id, "seed": run.seed, "settings": run.settings}}, Dumper=yaml.SafeDumper, sort_keys=False)
+        assert head == dumped
+    assert [(r.run_id, r.seed, r.settings) for r in load_runs(exp.dir)] == [(r.run_id, r.seed, r.settings) for r in runs]
+
+
 @pytest.mark.parametrize("damage", ["not utf-8", "a directory"])
 def test_a_run_config_that_cannot_be_read_is_a_config_error_naming_it(tmp_path: Path, damage: str) -> None:
     root = written(tmp_path)
