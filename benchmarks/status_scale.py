@@ -116,9 +116,13 @@ def live_runner(exp_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+REFERENCE_COMMIT = "4ee4988"
+"""The commit before issue 17's status work (57be1f1): its status printed one line per run."""
+
+
 def old_status(tmp: Path) -> Path:
-    """`hpcrl/status.py` as it was before issue 17 (git HEAD), importable as `status_before`."""
-    text = subprocess.run(["git", "-C", str(REPO), "show", "HEAD:hpcrl/status.py"], capture_output=True, text=True, check=True).stdout
+    """`hpcrl/status.py` as it was at REFERENCE_COMMIT, importable as `status_before`."""
+    text = subprocess.run(["git", "-C", str(REPO), "show", f"{REFERENCE_COMMIT}:hpcrl/status.py"], capture_output=True, text=True, check=True).stdout
     (tmp / "status_before.py").write_text(text)
     return tmp
 
