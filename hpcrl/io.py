@@ -21,7 +21,9 @@ def atomic_open(path: str | Path, mode: str = "w", durable: bool = True) -> Iter
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except FileNotFoundError:  # the directory is made only when missing: a sweep writes 10,000 files
+    except (FileNotFoundError, NotADirectoryError):
+        # The directory is made only when missing (a sweep writes 10,000 files); a file in its
+        # place raises here as mkdir words it: FileExistsError naming that file.
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are meant to be shared
