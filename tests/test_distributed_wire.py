@@ -123,7 +123,7 @@ def test_on_policy_algorithms_are_refused(tmp_path: Path, algo: str) -> None:
 def test_bundled_apex_config_loads() -> None:
     exp = load_experiment(Path(__file__).resolve().parent.parent / "configs" / "cartpole_apex.yaml")
     assert exp.algo == "dqn" and exp.distributed is not None and exp.distributed.actors == 2
-    assert exp.train.n_step == 3  # DQN's train.n_step, which the actors use
+    assert exp.train.n_step == 5  # DQN's train.n_step, which the actors use
 
 
 def test_n_step_must_be_positive(tmp_path: Path) -> None:
