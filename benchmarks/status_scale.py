@@ -171,39 +171,9 @@ def bench_views(runs_list: list[int], settings: int, repeat: int) -> None:
 # ------------------------------------------------------------------------------------ real clusters
 
 
-class CallCounter:
-    """Every scheduler command any Scheduler instance runs (status and cancel make their own instances)."""
-
-    def __init__(self) -> None:
-        from hpcrl.schedulers.base import Scheduler
-
-        self.cls, self.calls, self._run = Scheduler, [], Scheduler.run
-        self.seconds = 0.0
-        """Wall time spent inside the scheduler's commands."""
-
-    def __enter__(self) -> CallCounter:
-        original, counter = self._run, self
-
-        def run(scheduler, argv: list[str], input: str | None = None) -> str:
-            counter.calls.append(argv[0])
-            began = time.perf_counter()
-            try:
-                return original(scheduler, argv, input)
-            finally:
-                counter.seconds += time.perf_counter() - began
-
-        self.cls.run = run
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.cls.run = self._run
-
-    def summary(self) -> str:
-        calls = ", ".join(f"{name} x{self.calls.count(name)}" for name in dict.fromkeys(self.calls)) or "none"
-        return f"{calls} ({self.seconds:.2f} s in them)"
-
-
 def bench_cluster(name: str, runs: int, settings: int) -> None:
+    from submit_scale import CallCounter  # benchmarks/ is this script's directory, first on sys.path
+
     from hpcrl.config import load_experiment
     from hpcrl.pipeline import read_jobs, submit_experiment
     from hpcrl.schedulers import get_scheduler

@@ -66,7 +66,7 @@ class CallCounter:
         Scheduler.run = self._run  # type: ignore[method-assign]
 
     def summary(self) -> str:
-        calls = ", ".join(f"{name} x{self.calls.count(name)}" for name in dict.fromkeys(self.calls))
+        calls = ", ".join(f"{name} x{self.calls.count(name)}" for name in dict.fromkeys(self.calls)) or "none"
         return f"{calls} ({self.seconds:.2f} s in them)"
 
 

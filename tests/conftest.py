@@ -128,6 +128,16 @@ def redis_client(redis_server):
     client.close()
 
 
+@pytest.fixture
+def board(redis_client, request):
+    """A RUNNING run board under the test module's PREFIX (the queue tests' shared setup)."""
+    from hpcrl.distributed.board import RUNNING, Board
+
+    b = Board(redis_client, request.module.PREFIX)
+    b.set_status(RUNNING)
+    return b
+
+
 # ------------------------------------------------------------------------------------------- chromium
 # tests/test_report.py looks at report.html in a real browser: headless Chromium, Debian's package. As root on
 # Debian it is installed when missing (tests/clusters/chromium.sh); elsewhere without it that test skips.

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 TINY: dict[str, Any] = {
@@ -35,3 +36,12 @@ def write_config(directory: Path, changes: dict | None = None, name: str = "conf
     path = directory / name
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def validate_x(message: Any) -> int:
+    """The learner's `validate` for the test batches of the queue tests: one float32 field `x` of
+    rows of 2; its number of rows."""
+    from hpcrl.distributed import wire
+
+    wire.check_fields(message.fields, {"x": (np.dtype(np.float32), (2,))}, leading=True)
+    return len(message.fields["x"])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import yaml
+from factories import validate_x
 
 from hpcrl.distributed import queue, rendezvous, wire
 from hpcrl.distributed.board import DONE, RUNNING, Board
@@ -28,18 +28,6 @@ def message(seq: int, n: int = 4, sender: int = 0) -> bytes:
     return wire.encode(wire.BATCH, 0, sender, seq, {"x": np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 1000 * seq})
 
 
-def validate(m: wire.Message) -> int:
-    wire.check_fields(m.fields, {"x": (np.dtype(np.float32), (2,))}, leading=True)
-    return len(m.fields["x"])
-
-
-@pytest.fixture
-def board(redis_client: redis.Redis) -> Board:
-    b = Board(redis_client, PREFIX)
-    b.set_status(RUNNING)
-    return b
-
-
 # ---------------------------------------------------------------------------------------------- the queue
 
 
@@ -50,7 +38,7 @@ def test_k_batches_go_in_one_round_trip_and_arrive_as_k_messages_in_order(board:
     assert (producer.pushes, producer.sent, producer.blocked) == (1, 8, 0)
     assert piggybacked[1] == RUNNING.encode()  # the version/status reads ride along, as with one batch
     assert board.queue_depth() == 8  # eight batches on the queue, not one: the bound still counts batches
-    consumer = Consumer(board.client, board.keys.queue, validate, max_lag=0)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, max_lag=0)
     got = consumer.pop(0)
     assert [m.seq for m, _ in got] == list(range(8))
     for (m, n), blob in zip(got, blobs):
@@ -62,7 +50,7 @@ def test_k_batches_go_in_one_round_trip_and_arrive_as_k_messages_in_order(board:
 def test_a_push_takes_only_what_fits_below_the_bound_and_waits_for_the_rest(board: Board) -> None:
     bound, total = 3, 11
     producer = Producer(board.client, board.keys.queue, board.keys.status, bound)
-    consumer = Consumer(board.client, board.keys.queue, validate, max_lag=0)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, max_lag=0)
     depths = []
 
     def watch_depth() -> None:
@@ -96,7 +84,7 @@ def test_what_a_stopping_learner_refused_stays_in_the_outbox(board: Board) -> No
         outbox.send(producer)
     assert len(outbox) == 5 and board.queue_depth() == 0
     board.set_status(RUNNING)
-    consumer = Consumer(board.client, board.keys.queue, validate, 0)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, 0)
     got: list[int] = []
 
     def learner() -> None:

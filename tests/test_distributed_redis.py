@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import redis
+from factories import validate_x
 
 from hpcrl.distributed import wire
 from hpcrl.distributed.board import DONE, RUNNING, STOPPING, Board
@@ -26,18 +27,6 @@ PREFIX = "hpcrl:test:"
 
 def message(seq: int, version: int = 0, n: int = 4, sender: int = 0) -> bytes:
     return wire.encode(wire.BATCH, version, sender, seq, {"x": np.full((n, 2), seq, np.float32)})
-
-
-def validate(m: wire.Message) -> int:
-    wire.check_fields(m.fields, {"x": (np.dtype(np.float32), (2,))}, leading=True)
-    return len(m.fields["x"])
-
-
-@pytest.fixture
-def board(redis_client: redis.Redis) -> Board:
-    b = Board(redis_client, PREFIX)
-    b.set_status(RUNNING)
-    return b
 
 
 def test_private_server_needs_its_password_and_hides_it_from_ps(redis_server) -> None:
@@ -110,7 +99,7 @@ def test_parameters_are_published_with_their_version(board: Board) -> None:
 def test_full_queue_blocks_the_producer_counts_it_and_loses_nothing(board: Board) -> None:
     bound, total = 3, 40
     producer = Producer(board.client, board.keys.queue, board.keys.status, bound)
-    consumer = Consumer(board.client, board.keys.queue, validate, max_lag=0)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, max_lag=0)
     lengths = []
 
     def produce() -> None:
@@ -135,7 +124,7 @@ def test_stale_batches_are_dropped_and_counted(board: Board) -> None:
     producer = Producer(board.client, board.keys.queue, board.keys.status, 100)
     for seq, version in enumerate([10, 7, 6, 11]):  # at learner version 10 with lag limit 3
         producer.put(message(seq, version, n=5))
-    consumer = Consumer(board.client, board.keys.queue, validate, max_lag=3)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, max_lag=3)
     accepted = consumer.pop(current_version=10)
     assert [m.version for m, _ in accepted] == [10, 7]  # 6 is too old, 11 is from before a learner restart
     assert (consumer.dropped, consumer.dropped_transitions, consumer.batches) == (2, 10, 2)
@@ -153,7 +142,7 @@ def test_malformed_messages_are_rejected_logged_and_counted(board: Board) -> Non
         message(3),
     ]
     board.client.rpush(board.keys.queue, *raw)
-    consumer = Consumer(board.client, board.keys.queue, validate, max_lag=0, log=log)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, max_lag=0, log=log)
     accepted = consumer.pop(0)
     assert [m.seq for m, _ in accepted] == [0, 3]
     assert consumer.malformed == 4
@@ -162,7 +151,7 @@ def test_malformed_messages_are_rejected_logged_and_counted(board: Board) -> Non
 
 def test_gaps_in_an_actors_sequence_are_counted_as_lost(board: Board) -> None:
     board.client.rpush(board.keys.queue, message(0, sender=1), message(1, sender=1), message(4, sender=1), message(0, sender=2))
-    consumer = Consumer(board.client, board.keys.queue, validate, max_lag=0)
+    consumer = Consumer(board.client, board.keys.queue, validate_x, max_lag=0)
     consumer.pop(0)
     assert consumer.lost == 2
 
