@@ -256,7 +256,14 @@ def _stratified_resample(a: np.ndarray, reps: int, rng: np.random.Generator) -> 
     return a[idx, np.arange(n_tasks)]
 
 
-@functools.lru_cache(maxsize=64)
+def _seeded_resamples(a: np.ndarray, reps: int, seed: int | np.random.Generator | None) -> np.ndarray:
+    """`_stratified_resample` from ``default_rng(seed)``, its indices drawn once per shape for an int seed."""
+    if isinstance(seed, int):
+        return a[_first_resample_indices(a.shape[0], a.shape[1], reps, seed), np.arange(a.shape[1])]
+    return _stratified_resample(a, reps, np.random.default_rng(seed))
+
+
+@functools.lru_cache(maxsize=8)  # a collect meets a few shapes; each entry is reps x runs x tasks int64
 def _first_resample_indices(n_runs: int, n_tasks: int, reps: int, seed: int) -> np.ndarray:
     """The indices `_stratified_resample` draws first from ``default_rng(seed)``: every setting of a
     sweep with as many runs draws the same ones, so they are drawn once (read-only)."""
@@ -287,11 +294,7 @@ def stratified_bootstrap_ci(
     if a.shape[0] == 0 or a.shape[1] == 0:
         nan = _scalar(np.full(np.shape(statistic(a)), np.nan))
         return nan, nan
-    if isinstance(seed, int):
-        resamples = a[_first_resample_indices(a.shape[0], a.shape[1], reps, seed), np.arange(a.shape[1])]
-    else:
-        resamples = _stratified_resample(a, reps, np.random.default_rng(seed))
-    samples = np.asarray(statistic(resamples), dtype=float)
+    samples = np.asarray(statistic(_seeded_resamples(a, reps, seed)), dtype=float)
     return _percentile_interval(samples, confidence)
 
 
@@ -373,7 +376,7 @@ def summarize(
             # What stratified_bootstrap_ci(a, mean / iqm) computes, up to the percentiles, which are
             # taken for every setting at once: the same resamples (drawn once per shape), the same
             # statistics, and percentiles that are column by column what they are for each alone.
-            resamples = a[_first_resample_indices(n, a.shape[1], reps, seed), np.arange(a.shape[1])]
+            resamples = _seeded_resamples(a, reps, seed)
             pending.append((row, np.asarray(mean(resamples), dtype=float), np.asarray(iqm(resamples), dtype=float)))
         else:
             row["mean_ci_low"], row["mean_ci_high"] = stratified_bootstrap_ci(a, mean, reps, confidence, seed)

@@ -86,6 +86,11 @@ class RunStatus:
         """The run's state as one word: its training's until that is done, then its evaluation's."""
         return self.train if self.train != "done" else self.eval
 
+    @property
+    def failed(self) -> bool:
+        """Whether its training or its evaluation failed (the views name these runs)."""
+        return self.state == "failed" or self.eval == "failed"
+
 
 @dataclass
 class SchedulerView:
@@ -185,12 +190,6 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
             else:
                 states[(job.stage, -1)] = tasks.get(0, gone)
     return SchedulerView(states, active, problem, jobs)
-
-
-def scheduler_states(experiment_dir: Path) -> tuple[dict[tuple[str, int], str], str | None]:
-    """(stage, run index) -> state of the newest task that ran it, from one query per scheduler."""
-    view = scheduler_view(experiment_dir)
-    return view.states, view.problem
 
 
 def merge(marker_state: str, sched: str | None) -> str:
@@ -371,11 +370,16 @@ def per_run_lines(rows: list[RunStatus]) -> list[str]:
     return lines
 
 
-def per_setting_lines(rows: list[RunStatus], experiment_dir: Path) -> list[str]:
-    """One line per setting: runs, then per stage a count per state (columns only for states seen)."""
+def _by_setting(rows: list[RunStatus]) -> dict[str, list[RunStatus]]:
     by_setting: dict[str, list[RunStatus]] = {}
     for r in rows:
         by_setting.setdefault(r.setting, []).append(r)
+    return by_setting
+
+
+def per_setting_lines(rows: list[RunStatus], experiment_dir: Path) -> list[str]:
+    """One line per setting: runs, then per stage a count per state (columns only for states seen)."""
+    by_setting = _by_setting(rows)
     stages = (("train", lambda r: r.train), ("eval", lambda r: r.eval))
     columns = [(stage, s, get) for stage, get in stages for s in _counts(get(r) for r in rows)]
     head = ["setting", "runs"] + [s for _, s, _ in columns] + [""]
@@ -388,7 +392,7 @@ def per_setting_lines(rows: list[RunStatus], experiment_dir: Path) -> list[str]:
             cells.append(str(n) if n else ".")
         table.append((*cells, ""))
     lines = _table(table, right=len(columns) + 1)
-    failed = [r for r in rows if r.state == "failed" or r.eval == "failed"]
+    failed = [r for r in rows if r.failed]
     if failed:
         lines.append(f"failed: {len(failed)} runs")
         shown = failed[:FAILURES_SHOWN]
@@ -439,9 +443,7 @@ def status_json(experiment_dir: Path, status: Status, selected: Selection) -> di
             "eval": {_token(s): n for s, n in _counts(r.eval for r in mine).items()},
         }
 
-    by_setting: dict[str, list[RunStatus]] = {}
-    for r in rows:
-        by_setting.setdefault(r.setting, []).append(r)
+    by_setting = _by_setting(rows)
     return {
         "experiment": str(experiment_dir.resolve()),
         "aggregate": _token(status.aggregate),
@@ -451,7 +453,7 @@ def status_json(experiment_dir: Path, status: Status, selected: Selection) -> di
         "counts": {"runs": len(rows), **counts(rows)},
         "jobs": [{"stage": j.stage, "job_id": j.job_id, "scheduler": j.scheduler, "size": j.size, "attempt": j.attempt, "manifest": j.manifest} for j in status.jobs],
         "settings": [
-            {"setting": label, "runs": len(mine), **counts(mine), "failed": [r.run_id for r in mine if r.state == "failed" or r.eval == "failed"]}
+            {"setting": label, "runs": len(mine), **counts(mine), "failed": [r.run_id for r in mine if r.failed]}
             for label, mine in by_setting.items()
         ],
         "runs": [

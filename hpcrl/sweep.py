@@ -342,9 +342,9 @@ def _write_run_configs(root: Path, runs: list[Run]) -> None:
             config_text[setting_hash] = yaml.dump({"config": data}, Dumper=_DUMPER, sort_keys=False)
             settings_text[setting_hash] = _settings_block(run)
         header = _run_header(run, settings_text[setting_hash])
-        if run.run_id not in existing:
-            run_dir(root, run.run_id).mkdir(exist_ok=True)
         d = run_dir(root, run.run_id)
+        if run.run_id not in existing:
+            d.mkdir(exist_ok=True)
         # Remade from experiment.yaml by every `hpcrl sweep`: atomic, but not worth an fsync each.
         atomic_write_text(d / "config.yaml", header + config_text[setting_hash], durable=False)
 

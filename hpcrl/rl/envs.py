@@ -213,9 +213,13 @@ def _concat_infos(parts: Sequence[dict[str, Any]], sizes: Sequence[int]) -> dict
         if isinstance(like, dict):
             out[key] = _concat_infos([v if v is not None else {} for v in values], sizes)
         else:
-            fill = (lambda n, like=like: np.full(n, None, dtype=object)) if like.dtype == object else (lambda n, like=like: np.zeros((n, *like.shape[1:]), like.dtype))
-            out[key] = np.concatenate([v if v is not None else fill(n) for v, n in zip(values, sizes)])
+            out[key] = np.concatenate([v if v is not None else _blank(like, n) for v, n in zip(values, sizes)])
     return out
+
+
+def _blank(like: np.ndarray, n: int) -> np.ndarray:
+    """An info array for n envs that did not report it, shaped and typed like `like`."""
+    return np.full(n, None, dtype=object) if like.dtype == object else np.zeros((n, *like.shape[1:]), like.dtype)
 
 
 def final_observations(obs: np.ndarray | dict[str, np.ndarray], info: dict[str, Any]) -> np.ndarray | dict[str, np.ndarray]:

@@ -48,6 +48,10 @@ def _storage(space: gym.Space, steps: int, num_envs: int, device: torch.device) 
     return torch.zeros((steps, num_envs, *space.shape), dtype=dtype, device=device)
 
 
+ALL = slice(None)
+"""Every env of the vector env: the rollout of an env that is not in worker groups."""
+
+
 def _write(storage: Obs, step: int | tuple[int, slice] | slice, obs: Obs) -> None:
     if isinstance(storage, dict):
         for k in storage:
@@ -154,45 +158,47 @@ class OnPolicyAgent:
         random draws between envs changes."""
         cfg = self.cfg
         self.rollout_state = self.state
-        grouped = isinstance(self.envs, GroupedVectorEnv)
-        parts = self.envs.slices if grouped else [slice(None)]
-        states = [None if self.state is None else self.state[:, part] for part in parts]
-        with self._rollout_threads():
-            for step in range(cfg.num_steps):
-                self.global_step += self.num_envs * self.ranks.world
+        envs = self.envs
+        if not isinstance(envs, GroupedVectorEnv):  # one batch per vector step, nothing to slice
+            states = [self.state]
+            with self._rollout_threads():
+                for step in range(cfg.num_steps):
+                    self.global_step += self.num_envs * self.ranks.world
+                    self._receive(step, ALL, 0, states, envs.step(self._act(step, ALL, 0, states)))
+            self.state = states[0]
+        else:
+            parts = envs.slices
+            states = [None if self.state is None else self.state[:, part] for part in parts]
+            with self._rollout_threads():
+                for step in range(cfg.num_steps):
+                    self.global_step += self.num_envs * self.ranks.world
+                    for k, part in enumerate(parts):
+                        if step > 0:
+                            self._receive(step - 1, part, k, states, envs.receive(k))
+                        envs.send(k, self._act(step, part, k, states))
                 for k, part in enumerate(parts):
-                    if step > 0:
-                        self._receive(step - 1, k, part, states)
-                    self._act(step, k, part, states)
-            for k, part in enumerate(parts):
-                self._receive(cfg.num_steps - 1, k, part, states)
-        self.state = states[0] if len(states) == 1 or self.state is None else torch.cat(states, dim=1)
+                    self._receive(cfg.num_steps - 1, part, k, states, envs.receive(k))
+            self.state = None if self.state is None else torch.cat(states, dim=1)
         if self.values_after_rollout:
             self.values.copy_(self.policy.value(self.obs.flatten(0, 1)).view_as(self.values))
 
-    def _act(self, step: int, k: int, part: slice, states: list[torch.Tensor | None]) -> None:
-        """Store the observations of envs `part` (group k) at `step`, act on them, send the actions."""
-        obs = _map(lambda x: x[part], self.next_obs)
-        _write(self.obs, (step, part), obs)
-        self.firsts[step, part] = self.next_first[part]
-        action, logprob, value, states[k] = self.policy.step(obs, states[k], self._firsts_tensor(self.next_first[part]), with_value=not self.values_after_rollout)
+    def _act(self, step: int, part: slice, k: int, states: list[torch.Tensor | None]) -> np.ndarray:
+        """Store the observations of envs `part` (group k) at `step` and act on them: the actions to send."""
+        obs = self.next_obs if part is ALL else _map(lambda x: x[part], self.next_obs)
+        _write(self.obs, step if part is ALL else (step, part), obs)
+        firsts = self.next_first if part is ALL else self.next_first[part]
+        self.firsts[step, part] = firsts
+        action, logprob, value, states[k] = self.policy.step(obs, states[k], self._firsts_tensor(firsts), with_value=not self.values_after_rollout)
         self.actions[step, part] = action
         self.logprobs[step, part] = logprob
         if value is not None:
             self.values[step, part] = value
-        actions = self.policy.clip_action(action).cpu().numpy()
-        if isinstance(self.envs, GroupedVectorEnv):
-            self.envs.send(k, actions)
-        else:
-            self._sent = actions
+        return self.policy.clip_action(action).cpu().numpy()
 
-    def _receive(self, step: int, k: int, part: slice, states: list[torch.Tensor | None]) -> None:
-        """The outcome of the actions envs `part` (group k) took at `step`."""
+    def _receive(self, step: int, part: slice, k: int, states: list[torch.Tensor | None], outcome: tuple) -> None:
+        """Store what the actions of envs `part` (group k) at `step` led to: `outcome` is their vector step."""
         cfg = self.cfg
-        if isinstance(self.envs, GroupedVectorEnv):
-            obs, reward, terminated, truncated, info = self.envs.receive(k)
-        else:
-            obs, reward, terminated, truncated, info = self.envs.step(self._sent)
+        obs, reward, terminated, truncated, info = outcome
         reward = reward.astype(np.float32) * cfg.reward_scale
         cut = truncated & ~terminated
         if cut.any():
@@ -201,7 +207,7 @@ class OnPolicyAgent:
             state = states[k][:, torch.as_tensor(cut, device=self.device)] if states[k] is not None else None
             reward[cut] += cfg.gamma * self.policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
         self.rewards[step, part] = reward
-        if part == slice(None):
+        if part is ALL:
             self.next_obs = obs_to_tensor(obs, self.device)
             self.next_first = (terminated | truncated).astype(np.float32)
         else:
