@@ -167,6 +167,42 @@ def test_warned_two_rank_run_resumes_on_both_ranks(backend: Backend, tmp_path: P
     print(f"\n{backend.name}: 2-rank run warned at step {signalled[0]}, resumed on both ranks from step {resumed[0]}")
 
 
+# Two ranks that leave for a requeue, the way `hpcrl train` does; rank 0's interpreter takes 3 s to shut
+# down after its own signal handlers are gone (a stand-in for torch's teardown at exit, which under load
+# takes long enough), so rank 1's exit comes first and srun ends the step while rank 0 is still there.
+LEAVE_FOR_REQUEUE = """
+import sys, time
+from pathlib import Path
+import torch
+from hpcrl.guard import StopFlag
+from hpcrl.rl.ddp import Ranks
+stop = StopFlag()
+ranks = Ranks.from_env()
+ranks.init(Path(sys.argv[1]), torch.device("cpu"), 60)
+if ranks.is_main:
+    class SlowTeardown:
+        def __del__(self, sleep=time.sleep):
+            sleep(3)
+    slow = SlowTeardown()
+ranks.leave_for_requeue()
+sys.exit(99)
+"""
+
+
+@pytest.mark.slurm
+def test_a_rank_leaving_for_a_requeue_after_its_peer_still_asks_for_the_requeue(slurm_cluster: None, tmp_path: Path) -> None:
+    """srun ends the step at the first non-zero exit: the rank still shutting down must exit 99 all the
+    same, or srun reports it "Terminated" and the job fails instead of being requeued (seen in CI)."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_FOR_REQUEUE)
+    env = {**os.environ, "HPCRL_LAUNCH_ID": f"leave.{os.getpid()}", "MASTER_ADDR": "127.0.0.1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        ["srun", "--kill-on-bad-exit=1", "--nodes=1", "--ntasks=2", "--cpus-per-task=1", "--time=2", sys.executable, str(script), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Terminated" not in proc.stderr and proc.returncode == 99, proc.stderr
+
+
 def _rank_pids(exp_dir: Path) -> dict[int, int]:
     """Rank -> pid of the run's rank processes (`hpcrl train` with RANK in its environment)."""
     found = {}

@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -175,10 +176,16 @@ class Ranks:
         self._guard(dist.all_reduce, t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def barrier(self) -> None:
-        """Every rank waits here for the others (rank 0's checkpoint before a requeue)."""
+    def leave_for_requeue(self) -> None:
+        """Wait for every rank (rank 0 has written the checkpoint when they meet), then let SIGTERM
+        no longer end this process. srun ends the step at the first non-zero exit: when a peer exits
+        REQUEUE_EXIT a moment before this rank, the SIGTERM reaches this one while the interpreter
+        shuts down (its own handlers are gone by then), srun reports it "Terminated" instead of
+        REQUEUE_EXIT, and the job fails instead of being requeued. Past this point a rank only closes
+        what it holds (the checkpoint is on disk); SIGKILL, KillWait later, still ends it."""
         if self.distributed:
             self._guard(dist.barrier)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Rank 0's values everywhere (the initial parameters and statistics)."""

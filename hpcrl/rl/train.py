@@ -167,7 +167,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                 warned = ranks.any(stop.signal is not None)  # every rank stops at this iteration
                 if not main:
                     if warned:
-                        ranks.barrier()  # until rank 0's checkpoint is written: srun ends a step at the first non-zero exit
+                        ranks.leave_for_requeue()
                         return REQUEUE_EXIT
                     continue
                 assert log is not None and trackers is not None
@@ -188,7 +188,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                     break
                 if warned:
                     save()
-                    ranks.barrier()
+                    ranks.leave_for_requeue()
                     print(f"{run.run_id}: signal {stop.signal or 'on another rank'} at step {agent.global_step}: checkpointed, asking for a requeue", file=out)
                     return REQUEUE_EXIT
                 if agent.iteration % tcfg.checkpoint_every == 0:
