@@ -138,7 +138,7 @@ def plan_scripts(
     else:
         out, evals = plan_train(exp, scheduler, todo, attempt, cwd, {r.index: r for r in runs or []})
     if eval_todo:
-        extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd)
+        extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd, {r.index: r for r in runs or []})
         out, evals = out + extra, evals + more
     return [*out, plan_aggregate(exp, scheduler, attempt, evals, cwd)]
 
