@@ -25,6 +25,10 @@ def _sweep(args: argparse.Namespace) -> int:
 
     exp = load_experiment(args.config, args.param + args.overrides, name=args.name)
     check_environment(exp)  # before the queue wait, not inside every job after it
+    if exp.program is not None:
+        from hpcrl.program_help import warn_unlisted_flags
+
+        warn_unlisted_flags(exp)
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
 

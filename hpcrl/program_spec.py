@@ -203,24 +203,28 @@ def _name(key: str, names: str) -> str:
     return key
 
 
+def option(key: str, names: str) -> str:
+    """The flag a parameter becomes in the argparse and equals styles."""
+    return "--" + _name(key, names)
+
+
 def param_words(program: ProgramConfig) -> list[str]:
     """The parameters as arguments in the program's style (see the module docstring)."""
     words: list[str] = []
     for key, value in flat_params(program.params):
-        name = _name(key, program.names)
         if program.style == "none":
             break
         if program.style == "hydra":
-            words.append(f"{name}={value_text(value)}")
+            words.append(f"{_name(key, program.names)}={value_text(value)}")
         elif value is None or value is False and program.style == "argparse":
             continue
         elif program.style == "argparse":
-            words.append(f"--{name}")
+            words.append(option(key, program.names))
             if value is not True:
                 words += [value_text(v) for v in value] if isinstance(value, list) else [value_text(value)]
         else:
             text = ",".join(value_text(v) for v in value) if isinstance(value, list) else value_text(value)
-            words.append(f"--{name}={text}")
+            words.append(f"{option(key, program.names)}={text}")
     return words
 
 
