@@ -201,15 +201,6 @@ def test_a_bare_command_is_resolved_at_sweep_time_so_the_jobs_path_does_not_matt
     assert "/images/x.sif mytrainer --lr 1) ;;" in text
 
 
-def test_a_missing_command_is_one_line_at_sweep_time_and_nothing_is_submitted(tmp_path: Path, capsys) -> None:
-    data = {"name": "p", "algo": "program", "output": str(tmp_path / "logs"), "program": {"command": ["python-that-is-not-here", "t.py"], "workdir": str(tmp_path)}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    assert main(["sweep", str(tmp_path / "c.yaml"), "--scheduler", "sge"]) == 2
-    err = capsys.readouterr().err
-    assert "program.command[0]: 'python-that-is-not-here' is not found on the PATH" in err and err.count("\n") == 1, err
-    assert not (tmp_path / "logs").exists()
-
-
 # ------------------------------------------------------------------------------------ program.workdir
 
 
