@@ -144,7 +144,7 @@ def job_context(
     if exp.container.image:
         # The job writes into the experiment directory, and a user's program runs in its working
         # directory: make sure the container can see both.
-        needed = [str(exp.dir.resolve())] + ([program_spec.fixed_dir(exp.program.workdir or ".")] if exp.program else [])
+        needed = [str(exp.dir.resolve())] + ([program_spec.fixed_dir(program_spec.anchored_workdir(exp.program.workdir, Path.cwd()))] if exp.program else [])
         for path in needed:
             if path and path not in container["binds"]:
                 container["binds"] = [*container["binds"], path]
