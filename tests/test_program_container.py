@@ -67,6 +67,14 @@ def test_the_seeds_job_runs_its_program_in_its_image_and_hpcrl_on_the_host() -> 
     assert '"${HPCRL[@]}" train /scratch/hpcrl/habitat_own_trainer --manifest jobs/0-0.tasks --task "$TASK_ID" -- "${PROGRAM[@]}" &' in train
 
 
+def test_the_dry_run_names_the_first_runs_command_and_its_image(tmp_path: Path, capsys) -> None:
+    overrides = [f"output={tmp_path}", *PINNED[1:]]
+    assert main(["sweep", str(REPO / "configs" / "habitat_own_trainer.yaml"), "--scheduler", "sge", "--dry-run", *(w for o in overrides for w in ("-p", o))]) == 0
+    out = capsys.readouterr().out
+    assert "\n# first run's command line (in the image /images/habitat.sif): python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 " in out
+    assert not (tmp_path / "habitat_own_trainer").exists()
+
+
 def test_runs_hpcrl_keeps_hpcrl_in_the_image_with_the_same_container_line() -> None:
     """The other mode, and the one place both take the container's command line from."""
     for extra in ([], ["container.cleanenv=true", "container.home=/work/home", "container.runtime=apptainer"]):
