@@ -31,6 +31,7 @@ itself does not.
 from __future__ import annotations
 
 import csv
+import datetime
 import errno
 import fcntl
 import io
@@ -164,6 +165,24 @@ def begin_lifetime(run_dir: Path) -> int:
     with path.open("a") as f:  # one short line per write: a kill cannot tear it
         f.write(f"{earlier + 1} {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {socket.gethostname()} {os.getpid()}\n")
     return earlier + 1
+
+
+def lifetime_starts(run_dir: Path) -> list[float]:
+    """When each recorded start of a user's program began (epoch seconds, floored to the second, in
+    order); empty without a `lifetimes` file. The metrics readers tell a resumed program's files from
+    the earlier lifetime's by it: a program's own files do not say which start wrote them."""
+    try:
+        lines = _complete_lines((run_dir / LIFETIMES).read_bytes())
+    except OSError:
+        return []
+    starts = []
+    for line in lines:
+        words = line.decode(errors="replace").split()
+        try:
+            starts.append(datetime.datetime.strptime(words[1], "%Y-%m-%dT%H:%M:%S%z").timestamp())
+        except (IndexError, ValueError):
+            continue  # a line another version wrote: its start is unknown
+    return sorted(starts)
 
 
 def done_step(run_dir: Path) -> int | None:
