@@ -129,23 +129,24 @@ def write_lifetime(run_dir: Path, name: str, episodes: list[tuple[int, float]]) 
     writer.close()
 
 
-def next_second() -> None:
-    """Wait for the clock's next whole second: `lifetimes` records each start to the second."""
-    time.sleep(1.02 - time.time() % 1)
-
-
 def test_a_resumed_program_replaces_what_it_logs_again_and_keeps_every_episode_of_a_step(tmp_path: Path) -> None:
     """Two lifetimes as hpcrl records them: the second resumed from a checkpoint at step 16 and logs
     from there again, from two writers (two ranks) whose steps interleave."""
     assert rundir.begin_lifetime(tmp_path) == 1
     write_lifetime(tmp_path, "first", [(8, 1.0), (8, 2.0), (16, 3.0), (24, 4.0), (24, 5.0), (32, 6.0)])
-    next_second()
+    time.sleep(0.01)  # a requeue takes longer: `lifetimes` records each start to the millisecond
     assert rundir.begin_lifetime(tmp_path) == 2
     write_lifetime(tmp_path, "second-rank0", [(24, 40.0), (24, 50.0), (40, 70.0)])
     write_lifetime(tmp_path, "second-rank1", [(20, 30.0), (48, 80.0)])
     ep = read_episodes(tmp_path, "tensorboard")
     assert len(ep.files) == 3
     assert list(zip(ep.steps, ep.returns)) == [(8, 1), (8, 2), (16, 3), (20, 30), (24, 40), (24, 50), (40, 70), (48, 80)]
+
+
+def test_lifetime_starts_read_both_formats_and_skip_what_they_cannot(tmp_path: Path) -> None:
+    (tmp_path / rundir.LIFETIMES).write_text("1 2026-11-20T10:00:00+0000 n1 7\n2\n3 2026-11-20T10:00:01.250+00:00 n2 8\n4 2026-11-2")
+    assert rundir.lifetime_starts(tmp_path) == [1795168800.0, 1795168801.25]  # the torn last line is not a start yet
+    assert rundir.lifetime_starts(tmp_path / "nowhere") == []
 
 
 def test_tensorboard_is_read_with_its_own_reader_and_a_resumed_step_keeps_its_later_value(tmp_path: Path) -> None:
