@@ -5,7 +5,9 @@ the program (`program.metrics.source`):
 
 - `monitor`: Stable-Baselines3's `Monitor` CSVs, as SB3 and RL Zoo write them: a `#{"t_start": ...}`
   line, a header `r,l,t`, one row per episode. A vectorised run writes one file per env; episodes
-  are merged by the time each ended (t_start + t) and steps are the running sum of their lengths.
+  are merged by the time each ended (t_start + t) and steps are the running sum of their lengths
+  (Monitor files hold no step: after a resume, the episodes played past the checkpoint and lost
+  stay in, and the steps after them are counted from their lengths too).
 - `tensorboard`: event files, one scalar tag (CleanRL's `charts/episodic_return` at `global_step`),
   read with TensorBoard's own EventAccumulator. Every value is an episode, several at one step
   included (a vectorised trainer logs each env that finished at that `global_step`). Duplicates
@@ -157,7 +159,7 @@ def _read_tensorboard(files: list[Path], tag: str, lifetime_starts: list[float])
         from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
     except ImportError:
         raise MetricsError("metrics: reading TensorBoard files needs tensorboard: pip install 'hpcrl[tensorboard]'") from None
-    by_lifetime: dict[tuple[float, str], list[tuple[int, float]]] = {}  # (lifetime, file) -> (step, value) per episode
+    by_lifetime: dict[tuple[float, str], list[tuple[int, float]]] = {}  # a lifetime (without records: a file) -> its episodes' (step, value)
     tags: set[str] = set()
     for path in files:
         accumulator = EventAccumulator(str(path), size_guidance={SCALARS: 0})
