@@ -6,8 +6,8 @@ the program (`program.metrics.source`):
 - `monitor`: Stable-Baselines3's `Monitor` CSVs, as SB3 and RL Zoo write them: a `#{"t_start": ...}`
   line, a header `r,l,t`, one row per episode. A vectorised run writes one file per env; episodes
   are merged by the time each ended (t_start + t) and steps are the running sum of their lengths
-  (Monitor files hold no step: after a resume, the episodes played past the checkpoint and lost
-  stay in, and the steps after them are counted from their lengths too).
+  (Monitor files hold no step, so after a resume the episodes played between the checkpoint and
+  the preemption stay in, and their lengths in the steps).
 - `tensorboard`: event files, one scalar tag (CleanRL's `charts/episodic_return` at `global_step`),
   read with TensorBoard's own EventAccumulator. Every value is an episode, several at one step
   included (a vectorised trainer logs each env that finished at that `global_step`). Duplicates
