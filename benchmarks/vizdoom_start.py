@@ -10,9 +10,12 @@ engines used to race on `./_vizdoom/` in the shared working directory), `steps` 
 vector steps, `close` closing it. Before each row the load average is printed: the machine's other
 work slows all of it.
 
-Figures (2026-11-26, this 2-core VM shared with other work, load 6-9):
-- 32 workers: start 1.6 s, reset 16.3 s, 50 steps 4.4 s, close 0.6 s.
-- 64 workers: start 3.9 s, reset 33.5 s, 50 steps 9.7 s, close 1.2 s.
+Figures (2026-11-26, this 2-core VM shared with other work; `benchmarks/vizdoom_start.py`):
+- 32 workers: start 2.3 s, reset 12.7 s, 50 steps 1.3 s, close 1.5 s (load 6).
+- 64 workers: start 2.8 s, reset 31.6 s, 50 steps 2.3 s, close 2.9 s (load 15).
+- before issue 26 (shared working directory, groups reset one after the other), load 34-37:
+  32: 1.3 / 13.8 / 1.0 / 0.4 s; 64: 1.8 / 33.0 / 4.4 / 2.1 s. On 2 cores the engines' starts are
+  serialised by the CPU and did not collide; on a 16-core node 32 did.
 """
 
 from __future__ import annotations
