@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_conformance import CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
+from test_conformance import BACKENDS, CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl import study, sweep
 from hpcrl.cli import main
@@ -238,15 +238,21 @@ def test_a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_th
     assert "failed" not in status_text(exp_dir)  # the restarted worker 2 replaced the failed one
 
 
-def test_when_every_worker_fails_status_names_the_study_job_and_the_aggregate_failed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_when_every_worker_fails_status_names_the_study_job_and_the_aggregate_failed(tmp_path: Path, request: pytest.FixtureRequest, name: str) -> None:
+    """(Grid Engine forgets how a task ended, so there neither a worker that failed before it held a
+    trial nor the aggregate's exit can be told from one that succeeded.)"""
+    if name != "local":
+        request.getfixturevalue(f"{name}_cluster")
     since = time.time()
-    exp_dir, _ = study_sweep(tmp_path, "local", search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=40960")
+    exp_dir, _ = study_sweep(tmp_path, name, search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=40960")
     wait_until("both workers' runs", lambda: len(study.held_trials(exp_dir)) == 2 and len(read_runs_csv(exp_dir)) == 2, 120)
     for task in (1, 2):
         os.kill(worker_pid(exp_dir, task), signal.SIGKILL)
-    wait_finished(exp_dir, Local(), since, timeout=120)  # the aggregate ran: collect found no score
+    wait_finished(exp_dir, BACKENDS[name](), since, timeout=120)  # the aggregate ran: collect found no score
     text = status_text(exp_dir)
-    assert "study job study-0: workers 1, 2 of 2 failed" in text, text
+    (workers,) = [j for j in read_jobs(exp_dir) if j.stage == "study"]
+    assert f"study job {workers.job_id}: workers 1, 2 of 2 failed" in text, text
     assert text.rstrip().endswith("2 runs: 2 failed; 2 settings; aggregate: failed"), text
 
 
