@@ -84,7 +84,8 @@ def resolve_storage(exp: Experiment) -> None:
     where = f"{exp.source}: sweep.search.storage" if exp.source else "sweep.search.storage"
     try:
         url = make_url(search.storage)
-        url.get_dialect().import_dbapi()
+        dialect = url.get_dialect()
+        (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()  # SQLAlchemy 2 | 1.4: the driver's module
     except ArgumentError:
         raise ConfigError(f"{where}: expected an RDB URL (postgresql://user@host/db, mysql://..., sqlite:///study.db), got {search.storage!r}") from None
     except ImportError as exc:
