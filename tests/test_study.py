@@ -303,7 +303,7 @@ def test_a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep(tmp_pat
     (a worker, or the sweep) sets it aside in a side file before it appends; the trial whose end was
     lost is RUNNING with no worker holding it, and is adopted and told from its finished run."""
     since = time.time()
-    args = (search(2, pruner="none"), "resources.max_concurrent=1", "train.total_steps=512")
+    args = (search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=512")
     exp_dir, _ = study_sweep(tmp_path, "local", *args)
     wait_finished(exp_dir, Local(), since, timeout=120)
 
