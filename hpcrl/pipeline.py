@@ -209,6 +209,7 @@ def submit_experiment(
 ) -> int:
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
     root = exp.dir
+    study.resolve_storage(exp)  # before anything is written: a bad URL is refused in one line
     if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
         debug.check(exp)
         exp.container.image = None  # the work runs here, in this Python, not in a container
@@ -304,7 +305,7 @@ def _sweep_study(
     that died is resumed by the task of the same id."""
     root = exp.dir
     jobs = read_jobs(root)
-    the_study = study.open_study(exp, root)
+    the_study = study.open_study(exp, root, out=out)
     state = study.study_state(exp, the_study)
     sweep.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
     workers_jobs = [j for j in jobs if j.stage == "study" and j.scheduler == scheduler.name]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcrl import rundir, sweep
+from hpcrl import rundir, study, sweep
 from hpcrl.config import ConfigError, Experiment
 from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
@@ -100,6 +100,8 @@ class SchedulerView:
     """Run index -> its tasks the scheduler has pending or running (job, task), every stage."""
     problem: str | None
     jobs: list[Job]
+    workers: dict[int, tuple[Job, str]] = field(default_factory=dict)
+    """An Optuna study's worker task id -> (the newest study job that has it, the task's state)."""
 
 
 @dataclass
@@ -109,6 +111,8 @@ class Status:
     problem: str | None
     jobs: list[Job]
     active: dict[int, list[tuple[Job, int]]] = field(default_factory=dict)
+    study: str | None = None
+    """The Optuna study's workers that failed, as one line naming their job (None: none did)."""
 
 
 @dataclass
@@ -163,6 +167,7 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
     cancelled_jobs, cancelled_tasks = read_cancelled(experiment_dir)
     states: dict[tuple[str, int], str] = {}
     active: dict[int, list[tuple[Job, int]]] = {}
+    workers: dict[int, tuple[Job, str]] = {}
     problem = None
     by_scheduler: dict[str, list[Job]] = {}
     for job in jobs:
@@ -187,9 +192,11 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
             elif job.stage == "study":  # an Optuna study's workers: the trials' runs are theirs
                 found = set(tasks.values())
                 states[("study", -1)] = next((s for s in (RUNNING, PENDING) if s in found), gone if not found else next(iter(found)))
+                for task in range(1, job.size + 1):
+                    workers[task] = (job, tasks.get(task) or (CANCELLED if (job.job_id, task) in cancelled_tasks else gone))
             else:
                 states[(job.stage, -1)] = tasks.get(0, gone)
-    return SchedulerView(states, active, problem, jobs)
+    return SchedulerView(states, active, problem, jobs, workers)
 
 
 def merge(marker_state: str, sched: str | None) -> str:
@@ -226,6 +233,7 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
     configs = _configs(experiment_dir, rows_csv)
     view = scheduler_view(experiment_dir)
     states = view.states
+    holders = _trial_holders(experiment_dir, rows_csv)
     out = []
     for row in rows_csv:
         run_id, index = row["run_id"], int(row["index"])
@@ -237,21 +245,54 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         trainer = ("study", -1) if trial else ("learner" if config.distributed else "train", index)
         # merge() needs done or failed only (not started/new: that is rundir.run_state's extra work).
         marker = "done" if rundir.is_done(rd) else "failed" if rundir.is_failed(rd) else "new"
-        train = merge(marker, states.get(trainer))
+        # A trial is as alive as the worker that holds it, not as the study's other workers.
+        task = holders.get((row.get(sweep.GENERATION, "0"), swept["trial"])) if trial else None
+        holder = view.workers.get(task) if task is not None else None
+        train = merge(marker, holder[1] if holder else states.get(trainer))
         evaluation = merge(rundir.eval_state(rd), states.get(("eval", index)))
         note = ""
-        if train == "failed":
+        if train == "failed" and holder and marker == "new":
+            note = f"worker {task} (job {holder[0].job_id}) ended{'' if holder[1] == 'gone' else f' ({holder[1]})'} holding it; the next sweep resumes it"
+        elif train == "failed":
             note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
         elif evaluation == "failed":
             note = ("eval: " + (rundir.first_line(rd, rundir.EVAL_FAILED) or "see the eval log under jobs/logs"))[:80]
         total = None if config.program else config.train.total_steps
         report = runstats.status_line(rd) if config.distributed and train != "done" else None
         out.append(RunStatus(index, run_id, sweep.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
-    aggregate = "done" if (experiment_dir / "results" / "summary.csv").exists() else states.get(("aggregate", -1), NOT_SUBMITTED)
-    status = Status(out, aggregate, view.problem, view.jobs, view.active)
+    aggregate = states.get(("aggregate", -1), NOT_SUBMITTED)
+    if aggregate != "failed" and (experiment_dir / "results" / "summary.csv").exists():  # collect writes it, then fails when no run has a score
+        aggregate = "done"
+    status = Status(out, aggregate, view.problem, view.jobs, view.active, _failed_workers(view.workers, set(holders.values())))
     if detail:
         add_detail(experiment_dir, status.rows)
     return status
+
+
+def _trial_holders(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[tuple[str, str], int]:
+    """(runs.csv generation, trial number) -> the worker task that holds the trial, for the current
+    study's trials (a changed config is a new study; its workers hold none of the old trials)."""
+    if not any(row.get("trial") for row in rows):
+        return {}
+    try:
+        exp, generation = study.load_experiment_config(experiment_dir)
+    except ConfigError:
+        return {}
+    return {(str(generation), str(number)): task for task, number in study.held_trials(experiment_dir, study.study_name(exp)).items()} if study.is_study(exp) else {}
+
+
+def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> str | None:
+    """`study job J: workers 1, 2 of 2 failed ...`: the study's worker tasks that failed, or ended holding
+    a trial (Grid Engine forgets how a task ended), each under the newest study job that has its task id."""
+    failed = sorted(task for task, (_, state) in workers.items() if state == "failed" or (state == "gone" and task in holding))
+    if not failed:
+        return None
+    by_job: dict[str, list[int]] = {}
+    for task in failed:
+        by_job.setdefault(workers[task][0].job_id, []).append(task)
+    return "; ".join(
+        f"study job {job_id}: worker{'s' if len(tasks) > 1 else ''} {', '.join(map(str, tasks))} of {len(workers)} failed" for job_id, tasks in by_job.items()
+    ) + " (their logs are in jobs/logs/; `hpcrl sweep` again restarts them)"
 
 
 def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
@@ -410,7 +451,7 @@ def per_setting_lines(rows: list[RunStatus], experiment_dir: Path) -> list[str]:
 def status_lines(experiment_dir: Path, status: Status, view: str, selected: Selection) -> list[str]:
     rows = selected.keep(status.rows)
     lines = per_run_lines(rows) if view == "runs" else per_setting_lines(rows, experiment_dir)
-    lines += [_jobs_line(status.jobs), _total_line(rows, status, selected)]
+    lines += [_jobs_line(status.jobs), *([status.study] if status.study else []), _total_line(rows, status, selected)]
     if status.problem:
         lines.append(f"warning: scheduler query failed ({status.problem}); states come from markers only")
     return lines
@@ -423,7 +464,7 @@ def _token(state: str) -> str:
 def status_json(experiment_dir: Path, status: Status, selected: Selection) -> dict:
     """`hpcrl status --json`: one object.
 
-    {"experiment": path, "aggregate": state, "scheduler_problem": null or text,
+    {"experiment": path, "aggregate": state, "scheduler_problem": null or text, "study_workers_failed": null or text,
      "selection": {"state": [...], "setting": [...], "run": [...]}, "total_runs": n,
      "counts": {"runs": n, "state": {state: n}, "train": {state: n}, "eval": {state: n}},
      "jobs": [{"stage", "job_id", "scheduler", "size", "attempt", "manifest"}],
@@ -448,6 +489,7 @@ def status_json(experiment_dir: Path, status: Status, selected: Selection) -> di
         "experiment": str(experiment_dir.resolve()),
         "aggregate": _token(status.aggregate),
         "scheduler_problem": status.problem,
+        "study_workers_failed": status.study,
         "selection": {"state": list(selected.states), "setting": list(selected.settings), "run": list(selected.run_ids)},
         "total_runs": len(status.rows),
         "counts": {"runs": len(rows), **counts(rows)},

@@ -37,10 +37,10 @@ def _save(ax: Any, path: Path, xlabel: str | None = None, ylabel: str | None = N
 
 def write_study_results(experiment_dir: Path, results_dir: Path) -> tuple[list[str], dict[str, Path]]:
     """(lines for the terminal and the report, plots by title). Writes results/trials.csv."""
-    from hpcrl.study_worker import load_experiment_config, metric_key
+    from hpcrl.study_worker import metric_key
 
     try:
-        exp, _ = load_experiment_config(experiment_dir)
+        exp, _ = study.load_experiment_config(experiment_dir)
         optuna = study.require_optuna()
         the_study = study.open_study(exp, experiment_dir)
     except ConfigError as exc:

@@ -8,10 +8,12 @@ the study how it ended, and asks for the next, until the study has `n_trials` tr
   experiment directory (Optuna's own O_EXCL lock file, which holds on NFS), so two workers that
   ask at once never make a trial too many.
 - No trial lost, none told twice: before asking, a worker writes nothing; after asking, it
-  records the trial's number in `optuna/workers/<task id>`, inside the same lock. A requeued task
-  has the same task id (Slurm and Grid Engine keep it), finds its record, and resumes that
-  trial's run from its checkpoint if the study still has the trial RUNNING; a record of a trial
-  the study already knows as finished is dropped. The record goes only after the study is told.
+  records the trial's number and the study's name in `optuna/workers/<task id>`, inside the same
+  lock. A requeued task has the same task id (Slurm and Grid Engine keep it), finds its record,
+  and resumes that trial's run from its checkpoint if the study still has the trial RUNNING; a
+  record of a trial the study already knows as finished is dropped. The record goes only after
+  the study is told. So a RUNNING trial that no record holds has lost its end (a torn journal
+  record) or its worker died inside the lock: the next worker that asks adopts it.
 - The scheduler's warning: during training, the trainer checkpoints and the worker exits with
   the requeue code, leaving the trial RUNNING for its next lifetime; between trials, the worker
   stops before asking for another.
@@ -25,10 +27,8 @@ import math
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from hpcrl import rundir, study, sweep
-from hpcrl.config import ConfigError, Distribution, Experiment, apply_settings, experiment_from_dict, learned_settings
+from hpcrl.config import ConfigError, Distribution, Experiment, apply_settings, learned_settings
 from hpcrl.guard import StopFlag
 from hpcrl.io import atomic_write_text
 from hpcrl.rl.evaluate import evaluate_run
@@ -109,31 +109,21 @@ def final_value(exp: Experiment, rd: Path) -> float:
     return rundir.final_return(rd)
 
 
-def load_experiment_config(experiment_dir: Path) -> tuple[Experiment, int]:
-    """The experiment as its last sweep wrote it (experiment.yaml), validated again, and the
-    generation of that config (the runs.csv rows its trials get)."""
-    path = experiment_dir / "experiment.yaml"
-    try:
-        meta = yaml.safe_load(path.read_text())
-        return experiment_from_dict(meta["config"]), int(meta["provenance"].get(sweep.GENERATION, 0))
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the experiment ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
-
-
 class Worker:
     def __init__(self, experiment_dir: Path, task: int, out: TextIO | None) -> None:
         self.root, self.task, self.out = experiment_dir, task, out
-        self.exp, self.generation = load_experiment_config(experiment_dir)
+        self.exp, self.generation = study.load_experiment_config(experiment_dir)
         if not study.is_study(self.exp):
             raise ConfigError(f"{experiment_dir}: not an Optuna study (sweep.search.method is not optuna)")
         self.optuna = study.require_optuna()
         self.name = study.study_name(self.exp)
-        self.study = study.open_study(self.exp, experiment_dir)
+        self.study = study.open_study(self.exp, experiment_dir, out=out)
         self.study.sampler = study._sampler(self.optuna, self.exp, task * 100_003 + len(self.study.get_trials(deepcopy=False)))
         self.stop: StopFlag | None = None
         """The warning signal's flag between trials (the trainer has its own while it trains)."""
         self.record = experiment_dir / study.STUDY_DIR / "workers" / str(task)
         self.lock_path = experiment_dir / study.STUDY_DIR / "ask.lock"
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)  # an RDB study has no journal to make it
 
     def claim(self) -> Any | None:
         """The trial this task holds (a requeue), else a new one while the study has fewer than
@@ -143,19 +133,27 @@ class Worker:
         lock.acquire()
         try:
             trials = self.study.get_trials(deepcopy=False)
-            held = study.held_trials(self.root).get(self.task)
-            if held is not None:
-                frozen = next((t for t in trials if t.number == held), None)
-                if frozen is not None and frozen.state == self.optuna.trial.TrialState.RUNNING:
-                    print(f"trial {held}: resumed by worker {self.task}", file=self.out)
-                    return self.optuna.trial.Trial(self.study, frozen._trial_id)
+            running = {t.number: t for t in trials if t.state == self.optuna.trial.TrialState.RUNNING}
+            held = study.held_trials(self.root, self.name)
+            mine = held.pop(self.task, None)
+            if mine is not None:
+                if mine in running:
+                    print(f"trial {mine}: resumed by worker {self.task}", file=self.out)
+                    return self.optuna.trial.Trial(self.study, running[mine]._trial_id)
                 self.record.unlink(missing_ok=True)  # told before the record went: nothing to redo
+            # RUNNING but held by no worker: its end was lost with a torn journal record, or its worker
+            # was killed between asking and writing the record. Nobody else will ever finish it.
+            orphan = next((t for number, t in sorted(running.items()) if number not in held.values()), None)
+            if orphan is not None:
+                atomic_write_text(self.record, f"{orphan.number} {self.name}\n")
+                print(f"trial {orphan.number}: adopted by worker {self.task} (RUNNING, held by no worker)", file=self.out)
+                return self.optuna.trial.Trial(self.study, orphan._trial_id)
             search = self.exp.sweep.search
             assert search is not None and search.n_trials is not None
             if len(trials) >= search.n_trials:
                 return None
             trial = self.study.ask()
-            atomic_write_text(self.record, f"{trial.number}\n")
+            atomic_write_text(self.record, f"{trial.number} {self.name}\n")
             return trial
         finally:
             lock.release()

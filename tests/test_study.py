@@ -16,6 +16,7 @@ Local processes, real Slurm and real Grid Engine, through test_conformance's bac
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -23,13 +24,17 @@ import time
 from pathlib import Path
 
 import pytest
-from test_conformance import CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
+from test_conformance import BACKENDS, CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
-from hpcrl import study
+from hpcrl import study, sweep
+from hpcrl.cli import main
 from hpcrl.collect import collect
-from hpcrl.config import load_experiment
+from hpcrl.config import ConfigError, load_experiment
 from hpcrl.pipeline import read_jobs, submit_experiment
-from hpcrl.study_worker import Reporter, load_experiment_config
+from hpcrl.schedulers import get_scheduler
+from hpcrl.status import experiment_status
+from hpcrl.study import load_experiment_config
+from hpcrl.study_worker import Reporter, Worker, run_worker
 from hpcrl.sweep import current_rows, read_runs_csv, run_dir
 
 optuna = pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
@@ -73,6 +78,30 @@ def assert_every_trial_once(exp_dir: Path, n_trials: int) -> list[optuna.trial.F
 
 def worker_log(exp_dir: Path) -> str:
     return "".join(p.read_text() for p in sorted((exp_dir / "jobs" / "logs").glob("study-*")))
+
+
+def tear_last_tell(exp_dir: Path) -> bytes:
+    """Cut optuna/journal.log in the middle of its last tell (a trial's end), as a node that dies
+    mid-append leaves it; the bytes of the torn record that stay in the file."""
+    journal = exp_dir / study.STUDY_DIR / study.JOURNAL
+    lines = journal.read_bytes().splitlines(keepends=True)
+    tell = optuna.storages.journal._storage.JournalOperation.SET_TRIAL_STATE_VALUES
+    last = max(i for i, line in enumerate(lines) if json.loads(line)["op_code"] == tell)
+    start = sum(map(len, lines[:last]))
+    os.truncate(journal, start + len(lines[last]) // 2)
+    return lines[last][: len(lines[last]) // 2]
+
+
+def worker_pid(exp_dir: Path, task: int) -> int:
+    """The process of the study worker with this task id (not its job shell)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "search-worker" in words and str(exp_dir) in words and words[-3:-1] == ["--task", str(task)] and "python" in words[0]:
+            return int(cmdline.parent.name)
+    raise AssertionError(f"no worker process with task {task}: {processes_of(exp_dir)}")
 
 
 # ------------------------------------------------------------------------------------ the pruner's view
@@ -174,6 +203,167 @@ def test_a_worker_killed_mid_trial_leaves_it_to_the_next_sweep(tmp_path: Path) -
     assert "trial 0: resumed by worker 1" in log and re.search(r"resumed from step \d+", log), log
     steps = [int(r["step"]) for r in csv_rows(run_dir(exp_dir, trials(exp_dir)[0].user_attrs["run_id"]) / "train.csv")]
     assert steps == sorted(set(steps)) and steps[-1] == 40960  # cut back to the checkpoint: no step twice
+
+
+def test_a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_the_next_sweep(tmp_path: Path) -> None:
+    """Two workers; worker 2 is killed mid-trial while worker 1 trains on. `status` shows worker 2's
+    trial failed (not running) and names the failed worker; worker 1 finishes its trial and then the
+    study's other trial is worker 2's, so only 1 trial is left: the next sweep must still start task 2."""
+    since = time.time()
+    args = (search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=4096", "train.checkpoint_every=1")
+    exp_dir, _ = study_sweep(tmp_path, "local", *args)
+
+    def both_training() -> bool:
+        rows = read_runs_csv(exp_dir)
+        return len(rows) == 2 and all(any(run_dir(exp_dir, r["run_id"]).glob("checkpoints/*.pt")) for r in rows)
+
+    wait_until("both workers' trials past their first checkpoint", both_training, 120)
+    killed = study.held_trials(exp_dir)[2]
+    os.kill(worker_pid(exp_dir, 2), signal.SIGKILL)
+    local = get_scheduler("local", exp_dir)
+    wait_until("the killed worker's task to end", lambda: local.query(["study-0"])["study-0"][2] == "failed", 30)
+    rows = {int(r.setting.rpartition("trial=")[2]): r for r in experiment_status(exp_dir)[0]}
+    assert rows[killed].train == "failed" and rows[killed].note.startswith("worker 2 (job study-0) ended (failed) holding it"), rows[killed]
+    assert rows[1 - killed].train in ("running", "done"), rows[1 - killed]  # worker 1 is alive (or just finished)
+    wait_finished(exp_dir, Local(), since, timeout=300)
+    assert "study job study-0: worker 2 of 2 failed" in status_text(exp_dir)
+    assert study.held_trials(exp_dir) == {2: killed}
+
+    since = time.time()
+    _, printed = study_sweep(tmp_path, "local", *args)
+    assert "submitted an Optuna study (1 of 2 trials finished)" in printed and "(2 workers)" in printed
+    wait_finished(exp_dir, Local(), since, timeout=300)
+    assert_every_trial_once(exp_dir, 2)
+    assert f"trial {killed}: resumed by worker 2" in worker_log(exp_dir)
+    assert "failed" not in status_text(exp_dir)  # the restarted worker 2 replaced the failed one
+
+
+@pytest.mark.parametrize("name", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_when_every_worker_fails_status_names_the_study_job_and_the_aggregate_failed(tmp_path: Path, request: pytest.FixtureRequest, name: str) -> None:
+    """(Grid Engine forgets how a task ended, so there neither a worker that failed before it held a
+    trial nor the aggregate's exit can be told from one that succeeded.)"""
+    if name != "local":
+        request.getfixturevalue(f"{name}_cluster")
+    since = time.time()
+    exp_dir, _ = study_sweep(tmp_path, name, search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=40960")
+    wait_until("both workers' runs", lambda: len(study.held_trials(exp_dir)) == 2 and len(read_runs_csv(exp_dir)) == 2, 120)
+    for task in (1, 2):
+        os.kill(worker_pid(exp_dir, task), signal.SIGKILL)
+    wait_finished(exp_dir, BACKENDS[name](), since, timeout=120)  # the aggregate ran: collect found no score
+    text = status_text(exp_dir)
+    (workers,) = [j for j in read_jobs(exp_dir) if j.stage == "study"]
+    assert f"study job {workers.job_id}: workers 1, 2 of 2 failed" in text, text
+    assert text.rstrip().endswith("2 runs: 2 failed; 2 settings; aggregate: failed"), text
+
+
+def test_a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new_one(tmp_path: Path) -> None:
+    """Worker 1 of the old config's study was killed holding its trial 0; the config changed (a new
+    study, whose trial 0 worker 2 now trains). Task 1 of the new study must ask for a trial of its
+    own, not "resume" the new trial 0 beside worker 2."""
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(3)])
+    sweep.write_experiment(exp, [], {"scheduler": "local"})
+    second = Worker(exp.dir, 2, io.StringIO()).claim()
+    assert second.number == 0 and study.held_trials(exp.dir) == {2: 0}
+    (exp.dir / study.STUDY_DIR / "workers" / "1").write_text("0 conformance-0ld5tudy\n")
+    out = io.StringIO()
+    first = Worker(exp.dir, 1, out).claim()
+    assert first.number == 1 and "resumed" not in out.getvalue()
+
+
+# ------------------------------------------------------------------------------------ storage
+
+
+def test_an_rdb_storage_works_and_a_relative_sqlite_file_is_in_the_experiment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: `storage:` takes an RDB URL. A relative SQLite path is resolved against the experiment
+    directory at sweep time (not the cwd of whoever sweeps), and experiment.yaml records it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    since = time.time()
+    exp_dir, printed = study_sweep(tmp_path, "local", search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=512", "sweep.search.storage=sqlite:///db/study.db")
+    assert "(2 workers)" in printed
+    wait_finished(exp_dir, Local(), since, timeout=120)
+    assert_every_trial_once(exp_dir, 2)
+    assert (exp_dir / "db" / "study.db").is_file() and not list(elsewhere.iterdir())
+    assert load_experiment_config(exp_dir)[0].sweep.search.storage == f"sqlite:///{exp_dir.resolve()}/db/study.db"  # type: ignore[union-attr]
+    assert not (exp_dir / study.STUDY_DIR / study.JOURNAL).exists()
+
+
+@pytest.mark.parametrize("url", ["bogus", "sqlite:////nonexistent/dir/x.db", "sqlite://", "nosuchdialect://u@h/db"])
+def test_a_storage_that_cannot_be_a_study_is_refused_in_one_line_and_nothing_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str) -> None:
+    argv = ["sweep", str(CONFIG), "--scheduler", "local", "-p", f"output={tmp_path / 'out'}", "-p", "sweep.seeds=[0]", "-p", search(2), "-p", f"sweep.search.storage={url}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"hpcrl: error: {CONFIG}: sweep.search.storage: "), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep(tmp_path: Path) -> None:
+    """A node that dies mid-append leaves half a record at the end of the journal. The next writer
+    (a worker, or the sweep) sets it aside in a side file before it appends; the trial whose end was
+    lost is RUNNING with no worker holding it, and is adopted and told from its finished run."""
+    since = time.time()
+    args = (search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=512")
+    exp_dir, _ = study_sweep(tmp_path, "local", *args)
+    wait_finished(exp_dir, Local(), since, timeout=120)
+
+    torn = tear_last_tell(exp_dir)
+    out = io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert run_worker(exp_dir, 1, out) == 0  # a worker, in this process
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    (side,) = (exp_dir / study.STUDY_DIR).glob("journal.log.torn-*")
+    assert side.read_bytes() == torn and f"set aside in {side.name}" in out.getvalue()
+    assert re.search(r"trial \d: adopted by worker 1 \(RUNNING, held by no worker\)", out.getvalue()), out.getvalue()
+    assert_every_trial_once(exp_dir, 2)
+
+    tear_last_tell(exp_dir)
+    since = time.time()
+    _, printed = study_sweep(tmp_path, "local", *args)
+    assert "set aside in journal.log.torn-" in printed and "submitted an Optuna study (1 of 2 trials finished)" in printed, printed
+    wait_finished(exp_dir, Local(), since, timeout=120)
+    assert_every_trial_once(exp_dir, 2)
+    assert len(list((exp_dir / study.STUDY_DIR).glob("journal.log.torn-*"))) == 2
+
+
+def test_an_append_after_a_torn_record_sets_it_aside_first_and_a_changed_config_opens(tmp_path: Path) -> None:
+    """A worker with the study open while another node dies mid-append: its next write (a tell) sets
+    the torn tail aside first, so every later open reads the journal; a changed config (a new study
+    in the same journal) opens too. Before: the tell landed on the torn line and was lost, and the
+    next open failed (JSONDecodeError, or `AssertionError: Should not reach` for a new study)."""
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2)])
+    out = io.StringIO()
+    held = study.open_study(exp, exp.dir, out=out)
+    trial = held.ask()
+    trial.set_user_attr("run_id", "x" * 64)
+    journal = exp.dir / study.STUDY_DIR / study.JOURNAL
+    data = journal.read_bytes()
+    os.truncate(journal, len(data) - 40)  # the user attr's record, cut mid-way
+    held.tell(trial, 1.0)
+    (side,) = journal.parent.glob("journal.log.torn-*")
+    assert out.getvalue() == f"{journal}: its last record was torn (a writer died mid-append); set aside in {side.name}, the study goes on without it\n"
+    assert journal.read_bytes().endswith(b"\n") and len(side.read_bytes()) == len(data.splitlines()[-1]) + 1 - 40
+
+    changed = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2), "train.total_steps=1024"])
+    assert study.open_study(changed, exp.dir).get_trials() == []
+    (again,) = study.open_study(exp, exp.dir).get_trials()
+    assert again.state == optuna.trial.TrialState.COMPLETE and again.value == 1.0
+
+
+def test_a_journal_damaged_mid_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A torn record that an older writer already wrote onto cannot be set aside: the sweep says
+    which line, and writes nothing (no experiment.yaml, no jobs)."""
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2)])
+    study.open_study(exp, exp.dir)
+    journal = exp.dir / study.STUDY_DIR / study.JOURNAL
+    data = journal.read_bytes()
+    journal.write_bytes(data[:-20] + data)  # its last record torn, then whole records again, the first on the same line
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(journal))}: line {len(data.splitlines())} is not an Optuna journal record"):
+        submit_experiment(exp, "local", detach=True, out=io.StringIO())
+    assert sorted(p.name for p in exp.dir.iterdir()) == ["jobs", "optuna"] and [p.name for p in (exp.dir / "jobs").iterdir()] == ["sweep.lock"]
 
 
 # ------------------------------------------------------------------------------------ every backend
