@@ -130,6 +130,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     if exp.algo != "ppo" or t.recurrent_size or len(t.hidden_sizes) != 1:
         raise SystemExit("SB3's CnnPolicy matches a feed-forward PPO with one hidden layer after the CNN")
     device = setup_torch(t.torch_threads, t.device)
+    torch.set_num_threads(min(t.torch_threads, len(os.sched_getaffinity(0))))  # as hpcrl's update: not more threads than cores
 
     def thunk() -> gym.Env:
         env = make_env(spec)

@@ -151,3 +151,12 @@ def test_interrupted_async_run_resumes_from_an_iteration_boundary_and_logs_each_
     assert steps == sorted(set(steps)) and steps[-1] == 4000 and stopped in steps
     assert steps == list(range(32, 4001, 32))
     assert (rd / "DONE").exists() and not _rollout_threads()
+
+
+def test_async_rollout_is_learned_when_written_and_ids_stay_when_auto() -> None:
+    """Runs with and without the overlap learn differently, so they are not pooled; left at
+    `auto` (hpcrl's choice per env kind) the ids of existing experiments stay what they were."""
+    base = {"name": "ids", "algo": "ppo", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 10_000, "lr": 0.001}, "sweep": {"seeds": [0]}}
+    ids = {v: expand(experiment_from_dict({**base, "train": {**base["train"], "async_rollout": v}}))[0].run_id for v in ("auto", True, False)}
+    assert ids["auto"] == expand(experiment_from_dict(base))[0].run_id == "2edf0fed8c-s0"  # tests/test_run_identity.py's golden id
+    assert len(set(ids.values())) == 3
