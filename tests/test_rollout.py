@@ -160,3 +160,32 @@ def test_async_rollout_is_learned_when_written_and_ids_stay_when_auto() -> None:
     ids = {v: expand(experiment_from_dict({**base, "train": {**base["train"], "async_rollout": v}}))[0].run_id for v in ("auto", True, False)}
     assert ids["auto"] == expand(experiment_from_dict(base))[0].run_id == "2edf0fed8c-s0"  # tests/test_run_identity.py's golden id
     assert len(set(ids.values())) == 3
+
+
+def test_warned_two_rank_async_run_resumes_on_both_ranks(tmp_path: Path) -> None:
+    """DD-PPO with the overlap: each rank's rollout thread collects while the ranks' update
+    averages gradients; warned, both ranks stop at the same iteration, rank 0's checkpoint is
+    every rank's, and both resume from it to the end with no step twice."""
+    import re
+
+    from test_conformance import Local, csv_rows, sweep, wait_finished, wait_until
+
+    from hpcrl.pipeline import read_jobs
+    from hpcrl.sweep import load_runs, run_dir
+
+    since = time.time()
+    backend = Local()
+    exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "train.total_steps=20480", "train.checkpoint_every=5", "train.async_rollout=true")
+    train_job = read_jobs(exp_dir)[0]
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_until("the first checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
+    backend.warn(exp_dir, train_job, 1)
+    wait_finished(exp_dir, backend, since)
+    log = "".join(p.read_text() for p in sorted((exp_dir / "jobs" / "logs").glob("train-*")))
+    signalled = re.findall(r"signal \S+ at step (\d+): checkpointed", log)
+    resumed = dict(re.findall(r"\(rank (\d)/2\): resumed from step (\d+)", log))
+    assert len(signalled) == 1 and resumed == {"0": signalled[0], "1": signalled[0]}, log
+    steps = [int(r["step"]) for r in csv_rows(rd / "train.csv")]
+    assert steps == sorted(set(steps)) and steps[-1] == 20480, steps
+    assert (rd / "DONE").exists()
