@@ -107,6 +107,7 @@ IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
     "only_the_newest_generation_is_current_whatever_the_row_order",
 ))  # fmt: skip
 LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py", "tests/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
+PROGRAM = ("tests/test_program_runs.py", "tests/test_program_wrapper.py", "tests/test_program_metrics.py", "tests/test_program_container.py")
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
     Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
@@ -116,6 +117,14 @@ TARGETS = [
     Target("rundir", "hpcrl/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
                                            *LIFETIMES, COLLECT, RESUME)),
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
+    # issue 25's audit: a user's program, its metrics, Optuna, DD-PPO's collectives, status selections
+    Target("program", "hpcrl/program.py", PROGRAM),
+    Target("program_spec", "hpcrl/program_spec.py", (*PROGRAM, "tests/test_program_config.py")),
+    Target("metrics", "hpcrl/metrics.py", ("tests/test_metrics_readers.py", "tests/test_program_metrics.py")),
+    Target("study", "hpcrl/study.py", ("tests/test_study.py",)),
+    Target("study_worker", "hpcrl/study_worker.py", ("tests/test_study.py",)),
+    Target("ddp", "hpcrl/rl/ddp.py", ("tests/test_ddppo.py",)),
+    Target("status", "hpcrl/status.py", ("tests/test_status_selection.py", "tests/test_status_scale.py", STATUS)),
 ]
 
 

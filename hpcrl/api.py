@@ -52,6 +52,10 @@ def sweep(
 
     exp = load(config, *overrides, name=name)
     check_environment(exp)
+    if exp.program is not None:
+        from hpcrl.program_help import warn_unlisted_flags
+
+        warn_unlisted_flags(exp)
     code = submit_experiment(exp, scheduler, dry_run=dry_run, detach=detach, out=out or sys.stdout)
     if code != 0:
         raise SweepFailed(exp.dir, code)

@@ -25,6 +25,10 @@ def _sweep(args: argparse.Namespace) -> int:
 
     exp = load_experiment(args.config, args.param + args.overrides, name=args.name)
     check_environment(exp)  # before the queue wait, not inside every job after it
+    if exp.program is not None:
+        from hpcrl.program_help import warn_unlisted_flags
+
+        warn_unlisted_flags(exp)
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
 
@@ -90,7 +94,9 @@ def _eval(args: argparse.Namespace) -> int:
     if run.config.algo == "program":
         from hpcrl.program import evaluate_program
 
-        return evaluate_program(experiment_dir, run, out=sys.stdout)
+        return evaluate_program(experiment_dir, run, args.program, out=sys.stdout)
+    if args.program:
+        raise ConfigError(f"{run.run_id}: a command after -- is for algo 'program'; this run's algo is {run.config.algo!r}")
     from hpcrl.rl.evaluate import evaluate_run
 
     return evaluate_run(experiment_dir, run, out=sys.stdout)
@@ -200,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcrl", description="RL sweeps from one YAML file to evaluated, plotted results.")
     p.add_argument("--version", action=_Version, help="the version, and the git commit when run from a checkout")
     sub = p.add_subparsers(dest="command", required=True)
-    p.epilog = "hpcrl train EXPERIMENT --task N -- PROGRAM [ARGS...]: a user's program (algo: program), as its job script runs it"
+    p.epilog = "hpcrl train|eval EXPERIMENT --task N -- PROGRAM [ARGS...]: a user's program (algo: program), as its job script runs it"
 
     def add_params(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-p", "--param", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
@@ -336,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra  # `hpcrl sweep c.yaml --scheduler local train.lr=3e-4`: overrides after options too
     elif extra:
         parser().error(f"unrecognized arguments: {' '.join(extra)}")
-    if program is not None and args.command != "train":
-        parser().error(f"'--' followed by a program is for `hpcrl train`, not `hpcrl {args.command}`")
+    if program is not None and args.command not in ("train", "eval"):
+        parser().error(f"'--' followed by a program is for `hpcrl train` and `hpcrl eval`, not `hpcrl {args.command}`")
     args.program = program
     try:
         for word in getattr(args, "overrides", []):

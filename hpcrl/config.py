@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from hpcrl import strict_yaml, tasks
-from hpcrl.program_spec import ProgramConfig
+from hpcrl.program_spec import ProgramConfig, anchored_workdir
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
 from hpcrl.schema import ConfigError, Verbatim, build, did_you_mean, field_rules, hints, key_path, plain, public_fields, setting
 
@@ -56,6 +56,10 @@ class EnvConfig:
     num_envs: int = setting(8, ge=1, le=MAX_ENVS)
     vectorization: Literal["auto", "sync", "async"] = setting("auto", learned=False)
     """`auto`: sync for cheap envs (IPC dominates), async for simulators."""
+    worker_timeout_s: float = setting(120.0, gt=0, le=86400, learned=False)
+    """The longest wait on one env worker process (its start, a reset, a step, its close): a worker
+    that does not answer in time is killed and fails the run in one line, instead of holding the
+    job (and its GPU) until the time limit."""
     kwargs: dict[str, Any] = setting(factory=dict)
     frame_stack: int = setting(1, ge=1, le=64)
     normalize_obs: bool = False
@@ -309,6 +313,11 @@ class ContainerConfig:
     nv: bool = True
     env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
     cleanenv: bool = False
+    runs: Literal["hpcrl", "program"] = "hpcrl"
+    """What runs inside the image. `hpcrl`: each job runs `hpcrl` there (the image has hpcrl, as
+    `hpcrl build-image` makes it). `program` (algo: program only): hpcrl supervises from the host
+    and starts only the program's command in the image, which then needs no hpcrl. The default
+    stays `hpcrl` so that a config written before this key runs as it did."""
 
 
 @dataclass
@@ -613,6 +622,8 @@ class Experiment:
             if self.program is None:
                 return [("program", "required with algo 'program': the command of your trainer (program.command)")]
             return [("program", f"only used with algo 'program' (algo is {self.algo!r})")]
+        if self.container.runs == "program" and self.algo != "program":
+            return [("container.runs", f"'program' runs a user's program in the image and needs algo 'program' (algo is {self.algo!r}); hpcrl's own trainer runs in the image with 'hpcrl'")]
         if self.algo == "program" and self.distributed is not None:
             return [("distributed", "not available with algo 'program': your program runs as one job per run")]
         if self.distributed is not None and self.algo != "dqn":
@@ -1096,7 +1107,7 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         raise ConfigError(f"{path}: {exc}") from None
     exp.source = str(path)
     if exp.program is not None:  # jobs start elsewhere: the program's directory is fixed now, absolute
-        exp.program.workdir = str(Path(exp.program.workdir or ".").expanduser().resolve())
+        exp.program.workdir = anchored_workdir(exp.program.workdir, Path.cwd())
     return exp
 
 

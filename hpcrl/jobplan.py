@@ -25,6 +25,8 @@ rendering: pipeline.py does both.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,9 +144,9 @@ def job_context(
     if exp.container.image:
         # The job writes into the experiment directory, and a user's program runs in its working
         # directory: make sure the container can see both.
-        needed = [str(exp.dir.resolve())] + ([str(Path(exp.program.workdir or ".").resolve())] if exp.program else [])
+        needed = [str(exp.dir.resolve())] + ([program_spec.fixed_dir(program_spec.anchored_workdir(exp.program.workdir, Path.cwd()))] if exp.program else [])
         for path in needed:
-            if path not in container["binds"]:
+            if path and path not in container["binds"]:
                 container["binds"] = [*container["binds"], path]
     return {
         "experiment_name": exp.name,
@@ -162,7 +164,38 @@ def job_context(
         "python": exp.python or sys.executable,
         "argv": argv,
         "program_tasks": program_tasks,
+        "program_in_container": program_in_container(exp),
     }
+
+
+def program_in_container(exp: Experiment) -> bool:
+    """`container.runs: program` with an image: hpcrl runs on the host, each task's command line in the image."""
+    return bool(exp.container.image) and exp.container.runs == "program"
+
+
+def located(exp: Experiment, words: list[str]) -> list[str]:
+    """A program's command line as its job script shows it. Without an image the command runs on
+    the cluster's own nodes, where a batch job's PATH may lack what the login shell has (Grid Engine
+    jobs had no `python`): a bare name is resolved on this machine's PATH now, at sweep time, and
+    the script shows the absolute path (a virtualenv's `bin/python` kept as such, not its target).
+    Inside an image the name is the image's, and stays as written."""
+    if exp.container.image or not words or "/" in words[0]:
+        return words  # a path (relative to program.workdir) is found the same way in the job
+    found = executable(words[0], Path("."))
+    return [found, *words[1:]] if found else words
+
+
+def executable(word: str, workdir: Path) -> str | None:
+    """Where `word` (a program's first word) runs from on this machine: a bare name on the PATH,
+    a path relative to the program's working directory; None where it is missing or not executable,
+    or where it holds a placeholder (only a run knows it)."""
+    if "{" in word:
+        return None
+    if "/" in word:
+        path = workdir / word
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    found = shutil.which(word)
+    return os.path.abspath(found) if found else None
 
 
 def chunks(items: list[int], size: int) -> list[list[int]]:
@@ -205,10 +238,24 @@ def plan_stage(
     return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [], 0 if array is None else array)
 
 
-def plan_eval(exp: Experiment, scheduler: Scheduler, script: str, manifest: str, part: list[int], trainer: str | None, cwd: Path | None) -> PlannedJob:
-    """Eval task i after task i of the job that trains (train, or a distributed learner); none for eval-only work."""
+def plan_eval(
+    exp: Experiment, scheduler: Scheduler, script: str, manifest: str, part: list[int], trainer: str | None, cwd: Path | None,
+    runs: dict[int, Run] | None = None,
+) -> PlannedJob:
+    """Eval task i after task i of the job that trains (train, or a distributed learner); none for eval-only work.
+    A program's `program.eval` command is shown per task, as the train job shows the training command."""
     argv = ["eval", str(exp.dir.resolve()), "--manifest", manifest]
-    return plan_stage(exp, scheduler, "eval", script, manifest, part, argv, cwd, after=[(trainer, "each")] if trainer else [])
+    tasks = program_tasks(exp, runs, part, "eval") if exp.program is not None and exp.program.eval is not None else None
+    return plan_stage(exp, scheduler, "eval", script, manifest, part, argv, cwd, after=[(trainer, "each")] if trainer else [], program_tasks=tasks)
+
+
+def program_tasks(exp: Experiment, runs: dict[int, Run] | None, part: list[int], stage: str) -> list[list[str]]:
+    """The command line of each task of a program's train or eval job, in task order."""
+    if not runs:
+        raise ValueError(f"planning a program's {stage} jobs needs its runs")
+    root = exp.dir.resolve()
+    render = program_spec.argv if stage == "train" else program_spec.eval_argv
+    return [located(exp, render(runs[i].config.program, program_spec.run_values(root, runs[i].run_id, runs[i].seed))) for i in part]
 
 
 def plan_aggregate(exp: Experiment, scheduler: Scheduler, attempt: int, evals: list[str], cwd: Path | None) -> PlannedJob:
@@ -217,12 +264,14 @@ def plan_aggregate(exp: Experiment, scheduler: Scheduler, attempt: int, evals: l
     return plan_stage(exp, scheduler, "aggregate", f"jobs/aggregate-{attempt}.sh", None, [], argv, cwd, after=[(e, "all") for e in evals])
 
 
-def plan_eval_only(exp: Experiment, scheduler: Scheduler, runs: list[int], attempt: int, cwd: Path | None) -> tuple[list[PlannedJob], list[str]]:
+def plan_eval_only(
+    exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None, runs: dict[int, Run] | None = None,
+) -> tuple[list[PlannedJob], list[str]]:
     """Eval arrays for runs whose training is done but whose evaluation failed, was cancelled or never ran."""
     out, evals = [], []
-    for c, part in enumerate(chunks(runs, scheduler.max_array_size())):
+    for c, part in enumerate(chunks(todo, scheduler.max_array_size())):
         manifest, script = f"jobs/{attempt}-e{c}.tasks", f"jobs/eval-{attempt}-e{c}.sh"
-        out.append(plan_eval(exp, scheduler, script, manifest, part, None, cwd))
+        out.append(plan_eval(exp, scheduler, script, manifest, part, None, cwd, runs))
         evals.append(script)
     return out, evals
 
@@ -246,12 +295,8 @@ def plan_train(
     out, evals = [], []
     for c, part in enumerate(chunks(todo, scheduler.max_array_size())):
         manifest, train = f"jobs/{attempt}-{c}.tasks", f"jobs/train-{attempt}-{c}.sh"
-        tasks = None
-        if exp.program is not None:
-            if not runs:
-                raise ValueError("planning a program's train jobs needs its runs")
-            tasks = [program_spec.argv(runs[i].config.program, program_spec.run_values(root, runs[i].run_id, runs[i].seed)) for i in part]
+        tasks = program_tasks(exp, runs, part, "train") if exp.program is not None else None
         out.append(plan_stage(exp, scheduler, "train", train, manifest, part, ["train", str(root), "--manifest", manifest], cwd, requeue=True, program_tasks=tasks))
         evals.append(f"jobs/eval-{attempt}-{c}.sh")
-        out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, train, cwd))
+        out.append(plan_eval(exp, scheduler, evals[-1], manifest, part, train, cwd, runs))
     return out, evals

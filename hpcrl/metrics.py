@@ -5,10 +5,16 @@ the program (`program.metrics.source`):
 
 - `monitor`: Stable-Baselines3's `Monitor` CSVs, as SB3 and RL Zoo write them: a `#{"t_start": ...}`
   line, a header `r,l,t`, one row per episode. A vectorised run writes one file per env; episodes
-  are merged by the time each ended (t_start + t) and steps are the running sum of their lengths.
+  are merged by the time each ended (t_start + t) and steps are the running sum of their lengths
+  (Monitor files hold no step, so after a resume the episodes played between the checkpoint and
+  the preemption stay in, and their lengths in the steps).
 - `tensorboard`: event files, one scalar tag (CleanRL's `charts/episodic_return` at `global_step`),
-  read with TensorBoard's own EventAccumulator; a resumed run writes a file per lifetime, and a step
-  logged twice (after the last checkpoint, then again after the resume) keeps its later value.
+  read with TensorBoard's own EventAccumulator. Every value is an episode, several at one step
+  included (a vectorised trainer logs each env that finished at that `global_step`). Duplicates
+  come from lifetimes, not steps: a resumed program opens new event files and logs again from its
+  checkpoint, so what a later lifetime logged replaces the earlier lifetimes' values at and after
+  the first step it logged. A file's lifetime is the run's `lifetimes` record it began after
+  (rundir.lifetime_starts); without that record (files hpcrl did not supervise), each file is one.
 - `csv`, `jsonl`: configured `step` and `value` columns (keys).
 - `hpcrl`: hpcrl's own train.csv, written through `hpcrl.job.log`.
 
@@ -19,6 +25,7 @@ EVAL_FAILED and `collect` reports by run.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import glob
 import io
@@ -61,7 +68,7 @@ def read_episodes(
     elif source == "monitor":
         steps, returns = _read_monitors(files)
     elif source == "tensorboard":
-        steps, returns = _read_tensorboard(files, tag)
+        steps, returns = _read_tensorboard(files, tag, rundir.lifetime_starts(run_dir))
     elif source == "csv":
         steps, returns = _concat([_read_csv(f, step, value) for f in files])
     elif source == "jsonl":
@@ -147,12 +154,12 @@ def _read_monitors(files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.asarray(returns, dtype=float)[order]
 
 
-def _read_tensorboard(files: list[Path], tag: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_tensorboard(files: list[Path], tag: str, lifetime_starts: list[float]) -> tuple[np.ndarray, np.ndarray]:
     try:
         from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
     except ImportError:
         raise MetricsError("metrics: reading TensorBoard files needs tensorboard: pip install 'hpcrl[tensorboard]'") from None
-    by_step: dict[int, tuple[float, float]] = {}  # step -> (wall time, value): a step logged twice keeps its later write
+    by_lifetime: dict[tuple[float, str], list[tuple[int, float]]] = {}  # a lifetime (without records: a file) -> its episodes' (step, value)
     tags: set[str] = set()
     for path in files:
         accumulator = EventAccumulator(str(path), size_guidance={SCALARS: 0})
@@ -162,16 +169,26 @@ def _read_tensorboard(files: list[Path], tag: str) -> tuple[np.ndarray, np.ndarr
             raise MetricsError(f"metrics: {path}: unreadable event file ({type(exc).__name__}: {exc})") from None
         found = accumulator.Tags().get("scalars", [])
         tags.update(found)
-        if tag not in found:
+        events = accumulator.Scalars(tag) if tag in found else []
+        if not events:
             continue
-        for event in accumulator.Scalars(tag):
-            if event.step not in by_step or event.wall_time >= by_step[event.step][0]:
-                by_step[event.step] = (event.wall_time, event.value)
-    if not by_step:
+        try:
+            opened = accumulator.FirstEventTimestamp()  # the writer's first record: when its process wrote it
+        except ValueError:
+            opened = events[0].wall_time
+        key = (bisect.bisect_right(lifetime_starts, opened), "") if lifetime_starts else (opened, str(path))
+        by_lifetime.setdefault(key, []).extend((event.step, event.value) for event in events)
+    if not by_lifetime:
         shown = ", ".join(sorted(tags)[:8]) or "none"
         raise MetricsError(f"metrics: no scalar {tag!r} in {len(files)} event file(s) under {files[0].parent} (scalars there: {shown})")
-    steps = sorted(by_step)
-    return np.asarray(steps, dtype=float), np.asarray([by_step[s][1] for s in steps], dtype=float)
+    kept: list[tuple[int, float]] = []
+    for key in sorted(by_lifetime):
+        episodes = by_lifetime[key]
+        # Where it resumed, as near as the tag tells: not from other scalars, as one logged without a
+        # step sits at 0 (add_hparams' metrics) and would drop every earlier lifetime's episode.
+        resumed_at = min(step for step, _ in episodes)
+        kept = [episode for episode in kept if episode[0] < resumed_at] + episodes
+    return np.asarray([step for step, _ in kept], dtype=float), np.asarray([value for _, value in kept], dtype=float)
 
 
 def _read_csv(path: Path, step: str, value: str) -> tuple[np.ndarray, np.ndarray]:

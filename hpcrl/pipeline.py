@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from hpcrl.config import ConfigError, Experiment
 from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
 from hpcrl.io import atomic_write_text
-from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train
+from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
 
@@ -138,7 +139,7 @@ def plan_scripts(
     else:
         out, evals = plan_train(exp, scheduler, todo, attempt, cwd, {r.index: r for r in runs or []})
     if eval_todo:
-        extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd)
+        extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd, {r.index: r for r in runs or []})
         out, evals = out + extra, evals + more
     return [*out, plan_aggregate(exp, scheduler, attempt, evals, cwd)]
 
@@ -180,6 +181,10 @@ def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], 
         size = planned.tasks
         print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
         print(planned.text, file=out)
+    if exp.program is not None and runs:
+        first = program_tasks(exp, {runs[0].index: runs[0]}, [runs[0].index], "train")[0]
+        where = f" (in the image {exp.container.image})" if program_in_container(exp) else ""
+        print(f"# first run's command line{where}: {shlex.join(first)}", file=out)
     what = f"an Optuna study of {exp.sweep.search.n_trials} trials, {workers} workers" if workers and exp.sweep.search else f"{n_runs} runs"
     print(f"# dry run: {what}, nothing written, nothing submitted", file=out)
     return 0

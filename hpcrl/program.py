@@ -52,8 +52,27 @@ def command(experiment_dir: Path, run: Run) -> list[str]:
     return program_spec.argv(_program(run), placeholder_values(experiment_dir, run))
 
 
-def workdir(program: ProgramConfig) -> Path:
-    return Path(program.workdir or ".").resolve()
+def workdir(program: ProgramConfig, values: dict[str, str]) -> Path:
+    """The run's working directory (`program.workdir`, its placeholders filled), created when missing:
+    `{run_dir}` there gives each run its own, for a program that writes into its working directory."""
+    path = Path(program_spec.fill(program.workdir or ".", values, program.params)).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise rundir.RunError(f"program.workdir: cannot create {path}: {exc.strerror or exc}") from None
+    return path
+
+
+CONTAINER_ENV_PREFIXES = ("APPTAINERENV_", "SINGULARITYENV_")
+
+
+def into_container(env: dict[str, str], names: list[str]) -> dict[str, str]:
+    """`env` with each of `names` also as APPTAINERENV_/SINGULARITYENV_NAME: when the command is a
+    container's (`container.runs: program`), the contract reaches the program even through
+    `--cleanenv`; elsewhere the runtimes' prefixes mean nothing. A prefixed value the job already
+    exports (container.env) wins."""
+    copies = {prefix + name: env[name] for name in names for prefix in CONTAINER_ENV_PREFIXES if name in env}
+    return {**copies, **env}
 
 
 def _program(run: Run) -> ProgramConfig:
@@ -85,15 +104,14 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
         else:
             words += program_spec.resume_words(program, {**values, "latest_checkpoint": str(latest or "")})
             print(f"{run.run_id}: start {lifetime}: resuming with {' '.join(words[-len(program.resume_args):])}", file=out)
-    env = {
-        **thread_limits(run),
-        **os.environ,
+    contract = {
         job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"],
         job.RUN_ID: run.run_id, job.REQUEUE_EXIT_VAR: str(REQUEUE_EXIT), job.STOP_SIGNAL: program.stop_signal,
         job.LIFETIME: str(lifetime),
     }  # fmt: skip
+    env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
     print(f"{run.run_id}: running {' '.join(words)}", file=out, flush=True)
-    code, tail = supervise(words, env, workdir(program), rd / rundir.PROGRAM_LOG, stop, getattr(signal, f"SIG{program.stop_signal}"))
+    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, getattr(signal, f"SIG{program.stop_signal}"))
     if code == 0:
         steps = rundir.last_logged_step(rd)
         rundir.mark(rd, rundir.DONE, f"step {steps}" if steps else "program exited with 0")
@@ -185,12 +203,13 @@ def newest_file(directory: Path) -> Path | None:
 # The eval stage.
 
 
-def evaluate_program(experiment_dir: Path, run: Run, out: TextIO | None = None) -> int:
-    """The curve and score of a trained program run (see the module docstring); markers as for hpcrl's own runs."""
-    return guarded_eval(experiment_dir, run, lambda rd: _evaluate(experiment_dir, rd, run, out), out)
+def evaluate_program(experiment_dir: Path, run: Run, words: list[str] | None = None, out: TextIO | None = None) -> int:
+    """The curve and score of a trained program run (see the module docstring); markers as for hpcrl's own runs.
+    `words`: the `program.eval` command line its job script shows (else the config renders it)."""
+    return guarded_eval(experiment_dir, run, lambda rd: _evaluate(experiment_dir, rd, run, words, out), out)
 
 
-def _evaluate(experiment_dir: Path, rd: Path, run: Run, out: TextIO | None) -> int:
+def _evaluate(experiment_dir: Path, rd: Path, run: Run, words: list[str] | None, out: TextIO | None) -> int:
     from hpcrl import metrics  # tensorboard's reader is imported only by the runs that need it
 
     program = _program(run)
@@ -201,7 +220,7 @@ def _evaluate(experiment_dir: Path, rd: Path, run: Run, out: TextIO | None) -> i
         returns = [float(r) for r in training.returns[-program.metrics.last_episodes :]]
         what = f"mean of the last {len(returns)} training episodes"
     else:
-        returns = _run_eval(experiment_dir, rd, run, program, metrics, out)
+        returns = _run_eval(experiment_dir, rd, run, program, metrics, words, out)
         what = f"mean return over {len(returns)} evaluation episodes"
     if not returns:
         raise metrics.MetricsError(f"metrics: no episodes in {', '.join(map(str, training.files))}")
@@ -218,14 +237,15 @@ def _read(metrics, experiment_dir: Path, rd: Path, spec: MetricsConfig, run: Run
     return metrics.read_episodes(rd, spec.source, pattern, tag=spec.tag, step=spec.step, value=spec.value)
 
 
-def _run_eval(experiment_dir: Path, rd: Path, run: Run, program: ProgramConfig, metrics, out: TextIO | None) -> list[float]:
+def _run_eval(experiment_dir: Path, rd: Path, run: Run, program: ProgramConfig, metrics, words: list[str] | None, out: TextIO | None) -> list[float]:
     """Run `program.eval.command` and read the episodes it wrote."""
     assert program.eval is not None
     values = placeholder_values(experiment_dir, run)
-    words = [program_spec.fill(w, values, program.params) for w in program.eval.command]
-    env = {**thread_limits(run), **os.environ, job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"], job.RUN_ID: run.run_id}
+    words = list(words) if words else program_spec.eval_argv(program, values)
+    contract = {job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"], job.RUN_ID: run.run_id}
+    env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
     print(f"{run.run_id}: evaluating with {' '.join(words)}", file=out, flush=True)
-    code, tail = supervise(words, env, workdir(program), rd / rundir.PROGRAM_EVAL_LOG, None, signal.SIGTERM)
+    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_EVAL_LOG, None, signal.SIGTERM)
     if code != 0:
         raise rundir.RunError(failure(f"eval program {describe_exit(code)}", tail))
     if program.eval.metrics.source == "hpcrl":

@@ -20,13 +20,15 @@ reverse. Numbers are written as the YAML spelled them (`2.5e-4` stays `2.5e-4`).
 
 Placeholders `{run_dir}`, `{checkpoint_dir}`, `{seed}`, `{run_id}`, `{experiment_dir}` and
 `{params.NAME}` may appear in the command, `args`, string parameters, `resume_args` and metric
-paths; `resume_args` may also use `{latest_checkpoint}`. `${...}` (a shell or Hydra interpolation)
-is left alone, and `{{`/`}}` write a literal brace.
+paths; `resume_args` may also use `{latest_checkpoint}`, and `workdir` the run placeholders (not
+`{params.NAME}`: where a run starts is not a hyperparameter). `${...}` (a shell or Hydra
+interpolation) is left alone, and `{{`/`}}` write a literal brace.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ from hpcrl import rundir
 from hpcrl.schema import Verbatim, YamlFloat, YamlInt, one_line_problem, setting
 
 PLACEHOLDERS = ("run_dir", "checkpoint_dir", "seed", "run_id", "experiment_dir")
+ABSOLUTE_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "experiment_dir")
+"""Those that stand for absolute paths, all inside the experiment directory."""
 RESUME_PLACEHOLDERS = (*PLACEHOLDERS, "latest_checkpoint")
 _FIELD = re.compile(r"\{\{|\}\}|(?<!\$)\{([^{}]*)\}")
 _PARAM_KEY = re.compile(r"[+~]?[A-Za-z_][A-Za-z0-9_-]*")
@@ -57,6 +61,14 @@ def _plain_problem(text: str) -> str | None:
 
 def _resume_problem(text: str) -> str | None:
     return _placeholder_problem(text, RESUME_PLACEHOLDERS)
+
+
+def _workdir_problem(text: str) -> str | None:
+    for match in _FIELD.finditer(text):
+        name = match.group(1)
+        if name is not None and name not in PLACEHOLDERS:
+            return f"unknown placeholder {{{name}}} in {text!r} (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
+    return None
 
 
 def _command_problem(text: str) -> str | None:
@@ -120,8 +132,10 @@ class ProgramConfig:
     """Added when the run has had an earlier lifetime (a requeue, a retry): `--resume` or `[--resume, "{latest_checkpoint}"]`."""
     stop_signal: Literal["USR1", "USR2", "TERM", "INT"] = setting("USR1", learned=False)
     """What the program gets when the scheduler warns of a time limit or preemption."""
-    workdir: Optional[str] = setting(None, learned=False)
-    """Directory the program runs in; default: where `hpcrl sweep` was run (so relative script paths work)."""
+    workdir: Optional[str] = setting(None, valid=_workdir_problem, learned=False)
+    """Directory the program runs in, created when missing; default: where `hpcrl sweep` was run (so
+    relative script paths work). Run placeholders allowed: `{run_dir}` gives each run its own (CleanRL
+    writes `runs/` into its working directory). A relative path is relative to where `hpcrl sweep` ran."""
     metrics: MetricsConfig = setting(factory=MetricsConfig, learned=False)
     eval: Optional[ProgramEvalConfig] = setting(None, learned=False)
 
@@ -189,24 +203,28 @@ def _name(key: str, names: str) -> str:
     return key
 
 
+def option(key: str, names: str) -> str:
+    """The flag a parameter becomes in the argparse and equals styles."""
+    return "--" + _name(key, names)
+
+
 def param_words(program: ProgramConfig) -> list[str]:
     """The parameters as arguments in the program's style (see the module docstring)."""
     words: list[str] = []
     for key, value in flat_params(program.params):
-        name = _name(key, program.names)
         if program.style == "none":
             break
         if program.style == "hydra":
-            words.append(f"{name}={value_text(value)}")
+            words.append(f"{_name(key, program.names)}={value_text(value)}")
         elif value is None or value is False and program.style == "argparse":
             continue
         elif program.style == "argparse":
-            words.append(f"--{name}")
+            words.append(option(key, program.names))
             if value is not True:
                 words += [value_text(v) for v in value] if isinstance(value, list) else [value_text(value)]
         else:
             text = ",".join(value_text(v) for v in value) if isinstance(value, list) else value_text(value)
-            words.append(f"--{name}={text}")
+            words.append(f"{option(key, program.names)}={text}")
     return words
 
 
@@ -244,3 +262,34 @@ def run_values(experiment_dir: Path, run_id: str, seed: int) -> dict[str, str]:
 
 def resume_words(program: ProgramConfig, values: dict[str, str]) -> list[str]:
     return [fill(w, values, program.params) for w in program.resume_args]
+
+
+def eval_argv(program: ProgramConfig, values: dict[str, str]) -> list[str]:
+    """The command line of `program.eval` for one run."""
+    if program.eval is None:
+        raise ValueError("the program has no eval command")
+    return [fill(w, values, program.params) for w in program.eval.command]
+
+
+def anchored_workdir(workdir: str | None, cwd: Path) -> str:
+    """`program.workdir` as every job reads it: jobs start elsewhere, so a relative path is made
+    absolute against `cwd` (where `hpcrl sweep` runs) now. One that starts with `{run_dir}`,
+    `{checkpoint_dir}` or `{experiment_dir}` is absolute once filled, and stays as written."""
+    text = workdir or "."
+    if text.startswith(tuple(f"{{{p}}}" for p in ABSOLUTE_PLACEHOLDERS)):
+        return text
+    path = Path(text).expanduser()
+    return str((path if path.is_absolute() else cwd / path).resolve())
+
+
+def fixed_dir(workdir: str) -> str | None:
+    """The directory every run's working directory lies in, for a container's binds: `workdir`
+    itself when it has no placeholder, else its directory before the first one; None when it lies in
+    the experiment directory (bound anyway) or would be the root."""
+    match = _FIELD.search(workdir)
+    if match is None:
+        return workdir
+    if match.group(1) in ABSOLUTE_PLACEHOLDERS and match.start() == 0:
+        return None
+    head = os.path.dirname(workdir[: match.start()])
+    return head if head not in ("", "/") else None

@@ -31,6 +31,7 @@ itself does not.
 from __future__ import annotations
 
 import csv
+import datetime
 import errno
 import fcntl
 import io
@@ -162,8 +163,27 @@ def begin_lifetime(run_dir: Path) -> int:
     except FileNotFoundError:
         earlier = 0
     with path.open("a") as f:  # one short line per write: a kill cannot tear it
-        f.write(f"{earlier + 1} {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {socket.gethostname()} {os.getpid()}\n")
+        f.write(f"{earlier + 1} {datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')} {socket.gethostname()} {os.getpid()}\n")
     return earlier + 1
+
+
+def lifetime_starts(run_dir: Path) -> list[float]:
+    """When each recorded start of a user's program began (epoch seconds, in order; to the millisecond,
+    to the second in files written before 2026-11); empty without a `lifetimes` file. The metrics
+    readers tell a resumed program's files from the earlier lifetime's by it: a program's own files
+    do not say which start wrote them, and a requeue can follow a short lifetime within a second."""
+    try:
+        lines = _complete_lines((run_dir / LIFETIMES).read_bytes())
+    except OSError:
+        return []
+    starts = []
+    for line in lines:
+        words = line.decode(errors="replace").split()
+        try:
+            starts.append(datetime.datetime.fromisoformat(words[1]).timestamp())
+        except (IndexError, ValueError):
+            continue  # a line another version wrote: its start is unknown
+    return sorted(starts)
 
 
 def done_step(run_dir: Path) -> int | None:

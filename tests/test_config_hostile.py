@@ -115,6 +115,7 @@ UNSWEPT = {
     "train.checkpoint_every": [1, 2],
     "train.torch_threads": [1, 2],
     "env.vectorization": ["sync", "async"],
+    "env.worker_timeout_s": [10, 20],
     "sweep.seeds": [[0], [1]],
 }
 

@@ -1,8 +1,8 @@
 """DD-PPO (issue 16): one run as several ranks over torch.distributed.
 
 What a user relies on:
-- 2 ranks x 4 envs take the same optimiser step as 1 rank x 8 envs on the same batch (gloo, CPU):
-  the gradient, advantage normalisation and observation statistics are averaged over the ranks,
+- 2 ranks x 4 envs take the same optimiser step as 1 rank x 8 envs on the same batch (gloo, CPU),
+  from the same gradient (before the clip): the gradient, advantage normalisation and observation statistics are averaged over the ranks,
   so the policy learns as one big batch would, and the ranks never drift apart;
 - a 2-rank CartPole PPO run learns (3 seeds, mean final eval >= 475) on the local executor, real
   Slurm (srun, 2 tasks) and real Grid Engine (a PE with 2 slots);
@@ -68,6 +68,22 @@ def _batch(rollout: dict[str, torch.Tensor], cols: slice) -> dict[str, Any]:
     return {k: v[:, cols].reshape(-1, *v.shape[2:]) for k, v in rollout.items()}
 
 
+def _record_gradients(agent: Any) -> list[torch.Tensor]:
+    """The gradient of each optimiser step as it reaches the clip (after the all-reduce, if any).
+    The weights alone cannot show a gradient summed over ranks instead of averaged: the clip (every
+    update here) and Adam's and RMSprop's scale-free steps take the same step from either."""
+    seen: list[torch.Tensor] = []
+    reduce = agent.gradient_step.reduce
+
+    def record(grad: torch.Tensor) -> None:
+        if reduce is not None:
+            reduce(grad)
+        seen.append(grad.clone())
+
+    agent.gradient_step.reduce = record
+    return seen
+
+
 def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], start: torch.Tensor, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
     torch.set_num_threads(1)
@@ -76,11 +92,13 @@ def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], sta
     agent = _agent(algo, 4, ranks)
     assert torch.equal(agent.gradient_step.flat.detach(), start), "rank 0's initial weights were not broadcast"
     cols = slice(4 * rank, 4 * rank + 4)
+    gradients = _record_gradients(agent)
     agent.update(_batch(rollout, cols))
     agent.policy.obs_norm.update(rollout["obs"][:, cols], ranks.moments)
     norm = agent.policy.obs_norm
     # numpy, pickled by value: a torch tensor crosses a Queue as a shared handle that dies with this process
-    results.put((rank, agent.gradient_step.flat.detach().numpy().copy(), norm.mean.numpy().copy(), norm.var.numpy().copy(), float(norm.count)))
+    results.put((rank, agent.gradient_step.flat.detach().numpy().copy(), gradients[0].numpy().copy(), norm.mean.numpy().copy(), norm.var.numpy().copy(),
+                 float(norm.count)))  # fmt: skip
     ranks.close()
 
 
@@ -94,6 +112,7 @@ def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     rollout = {"obs": one.obs, "actions": one.actions, "logprobs": one.logprobs, "values": one.values, "adv": adv, "returns": returns,
                "firsts": torch.as_tensor(one.firsts)}  # fmt: skip
     start = one.gradient_step.flat.detach().clone()
+    gradients = _record_gradients(one)
     one.update(one.batch(adv, returns))
     one.policy.obs_norm.update(one.obs)
     expected = one.gradient_step.flat.detach()
@@ -109,9 +128,11 @@ def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
-    (_, w0, m0, v0, c0), (_, w1, m1, v1, c1) = [(r, *map(torch.from_numpy, arrays), c) for r, *arrays, c in got]
+    (_, w0, g0, m0, v0, c0), (_, w1, g1, m1, v1, c1) = [(r, *map(torch.from_numpy, arrays), c) for r, *arrays, c in got]
     assert torch.equal(w0, w1), "the ranks' weights drifted apart"
     torch.testing.assert_close(w0, expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(g0, g1)
+    torch.testing.assert_close(g0, gradients[0], rtol=1e-5, atol=1e-7)  # the mean of the ranks' gradients, not their sum
     norm = one.policy.obs_norm
     assert c0 == c1 == float(norm.count) and torch.equal(m0, m1) and torch.equal(v0, v1)
     torch.testing.assert_close(m0, norm.mean, rtol=1e-9, atol=1e-9)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -75,6 +77,76 @@ def test_damaged_monitor_files_are_one_line_errors(tmp_path: Path, text: str, me
 def test_a_header_only_monitor_has_no_episodes(tmp_path: Path) -> None:
     (tmp_path / "0.monitor.csv").write_text('#{"t_start": 1}\nr,l,t\n')
     assert len(read_episodes(tmp_path, "monitor").returns) == 0
+
+
+def test_monitor_files_merge_by_when_each_episode_ended_not_by_file(tmp_path: Path) -> None:
+    """Two envs' files whose order on disk is not the order in time: 0.monitor.csv started later."""
+    (tmp_path / "0.monitor.csv").write_text('#{"t_start": 200.0}\nr,l,t\n1,10,5.0\n2,20,30.0\n')  # ended at 205, 230
+    (tmp_path / "1.monitor.csv").write_text('#{"t_start": 100.0}\nr,l,t\n3,30,50.0\n4,40,120.0\n')  # ended at 150, 220
+    ep = read_episodes(tmp_path, "monitor")
+    assert list(ep.returns) == [3, 1, 4, 2] and list(ep.steps) == [30, 40, 80, 100]
+
+
+def tensorboard_values(log_dir: Path, tag: str = "charts/episodic_return") -> list[tuple[int, float]]:
+    """Every value of `tag` under `log_dir`, as TensorBoard itself reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    out = []
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(path), size_guidance={SCALARS: 0})
+        accumulator.Reload()
+        out += [(e.step, e.value) for e in accumulator.Scalars(tag)] if tag in accumulator.Tags()["scalars"] else []
+    return out
+
+
+def test_a_vector_trainers_episodes_that_end_in_one_step_are_all_kept(tmp_path: Path) -> None:
+    """CleanRL's scripts log every env that finished at the same `global_step` (issue 25: 40 episodes
+    logged, 10 kept, and a score 138 off the episodes' mean)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    argv = [sys.executable, str(repo / "tests" / "programs" / "cleanrl_tb.py"), "--log-dir", str(tmp_path / "tb"), "--total-timesteps", "1024", "--num-envs", "16",
+            "--num-steps", "64", "--update-epochs", "1"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged = tensorboard_values(tmp_path / "tb")
+    steps = [step for step, _ in logged]
+    assert len(set(steps)) < len(steps), "no two envs finished in one step: the test shows nothing"
+    ep = read_episodes(tmp_path, "tensorboard")
+    assert len(ep.returns) == len(logged)
+    assert sorted(zip(ep.steps, ep.returns)) == sorted((float(s), float(np.float32(v))) for s, v in logged)
+
+
+def write_lifetime(run_dir: Path, name: str, episodes: list[tuple[int, float]]) -> None:
+    """One writer of a CleanRL-style program: each (step, return) an episode at that global_step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir / "tb" / name))
+    writer.add_scalar("hparams/lr", 0.1)  # a scalar without a step: at 0 in every lifetime
+    for step, value in episodes:
+        writer.add_scalar("charts/episodic_return", value, step)
+    writer.close()
+
+
+def test_a_resumed_program_replaces_what_it_logs_again_and_keeps_every_episode_of_a_step(tmp_path: Path) -> None:
+    """Two lifetimes as hpcrl records them: the second resumed from a checkpoint at step 16 and logs
+    from there again, from two writers (two ranks) whose steps interleave."""
+    assert rundir.begin_lifetime(tmp_path) == 1
+    write_lifetime(tmp_path, "first", [(8, 1.0), (8, 2.0), (16, 3.0), (24, 4.0), (24, 5.0), (32, 6.0)])
+    time.sleep(0.01)  # a requeue takes longer: `lifetimes` records each start to the millisecond
+    assert rundir.begin_lifetime(tmp_path) == 2
+    write_lifetime(tmp_path, "second-rank0", [(24, 40.0), (24, 50.0), (40, 70.0)])
+    write_lifetime(tmp_path, "second-rank1", [(20, 30.0), (48, 80.0)])
+    ep = read_episodes(tmp_path, "tensorboard")
+    assert len(ep.files) == 3
+    assert list(zip(ep.steps, ep.returns)) == [(8, 1), (8, 2), (16, 3), (20, 30), (24, 40), (24, 50), (40, 70), (48, 80)]
+
+
+def test_lifetime_starts_read_both_formats_and_skip_what_they_cannot(tmp_path: Path) -> None:
+    (tmp_path / rundir.LIFETIMES).write_text("1 2026-11-20T10:00:00+0000 n1 7\n2\n3 2026-11-20T10:00:01.250+00:00 n2 8\n4 2026-11-2")
+    assert rundir.lifetime_starts(tmp_path) == [1795168800.0, 1795168801.25]  # the torn last line is not a start yet
+    assert rundir.lifetime_starts(tmp_path / "nowhere") == []
 
 
 def test_tensorboard_is_read_with_its_own_reader_and_a_resumed_step_keeps_its_later_value(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ anything is written.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,18 +144,27 @@ def test_a_command_that_is_not_there_is_refused_at_sweep_time(tmp_path: Path, ca
     assert main(["sweep", str(tmp_path / "c.yaml"), "--scheduler", "local", "--dry-run"]) == 0
 
 
-def test_hostile_parameters_reach_the_program_as_words_and_run_nothing(tmp_path: Path) -> None:
-    """A parameter value is one argument of the program, whatever it holds: the rendered script,
-    run by bash, passes it through untouched and runs none of it."""
-    hostile = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "' \" \\ *", "--lr", "a  b", "~"]
-    exp = program_exp({"command": [sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"], "style": "hydra", "params": {f"p{i}": v for i, v in enumerate(hostile)}},
+HOSTILE = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "' \" \\ *", "--lr", "a  b", "~", "x > pwned", "$HOME", "a|touch pwned"]
+
+
+@pytest.mark.parametrize("style", ["argparse", "equals", "hydra"])
+def test_hostile_parameters_reach_the_program_as_words_and_run_nothing(tmp_path: Path, style: str) -> None:
+    """A parameter value is one argument of the program, whatever it holds, in every style (an
+    unquoted `--NAME=VALUE` would run it): the rendered script, run by bash, passes it through
+    untouched and runs none of it."""
+    exp = program_exp({"command": [sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"], "style": style, "params": {f"p{i}": v for i, v in enumerate(HOSTILE)}},
                       output=str(tmp_path / "logs"))
     runs = sweep.expand(exp)
     text = plan_scripts(exp, get_scheduler("local", exp.dir), [0], 0, runs=runs)[0].text
     case = text[text.index('case "$TASK_ID"'): text.index("esac") + 4]
     script = f'TASK_ID=1\n{case}\n"${{PROGRAM[@]}}"\n'
     out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
-    assert yaml.safe_load(out) == [f"p{i}={v}" for i, v in enumerate(hostile)]
+    expected = {
+        "argparse": [w for i, v in enumerate(HOSTILE) for w in (f"--p{i}", v)],
+        "equals": [f"--p{i}={v}" for i, v in enumerate(HOSTILE)],
+        "hydra": [f"p{i}={v}" for i, v in enumerate(HOSTILE)],
+    }[style]
+    assert yaml.safe_load(out) == expected
     assert not (tmp_path / "pwned").exists()
 
 
@@ -192,3 +203,51 @@ def test_build_image_installs_what_the_program_metrics_need(tmp_path: Path) -> N
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     text = image.render_definition(load_experiment(tmp_path / "c.yaml")).text
     assert "/src[tensorboard]" in text and "rl_zoo3>=2.3" in text and ", tensorboard;" in text
+
+
+ARGPARSE_TRAINER = """
+import argparse, pathlib
+p = argparse.ArgumentParser()
+p.add_argument("--learning-rate", type=float)
+p.add_argument("--total-steps", type=int)
+args = p.parse_args()
+pathlib.Path("trained").write_text("")
+"""
+
+
+def program_config(tmp_path: Path, script: str, params: dict, grid: dict | None = None) -> Path:
+    (tmp_path / "train.py").write_text(script)
+    data = {"name": "p", "algo": "program", "output": str(tmp_path / "logs"), "sweep": {"seeds": [0], "grid": grid or {}},
+            "program": {"command": ["python3", "train.py"], "names": "dashes", "params": params, "workdir": str(tmp_path)}}  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    return tmp_path / "c.yaml"
+
+
+def test_the_dry_run_shows_the_first_runs_command_line_and_names_flags_the_program_lacks(tmp_path: Path, capsys) -> None:
+    """A misspelled grid key would be passed as a new flag and fail every job after its queue wait:
+    the dry run shows the command line, and the program's own --help names what it does not take."""
+    config = program_config(tmp_path, ARGPARSE_TRAINER, {"learning_rate": 0.1, "total_steps": 5}, {"program.params.learning_rat": [1, 2]})
+    assert main(["sweep", str(config), "--scheduler", "local", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    python = shutil.which("python3")
+    assert f"# first run's command line: {python} train.py --learning-rate 0.1 --total-steps 5 --learning-rat 1\n" in out
+    assert err == (f"hpcrl: warning: {config}: program.params: train.py --help does not list --learning-rat (program.params.learning_rat): "
+                   "a misspelled key is passed as a flag the program does not take\n")
+    assert not (tmp_path / "trained").exists() and not (tmp_path / "logs").exists()  # --help only: nothing trained
+    config = program_config(tmp_path, ARGPARSE_TRAINER, {"learning_rate": 0.1}, {"program.params.total_steps": [1, 2]})
+    assert main(["sweep", str(config), "--scheduler", "local", "--dry-run"]) == 0
+    assert capsys.readouterr().err == ""  # every flag listed: nothing to say
+
+
+def test_the_help_is_asked_only_of_argparse_scripts_and_within_a_time_limit(tmp_path: Path) -> None:
+    from hpcrl import program_help
+
+    # A script without a parser would train when run with --help: it is not run at all.
+    config = program_config(tmp_path, "import pathlib\npathlib.Path('trained').write_text('')\n", {"lr": 1})
+    assert program_help.unlisted_flags(load_experiment(config)) is None and not (tmp_path / "trained").exists()
+    # One that hangs before its parser is killed at the limit, and the sweep goes on.
+    config = program_config(tmp_path, "import argparse, time\ntime.sleep(60)\n", {"lr": 1})
+    started = time.monotonic()
+    note = program_help.unlisted_flags(load_experiment(config), timeout=0.5)
+    assert note == "train.py --help did not answer within 0.5 s (killed); program.params flags not checked"
+    assert time.monotonic() - started < 10

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -261,7 +262,8 @@ def test_dry_run_prints_the_program_lines_and_bad_input_is_one_line(tmp_path: Pa
     args = ["sweep", str(COUNTER), "--scheduler", scheduler, "--dry-run", "-p", f"output={tmp_path / 'logs'}", "-p", f"program.workdir={REPO}"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "PROGRAM=(python tests/programs/counter_trainer.py --lr 0.01 --total-steps 20" in out, out
+    # `python` is resolved where the sweep runs: the job's PATH may lack it (Grid Engine's did).
+    assert f"PROGRAM=({shutil.which('python')} tests/programs/counter_trainer.py --lr 0.01 --total-steps 20" in out, out
     assert not (tmp_path / "logs").exists()
     assert main([*args, "-p", "program.args=['{rundir}']"]) == 2
     err = capsys.readouterr().err

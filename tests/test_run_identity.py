@@ -62,6 +62,7 @@ def test_one_value_written_several_ways_is_one_run(tmp_path: Path) -> None:
         {"train": {"torch_threads": 2}},
         {"train": {"device": "cpu"}},
         {"env": {"vectorization": "async"}},
+        {"env": {"worker_timeout_s": 30}},
         {"resources": {"time": "07:00:00", "mem": "9G", "cpus": 3}},
         {"eval": {"episodes": 3}},
         {"container": {"binds": ["/a:/a"]}},

@@ -5,10 +5,15 @@ AsyncVectorEnv), the three bundled configs running end to end (tiny budgets), an
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +23,7 @@ import torch
 pytest.importorskip("vizdoom")
 
 from hpcrl.config import EnvConfig, load_experiment  # noqa: E402
+from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
@@ -104,6 +110,58 @@ def test_bundled_configs_train_and_evaluate(name: str, tmp_path: Path) -> None:
     rd = experiment_dir / "runs" / run.run_id
     rows = (rd / "eval.csv").read_text().splitlines()
     assert rows[0].startswith("episode,return,length") and len(rows) == 3
+
+
+class _StartTogether(gym.Wrapper):
+    """Holds an env's first reset, where its game starts, until every worker has reached it."""
+
+    def __init__(self, env: gym.Env, barrier: threading.Barrier) -> None:
+        super().__init__(env)
+        self.barrier: threading.Barrier | None = barrier
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        if self.barrier is not None:
+            self.barrier.wait(timeout=90)
+            self.barrier = None
+        return self.env.reset(**kwargs)
+
+
+@pytest.mark.timeout(240)
+def test_32_workers_starting_at_the_same_instant_all_reset_and_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 ViZDoom workers whose games start at one instant (a barrier before each first reset) all
+    reset and step, and leave nothing behind: not in the working directory they share, not in the
+    temporary directory.
+
+    Their engines used to share the working directory: each checks for `./_vizdoom/`, then creates
+    it, and rewrites `./_vizdoom.ini` there. On a 16-core node, games started together lose that
+    race (`Failed to create ./_vizdoom/ directory: File exists`, the worker crashes or hangs); on 2
+    cores their starts are serialised and the window between check and create is too short to hit
+    (0 failures in 3 tries of 32 raw games behind a barrier). So the shared directory here holds the
+    loser's view for every worker: a `./_vizdoom` the engine did not make, which gave each engine
+    that very error (and each worker a segfault) before games had directories of their own."""
+    shared, private = tmp_path / "shared", tmp_path / "tmp"
+    shared.mkdir()
+    private.mkdir()
+    (shared / "_vizdoom").write_text("")
+    monkeypatch.chdir(shared)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # the workers are forked: theirs too
+    barrier = multiprocessing.get_context("fork").Barrier(32)
+    make = envs_module.BACKENDS["vizdoom"]
+    monkeypatch.setitem(envs_module.BACKENDS, "vizdoom", lambda spec, render_mode: _StartTogether(make(spec, render_mode), barrier))
+    began = time.monotonic()
+    envs = make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=32, worker_timeout_s=120, kwargs={"downsample": 2}))
+    try:
+        obs, _ = envs.reset(seed=0)
+        started = time.monotonic() - began
+        assert obs.shape == (32, 1, 60, 80) and all(frame.std() > 5 for frame in obs)  # 32 rendered rooms
+        for _ in range(3):
+            obs, reward, *_ = envs.step(np.full(32, 2))  # attack
+        assert obs.shape == (32, 1, 60, 80) and reward.shape == (32,)
+    finally:
+        envs.close()
+    print(f"32 ViZDoom workers started and reset in {started:.1f} s")
+    assert sorted(p.name for p in shared.iterdir()) == ["_vizdoom"] and (shared / "_vizdoom").read_text() == ""
+    assert list(private.iterdir()) == []  # each game's directory removed as it closed
 
 
 def _one_async_vector_env(spec: EnvConfig) -> gym.vector.VectorEnv:

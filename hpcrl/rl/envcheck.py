@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
-import shutil
 from pathlib import Path
 
 import gymnasium as gym
 
 from hpcrl.config import EnvConfig, Experiment, apply_settings
+from hpcrl.jobplan import executable
 from hpcrl.schema import ConfigError
 
 _CHEAP = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text")
@@ -53,21 +52,23 @@ def check_environment(exp: Experiment) -> None:
 
 def check_program(exp: Experiment) -> None:
     """The program's command must exist where it will run. Without a container that is this
-    machine (a cluster's login and compute nodes share their software); inside an image it cannot
-    be checked here. `python script.py` also checks the script, the most common typo."""
+    machine (a cluster's login and compute nodes share their software), and the job script shows
+    it by its absolute path (hpcrl.jobplan.located); inside an image it cannot be checked here.
+    `python script.py` also checks the script, the most common typo. A working directory with
+    placeholders exists only once its run does: what is relative to it is not checked."""
     program = exp.program
     if program is None or exp.container.image:
         return
+    fixed = "{" not in (program.workdir or "")
     cwd = Path(program.workdir or ".")
-    if not cwd.is_dir():
+    if fixed and not cwd.is_dir():
         raise ConfigError(f"program.workdir: {cwd} is not a directory")
     first = program.command[0]
-    if "{" in first:
+    if "{" in first or ("/" in first and not fixed and not Path(first).is_absolute()):
         return  # a placeholder (a path inside the run directory) exists only once the run does
-    found = (cwd / first).is_file() and os.access(cwd / first, os.X_OK) if "/" in first else shutil.which(first) is not None
-    if not found:
+    if executable(first, cwd) is None:
         raise ConfigError(f"program.command[0]: {first!r} is not found" + (f" in {cwd}" if "/" in first else " on the PATH") + " (no container is set, so the jobs run it on this machine)")
-    if Path(first).name.startswith("python") and len(program.command) > 1:
+    if fixed and Path(first).name.startswith("python") and len(program.command) > 1:
         script = program.command[1]
         if script.endswith(".py") and "{" not in script and not (cwd / script).is_file():
             raise ConfigError(f"program.command[1]: {script!r} is not found in {cwd} (program.workdir: where the program runs)")

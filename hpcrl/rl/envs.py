@@ -9,18 +9,30 @@ Simulators step in worker processes (AsyncVectorEnv), split into two groups that
 step one at a time (`GroupedVectorEnv`): while one group's workers step, the learner runs the
 policy on the other group's observations, so inference and simulation overlap instead of taking
 turns. For everyone else the groups are one vector env with the usual `step`.
+
+No wait on a worker is unbounded (`Workers`): a worker that does not answer its start, a reset, a
+step or its close within `env.worker_timeout_s`, or that dies, fails the run in one line naming the
+env, the worker and what it was doing, and the vector env's workers are killed with whatever they
+started (a ViZDoom worker's game is a process of its own).
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.connection
 import os
-from collections.abc import Callable, Sequence
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.async_vector_env import AsyncState
 
 from hpcrl.config import EnvConfig
+from hpcrl.launch import how_it_ended
+from hpcrl.rundir import RunError
 
 # Simulators pay for inter-process communication; cheap envs do not (see notes: CartPole runs
 # 5x faster in SyncVectorEnv than in AsyncVectorEnv).
@@ -100,10 +112,14 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
             # fork (evaluation starts its envs after the policy is on the GPU); habitat-baselines
             # uses forkserver for the same reason.
             kwargs["context"] = "forkserver"
-        groups = []
-        for part in np.array_split(np.arange(n), min(PIPELINE_GROUPS, n)):
-            workers = gym.vector.AsyncVectorEnv([_worker_thunk(thunks[i]) for i in part], **kwargs)
-            groups.append(gym.wrappers.vector.RecordEpisodeStatistics(_SendReceive(workers)))
+        groups: list[gym.vector.VectorEnv] = []
+        try:
+            for part in np.array_split(np.arange(n), min(PIPELINE_GROUPS, n)):
+                workers = Workers([_worker_thunk(thunks[i]) for i in part], env_id=spec.id, first=int(part[0]), timeout=spec.worker_timeout_s, **kwargs)
+                groups.append(gym.wrappers.vector.RecordEpisodeStatistics(_SendReceive(workers)))
+        except BaseException:
+            _close_all(groups)  # a group that did start must not outlive the one that did not
+            raise
         return GroupedVectorEnv(groups)
     return gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(thunks, **kwargs))
 
@@ -118,6 +134,159 @@ def _worker_thunk(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
         return thunk()
 
     return make
+
+
+class EnvWorkerError(RunError):
+    """An env worker process that did not answer in time, or died: the run fails with this line."""
+
+
+class Workers(gym.vector.AsyncVectorEnv):
+    """gymnasium's AsyncVectorEnv with every wait on a worker bounded by `timeout` seconds.
+
+    gymnasium bounds `reset_wait` and `step_wait` when given a timeout, but not a worker's start
+    (its first answer, after it built its env) nor its close, and on a timeout it neither names the
+    worker nor stops it. Here each of the four waits raises EnvWorkerError (`env <id>: worker <i> did
+    not answer <what> within <t> s`, or how a dead worker ended), after killing every worker of this
+    vector env and the processes they started: SIGTERM is not enough, since a forked worker inherits
+    the trainer's signal handlers, and a killed worker's children (ViZDoom's game) would live on.
+    Worker numbers count across the groups of a GroupedVectorEnv (`first` is this group's first)."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, env_id: str, first: int, timeout: float, **kwargs: Any) -> None:
+        self.env_id, self.first, self.timeout = env_id, first, timeout
+        self._failed = False
+        self._doing = "start"
+        super().__init__(env_fns, **kwargs)
+
+    def _check_spaces(self) -> None:
+        # Called once, by __init__, as the workers start; a worker builds its env before it reads
+        # its first command, so the answer to a first cheap call is its start.
+        with self._waiting("start"):
+            for pipe in self.parent_pipes:
+                pipe.send(("_call", ("render_mode", (), {})))
+            self._poll_pipe_envs(self.timeout)
+            for pipe in self.parent_pipes:
+                pipe.recv()
+        super()._check_spaces()
+
+    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        with self._waiting("reset"):
+            super().reset_async(seed=seed, options=options)
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        with self._waiting("reset"):
+            return super().reset_wait(self.timeout if timeout is None else timeout)
+
+    def step_async(self, actions: Any) -> None:
+        with self._waiting("step"):
+            super().step_async(actions)
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        with self._waiting("step"):
+            return super().step_wait(self.timeout if timeout is None else timeout)
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        with self._waiting("call"):
+            return super().call_wait(self.timeout if timeout is None else timeout)
+
+    def _poll_pipe_envs(self, timeout: float | None = None) -> bool:
+        """Every worker's answer is ready within `timeout` seconds, or EnvWorkerError names the first late one."""
+        self._assert_is_running()
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        for i, pipe in enumerate(self.parent_pipes):
+            if pipe is None or pipe.closed:  # its env raised earlier: this vector env is spent
+                raise EOFError
+            if not pipe.poll(max(deadline - time.monotonic(), 0.0)):
+                self._fail()
+                raise EnvWorkerError(f"env {self.env_id}: worker {self.first + i} did not answer {self._doing} within {limit:g} s")
+        return True
+
+    @contextlib.contextmanager
+    def _waiting(self, doing: str) -> Iterator[None]:
+        """Name what the workers are doing, for the timeout's message, and turn a worker that died
+        (a closed pipe) into an EnvWorkerError that says which one and how it ended."""
+        self._doing = doing
+        try:
+            yield
+        except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
+            # A worker's pipe closes as it exits, a moment before its exit code can be read.
+            ended = multiprocessing.connection.wait([p.sentinel for p in self.processes], timeout=1.0)
+            dead = [i for i, p in enumerate(self.processes) if p.sentinel in ended]
+            for i in dead:
+                self.processes[i].join(1.0)
+            self._fail()
+            if not dead or self.processes[dead[0]].exitcode is None:
+                raise EnvWorkerError(f"env {self.env_id}: a worker stopped answering during {doing}") from exc
+            code = self.processes[dead[0]].exitcode
+            raise EnvWorkerError(f"env {self.env_id}: worker {self.first + dead[0]} {how_it_ended(code)} during {doing}") from exc
+
+    def _fail(self) -> None:
+        self._failed = True
+        _kill_trees([p.pid for p in self.processes if p.pid is not None and p.exitcode is None])
+        for process in self.processes:
+            process.join(5.0)  # killed: gone as soon as the kernel has reaped it
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close the workers within the timeout; kill them (with their children) when that is asked
+        for, when a call is still pending, when they failed, or when they do not close in time."""
+        limit = self.timeout if timeout is None else timeout
+        try:
+            if not (terminate or self._failed or self._state is not AsyncState.DEFAULT or None in self.parent_pipes):
+                with self._waiting("close"):
+                    for pipe in self.parent_pipes:
+                        pipe.send(("close", None))
+                    self._poll_pipe_envs(limit)
+                    for pipe in self.parent_pipes:
+                        pipe.recv()
+                deadline = time.monotonic() + limit
+                for i, process in enumerate(self.processes):  # a worker closes its env after it answered
+                    process.join(max(deadline - time.monotonic(), 0.0))
+                    if process.exitcode is None:
+                        self._fail()
+                        raise EnvWorkerError(f"env {self.env_id}: worker {self.first + i} did not answer close within {limit:g} s")
+        finally:
+            self._fail()
+            for pipe in self.parent_pipes:
+                if pipe is not None:
+                    pipe.close()
+
+
+def _kill_trees(pids: Sequence[int]) -> None:
+    """SIGKILL these processes and every process under them. Each is stopped first, so that it
+    starts nothing while its descendants are listed (from /proc; without /proc, only the processes)."""
+    if not pids:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(os.path.join(entry.path, "stat")) as f:
+                        ppid = int(f.read().rpartition(")")[2].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue  # gone meanwhile
+                children.setdefault(ppid, []).append(int(entry.name))
+    victims = list(pids)
+    for pid in victims:  # grows as it goes: breadth first down the tree
+        victims.extend(children.get(pid, ()))
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _close_all(envs: Sequence[gym.vector.VectorEnv], **kwargs: Any) -> None:
+    """Close each env, also when one fails to close; then raise the first failure."""
+    errors = []
+    for env in envs:
+        try:
+            env.close(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - raised below, once the others are closed too
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 class GroupedVectorEnv(gym.vector.VectorEnv):
@@ -151,6 +320,8 @@ class GroupedVectorEnv(gym.vector.VectorEnv):
             seeds = [None if seed is None else seed + s.start for s in self.slices]
         else:
             seeds = [list(seed[s]) for s in self.slices]
+        for g, sd in zip(self.groups, seeds):  # every group's envs reset (a simulator: start) at once
+            g.env.send_reset(sd, options)
         results = [g.reset(seed=sd, options=options) for g, sd in zip(self.groups, seeds)]
         return _concat([obs for obs, _ in results]), self._infos([info for _, info in results])
 
@@ -173,8 +344,7 @@ class GroupedVectorEnv(gym.vector.VectorEnv):
         return _concat_infos(infos, [g.num_envs for g in self.groups])
 
     def close_extras(self, **kwargs: Any) -> None:
-        for g in self.groups:
-            g.close(**kwargs)
+        _close_all(self.groups, **kwargs)
 
 
 RECEIVE = object()
@@ -184,7 +354,19 @@ RECEIVE = object()
 class _SendReceive(gym.vector.VectorWrapper):
     """An AsyncVectorEnv's two halves of `step` through the wrappers above it: `send` starts a
     step; `step(RECEIVE)` collects it, so RecordEpisodeStatistics, which passes the actions down
-    unchanged, counts it as any other step."""
+    unchanged, counts it as any other step. Likewise `send_reset`, then `reset` collects it."""
+
+    _reset_sent = False
+
+    def send_reset(self, seed: int | list[int | None] | None, options: dict[str, Any] | None) -> None:
+        self.env.reset_async(seed=seed, options=options)
+        self._reset_sent = True
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if self._reset_sent:
+            self._reset_sent = False
+            return self.env.reset_wait()
+        return self.env.reset(seed=seed, options=options)
 
     def send(self, actions: Any) -> None:
         self.env.step_async(actions)

@@ -15,10 +15,22 @@ are dropped. It also fixes two things the learner needs at episode ends:
   it is the last real frame, so that bootstrap reads a real image.
 
 Runs headless: the wrapper never opens a window unless asked, and needs no display or Xvfb.
+
+Each game keeps its files in a private temporary directory (`OwnDirectory`): ViZDoom's engine
+creates `./_vizdoom/` in its working directory (checking, then creating it) and reads and rewrites
+`./_vizdoom.ini` there; games started at the same instant in one directory (a vector env's workers on
+a many-core node, the runs of a local sweep) race on both, and a loser's engine dies with
+`Failed to create ./_vizdoom/ directory: File exists`.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
@@ -89,6 +101,51 @@ class ScreenObservation(gym.Wrapper):
         return self._last, reward, terminated, truncated, info
 
 
+class OwnDirectory(gym.Wrapper):
+    """A game whose engine runs in a directory of its own, removed when the env closes.
+
+    The engine's config file is set there; its `./_vizdoom/` is relative to the working directory
+    the engine process inherits, which no DoomGame setting moves, so the game is started (its first
+    reset) from inside the directory. In a vector-env worker, a process of its own, that changes
+    nothing else; in a process with other threads their relative paths would see the directory for
+    that moment (hpcrl's training process has none)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.directory = tempfile.mkdtemp(prefix="hpcrl-vizdoom-")
+        game = env.unwrapped.game
+        self._remove = weakref.finalize(self, _close_and_remove, game, self.directory)  # also at exit, for an env never closed
+        if not game.get_doom_config_path():  # a path the config gave stays as given
+            game.set_doom_config_path(os.path.join(self.directory, "_vizdoom.ini"))
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        if self.unwrapped.game.is_running():
+            return self.env.reset(**kwargs)
+        with _working_directory(self.directory):  # the engine starts here, and keeps this directory
+            return self.env.reset(**kwargs)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._remove()
+
+
+def _close_and_remove(game: Any, directory: str) -> None:
+    game.close()  # first: the engine rewrites its config file as it quits
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def _working_directory(path: str) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def make_vizdoom_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
     """One headless ViZDoom env from an `env:` section (called inside each vector-env worker)."""
     env_id = resolve_id(spec.id)
@@ -96,5 +153,8 @@ def make_vizdoom_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
     downsample = kwargs.pop("downsample", 1)
     if spec.max_episode_steps:
         kwargs["max_episode_steps"] = spec.max_episode_steps
+    # Game settings naming files (`doom_scenario_path`, ...) mean the directory the run started in,
+    # not the game's own (OwnDirectory).
+    kwargs = {k: os.path.abspath(v) if k.endswith("_path") and isinstance(v, str) else v for k, v in kwargs.items()}
     env = gym.make(env_id, render_mode=render_mode, **kwargs)
-    return ScreenObservation(env, downsample)
+    return ScreenObservation(OwnDirectory(env), downsample)

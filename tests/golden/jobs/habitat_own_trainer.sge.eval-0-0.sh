@@ -24,7 +24,7 @@ export SINGULARITYENV_MAGNUM_LOG=quiet
 export APPTAINERENV_MAGNUM_LOG=quiet
 export SINGULARITYENV_GLOG_minloglevel=2
 export APPTAINERENV_GLOG_minloglevel=2
-HPCRL=(singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif hpcrl)
+HPCRL=(/opt/venv/bin/python -m hpcrl)
 
 # The work runs in the background so that this shell can catch the scheduler's warning signal
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.

@@ -28,15 +28,17 @@ export SINGULARITYENV_MAGNUM_LOG=quiet
 export APPTAINERENV_MAGNUM_LOG=quiet
 export SINGULARITYENV_GLOG_minloglevel=2
 export APPTAINERENV_GLOG_minloglevel=2
-HPCRL=(singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif hpcrl)
+HPCRL=(/opt/venv/bin/python -m hpcrl)
 
 # The user's program, one command line per array task. hpcrl runs it with HPCRL_RUN_DIR,
 # HPCRL_CHECKPOINT_DIR, HPCRL_SEED, HPCRL_RUN_ID, HPCRL_REQUEUE_EXIT set, passes the warning signal on,
 # and adds the config's resume_args when the run starts again after a requeue or a failure.
+# container.runs: program: hpcrl runs on this host and the program in the image, where the HPCRL_*
+# variables reach it as APPTAINERENV_*/SINGULARITYENV_* too (through --cleanenv).
 case "$TASK_ID" in
-  1) PROGRAM=(python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s0/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s0/train.log) ;;
-  2) PROGRAM=(python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s1/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s1/train.log) ;;
-  3) PROGRAM=(python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s2/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s2/train.log) ;;
+  1) PROGRAM=(singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s0/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s0/train.log) ;;
+  2) PROGRAM=(singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s1/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s1/train.log) ;;
+  3) PROGRAM=(singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif python baselines/train_ppo.py --lr 2.5e-4 --clip-param 0.1 --value-loss-coef 0.5 --num-processes 32 --num-steps 128 --num-mini-batch 4 --entropy-coef 0.01 --hidden-size 512 --num_gpu 4 --checkpoint-interval 1000 --checkpoint-folder /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s2/checkpoints --log-file /scratch/hpcrl/habitat_own_trainer/runs/50048fa9bc-s2/train.log) ;;
   *) echo "hpcrl: task $TASK_ID is not a task of this job" >&2; exit 1 ;;
 esac
 
