@@ -733,6 +733,8 @@ def learned_settings(exp: Experiment) -> dict[str, Any]:
         del learned["program"]
     if exp.resources.ranks > 1:  # every rank steps env.num_envs envs: the batch grows with the ranks
         learned["ranks"] = exp.resources.ranks
+    if learned.get("train", {}).get("async_rollout") == "auto":  # hpcrl's own choice per env kind: ids stay what they were before the key
+        del learned["train"]["async_rollout"]
     return learned
 
 

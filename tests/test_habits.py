@@ -190,7 +190,7 @@ def test_a_debugger_stops_inside_the_training_of_a_debug_sweep(tmp_path: Path) -
     from hpcrl.rl import ppo
 
     lines, start = inspect.getsourcelines(ppo.OnPolicyAgent.train_iteration)
-    line = start + next(i for i, text in enumerate(lines) if "self.collect()" in text)
+    line = start + next(i for i, text in enumerate(lines) if "self._next_rollout()" in text)
     config = write_config(tmp_path)
     commands = f"b {ppo.__file__}:{line}\nc\np self.iteration, self.num_envs\nq\n"
     proc = subprocess.run(

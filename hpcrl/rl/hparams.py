@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from hpcrl.schema import setting
 
@@ -72,6 +72,13 @@ class OnPolicyConfig(TrainConfig):
     """Running mean/std normalisation of vector observations, held in the policy (so evaluation
     uses the training statistics). Helps when features have very different scales (MuJoCo);
     pixels are always scaled to [0, 1] instead."""
+    async_rollout: Union[Literal["auto"], bool] = "auto"
+    """Overlap sampling and learning: the envs collect the next rollout with a copy of the policy
+    (the behaviour policy, one update behind) while the update of the last one runs; PPO's ratio is
+    taken against the behaviour policy's stored log-probabilities. `false` takes turns (exact
+    on-policy, the learner's own policy acts). `auto`: on for envs in worker processes (ViZDoom,
+    Habitat, `vectorization: async`), where it is faster; off for in-process envs (CartPole's
+    SyncVectorEnv), whose steps hold the interpreter the update needs."""
 
 
 @dataclass

@@ -196,9 +196,9 @@ class CategoricalHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(F.linear(x, self.linear.weight, self.linear.bias), dim=-1)
 
-    def sample(self, logp: torch.Tensor) -> torch.Tensor:
+    def sample(self, logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         # Gumbel-max: argmax(log p - log E), E ~ Exp(1), is a draw from p, at a third of multinomial's cost.
-        return (logp - torch.empty_like(logp).exponential_().log()).argmax(-1)
+        return (logp - torch.empty_like(logp).exponential_(generator=generator).log()).argmax(-1)
 
     def mode(self, logp: torch.Tensor) -> torch.Tensor:
         return logp.argmax(-1)
@@ -223,9 +223,9 @@ class GaussianHead(nn.Module):
         mean = F.linear(x, self.linear.weight, self.linear.bias)
         return mean, self.log_std.expand_as(mean)
 
-    def sample(self, params: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def sample(self, params: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         mean, log_std = params
-        return mean + log_std.exp() * torch.randn_like(mean)
+        return mean + log_std.exp() * torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
 
     def mode(self, params: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return params[0]
@@ -320,18 +320,21 @@ class ActorCritic(nn.Module):
         x = torch.cat(outputs).view(-1, self.recurrent_size)
         return x, x, state
 
-    def step(self, obs: Obs, state: torch.Tensor | None = None, first: torch.Tensor | None = None, with_value: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def step(
+        self, obs: Obs, state: torch.Tensor | None = None, first: torch.Tensor | None = None, with_value: bool = True, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Rollout: sampled action, its log-probability, the value, the new recurrent state.
         `with_value=False` skips a separate critic (value None), so that a rollout can value all
         its observations in one batched pass afterwards; a shared encoder's value costs one
-        linear layer and is returned anyway."""
+        linear layer and is returned anyway. `generator` draws the actions (a background
+        rollout's own, so its draws do not depend on how it interleaves with the update's)."""
         if with_value or self.shared:
             a, c, state = self._features(obs, state, first)
             value = self._value_head(c)
         else:
             a, value = self.actor_encoder.forward(self._normalized(obs)), None
         params = self.actor_head.forward(a)
-        action = self.actor_head.sample(params)
+        action = self.actor_head.sample(params, generator)
         return action, self.actor_head.log_prob(params, action), value, state
 
     def evaluate(self, obs: Obs, action: torch.Tensor, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

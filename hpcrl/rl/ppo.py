@@ -19,6 +19,7 @@ update reads them there), rewards and episode starts in host memory, where GAE r
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -33,19 +34,12 @@ from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episode
 from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
+from hpcrl.rl.rollout import Rollout, RolloutThread, Uploader
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
     """Apply `fn` to an observation batch, key by key for Dict observations."""
     return {k: fn(v) for k, v in obs.items()} if isinstance(obs, dict) else fn(obs)
-
-
-def _storage(space: gym.Space, steps: int, num_envs: int, device: torch.device) -> Obs:
-    """Rollout storage in the observation's own dtype (uint8 pixels stay 1 byte each)."""
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _storage(s, steps, num_envs, device) for k, s in space.spaces.items()}
-    dtype = torch.from_numpy(np.zeros(0, dtype=space.dtype)).dtype
-    return torch.zeros((steps, num_envs, *space.shape), dtype=dtype, device=device)
 
 
 ALL = slice(None)
@@ -81,8 +75,18 @@ def gae(rewards: np.ndarray, values: np.ndarray, firsts: np.ndarray, next_value:
     return adv
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class OnPolicyAgent:
-    """Rollout, GAE and checkpointing for actor-critic algorithms; subclasses define the update."""
+    """Rollout, GAE and checkpointing for actor-critic algorithms; subclasses define the update.
+
+    With `train.async_rollout` (the default for envs in worker processes), the envs collect
+    rollout k+1 with the policy of iteration k (a copy, the behaviour policy) in a background
+    thread while the update of rollout k runs (hpcrl/rl/rollout.py). Otherwise a rollout and its
+    update take turns, and the update learns from the policy that acted (exact on-policy PPO).
+    """
 
     metric_names: tuple[str, ...] = ()
 
@@ -105,26 +109,32 @@ class OnPolicyAgent:
         self.losses_finite = torch.ones((), dtype=torch.bool, device=device)
         """Whether every loss so far was finite: kept on the device, read once per iteration."""
         self.global_step = 0
+        """Environment steps of the rollouts updated from (a rollout in flight is not counted)."""
         self.iteration = 0
         self.episodes: list[tuple[float, int]] = []
-        t = cfg.num_steps
-        action_space = envs.single_action_space
-        self.obs = _storage(envs.single_observation_space, t, n, device)
-        action_dtype = torch.long if isinstance(action_space, gym.spaces.Discrete) else torch.float32
-        self.actions = torch.zeros((t, n, *action_space.shape), dtype=action_dtype, device=device)
-        self.logprobs = torch.zeros((t, n), device=device)
-        self.values = torch.zeros((t, n), device=device)
-        self.rewards = np.zeros((t, n), dtype=np.float32)
-        self.firsts = np.zeros((t, n), dtype=np.float32)
+        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        self.rollout = Rollout(obs_space, action_space, cfg.num_steps, n, device)
+        """The rollout the next (or last) update reads."""
+        self.upload = Uploader(obs_space, n, device)
         obs, _ = envs.reset(seed=seed)
+        # Where the envs stand: the next observations, episode starts and GRU state. Only the
+        # rollout (in the background thread, when there is one) reads and writes them.
         self.next_obs = obs_to_tensor(obs, device)
         self.next_first = np.ones(n, dtype=np.float32)
         self.state = self.policy.initial_state(n, device)
-        self.rollout_state = self.state
         self.values_after_rollout = not self.policy.shared
         """A separate critic MLP values the whole rollout in one batched pass after it: the same
         numbers as a pass per step, without T-1 passes' per-call overhead (5% of A2C's time on
         CartPole). A shared encoder's value comes with the actor's features during the rollout."""
+        self.async_rollout = cfg.async_rollout is True or (cfg.async_rollout == "auto" and isinstance(envs, GroupedVectorEnv))
+        self._spare: Rollout | None = None
+        self._thread: RolloutThread | None = None
+        self._generator: torch.Generator | None = None
+        if self.async_rollout:
+            self._spare = Rollout(obs_space, action_space, cfg.num_steps, n, device)
+            self.behaviour = copy.deepcopy(self.policy)
+            """The weights the background rollout acts with: the policy as it was when the rollout began."""
+            self._generator = torch.Generator(device)
 
     @staticmethod
     def make_policy(cfg: OnPolicyConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
@@ -144,58 +154,77 @@ class OnPolicyAgent:
     def finished(self) -> bool:
         return self.iteration >= self.num_iterations
 
+    # The rollout the update reads, by the names the update and the tests use.
+    obs = property(lambda self: self.rollout.obs)
+    actions = property(lambda self: self.rollout.actions)
+    logprobs = property(lambda self: self.rollout.logprobs)
+    values = property(lambda self: self.rollout.values)
+    rewards = property(lambda self: self.rollout.rewards)
+    firsts = property(lambda self: self.rollout.firsts)
+    rollout_state = property(lambda self: self.rollout.start_state)
+
     def _firsts_tensor(self, firsts: np.ndarray) -> torch.Tensor | None:
         """Episode starts as the GRU needs them; feed-forward policies take none."""
         return torch.as_tensor(firsts, device=self.device) if self.policy.gru is not None else None
 
     # ---------------------------------------------------------------- rollout
-    @torch.no_grad()
     def collect(self) -> None:
-        """`num_steps` vector steps of every env. Envs in worker groups (GroupedVectorEnv) are
-        pipelined: each group's actions are sent as soon as its forward pass is done, and the next
-        group's forward pass runs while those workers step. Every env gets the same observations,
-        actions and states as with one batched forward pass per vector step; only the order of the
-        random draws between envs changes."""
+        """One rollout with the current policy into `self.rollout`, in this thread (the
+        synchronous path; the background thread runs `_collect` with the behaviour policy)."""
+        self._collect(self.rollout, self.policy)
+        self.episodes.extend(self.rollout.episodes)
+
+    @torch.no_grad()
+    def _collect(self, buf: Rollout, policy: ActorCritic, generator: torch.Generator | None = None) -> None:
+        """`num_steps` vector steps of every env into `buf`, acting with `policy`. Envs in worker
+        groups (GroupedVectorEnv) are pipelined: each group's actions are sent as soon as its
+        forward pass is done, and the next group's forward pass runs while those workers step.
+        Every env gets the same observations, actions and states as with one batched forward pass
+        per vector step; only the order of the random draws between envs changes."""
         cfg = self.cfg
-        self.rollout_state = self.state
+        buf.start_state = self.state
+        buf.episodes = []
         envs = self.envs
+        act = lambda step, part, k, states: self._act(buf, policy, generator, step, part, k, states)  # noqa: E731
+        receive = lambda step, part, k, states, outcome: self._receive(buf, policy, step, part, k, states, outcome)  # noqa: E731
         if not isinstance(envs, GroupedVectorEnv):  # one batch per vector step, nothing to slice
             states = [self.state]
             with self._rollout_threads():
                 for step in range(cfg.num_steps):
-                    self.global_step += self.num_envs * self.ranks.world
-                    self._receive(step, ALL, 0, states, envs.step(self._act(step, ALL, 0, states)))
+                    receive(step, ALL, 0, states, envs.step(act(step, ALL, 0, states)))
             self.state = states[0]
         else:
             parts = envs.slices
             states = [None if self.state is None else self.state[:, part] for part in parts]
             with self._rollout_threads():
                 for step in range(cfg.num_steps):
-                    self.global_step += self.num_envs * self.ranks.world
                     for k, part in enumerate(parts):
                         if step > 0:
-                            self._receive(step - 1, part, k, states, envs.receive(k))
-                        envs.send(k, self._act(step, part, k, states))
+                            receive(step - 1, part, k, states, envs.receive(k))
+                        envs.send(k, act(step, part, k, states))
                 for k, part in enumerate(parts):
-                    self._receive(cfg.num_steps - 1, part, k, states, envs.receive(k))
+                    receive(cfg.num_steps - 1, part, k, states, envs.receive(k))
             self.state = None if self.state is None else torch.cat(states, dim=1)
         if self.values_after_rollout:
-            self.values.copy_(self.policy.value(self.obs.flatten(0, 1)).view_as(self.values))
+            buf.values.copy_(policy.value(buf.obs.flatten(0, 1)).view_as(buf.values))
+        # GAE's bootstrap, from the policy that acted, where the envs stand now.
+        buf.next_value = policy.value(self.next_obs, self.state, self._firsts_tensor(self.next_first)).cpu().numpy()
+        buf.next_first = self.next_first.copy()
 
-    def _act(self, step: int, part: slice, k: int, states: list[torch.Tensor | None]) -> np.ndarray:
+    def _act(self, buf: Rollout, policy: ActorCritic, generator: torch.Generator | None, step: int, part: slice, k: int, states: list[torch.Tensor | None]) -> np.ndarray:
         """Store the observations of envs `part` (group k) at `step` and act on them: the actions to send."""
         obs = self.next_obs if part is ALL else _map(lambda x: x[part], self.next_obs)
-        _write(self.obs, step if part is ALL else (step, part), obs)
+        _write(buf.obs, step if part is ALL else (step, part), obs)
         firsts = self.next_first if part is ALL else self.next_first[part]
-        self.firsts[step, part] = firsts
-        action, logprob, value, states[k] = self.policy.step(obs, states[k], self._firsts_tensor(firsts), with_value=not self.values_after_rollout)
-        self.actions[step, part] = action
-        self.logprobs[step, part] = logprob
+        buf.firsts[step, part] = firsts
+        action, logprob, value, states[k] = policy.step(obs, states[k], self._firsts_tensor(firsts), with_value=not self.values_after_rollout, generator=generator)
+        buf.actions[step, part] = action
+        buf.logprobs[step, part] = logprob
         if value is not None:
-            self.values[step, part] = value
-        return self.policy.clip_action(action).cpu().numpy()
+            buf.values[step, part] = value
+        return policy.clip_action(action).cpu().numpy()
 
-    def _receive(self, step: int, part: slice, k: int, states: list[torch.Tensor | None], outcome: tuple) -> None:
+    def _receive(self, buf: Rollout, policy: ActorCritic, step: int, part: slice, k: int, states: list[torch.Tensor | None], outcome: tuple) -> None:
         """Store what the actions of envs `part` (group k) at `step` led to: `outcome` is their vector step."""
         cfg = self.cfg
         obs, reward, terminated, truncated, info = outcome
@@ -205,40 +234,89 @@ class OnPolicyAgent:
             # A time limit is not a terminal state: bootstrap from the value of the last observation.
             last = _map(lambda x, cut=cut: x[torch.as_tensor(cut, device=self.device)], obs_to_tensor(final_observations(obs, info), self.device))
             state = states[k][:, torch.as_tensor(cut, device=self.device)] if states[k] is not None else None
-            reward[cut] += cfg.gamma * self.policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
-        self.rewards[step, part] = reward
+            reward[cut] += cfg.gamma * policy.value(last, state, self._firsts_tensor(np.zeros(int(cut.sum()), np.float32))).cpu().numpy()
+        buf.rewards[step, part] = reward
         if part is ALL:
-            self.next_obs = obs_to_tensor(obs, self.device)
+            self.next_obs = self.upload(obs)
             self.next_first = (terminated | truncated).astype(np.float32)
         else:
-            _write(self.next_obs, part, obs_to_tensor(obs, self.device))
+            _write(self.next_obs, part, self.upload(obs, part))
             self.next_first[part] = terminated | truncated
         returns, lengths = finished_episodes(info)
-        self.episodes.extend(zip(returns.tolist(), lengths.tolist()))
+        buf.episodes.extend(zip(returns.tolist(), lengths.tolist()))
+
+    def _torch_threads(self) -> tuple[int, int]:
+        """(threads while the env workers step, threads while they are idle) on the cores this
+        process may use.
+
+        While the workers step every worker process wants a core: the forward passes get the
+        cores the workers leave (at least one), else the intra-op threads wait on each other at
+        every op while workers hold their cores (a rollout ran 2-8x slower with 2 threads on 2
+        cores than with 1). The update (workers idle, unless the rollout runs in the background)
+        takes train.torch_threads, but not more threads than cores."""
+        threads, cores = self.cfg.torch_threads, _cores()
+        workers = self.num_envs if isinstance(self.envs, GroupedVectorEnv) else 0
+        return max(1, min(threads, cores - workers)), min(threads, cores)
 
     @contextlib.contextmanager
     def _rollout_threads(self) -> Iterator[None]:
-        """Torch threads for the rollout and the update on the cores this process may use.
-
-        During the rollout every env worker process wants a core: the forward passes get the
-        cores the workers leave (at least one), else the intra-op threads wait on each other at
-        every op while workers hold their cores (a rollout ran 2-8x slower with 2 threads on 2
-        cores than with 1). The update (workers idle) takes train.torch_threads, but not more
-        threads than cores."""
+        """The rollout's torch threads (see `_torch_threads`) for a synchronous rollout. (Torch's
+        thread count is the process's: with a background rollout, rollout and update keep the
+        count for stepping workers throughout.)"""
+        if self.async_rollout:
+            yield
+            return
         threads = torch.get_num_threads()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = self.num_envs if isinstance(self.envs, GroupedVectorEnv) else 0
-        torch.set_num_threads(max(1, min(threads, cores - workers)))
+        torch.set_num_threads(self._torch_threads()[0])
         try:
             yield
         finally:
-            torch.set_num_threads(min(threads, cores))
+            torch.set_num_threads(min(threads, _cores()))
+
+    def _next_rollout(self) -> Rollout:
+        """The rollout of this iteration: collected now (synchronous), or the one the background
+        thread filled during the last update, after the next one is started."""
+        if not self.async_rollout:
+            self.collect()
+            return self.rollout
+        if self._thread is None:
+            # Started on the first iteration (also of a resumed run), so that a checkpoint loaded
+            # after construction is what the first rollout acts with.
+            torch.set_num_threads(self._torch_threads()[0])  # the update overlaps the workers' steps from now on
+            self._thread = RolloutThread(lambda buf: self._collect(buf, self.behaviour, self._generator), self.device)
+            self._start(self.rollout)
+        buf = self._thread.wait()
+        self.episodes.extend(buf.episodes)
+        if self.iteration + 1 < self.num_iterations:
+            spare = self._spare
+            self._spare = buf
+            self._start(spare)
+        return buf
+
+    def _start(self, buf: Rollout) -> None:
+        """The background rollout into `buf`, acting with the policy as it is now."""
+        assert self._thread is not None and self._generator is not None
+        with torch.no_grad():
+            for mine, theirs in zip(self.behaviour.parameters(), self.policy.parameters()):
+                mine.copy_(theirs)
+            for mine, theirs in zip(self.behaviour.buffers(), self.policy.buffers()):
+                mine.copy_(theirs)
+        # The rollout's action draws: seeded from the main RNG at this point of the run, so a run
+        # is the same whatever the timing of the two threads, and a resumed run reseeds alike.
+        self._generator.manual_seed(int(torch.randint(2**62, (1,))))
+        self._thread.start(buf)
+
+    def close(self) -> None:
+        """End the background rollout (a rollout in flight is discarded): before closing the envs."""
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
 
     @torch.no_grad()
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
-        next_value = self.policy.value(self.next_obs, self.state, self._firsts_tensor(self.next_first)).cpu().numpy()
-        values = self.values.cpu().numpy()
-        adv = gae(self.rewards, values, self.firsts, next_value, self.next_first, self.cfg.gamma, self.cfg.gae_lambda)
+        buf = self.rollout
+        values = buf.values.cpu().numpy()
+        adv = gae(buf.rewards, values, buf.firsts, buf.next_value, buf.next_first, self.cfg.gamma, self.cfg.gae_lambda)
         return torch.as_tensor(adv, device=self.device), torch.as_tensor(adv + values, device=self.device)
 
     def batch(self, adv: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
@@ -277,7 +355,8 @@ class OnPolicyAgent:
         cfg = self.cfg
         lr = cfg.lr * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_lr else cfg.lr
         self.gradient_step.set_lr(lr)
-        self.collect()
+        self.rollout = self._next_rollout()
+        self.global_step += self.steps_per_iteration
         adv, returns = self.advantages()
         metrics = self.update(self.batch(adv, returns))
         if not self.losses_finite:
@@ -307,8 +386,11 @@ class OnPolicyAgent:
 
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        """Weights (with observation statistics), optimiser and counters. The envs and the GRU
-        state are not saved: a resumed run resets its envs and starts every episode afresh."""
+        """Weights (with observation statistics), optimiser and counters: the state at an
+        iteration boundary. The envs, the GRU state and a background rollout in flight are not
+        saved: a resumed run resets its envs, starts every episode afresh, and collects its next
+        rollout with the saved policy (the in-flight one, never updated from, is discarded;
+        global_step counts only rollouts updated from)."""
         return {
             "policy": self.policy.state_dict(),
             **self.gradient_step.state_dict(),
@@ -317,6 +399,8 @@ class OnPolicyAgent:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict after training began: load a checkpoint before the first iteration")
         self.policy.load_state_dict(state["policy"])
         self.gradient_step.load_state_dict(state)
         self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])

@@ -36,6 +36,7 @@ from hpcrl.rl import checkpoint, periodic_eval
 from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
+from hpcrl.rl.ppo import OnPolicyAgent
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run
 
@@ -127,6 +128,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
     iteration = int(state["agent"]["iteration"]) if state else 0
     env_seed = run.seed * 1000 + iteration + ranks.rank * cfg.env.num_envs
     envs = make_vec_env(cfg.env)
+    agent = None
     try:
         agent = algorithm_class(cfg.algo)(tcfg, envs, device, env_seed, **({"ranks": ranks} if ranks.distributed else {}))
         elapsed = 0.0
@@ -196,6 +198,8 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
             else:  # not pruned: the final checkpoint
                 save()
     finally:
+        if isinstance(agent, OnPolicyAgent):  # its background rollout ends before its envs close
+            agent.close()
         envs.close()
     if not ranks.is_main:
         return 0

@@ -1,0 +1,151 @@
+"""Rollout storage, observation upload and the background rollout that overlaps learning.
+
+`Rollout` is one rollout's worth of storage (what an update reads), with where the envs stood
+after its last step (GAE's bootstrap). A synchronous agent has one; an asynchronous one has two,
+a double buffer: `RolloutThread` fills one with a copy of the policy (the behaviour policy) while
+the main thread updates from the other, as Sample Factory's APPO and habitat-lab's VER overlap
+sampling and learning. The rollout thread runs the policy's forward passes (torch releases the
+GIL in its ops) and waits on the env workers' pipes (which releases it too), so on a GPU node the
+envs never stop for an update. The policy lag is one iteration: PPO's ratio is taken against the
+log-probabilities the behaviour policy stored, which is exactly the correction the clipped
+objective already makes for the epochs after the first.
+
+On CUDA the rollout thread works on its own stream: its per-step `.cpu()` of the actions waits for
+its own forward pass only, not for the update's kernels queued on the main stream. Events order
+the two streams where they share data (the behaviour weights, a filled buffer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from hpcrl.rl.networks import Obs, obs_to_tensor
+
+
+def storage(space: gym.Space, steps: int, num_envs: int, device: torch.device) -> Obs:
+    """Rollout storage in the observation's own dtype (uint8 pixels stay 1 byte each)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: storage(s, steps, num_envs, device) for k, s in space.spaces.items()}
+    dtype = torch.from_numpy(np.zeros(0, dtype=space.dtype)).dtype
+    return torch.zeros((steps, num_envs, *space.shape), dtype=dtype, device=device)
+
+
+class Rollout:
+    """`steps` vector steps of `num_envs` envs: observations, actions, log-probabilities and values
+    on the device (the update reads them there), rewards and episode starts in host memory (GAE
+    runs in numpy), and the envs' position after the last step."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, steps: int, num_envs: int, device: torch.device) -> None:
+        self.obs = storage(obs_space, steps, num_envs, device)
+        action_dtype = torch.long if isinstance(action_space, gym.spaces.Discrete) else torch.float32
+        self.actions = torch.zeros((steps, num_envs, *action_space.shape), dtype=action_dtype, device=device)
+        self.logprobs = torch.zeros((steps, num_envs), device=device)
+        self.values = torch.zeros((steps, num_envs), device=device)
+        self.rewards = np.zeros((steps, num_envs), dtype=np.float32)
+        self.firsts = np.zeros((steps, num_envs), dtype=np.float32)
+        self.start_state: torch.Tensor | None = None
+        """The GRU state before the first step (the update replays each env's sequence from it)."""
+        self.next_value = np.zeros(num_envs, dtype=np.float32)
+        """The acting policy's value of the observations after the last step (GAE's bootstrap)."""
+        self.next_first = np.ones(num_envs, dtype=np.float32)
+        self.episodes: list[tuple[float, int]] = []
+        """(return, length) of the episodes that ended during this rollout."""
+
+
+class Uploader:
+    """Env arrays -> device tensors. On CUDA through a pinned staging buffer with a non-blocking
+    copy: one host-to-device transfer per env and step, as uint8 for pixels, that does not stall
+    the host. A staging row is rewritten only after the forward pass that read its upload has
+    been waited for (the actions' `.cpu()`), so the copy has finished by then."""
+
+    def __init__(self, space: gym.Space, num_envs: int, device: torch.device) -> None:
+        self.device = device
+        self.pinned: Any = None
+        if device.type == "cuda":
+            self.pinned = storage(space, 1, num_envs, torch.device("cpu"))
+            self.pinned = {k: v[0].pin_memory() for k, v in self.pinned.items()} if isinstance(self.pinned, dict) else self.pinned[0].pin_memory()
+
+    def __call__(self, obs: np.ndarray | dict[str, np.ndarray], rows: slice = slice(None)) -> Obs:
+        """`obs` of the envs `rows` on the device."""
+        if self.pinned is None:
+            return obs_to_tensor(obs, self.device)
+        if isinstance(obs, dict):
+            return {k: self._upload(self.pinned[k][rows], v) for k, v in obs.items()}
+        return self._upload(self.pinned[rows], obs)
+
+    def _upload(self, staging: torch.Tensor, array: np.ndarray) -> torch.Tensor:
+        staging.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+        return staging.to(self.device, non_blocking=True)
+
+
+class RolloutThread:
+    """Collects rollouts in a background thread, one per `start`, each returned by `wait`.
+
+    `collect(rollout)` is the agent's rollout with its behaviour policy. An exception in the rollout (an env
+    worker that failed) is raised again in the caller of `wait`.
+    """
+
+    def __init__(self, collect: Callable[[Rollout], None], device: torch.device) -> None:
+        self._collect = collect
+        self.device = device
+        self._requests: queue.Queue[tuple[Rollout, Any] | None] = queue.Queue()
+        self._results: queue.Queue[tuple[Rollout, Any] | BaseException] = queue.Queue()
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.in_flight: Rollout | None = None
+        self._thread = threading.Thread(target=self._run, name="hpcrl-rollout", daemon=True)
+        self._thread.start()
+
+    def start(self, rollout: Rollout) -> None:
+        """Begin filling `rollout`. The behaviour policy's weights must be in place: on CUDA, what
+        the main stream queued before this call is done before the rollout's first forward pass."""
+        ready = None
+        if self.stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        self.in_flight = rollout
+        self._requests.put((rollout, ready))
+
+    def wait(self) -> Rollout:
+        """The rollout `start` began, once it is full (the main stream then reads it safely)."""
+        result = self._results.get()
+        self.in_flight = None
+        if isinstance(result, BaseException):
+            raise result
+        rollout, done = result
+        if done is not None:
+            torch.cuda.current_stream(self.device).wait_event(done)
+        return rollout
+
+    def close(self) -> None:
+        """Let a rollout in flight finish (its env steps are bounded), then end the thread. The
+        rollout is discarded: the envs may be closed after this returns."""
+        if self._thread.is_alive():
+            self._requests.put(None)
+            self._thread.join()
+        self.in_flight = None
+
+    def _run(self) -> None:
+        while (request := self._requests.get()) is not None:
+            rollout, ready = request
+            try:
+                with torch.no_grad(), (torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()):
+                    if ready is not None:
+                        self.stream.wait_event(ready)
+                    self._collect(rollout)
+                    done = None
+                    if self.stream is not None:
+                        done = torch.cuda.Event()
+                        done.record(self.stream)
+                self._results.put((rollout, done))
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+                self._results.put(exc)
+                return
+
