@@ -4,6 +4,7 @@ differently, the best policy kept across a requeue and evaluated by the eval sta
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +103,21 @@ def test_best_without_every_steps_is_refused_by_sweep_in_one_line(tmp_path: Path
 def test_hostile_values_are_refused_with_their_key_path(tmp_path: Path, key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"eval\.{key}: "):
         load_experiment(write_config(tmp_path, {"eval": {key: value}}))
+
+
+def test_a_run_trained_for_cuda_is_evaluated_on_the_cpu_of_an_eval_task_without_gpu(tmp_path: Path) -> None:
+    """The eval stage asks for eval.gpus (0 by default): `train.device: cuda` must not fail it with
+    "No CUDA GPUs are available" (seen on a GPU node), it evaluates on the CPU and says so."""
+    import io
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA, as an eval task without GPUs is")
+    exp, run, rd = make_run(tmp_path)
+    assert train(exp, run) == 0
+    cuda_run = dataclasses.replace(run, config=dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, device="cuda")))
+    out = io.StringIO()
+    assert evaluate_run(exp, cuda_run, out) == 0
+    assert (rd / "EVAL_DONE").exists()
+    assert "this eval task has no GPU (eval.gpus: 0): evaluating on the CPU" in out.getvalue()

@@ -63,6 +63,15 @@ def play(
     return results
 
 
+def eval_device(spec: str) -> torch.device:
+    """The device an evaluation runs on: train.device's, or the CPU where that names a GPU the eval
+    task does not have. The eval stage asks for `eval.gpus` (0 by default: evaluation is a few
+    episodes), so a run trained with `device: cuda` must still be evaluated where no GPU is."""
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        return torch.device("cpu")
+    return pick_device(spec)
+
+
 def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
     return guarded_eval(experiment_dir, run, lambda rd: _evaluate(rd, run, out), out)
 
@@ -76,7 +85,9 @@ def _evaluate(rd: Path, run: Run, out) -> int:
             print(f"{run.run_id}: eval skipped, final training return {final:.4g} < {ecfg.threshold:g}", file=out)
             return 0
     state_dict, which = _checkpoint_to_evaluate(rd, ecfg.checkpoint)
-    device = pick_device(run.config.train.device)
+    device = eval_device(run.config.train.device)
+    if run.config.train.device.startswith("cuda") and device.type == "cpu":
+        print(f"{run.run_id}: train.device is {run.config.train.device}, but this eval task has no GPU (eval.gpus: {ecfg.gpus}): evaluating on the CPU", file=out)
     probe = make_vec_env(run.config.env, 1)
     try:
         cls = algorithm_class(run.config.algo)
