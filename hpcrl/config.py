@@ -23,7 +23,7 @@ from typing import Any, Literal, Optional, Union
 from hpcrl import strict_yaml, tasks
 from hpcrl.program_spec import ProgramConfig
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
-from hpcrl.schema import ConfigError, Verbatim, build, did_you_mean, field_rules, hints, key_path, plain, public_fields, setting
+from hpcrl.schema import ConfigError, Verbatim, build, did_you_mean, field_rules, hints, integer_spelling_problem, key_path, plain, public_fields, setting
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
@@ -163,6 +163,8 @@ class SearchConfig:
 def _seed_shorthand(value: Any) -> Any:
     """`5` -> [0, 1, 2, 3, 4]; `"10..19"` -> [10, ..., 19]; a list (or anything else) as it is."""
     if isinstance(value, int) and not isinstance(value, bool):
+        if problem := integer_spelling_problem(value):
+            raise ValueError(problem)
         if not 1 <= value <= MAX_RUNS:
             raise ValueError(f"a count of seeds is 1..{MAX_RUNS:,}, got {value}")
         return list(range(value))

@@ -32,6 +32,7 @@ count, budget or seed of a run is that large (a bigger `total_steps` would never
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
 
 
 class ConfigError(ValueError):
@@ -235,7 +236,18 @@ def _convert_str(value: Any, path: str) -> str:
     return text
 
 
+def integer_spelling_problem(value: Any) -> str | None:
+    """YAML 1.1 reads `010` as 8, `0x10` as 16, `0b10` as 2 and `1:30` as 90: a count or a seed
+    written so is refused rather than read as a number the user did not see (`seeds: 010` was 8
+    runs). Integers of the schema are written in decimal; free-form values keep their text."""
+    if isinstance(value, YamlInt) and not _DECIMAL.fullmatch(value.text):
+        return f"expected a decimal number, got {value.text} (YAML 1.1 reads it as {int(value)}): write it in decimal"
+    return None
+
+
 def _convert_int(value: Any, path: str) -> int:
+    if problem := integer_spelling_problem(value):
+        raise ConfigError(f"{path}: {problem}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{path}: expected an integer, got {value!r}")
     if isinstance(value, float):
@@ -248,6 +260,8 @@ def _convert_int(value: Any, path: str) -> int:
 
 
 def _convert_float(value: Any, path: str) -> float:
+    if problem := integer_spelling_problem(value):
+        raise ConfigError(f"{path}: {problem}")
     if isinstance(value, str) and _NUMBER.fullmatch(value):
         value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
     if isinstance(value, bool) or not isinstance(value, (int, float)):
