@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import math
 import re
+import tempfile
 import types
 import typing
 from dataclasses import dataclass
@@ -1078,6 +1079,20 @@ def _check_output(exp: Experiment) -> None:
                 key = "name" if candidate == exp.dir else "output"
                 raise ConfigError(f"{key}: {candidate} is a file, not a directory")
             return
+
+
+def check_output_writable(exp: Experiment) -> None:
+    """Before a sweep writes anything: a directory can be made where the experiment goes. `output`
+    under /proc or /sys, on a read-only mount or in another user's directory fails here as one line,
+    with nothing written, rather than as a traceback from the first mkdir (which left `jobs/` behind
+    where it got that far). The probe is a directory made and removed in the nearest existing one;
+    `hpcrl.api.load` and dry runs do not probe, so a config for a cluster still loads on a laptop."""
+    place = next(p for p in (exp.dir, *exp.dir.absolute().parents) if p.is_dir())
+    try:
+        Path(tempfile.mkdtemp(prefix=".hpcrl-probe-", dir=place)).rmdir()
+    except OSError as exc:
+        where = f"{exp.source}: " if exp.source else ""
+        raise ConfigError(f"{where}output: cannot create {exp.dir} ({place}: {exc.strerror or exc})") from None
 
 
 def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, name: str | None = None) -> Experiment:

@@ -436,3 +436,20 @@ def test_seeds_written_in_octal_or_hex_are_refused_not_read_as_another_count(tmp
         assert "expected a decimal number" in stderr and f"reads it as {yaml_reads})" in stderr, stderr
     assert [r.seed for r in expand(load_experiment(config, ["sweep.seeds=1_0"]))] == list(range(10))
     assert load_experiment(config, ["sweep.seeds=[10, 0]"]).sweep.seeds == [10, 0]
+
+
+@pytest.mark.parametrize("output", ["/proc/hpcrl-x", "/sys/kernel"])
+def test_an_output_no_directory_can_be_made_in_is_one_line(tmp_path: Path, output: str) -> None:
+    """Issue 25 item 8: a place the user cannot write (another user's directory on a cluster) was a
+    traceback from the first mkdir; now one line naming `output`, exit 2, from the CLI and the API."""
+    from hpcrl import api
+
+    config = write_config(tmp_path, {"output": output})
+    code, stderr = sweep(config, dry_run=False)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"hpcrl: error: {config}: output: cannot create {output}/tiny ("), stderr
+    with pytest.raises(ConfigError, match=r": output: cannot create "):
+        api.sweep(config, scheduler="local", out=io.StringIO())
+    assert not Path(output, "tiny").exists()
+    code, stderr = sweep(config)  # a dry run writes nothing and does not look
+    assert code == 0, stderr
