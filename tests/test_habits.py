@@ -248,6 +248,14 @@ def test_init_writes_a_starter_and_never_overwrites_by_surprise(tmp_path: Path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
 
 
+@pytest.mark.parametrize("given", ["x.yaml", "x.yml"])
+def test_init_of_a_file_name_writes_that_file_named_by_its_stem(tmp_path: Path, given: str) -> None:
+    """`hpcrl init x.yaml` wrote `x.yaml.yaml` named `x.yaml`."""
+    assert main(["init", given, "--dir", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [given]
+    assert "name: x\n" in (tmp_path / given).read_text() and load_experiment(tmp_path / given).name == "x"
+
+
 def test_configs_lists_every_bundled_config_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["configs"]) == 0
     lines = capsys.readouterr().out.splitlines()
