@@ -340,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(f"'--' followed by a program is for `hpcrl train`, not `hpcrl {args.command}`")
     args.program = program
     try:
-        for word in getattr(args, "overrides", []):
+        words = getattr(args, "overrides", [])
+        for before, word in zip(["", *words], words):
+            if "=" not in word and sum(map(before.count, "{[")) > sum(map(before.count, "}]")):
+                raise ConfigError(f"{before!r} {word!r}: one override that the shell split at a space: quote it, or write it without spaces ({{a:1,b:2}})")
             if "=" not in word:
                 raise ConfigError(f"{word!r}: expected KEY.PATH=VALUE after the config (an override, as -p takes)")
         return args.func(args)

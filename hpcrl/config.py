@@ -797,11 +797,45 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"-p {text}: expected key.path=value")
     if any(c in text for c in "\n\r"):  # YAML would fold it, or read what follows a # as a comment
         raise ConfigError(f"-p {key_path('', key)}: an override is one line, got a line break in {raw!r}")
+    flow = raw.strip()[:1] in ("{", "[")
     try:
-        value = strict_yaml.load(raw) if raw.strip() else ""
-    except ConfigError:
+        value = strict_yaml.load(_hydra_flow(raw) if flow else raw) if raw.strip() else ""
+    except ConfigError as exc:
+        if flow:  # a mapping or list the user meant, not a string that happens to start with a bracket
+            raise ConfigError(f"-p {key_path('', key)}: {re.sub(r'^line [0-9]+: ', '', str(exc))} in {raw!r}") from None
         value = raw
     return key, value
+
+
+def _hydra_flow(text: str) -> str:
+    """Hydra's `{a:1,b:2}` as YAML's `{a: 1, b: 2}`: YAML reads a key and value without a space
+    after the colon as one key with no value ('a:1': null), so a space is put after the first colon
+    of each key of a flow mapping, at any depth. Quoted text, and colons inside values
+    (`{url:http://x}`), are left as written."""
+    out: list[str] = []
+    stack: list[str] = []  # "{" or "[" per open collection
+    in_key = False  # reading a mapping key: its first colon separates it from its value
+    quote = ""
+    for i, c in enumerate(text):
+        out.append(c)
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "{[":
+            stack.append(c)
+            in_key = c == "{"
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            in_key = False
+        elif c == ",":
+            in_key = bool(stack) and stack[-1] == "{"
+        elif c == ":" and in_key:
+            in_key = False
+            if text[i + 1 : i + 2] not in (" ", ""):
+                out.append(" ")
+    return "".join(out)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

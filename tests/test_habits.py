@@ -230,6 +230,24 @@ def test_positional_overrides_are_parsed_as_p_is(tmp_path: Path, capsys: pytest.
     assert not (tmp_path / "logs").exists()
 
 
+def test_flow_mappings_in_overrides_read_alike_with_or_without_spaces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hydra's `{a:1,b:2}` was the key 'a:1' with no value (a section override: `train.lr:1: unknown
+    key`; env.kwargs: a kwarg 'a:1'), and the spaced form split by the shell a stray word."""
+    config = write_config(tmp_path)
+    for text in ("{a:1,b:2}", "{a: 1, b: 2}", "{a:1, b: 2}"):
+        assert load_experiment(config, [f"env.kwargs={text}"]).env.kwargs == {"a": 1, "b": 2}, text
+    for text in ("{lr:1e-3,gamma:0.9}", "{lr: 1e-3, gamma: 0.9}"):
+        train = load_experiment(config, [f"train={text}"]).train
+        assert (train.lr, train.gamma) == (1e-3, 0.9), text
+    assert load_experiment(config, ["env.kwargs={url:http://x:80,nested:{k:[1,2]}}"]).env.kwargs == {"url": "http://x:80", "nested": {"k": [1, 2]}}
+    assert [r.config.train.lr for r in expand(load_experiment(config, ["sweep.grid={train.lr:[1e-3,3e-4]}", "sweep.seeds=[0]"]))] == [1e-3, 3e-4]
+    err = _refused(["sweep", str(config), "--scheduler", "local", "train={lr:", "1e-3,", "gamma:", "0.9}"], capsys)
+    assert "'train={lr:' '1e-3,': one override that the shell split at a space: quote it" in err, err
+    err = _refused(["sweep", str(config), "--scheduler", "local", "train={lr:1e-3"], capsys)
+    assert "-p train: malformed YAML: " in err and "in '{lr:1e-3'" in err, err
+    assert not (tmp_path / "logs").exists()
+
+
 def test_init_writes_a_starter_and_never_overwrites_by_surprise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hpcrl.starters import bundled
 
