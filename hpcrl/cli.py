@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpcrl import __version__
 from hpcrl.config import ConfigError
+from hpcrl.schedulers import BACKENDS, SWEEP_CHOICES
 from hpcrl.schedulers.base import SchedulerError
 
 
@@ -209,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="expand a config into runs, render job scripts and submit train -> eval -> aggregate")
     s.add_argument("config")
     add_params(s)
-    s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge", "debug"], default="auto", help="debug: every stage in this process, for a debugger")
+    s.add_argument("--scheduler", choices=SWEEP_CHOICES, default="auto", help="debug: every stage in this process, for a debugger")
     s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
     s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
@@ -276,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even if the image for this definition exists")
     b.add_argument("--sandbox", action="store_true", help="build a writable directory instead of a SIF")
     b.add_argument("--submit", action="store_true", help="build in a batch job (for clusters that forbid builds on login nodes)")
-    b.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
+    b.add_argument("--scheduler", choices=["auto", *BACKENDS], default="auto")
     b.add_argument("--from-dockerfile", metavar="FILE", help="import an existing Dockerfile instead of the template")
     b.set_defaults(func=_build_image)
     sc = sub.add_parser("schema", help="print the config's JSON Schema (for editors: yaml-language-server)")

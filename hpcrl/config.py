@@ -24,7 +24,20 @@ from typing import Any, Literal, Optional, Union
 from hpcrl import strict_yaml, tasks
 from hpcrl.program_spec import ProgramConfig
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
-from hpcrl.schema import ConfigError, Verbatim, build, did_you_mean, field_rules, hints, integer_spelling_problem, key_path, plain, public_fields, setting
+from hpcrl.schema import (
+    ConfigError,
+    Verbatim,
+    build,
+    choice_problem,
+    did_you_mean,
+    field_rules,
+    hints,
+    integer_spelling_problem,
+    key_path,
+    plain,
+    public_fields,
+    setting,
+)
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
@@ -866,7 +879,7 @@ PROGRAM_UNUSED = ("env", "train")
 def _algo(data: dict[str, Any]) -> str:
     algo = data.get("algo", "ppo")
     if not isinstance(algo, str) or algo not in (*ALGORITHMS, "program"):
-        raise ConfigError(f"algo: expected one of {', '.join(map(repr, (*ALGORITHMS, 'program')))}, got {algo!r}")
+        raise ConfigError(f"algo: {choice_problem(algo, (*ALGORITHMS, 'program'))}")
     return algo
 
 

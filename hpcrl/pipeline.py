@@ -28,7 +28,7 @@ from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
 from hpcrl.io import atomic_write_text
 from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train
-from hpcrl.schedulers import detect_with_reason, get_scheduler
+from hpcrl.schedulers import check_choice, detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
 
 
@@ -204,6 +204,7 @@ def submit_experiment(
 ) -> int:
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
     root = exp.dir
+    check_choice(scheduler_name)
     if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
         debug.check(exp)
         exp.container.image = None  # the work runs here, in this Python, not in a container

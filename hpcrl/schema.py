@@ -171,10 +171,18 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def did_you_mean(key: str, known: list[str], prefix: str = "") -> str:
-    """'did you mean train.lr?' for `train.lrr`: the two closest known keys (difflib's ratio >= 0.7), or ''."""
-    close = difflib.get_close_matches(key, known, n=2, cutoff=0.7)
-    return f"did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+def did_you_mean(key: str, known: list[str], prefix: str = "", *, quote: bool = False) -> str:
+    """'did you mean train.lr?' for `train.lrr`: the two closest known keys (difflib's ratio >= 0.7), or ''.
+    With `quote`, each is shown as a value is (`'ppo'`)."""
+    close = [prefix + c for c in difflib.get_close_matches(key, known, n=2, cutoff=0.7)]
+    return f"did you mean {' or '.join(map(repr, close) if quote else close)}?" if close else ""
+
+
+def choice_problem(value: Any, choices: typing.Sequence[str]) -> str:
+    """The one wording of a value outside a fixed set (`algo`, `env.backend`, `--scheduler`, every
+    Literal field): `expected one of 'ppo', 'a2c', got 'ppoo' (did you mean 'ppo'?)`."""
+    hint = did_you_mean(value, list(choices), quote=True) if isinstance(value, str) else ""
+    return f"expected one of {', '.join(map(repr, choices))}, got {value!r}" + (f" ({hint})" if hint else "")
 
 
 def key_path(path: str, key: Any) -> str:
@@ -300,7 +308,7 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         for arg in args:
             if isinstance(value, str) and value == arg:
                 return arg
-        raise ConfigError(f"{path}: expected {describe(tp)}, got {value!r}")
+        raise ConfigError(f"{path}: {choice_problem(value, args)}")
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {value!r}")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from factories import write_config
 
-from hpcrl.cli import main
+from hpcrl.cli import main, parser
 from hpcrl.config import load_experiment
 from hpcrl.sweep import expand
 
@@ -41,6 +41,31 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_an_unknown_key_names_the_closest_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, expected: str) -> None:
     err = _refused(["sweep", str(write_config(tmp_path)), "--scheduler", "local", "--dry-run", "-p", override], capsys)
     assert expected in err, err
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("algo=ppoo", "algo: expected one of 'ppo', 'a2c', 'dqn', 'program', got 'ppoo' (did you mean 'ppo'?)\n"),
+        ("env.backend=vizdom", "env.backend: expected one of 'gymnasium', 'vizdoom', 'habitat', got 'vizdom' (did you mean 'vizdoom'?)\n"),
+        ("algo=zzzz", "got 'zzzz'\n"),  # nothing close: no guess
+    ],
+)
+def test_a_value_outside_a_fixed_set_names_the_closest_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, expected: str) -> None:
+    err = _refused(["sweep", str(write_config(tmp_path)), "--scheduler", "local", "--dry-run", override], capsys)
+    assert expected in err, err
+
+
+def test_the_api_names_every_scheduler_the_cli_takes(tmp_path: Path) -> None:
+    """The API's unknown-scheduler error listed auto, local, slurm and sge (a ValueError), not debug."""
+    from hpcrl import api
+    from hpcrl.schedulers import SWEEP_CHOICES
+
+    with pytest.raises(api.ConfigError, match=r"^--scheduler: expected one of 'auto', 'local', 'slurm', 'sge', 'debug', got 'debgu' \(did you mean 'debug'\?\)$"):
+        api.sweep(write_config(tmp_path), scheduler="debgu")
+    assert not (tmp_path / "logs").exists()
+    choices = next(a.choices for a in parser()._subparsers._group_actions[0].choices["sweep"]._actions if a.dest == "scheduler")  # type: ignore[union-attr]
+    assert tuple(choices) == SWEEP_CHOICES
 
 
 def test_a_typo_in_the_file_names_the_closest_key_of_its_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
