@@ -148,6 +148,17 @@ def eval_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
     return "new"
 
 
+def stage_marker(stage: str, where: Path, names: frozenset[str] | None = None) -> str:
+    """What a stage left on disk: done, failed, skipped (an evaluation) or new. `where` is the run
+    directory, or the experiment directory for the aggregate (done once results/summary.csv exists).
+    With the scheduler's state, `schedulers.base.shown_state` makes the state status shows."""
+    if stage == "aggregate":
+        return "done" if (where / "results" / "summary.csv").exists() else "new"
+    if stage == "eval":
+        return eval_state(where, names)
+    return "done" if _exists(where, names, DONE) else "failed" if _exists(where, names, FAILED) else "new"
+
+
 def mark_done(run_dir: Path, steps: int) -> None:
     """DONE with the number of environment steps really trained, which `status` shows."""
     mark(run_dir, DONE, f"step {steps}")

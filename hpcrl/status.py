@@ -34,7 +34,7 @@ from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
 from hpcrl.pipeline import read_jobs
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import CANCELLED, ORPHANED, PENDING, RUNNING, Job, SchedulerError
+from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Job, SchedulerError, shown_state
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""
@@ -43,7 +43,6 @@ FAILURES_SHOWN = 10
 WATCH_DEFAULT_S = 5.0
 WATCH_MIN_S = 1.0
 """The shortest `--watch` interval: every refresh is one scheduler query, and slurmctld is shared."""
-NOT_SUBMITTED = "not submitted"
 
 STATE_WORDS = {
     "pending": (PENDING,),
@@ -192,17 +191,6 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
     return SchedulerView(states, active, problem, jobs)
 
 
-def merge(marker_state: str, sched: str | None) -> str:
-    """Markers are the truth for finished work; the scheduler knows about waiting and running."""
-    if marker_state in ("done", "failed", "skipped"):
-        return marker_state
-    if sched in (PENDING, RUNNING, ORPHANED, CANCELLED):
-        return sched
-    if sched is None:
-        return NOT_SUBMITTED
-    return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
-
-
 # ---------------------------------------------------------------------------------------- the runs
 
 
@@ -235,10 +223,8 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         rd = sweep.run_dir(experiment_dir, run_id)
         # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
         trainer = ("study", -1) if trial else ("learner" if config.distributed else "train", index)
-        # merge() needs done or failed only (not started/new: that is rundir.run_state's extra work).
-        marker = "done" if rundir.is_done(rd) else "failed" if rundir.is_failed(rd) else "new"
-        train = merge(marker, states.get(trainer))
-        evaluation = merge(rundir.eval_state(rd), states.get(("eval", index)))
+        train = shown_state(rundir.stage_marker("train", rd), states.get(trainer))
+        evaluation = shown_state(rundir.stage_marker("eval", rd), states.get(("eval", index)))
         note = ""
         if train == "failed":
             note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
@@ -247,7 +233,7 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         total = None if config.program else config.train.total_steps
         report = runstats.status_line(rd) if config.distributed and train != "done" else None
         out.append(RunStatus(index, run_id, sweep.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
-    aggregate = "done" if (experiment_dir / "results" / "summary.csv").exists() else states.get(("aggregate", -1), NOT_SUBMITTED)
+    aggregate = shown_state(rundir.stage_marker("aggregate", experiment_dir), states.get(("aggregate", -1)))
     status = Status(out, aggregate, view.problem, view.jobs, view.active)
     if detail:
         add_detail(experiment_dir, status.rows)

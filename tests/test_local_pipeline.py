@@ -164,3 +164,17 @@ def test_ctrl_c_stops_children_and_the_next_sweep_resumes(tmp_path: Path) -> Non
     assert again.returncode == 0 and (rd / "DONE").exists()
     log = next((exp / "jobs" / "logs").glob("train-1-0.1.out")).read_text()
     assert "resumed from step" in log
+
+
+def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) -> None:
+    """A run that fails training: its evaluation is skipped (exit 0) and collect, with no run scored,
+    writes the summary and exits 1. The progress line counted the skipped eval as done and the
+    aggregate as failed while `status` said skipped and done; both now apply status's one rule."""
+    repo = Path(__file__).resolve().parent.parent
+    command = f"program.command=[{PY}, tests/programs/counter_trainer.py]"
+    overrides = [f"output={tmp_path / 'logs'}", f"program.workdir={repo}", command, "program.params.fail_at=3", "sweep.seeds=[0]"]
+    proc = hpcrl("sweep", str(repo / "tests" / "data" / "program_counter.yaml"), "--scheduler", "local", *overrides, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the run failed
+    assert proc.stdout.splitlines()[-1] == "train 0/1 done, 1 failed | eval 0/1 done, 1 skipped | aggregate 1/1 done", proc.stdout
+    status = json.loads(hpcrl("status", str(tmp_path / "logs" / "counter"), "--json", cwd=tmp_path).stdout)
+    assert [(r["train"], r["eval"]) for r in status["runs"]] == [("failed", "skipped")] and status["aggregate"] == "done"
