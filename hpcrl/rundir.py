@@ -36,6 +36,7 @@ import fcntl
 import io
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -101,8 +102,31 @@ def reason(run_dir: Path, name: str) -> str:
 
 
 def first_line(run_dir: Path, name: str) -> str:
-    """A marker's headline: FAILED may carry a traceback below it."""
-    return (reason(run_dir, name).splitlines() or [""])[0]
+    """A marker's headline, printable: FAILED may carry a traceback below it, and what a program
+    wrote may hold colour codes or a carriage return (see `printable`)."""
+    return printable((reason(run_dir, name).splitlines() or [""])[0])
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """Text from a run's files as status, collect and the job log print it: control characters
+    escaped (ESC as `\\x1b`), so that nothing a program wrote moves the cursor, clears the line or
+    recolours the user's terminal."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def failed_line(stage: str, reason: str) -> str:
+    """The one wording of a run's failed stage, as the job's log (when it fails), `hpcrl status`
+    and `hpcrl collect` print it: `train failed: <the reason's first line>`."""
+    head = printable((reason.strip().splitlines() or [""])[0])
+    return f"{stage} failed: {head or f'no reason recorded (see the {stage} log under jobs/logs)'}"
+
+
+def failure(run_dir: Path, stage: str = "train") -> str:
+    """`failed_line` of a run's train (FAILED) or eval (EVAL_FAILED) marker."""
+    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED))
 
 
 def is_done(run_dir: Path) -> bool:

@@ -227,9 +227,9 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         evaluation = shown_state(rundir.stage_marker("eval", rd), states.get(("eval", index)))
         note = ""
         if train == "failed":
-            note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
+            note = rundir.failure(rd, "train")[:80]
         elif evaluation == "failed":
-            note = ("eval: " + (rundir.first_line(rd, rundir.EVAL_FAILED) or "see the eval log under jobs/logs"))[:80]
+            note = rundir.failure(rd, "eval")[:80]
         total = None if config.program else config.train.total_steps
         report = runstats.status_line(rd) if config.distributed and train != "done" else None
         out.append(RunStatus(index, run_id, sweep.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
@@ -248,7 +248,7 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
         if r.note:
             continue
         if r.eval == "skipped":
-            r.note = rundir.reason(rd, rundir.EVAL_SKIPPED)[:80]
+            r.note = ("eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED))[:80]
         elif r.train == "done" and (rd / rundir.PRUNED).exists():
             r.note = rundir.first_line(rd, rundir.PRUNED)[:80]
 
@@ -382,7 +382,7 @@ def per_setting_lines(rows: list[RunStatus], experiment_dir: Path) -> list[str]:
     if failed:
         lines.append(f"failed: {len(failed)} runs")
         shown = failed[:FAILURES_SHOWN]
-        lines += _table([(f"  {r.run_id}", r.setting, "train" if r.train == "failed" else "eval", r.note) for r in shown])
+        lines += _table([(f"  {r.run_id}", r.setting, r.note) for r in shown])
         if len(failed) > len(shown):
             lines.append(f"  ... and {len(failed) - len(shown)} more: hpcrl status {experiment_dir} --runs --state failed")
     reports = [r for r in rows if r.distributed]

@@ -178,3 +178,24 @@ def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) 
     assert proc.stdout.splitlines()[-1] == "train 0/1 done, 1 failed | eval 0/1 done, 1 skipped | aggregate 1/1 done", proc.stdout
     status = json.loads(hpcrl("status", str(tmp_path / "logs" / "counter"), "--json", cwd=tmp_path).stdout)
     assert [(r["train"], r["eval"]) for r in status["runs"]] == [("failed", "skipped")] and status["aggregate"] == "done"
+
+
+def test_a_failed_run_is_worded_once_and_its_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
+    """A program whose last line clears the screen and recolours it, then exits 1: the job's log,
+    `status` and `collect` word the failure alike (`train failed: ...`, one function), escaped."""
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "bad.py").write_text("import sys\nsys.stderr.write('\\x1b[2J\\x1b[31mboom\\x1b[0m\\x07\\n')\nsys.exit(1)\n")
+    overrides = [f"output={tmp_path / 'logs'}", f"program.workdir={tmp_path}", f"program.command=[{PY}, bad.py]", "sweep.seeds=[0]"]
+    proc = hpcrl("sweep", str(repo / "tests" / "data" / "program_counter.yaml"), "--scheduler", "local", *overrides, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    exp = tmp_path / "logs" / "counter"
+    wording = "train failed: program exited with 1: \\x1b[2J\\x1b[31mboom\\x1b[0m\\x07"
+    run_id = next(csv.DictReader((exp / "runs.csv").open()))["run_id"]
+    for command in (["status", str(exp)], ["status", str(exp), "--summary"], ["collect", str(exp)]):
+        shown = hpcrl(*command, cwd=tmp_path)
+        printed = shown.stdout + shown.stderr
+        assert "\x1b" not in printed and "\x07" not in printed, (command, printed)
+        assert wording[:60] in printed, (command, printed)
+    assert f"): {wording}\n" in hpcrl("collect", str(exp), cwd=tmp_path).stdout
+    log = (exp / "jobs" / "logs" / "train-0-0.1.out").read_text()
+    assert f"hpcrl: error: {run_id}: {wording}\n" in log, log
