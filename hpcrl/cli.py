@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpcrl import __version__
 from hpcrl.config import ConfigError
+from hpcrl.schedulers import BACKENDS, SWEEP_CHOICES
 from hpcrl.schedulers.base import SchedulerError
 
 
@@ -215,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="expand a config into runs, render job scripts and submit train -> eval -> aggregate")
     s.add_argument("config")
     add_params(s)
-    s.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge", "debug"], default="auto", help="debug: every stage in this process, for a debugger")
+    s.add_argument("--scheduler", choices=SWEEP_CHOICES, default="auto", help="debug: every stage in this process, for a debugger")
     s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
     s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
@@ -282,7 +283,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even if the image for this definition exists")
     b.add_argument("--sandbox", action="store_true", help="build a writable directory instead of a SIF")
     b.add_argument("--submit", action="store_true", help="build in a batch job (for clusters that forbid builds on login nodes)")
-    b.add_argument("--scheduler", choices=["auto", "local", "slurm", "sge"], default="auto")
+    b.add_argument("--scheduler", choices=["auto", *BACKENDS], default="auto")
     b.add_argument("--from-dockerfile", metavar="FILE", help="import an existing Dockerfile instead of the template")
     b.set_defaults(func=_build_image)
     sc = sub.add_parser("schema", help="print the config's JSON Schema (for editors: yaml-language-server)")
@@ -346,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(f"'--' followed by a program is for `hpcrl train` and `hpcrl eval`, not `hpcrl {args.command}`")
     args.program = program
     try:
-        for word in getattr(args, "overrides", []):
+        words = getattr(args, "overrides", [])
+        for before, word in zip(["", *words], words):
+            if "=" not in word and sum(map(before.count, "{[")) > sum(map(before.count, "}]")):
+                raise ConfigError(f"{before!r} {word!r}: one override that the shell split at a space: quote it, or write it without spaces ({{a:1,b:2}})")
             if "=" not in word:
                 raise ConfigError(f"{word!r}: expected KEY.PATH=VALUE after the config (an override, as -p takes)")
         return args.func(args)

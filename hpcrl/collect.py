@@ -31,7 +31,7 @@ def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     if state == "new":
         return "missing: never trained" if rd.is_dir() else "missing: no run directory"
     if state == "failed":
-        return "train failed: " + rundir.first_line(rd, rundir.FAILED)[:100]
+        return rundir.failure(rd, "train")[:120]
     if state == "started":
         return "train unfinished"
     return ""
@@ -40,9 +40,9 @@ def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
 def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     evaluation = rundir.eval_state(rd, names)
     if evaluation == "skipped":
-        return "eval skipped: " + rundir.reason(rd, rundir.EVAL_SKIPPED)
+        return "eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED)[:120]
     if evaluation == "failed":
-        return "eval failed: " + rundir.reason(rd, rundir.EVAL_FAILED)[:100]
+        return rundir.failure(rd, "eval")[:120]
     if not rundir.has_eval(rd, names):
         return "not evaluated"
     return ""

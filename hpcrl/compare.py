@@ -39,6 +39,9 @@ def compare(experiment_dirs: list[Path], output: Path | None = None, agg: str = 
             raise ConfigError(f"{d}: not an experiment directory (no runs.csv)")
     if len({d.resolve() for d in dirs}) < len(dirs):
         raise ConfigError("compare: an experiment directory is given twice")
+    for d in dirs if output is not None else []:  # `-o A/results` would overwrite A's own results
+        if Path(output).resolve().is_relative_to(d.resolve()):
+            raise ConfigError(f"compare: -o {output}: inside the compared experiment {d}, whose files compare never writes; choose a directory outside it")
     names = _names(dirs)
     metas = [read_meta(d) for d in dirs]
     configs = [m.get("config") or {} for m in metas]

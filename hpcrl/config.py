@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import math
 import re
+import tempfile
 import types
 import typing
 from dataclasses import dataclass
@@ -23,7 +24,20 @@ from typing import Any, Literal, Optional, Union
 from hpcrl import strict_yaml, tasks
 from hpcrl.program_spec import ProgramConfig, anchored_workdir
 from hpcrl.rl.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
-from hpcrl.schema import ConfigError, Verbatim, build, did_you_mean, field_rules, hints, key_path, plain, public_fields, setting
+from hpcrl.schema import (
+    ConfigError,
+    Verbatim,
+    build,
+    choice_problem,
+    did_you_mean,
+    field_rules,
+    hints,
+    integer_spelling_problem,
+    key_path,
+    plain,
+    public_fields,
+    setting,
+)
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
@@ -167,6 +181,8 @@ class SearchConfig:
 def _seed_shorthand(value: Any) -> Any:
     """`5` -> [0, 1, 2, 3, 4]; `"10..19"` -> [10, ..., 19]; a list (or anything else) as it is."""
     if isinstance(value, int) and not isinstance(value, bool):
+        if problem := integer_spelling_problem(value):
+            raise ValueError(problem)
         if not 1 <= value <= MAX_RUNS:
             raise ValueError(f"a count of seeds is 1..{MAX_RUNS:,}, got {value}")
         return list(range(value))
@@ -807,11 +823,45 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"-p {text}: expected key.path=value")
     if any(c in text for c in "\n\r"):  # YAML would fold it, or read what follows a # as a comment
         raise ConfigError(f"-p {key_path('', key)}: an override is one line, got a line break in {raw!r}")
+    flow = raw.strip()[:1] in ("{", "[")
     try:
-        value = strict_yaml.load(raw) if raw.strip() else ""
-    except ConfigError:
+        value = strict_yaml.load(_hydra_flow(raw) if flow else raw) if raw.strip() else ""
+    except ConfigError as exc:
+        if flow:  # a mapping or list the user meant, not a string that happens to start with a bracket
+            raise ConfigError(f"-p {key_path('', key)}: {re.sub(r'^line [0-9]+: ', '', str(exc))} in {raw!r}") from None
         value = raw
     return key, value
+
+
+def _hydra_flow(text: str) -> str:
+    """Hydra's `{a:1,b:2}` as YAML's `{a: 1, b: 2}`: YAML reads a key and value without a space
+    after the colon as one key with no value ('a:1': null), so a space is put after the first colon
+    of each key of a flow mapping, at any depth. Quoted text, and colons inside values
+    (`{url:http://x}`), are left as written."""
+    out: list[str] = []
+    stack: list[str] = []  # "{" or "[" per open collection
+    in_key = False  # reading a mapping key: its first colon separates it from its value
+    quote = ""
+    for i, c in enumerate(text):
+        out.append(c)
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "{[":
+            stack.append(c)
+            in_key = c == "{"
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            in_key = False
+        elif c == ",":
+            in_key = bool(stack) and stack[-1] == "{"
+        elif c == ":" and in_key:
+            in_key = False
+            if text[i + 1 : i + 2] not in (" ", ""):
+                out.append(" ")
+    return "".join(out)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -842,7 +892,7 @@ PROGRAM_UNUSED = ("env", "train")
 def _algo(data: dict[str, Any]) -> str:
     algo = data.get("algo", "ppo")
     if not isinstance(algo, str) or algo not in (*ALGORITHMS, "program"):
-        raise ConfigError(f"algo: expected one of {', '.join(map(repr, (*ALGORITHMS, 'program')))}, got {algo!r}")
+        raise ConfigError(f"algo: {choice_problem(algo, (*ALGORITHMS, 'program'))}")
     return algo
 
 
@@ -1089,6 +1139,20 @@ def _check_output(exp: Experiment) -> None:
                 key = "name" if candidate == exp.dir else "output"
                 raise ConfigError(f"{key}: {candidate} is a file, not a directory")
             return
+
+
+def check_output_writable(exp: Experiment) -> None:
+    """Before a sweep writes anything: a directory can be made where the experiment goes. `output`
+    under /proc or /sys, on a read-only mount or in another user's directory fails here as one line,
+    with nothing written, rather than as a traceback from the first mkdir (which left `jobs/` behind
+    where it got that far). The probe is a directory made and removed in the nearest existing one;
+    `hpcrl.api.load` and dry runs do not probe, so a config for a cluster still loads on a laptop."""
+    place = next(p for p in (exp.dir, *exp.dir.absolute().parents) if p.is_dir())
+    try:
+        Path(tempfile.mkdtemp(prefix=".hpcrl-probe-", dir=place)).rmdir()
+    except OSError as exc:
+        where = f"{exp.source}: " if exp.source else ""
+        raise ConfigError(f"{where}output: cannot create {exp.dir} ({place}: {exc.strerror or exc})") from None
 
 
 def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, name: str | None = None) -> Experiment:

@@ -16,8 +16,9 @@ from typing import IO, Any
 
 from hpcrl import rundir, study, sweep
 from hpcrl.config import ConfigError, Experiment
+from hpcrl.schedulers import DEBUG
 
-NAME = "debug"
+NAME = DEBUG
 
 
 def check(exp: Experiment) -> None:

@@ -72,7 +72,7 @@ def _guarded(rd: Path, run: Run, body: Callable[[Path, StopFlag], int], out: Tex
             print(f"hpcrl: error: {run.run_id}: could not write FAILED ({marker_error.strerror})", file=sys.stderr)
         if line is None:
             raise
-        print(f"hpcrl: error: {run.run_id}: {line}", file=sys.stderr)
+        print(f"hpcrl: error: {run.run_id}: {rundir.failed_line('train', line)}", file=sys.stderr)
         return 1
 
 
@@ -86,7 +86,7 @@ def guarded_eval(experiment_dir: Path, run: Run, body: Callable[[Path], int], ou
     rd = run_dir(experiment_dir, run.run_id)
     state = rundir.run_state(rd)
     if state != "done":
-        rundir.mark(rd, rundir.EVAL_SKIPPED, f"train {state}: {rundir.first_line(rd, rundir.FAILED) or state}")
+        rundir.mark(rd, rundir.EVAL_SKIPPED, rundir.failure(rd, "train") if state == "failed" else f"train {state}")
         print(f"{run.run_id}: eval skipped, train {state}", file=out)
         return 0
     try:
@@ -96,5 +96,5 @@ def guarded_eval(experiment_dir: Path, run: Run, body: Callable[[Path], int], ou
         rundir.mark(rd, rundir.EVAL_FAILED, line or f"{type(exc).__name__}: {exc}")
         if line is None:
             raise
-        print(f"hpcrl: error: {run.run_id}: eval failed: {line.splitlines()[0]}", file=sys.stderr)
+        print(f"hpcrl: error: {run.run_id}: {rundir.failed_line('eval', line)}", file=sys.stderr)
         return 1

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcrl import debug, rundir, study, sweep, tracking
-from hpcrl.config import ConfigError, Experiment
+from hpcrl.config import ConfigError, Experiment, check_output_writable
 from hpcrl.distributed.jobs import plan_distributed
 from hpcrl.image import image_path_for
 from hpcrl.io import atomic_write_text
 from hpcrl.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
-from hpcrl.schedulers import detect_with_reason, get_scheduler
+from hpcrl.schedulers import check_choice, detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
 
 
@@ -209,6 +209,7 @@ def submit_experiment(
 ) -> int:
     """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
     root = exp.dir
+    check_choice(scheduler_name)
     study.resolve_storage(exp)  # before anything is written: a bad URL is refused in one line
     if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
         debug.check(exp)
@@ -217,6 +218,7 @@ def submit_experiment(
             what = "an Optuna study's trials" if study.is_study(exp) else f"{len(sweep.expand(exp))} runs"
             print(f"# dry run (--scheduler debug): {what} would train, be evaluated and collected in this process; nothing written", file=out)
             return 0
+        check_output_writable(exp)
         with sweep_lock(root):
             return debug.run(exp, sweep.expand(exp), {"scheduler": debug.NAME}, out)
     if scheduler_name == "auto":
@@ -230,6 +232,7 @@ def submit_experiment(
     runs = sweep.expand(exp)
     if dry_run:
         return print_dry_run(exp, scheduler, runs, out, cwd)
+    check_output_writable(exp)
     # Every template renders before anything is written: a refused directive value leaves nothing.
     plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs, workers=_first_workers(exp))
     if study.is_study(exp):

@@ -37,6 +37,7 @@ import fcntl
 import io
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -102,8 +103,31 @@ def reason(run_dir: Path, name: str) -> str:
 
 
 def first_line(run_dir: Path, name: str) -> str:
-    """A marker's headline: FAILED may carry a traceback below it."""
-    return (reason(run_dir, name).splitlines() or [""])[0]
+    """A marker's headline, printable: FAILED may carry a traceback below it, and what a program
+    wrote may hold colour codes or a carriage return (see `printable`)."""
+    return printable((reason(run_dir, name).splitlines() or [""])[0])
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """Text from a run's files as status, collect and the job log print it: control characters
+    escaped (ESC as `\\x1b`), so that nothing a program wrote moves the cursor, clears the line or
+    recolours the user's terminal."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def failed_line(stage: str, reason: str) -> str:
+    """The one wording of a run's failed stage, as the job's log (when it fails), `hpcrl status`
+    and `hpcrl collect` print it: `train failed: <the reason's first line>`."""
+    head = printable((reason.strip().splitlines() or [""])[0])
+    return f"{stage} failed: {head or f'no reason recorded (see the {stage} log under jobs/logs)'}"
+
+
+def failure(run_dir: Path, stage: str = "train") -> str:
+    """`failed_line` of a run's train (FAILED) or eval (EVAL_FAILED) marker."""
+    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED))
 
 
 def is_done(run_dir: Path) -> bool:
@@ -147,6 +171,31 @@ def eval_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
         if _exists(run_dir, names, name):
             return state
     return "new"
+
+
+def stage_marker(stage: str, where: Path, names: frozenset[str] | None = None) -> str:
+    """What a stage left on disk: done, failed, skipped (an evaluation) or new. `where` is the run
+    directory, or the experiment directory for the aggregate (done once results/summary.csv holds a score).
+    With the scheduler's state, `schedulers.base.shown_state` makes the state status shows."""
+    if stage == "aggregate":
+        return _aggregate_marker(where / "results" / "summary.csv")
+    if stage == "eval":
+        return eval_state(where, names)
+    return "done" if _exists(where, names, DONE) else "failed" if _exists(where, names, FAILED) else "new"
+
+
+def _aggregate_marker(summary: Path) -> str:
+    """done once the aggregate wrote a summary with a score in it; failed for a summary of runs that
+    all lack one (collect writes it, naming them, and exits 1): the results are not there, whatever
+    the scheduler remembers of the task (Grid Engine forgets its exit code)."""
+    try:
+        with summary.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except FileNotFoundError:
+        return "new"
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return "failed"
+    return "done" if any((row.get("n") or "0").strip() not in ("", "0") for row in rows) else "failed"
 
 
 def mark_done(run_dir: Path, steps: int) -> None:

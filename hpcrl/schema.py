@@ -32,6 +32,7 @@ count, budget or seed of a run is that large (a bigger `total_steps` would never
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
 
 
 class ConfigError(ValueError):
@@ -170,10 +171,18 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def did_you_mean(key: str, known: list[str], prefix: str = "") -> str:
-    """'did you mean train.lr?' for `train.lrr`: the two closest known keys (difflib's ratio >= 0.7), or ''."""
-    close = difflib.get_close_matches(key, known, n=2, cutoff=0.7)
-    return f"did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+def did_you_mean(key: str, known: list[str], prefix: str = "", *, quote: bool = False) -> str:
+    """'did you mean train.lr?' for `train.lrr`: the two closest known keys (difflib's ratio >= 0.7), or ''.
+    With `quote`, each is shown as a value is (`'ppo'`)."""
+    close = [prefix + c for c in difflib.get_close_matches(key, known, n=2, cutoff=0.7)]
+    return f"did you mean {' or '.join(map(repr, close) if quote else close)}?" if close else ""
+
+
+def choice_problem(value: Any, choices: typing.Sequence[str]) -> str:
+    """The one wording of a value outside a fixed set (`algo`, `env.backend`, `--scheduler`, every
+    Literal field): `expected one of 'ppo', 'a2c', got 'ppoo' (did you mean 'ppo'?)`."""
+    hint = did_you_mean(value, list(choices), quote=True) if isinstance(value, str) else ""
+    return f"expected one of {', '.join(map(repr, choices))}, got {value!r}" + (f" ({hint})" if hint else "")
 
 
 def key_path(path: str, key: Any) -> str:
@@ -235,7 +244,18 @@ def _convert_str(value: Any, path: str) -> str:
     return text
 
 
+def integer_spelling_problem(value: Any) -> str | None:
+    """YAML 1.1 reads `010` as 8, `0x10` as 16, `0b10` as 2 and `1:30` as 90: a count or a seed
+    written so is refused rather than read as a number the user did not see (`seeds: 010` was 8
+    runs). Integers of the schema are written in decimal; free-form values keep their text."""
+    if isinstance(value, YamlInt) and not _DECIMAL.fullmatch(value.text):
+        return f"expected a decimal number, got {value.text} (YAML 1.1 reads it as {int(value)}): write it in decimal"
+    return None
+
+
 def _convert_int(value: Any, path: str) -> int:
+    if problem := integer_spelling_problem(value):
+        raise ConfigError(f"{path}: {problem}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{path}: expected an integer, got {value!r}")
     if isinstance(value, float):
@@ -248,6 +268,8 @@ def _convert_int(value: Any, path: str) -> int:
 
 
 def _convert_float(value: Any, path: str) -> float:
+    if problem := integer_spelling_problem(value):
+        raise ConfigError(f"{path}: {problem}")
     if isinstance(value, str) and _NUMBER.fullmatch(value):
         value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -286,7 +308,7 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         for arg in args:
             if isinstance(value, str) and value == arg:
                 return arg
-        raise ConfigError(f"{path}: expected {describe(tp)}, got {value!r}")
+        raise ConfigError(f"{path}: {choice_problem(value, args)}")
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {value!r}")

@@ -7,12 +7,12 @@ copies one as text, comments included (they explain the settings), with only its
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 
 from hpcrl.config import ConfigError, _name_problem
 from hpcrl.io import atomic_write_text
+from hpcrl.schema import did_you_mean
 from hpcrl.templates import bundled_dir
 
 DEFAULT = "cartpole_ppo"
@@ -40,15 +40,18 @@ def list_configs() -> list[tuple[str, str]]:
 
 def init(name: str, source: str = DEFAULT, directory: Path | None = None, force: bool = False) -> Path:
     """Write `<directory>/<name>.yaml`, a copy of bundled config `source` named `name`. An existing
-    file is left as it is unless `force`; a bad name or an unknown source is a ConfigError."""
+    file is left as it is unless `force`; a bad name or an unknown source is a ConfigError. A name
+    given as a file name (`x.yaml`, `x.yml`) writes that file, and its stem is the `name:`."""
+    stem, dot, ext = name.rpartition(".")
+    file_name = name if dot and ext.lower() in ("yaml", "yml") else f"{name}.yaml"
+    name = stem if file_name == name else name
     if problem := _name_problem(name):
         raise ConfigError(f"init {name!r}: {problem}")
     configs = bundled()
     if source not in configs:
-        close = difflib.get_close_matches(source, list(configs), n=2, cutoff=0.6)
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise ConfigError(f"--from {source!r}: no bundled config of that name ({hint}`hpcrl configs` lists them)")
-    target = (directory or Path.cwd()) / f"{name}.yaml"
+        hint = did_you_mean(source, list(configs))
+        raise ConfigError(f"--from {source!r}: no bundled config of that name ({hint + ' ' if hint else ''}`hpcrl configs` lists them)")
+    target = (directory or Path.cwd()) / file_name
     if target.exists() and not force:
         raise ConfigError(f"{target}: exists; choose another name or pass --force to overwrite it")
     text = configs[source].read_text(encoding="utf-8")

@@ -34,7 +34,7 @@ from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
 from hpcrl.pipeline import read_jobs
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import CANCELLED, ORPHANED, PENDING, RUNNING, Job, SchedulerError
+from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Job, SchedulerError, shown_state
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""
@@ -43,7 +43,6 @@ FAILURES_SHOWN = 10
 WATCH_DEFAULT_S = 5.0
 WATCH_MIN_S = 1.0
 """The shortest `--watch` interval: every refresh is one scheduler query, and slurmctld is shared."""
-NOT_SUBMITTED = "not submitted"
 
 STATE_WORDS = {
     "pending": (PENDING,),
@@ -199,17 +198,6 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
     return SchedulerView(states, active, problem, jobs, workers)
 
 
-def merge(marker_state: str, sched: str | None) -> str:
-    """Markers are the truth for finished work; the scheduler knows about waiting and running."""
-    if marker_state in ("done", "failed", "skipped"):
-        return marker_state
-    if sched in (PENDING, RUNNING, ORPHANED, CANCELLED):
-        return sched
-    if sched is None:
-        return NOT_SUBMITTED
-    return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
-
-
 # ---------------------------------------------------------------------------------------- the runs
 
 
@@ -243,26 +231,23 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         rd = sweep.run_dir(experiment_dir, run_id)
         # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
         trainer = ("study", -1) if trial else ("learner" if config.distributed else "train", index)
-        # merge() needs done or failed only (not started/new: that is rundir.run_state's extra work).
-        marker = "done" if rundir.is_done(rd) else "failed" if rundir.is_failed(rd) else "new"
+        marker = rundir.stage_marker("train", rd)
         # A trial is as alive as the worker that holds it, not as the study's other workers.
         task = holders.get((row.get(sweep.GENERATION, "0"), swept["trial"])) if trial else None
         holder = view.workers.get(task) if task is not None else None
-        train = merge(marker, holder[1] if holder else states.get(trainer))
-        evaluation = merge(rundir.eval_state(rd), states.get(("eval", index)))
+        train = shown_state(marker, holder[1] if holder else states.get(trainer))
+        evaluation = shown_state(rundir.stage_marker("eval", rd), states.get(("eval", index)))
         note = ""
         if train == "failed" and holder and marker == "new":
             note = f"worker {task} (job {holder[0].job_id}) ended{'' if holder[1] == 'gone' else f' ({holder[1]})'} holding it; the next sweep resumes it"
         elif train == "failed":
-            note = (rundir.first_line(rd, rundir.FAILED) or "see the train log under jobs/logs")[:80]
+            note = rundir.failure(rd, "train")[:80]
         elif evaluation == "failed":
-            note = ("eval: " + (rundir.first_line(rd, rundir.EVAL_FAILED) or "see the eval log under jobs/logs"))[:80]
+            note = rundir.failure(rd, "eval")[:80]
         total = None if config.program else config.train.total_steps
         report = runstats.status_line(rd) if config.distributed and train != "done" else None
         out.append(RunStatus(index, run_id, sweep.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
-    aggregate = states.get(("aggregate", -1), NOT_SUBMITTED)
-    if aggregate != "failed" and (experiment_dir / "results" / "summary.csv").exists():  # collect writes it, then fails when no run has a score
-        aggregate = "done"
+    aggregate = shown_state(rundir.stage_marker("aggregate", experiment_dir), states.get(("aggregate", -1)))
     status = Status(out, aggregate, view.problem, view.jobs, view.active, _failed_workers(view.workers, set(holders.values())))
     if detail:
         add_detail(experiment_dir, status.rows)
@@ -303,7 +288,7 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
         if r.note:
             continue
         if r.eval == "skipped":
-            r.note = rundir.reason(rd, rundir.EVAL_SKIPPED)[:80]
+            r.note = ("eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED))[:80]
         elif r.train == "done" and (rd / rundir.PRUNED).exists():
             r.note = rundir.first_line(rd, rundir.PRUNED)[:80]
 
@@ -437,7 +422,7 @@ def per_setting_lines(rows: list[RunStatus], experiment_dir: Path) -> list[str]:
     if failed:
         lines.append(f"failed: {len(failed)} runs")
         shown = failed[:FAILURES_SHOWN]
-        lines += _table([(f"  {r.run_id}", r.setting, "train" if r.train == "failed" else "eval", r.note) for r in shown])
+        lines += _table([(f"  {r.run_id}", r.setting, r.note) for r in shown])
         if len(failed) > len(shown):
             lines.append(f"  ... and {len(failed) - len(shown)} more: hpcrl status {experiment_dir} --runs --state failed")
     reports = [r for r in rows if r.distributed]

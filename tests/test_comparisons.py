@@ -267,6 +267,19 @@ def test_compare_refuses_what_it_cannot_join(tmp_path: Path) -> None:
     assert not (tmp_path / "cmp").exists()
 
 
+def test_compare_refuses_an_output_inside_a_compared_experiment(tmp_path: Path) -> None:
+    """`-o A/results` overwrote A's own results without a word: refused in one line, nothing written."""
+    ppo = single_experiment(tmp_path, "ours", "ppo", ["CartPole-v1"])
+    a2c = single_experiment(tmp_path, "theirs", "a2c", ["CartPole-v1"])
+    (ppo / "results").mkdir()
+    (ppo / "results" / "summary.csv").write_text("A's own\n")
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for output in (ppo / "results", a2c / "results", ppo, a2c / "runs" / "x"):
+        code, _, err = run_cli("compare", str(ppo), str(a2c), "-o", str(output))
+        assert code == 2 and err.count("\n") == 1 and f"-o {output}: inside the compared experiment" in err, (output, err)
+    assert sorted(p for p in tmp_path.rglob("*")) == before and (ppo / "results" / "summary.csv").read_text() == "A's own\n"
+
+
 def test_a_program_experiment_is_compared_once_it_names_its_task(tmp_path: Path) -> None:
     ours = single_experiment(tmp_path, "ours", "ppo", ["CartPole-v1"])
     program = deep_update({k: v for k, v in TINY.items() if k not in ("env", "train")}, {

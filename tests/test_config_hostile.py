@@ -419,3 +419,38 @@ def test_several_nodes_per_run_are_refused_where_ranks_start_on_one_host(tmp_pat
         assert f"2 nodes per run, but {scheduler} " in stderr
     code, stderr = sweep(write_config(tmp_path, {"resources": {"ranks": 4, "nodes": 2, "gpus": 2}}), "--scheduler", "slurm")
     assert code == 0, stderr  # srun spans the nodes of the allocation
+
+
+# ---------------------------------------------------------------------------- issue 25: minor
+
+
+@pytest.mark.parametrize(("written", "yaml_reads"), [("010", 8), ("0x10", 16), ("0b11", 3), ("1:30", 90), ("[0, 010]", 8), ("[0x10]", 16)])
+def test_seeds_written_in_octal_or_hex_are_refused_not_read_as_another_count(tmp_path: Path, written: str, yaml_reads: int) -> None:
+    """YAML 1.1 reads `seeds: 010` as 8 seeds and `0x10` as 16: refused in one line, in the file and
+    as an override; a plain decimal count (underscores allowed) is what it says."""
+    config = write_config(tmp_path)
+    in_file = tmp_path / "in_file.yaml"
+    in_file.write_text(config.read_text().replace("seeds:\n  - 0\n  - 1\n", f"seeds: {written}\n"))
+    assert f"seeds: {written}\n" in in_file.read_text()
+    for code, stderr in (sweep(in_file), sweep(config, f"sweep.seeds={written}")):
+        assert_refused(tmp_path, code, stderr, "sweep.seeds")
+        assert "expected a decimal number" in stderr and f"reads it as {yaml_reads})" in stderr, stderr
+    assert [r.seed for r in expand(load_experiment(config, ["sweep.seeds=1_0"]))] == list(range(10))
+    assert load_experiment(config, ["sweep.seeds=[10, 0]"]).sweep.seeds == [10, 0]
+
+
+@pytest.mark.parametrize("output", ["/proc/hpcrl-x", "/sys/kernel"])
+def test_an_output_no_directory_can_be_made_in_is_one_line(tmp_path: Path, output: str) -> None:
+    """Issue 25 item 8: a place the user cannot write (another user's directory on a cluster) was a
+    traceback from the first mkdir; now one line naming `output`, exit 2, from the CLI and the API."""
+    from hpcrl import api
+
+    config = write_config(tmp_path, {"output": output})
+    code, stderr = sweep(config, dry_run=False)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"hpcrl: error: {config}: output: cannot create {output}/tiny ("), stderr
+    with pytest.raises(ConfigError, match=r": output: cannot create "):
+        api.sweep(config, scheduler="local", out=io.StringIO())
+    assert not Path(output, "tiny").exists()
+    code, stderr = sweep(config)  # a dry run writes nothing and does not look
+    assert code == 0, stderr

@@ -246,7 +246,7 @@ def test_failing_task_is_reported_and_only_it_is_retried(backend: Backend, tmp_p
     rows, _, _ = experiment_status(exp_dir)
     assert (rows[0].train, rows[0].eval) == ("done", "done")
     # Its eval is skipped (SGE, local: the eval task reads the markers) or cancelled (Slurm: --kill-on-invalid-dep).
-    assert rows[1].train == "failed" and rows[1].note.startswith("FileExistsError") and rows[1].eval in ("skipped", "cancelled")
+    assert rows[1].train == "failed" and rows[1].note.startswith("train failed: FileExistsError") and rows[1].eval in ("skipped", "cancelled")
     print(f"\n{backend.name}: status after the failure\n{status_text(exp_dir)}")
     kept = (run_dir(exp_dir, good.run_id) / "train.csv").read_bytes()
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from factories import write_config
 
-from hpcrl.cli import main
+from hpcrl.cli import main, parser
 from hpcrl.config import load_experiment
 from hpcrl.sweep import expand
 
@@ -41,6 +41,31 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_an_unknown_key_names_the_closest_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, expected: str) -> None:
     err = _refused(["sweep", str(write_config(tmp_path)), "--scheduler", "local", "--dry-run", "-p", override], capsys)
     assert expected in err, err
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("algo=ppoo", "algo: expected one of 'ppo', 'a2c', 'dqn', 'program', got 'ppoo' (did you mean 'ppo'?)\n"),
+        ("env.backend=vizdom", "env.backend: expected one of 'gymnasium', 'vizdoom', 'habitat', got 'vizdom' (did you mean 'vizdoom'?)\n"),
+        ("algo=zzzz", "got 'zzzz'\n"),  # nothing close: no guess
+    ],
+)
+def test_a_value_outside_a_fixed_set_names_the_closest_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, expected: str) -> None:
+    err = _refused(["sweep", str(write_config(tmp_path)), "--scheduler", "local", "--dry-run", override], capsys)
+    assert expected in err, err
+
+
+def test_the_api_names_every_scheduler_the_cli_takes(tmp_path: Path) -> None:
+    """The API's unknown-scheduler error listed auto, local, slurm and sge (a ValueError), not debug."""
+    from hpcrl import api
+    from hpcrl.schedulers import SWEEP_CHOICES
+
+    with pytest.raises(api.ConfigError, match=r"^--scheduler: expected one of 'auto', 'local', 'slurm', 'sge', 'debug', got 'debgu' \(did you mean 'debug'\?\)$"):
+        api.sweep(write_config(tmp_path), scheduler="debgu")
+    assert not (tmp_path / "logs").exists()
+    choices = next(a.choices for a in parser()._subparsers._group_actions[0].choices["sweep"]._actions if a.dest == "scheduler")  # type: ignore[union-attr]
+    assert tuple(choices) == SWEEP_CHOICES
 
 
 def test_a_typo_in_the_file_names_the_closest_key_of_its_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -230,6 +255,24 @@ def test_positional_overrides_are_parsed_as_p_is(tmp_path: Path, capsys: pytest.
     assert not (tmp_path / "logs").exists()
 
 
+def test_flow_mappings_in_overrides_read_alike_with_or_without_spaces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hydra's `{a:1,b:2}` was the key 'a:1' with no value (a section override: `train.lr:1: unknown
+    key`; env.kwargs: a kwarg 'a:1'), and the spaced form split by the shell a stray word."""
+    config = write_config(tmp_path)
+    for text in ("{a:1,b:2}", "{a: 1, b: 2}", "{a:1, b: 2}"):
+        assert load_experiment(config, [f"env.kwargs={text}"]).env.kwargs == {"a": 1, "b": 2}, text
+    for text in ("{lr:1e-3,gamma:0.9}", "{lr: 1e-3, gamma: 0.9}"):
+        train = load_experiment(config, [f"train={text}"]).train
+        assert (train.lr, train.gamma) == (1e-3, 0.9), text
+    assert load_experiment(config, ["env.kwargs={url:http://x:80,nested:{k:[1,2]}}"]).env.kwargs == {"url": "http://x:80", "nested": {"k": [1, 2]}}
+    assert [r.config.train.lr for r in expand(load_experiment(config, ["sweep.grid={train.lr:[1e-3,3e-4]}", "sweep.seeds=[0]"]))] == [1e-3, 3e-4]
+    err = _refused(["sweep", str(config), "--scheduler", "local", "train={lr:", "1e-3,", "gamma:", "0.9}"], capsys)
+    assert "'train={lr:' '1e-3,': one override that the shell split at a space: quote it" in err, err
+    err = _refused(["sweep", str(config), "--scheduler", "local", "train={lr:1e-3"], capsys)
+    assert "-p train: malformed YAML: " in err and "in '{lr:1e-3'" in err, err
+    assert not (tmp_path / "logs").exists()
+
+
 def test_init_writes_a_starter_and_never_overwrites_by_surprise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hpcrl.starters import bundled
 
@@ -246,6 +289,14 @@ def test_init_writes_a_starter_and_never_overwrites_by_surprise(tmp_path: Path, 
         assert expected in _refused(["init", bad, "--dir", str(tmp_path)], capsys)
     assert "did you mean cartpole_ppo" in _refused(["init", "x", "--from", "cartpole_ppp", "--dir", str(tmp_path)], capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
+
+
+@pytest.mark.parametrize("given", ["x.yaml", "x.yml"])
+def test_init_of_a_file_name_writes_that_file_named_by_its_stem(tmp_path: Path, given: str) -> None:
+    """`hpcrl init x.yaml` wrote `x.yaml.yaml` named `x.yaml`."""
+    assert main(["init", given, "--dir", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [given]
+    assert "name: x\n" in (tmp_path / given).read_text() and load_experiment(tmp_path / given).name == "x"
 
 
 def test_configs_lists_every_bundled_config_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

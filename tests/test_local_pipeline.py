@@ -164,3 +164,39 @@ def test_ctrl_c_stops_children_and_the_next_sweep_resumes(tmp_path: Path) -> Non
     assert again.returncode == 0 and (rd / "DONE").exists()
     log = next((exp / "jobs" / "logs").glob("train-1-0.1.out")).read_text()
     assert "resumed from step" in log
+
+
+def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) -> None:
+    """A run that fails training: its evaluation is skipped (exit 0) and collect, with no run scored,
+    writes the summary naming it and exits 1. The progress line counted the skipped eval as done and
+    the aggregate as failed while `status` said skipped and done; both now apply status's one rule,
+    under which a summary without a score is a failed aggregate (issue 25, item 9)."""
+    repo = Path(__file__).resolve().parent.parent
+    command = f"program.command=[{PY}, tests/programs/counter_trainer.py]"
+    overrides = [f"output={tmp_path / 'logs'}", f"program.workdir={repo}", command, "program.params.fail_at=3", "sweep.seeds=[0]"]
+    proc = hpcrl("sweep", str(repo / "tests" / "data" / "program_counter.yaml"), "--scheduler", "local", *overrides, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the run failed
+    assert proc.stdout.splitlines()[-1] == "train 0/1 done, 1 failed | eval 0/1 done, 1 skipped | aggregate 0/1 done, 1 failed", proc.stdout
+    status = json.loads(hpcrl("status", str(tmp_path / "logs" / "counter"), "--json", cwd=tmp_path).stdout)
+    assert [(r["train"], r["eval"]) for r in status["runs"]] == [("failed", "skipped")] and status["aggregate"] == "failed"
+
+
+def test_a_failed_run_is_worded_once_and_its_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
+    """A program whose last line clears the screen and recolours it, then exits 1: the job's log,
+    `status` and `collect` word the failure alike (`train failed: ...`, one function), escaped."""
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "bad.py").write_text("import sys\nsys.stderr.write('\\x1b[2J\\x1b[31mboom\\x1b[0m\\x07\\n')\nsys.exit(1)\n")
+    overrides = [f"output={tmp_path / 'logs'}", f"program.workdir={tmp_path}", f"program.command=[{PY}, bad.py]", "sweep.seeds=[0]"]
+    proc = hpcrl("sweep", str(repo / "tests" / "data" / "program_counter.yaml"), "--scheduler", "local", *overrides, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    exp = tmp_path / "logs" / "counter"
+    wording = "train failed: program exited with 1: \\x1b[2J\\x1b[31mboom\\x1b[0m\\x07"
+    run_id = next(csv.DictReader((exp / "runs.csv").open()))["run_id"]
+    for command in (["status", str(exp)], ["status", str(exp), "--summary"], ["collect", str(exp)]):
+        shown = hpcrl(*command, cwd=tmp_path)
+        printed = shown.stdout + shown.stderr
+        assert "\x1b" not in printed and "\x07" not in printed, (command, printed)
+        assert wording[:60] in printed, (command, printed)
+    assert f"): {wording}\n" in hpcrl("collect", str(exp), cwd=tmp_path).stdout
+    log = (exp / "jobs" / "logs" / "train-0-0.1.out").read_text()
+    assert f"hpcrl: error: {run_id}: {wording}\n" in log, log

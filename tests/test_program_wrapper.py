@@ -129,7 +129,7 @@ def test_a_failing_program_is_failed_with_its_last_line_and_the_tail_of_its_outp
     assert "loading the data set" in (rd / rundir.PROGRAM_LOG).read_text()  # the whole output, kept
     assert "loading the data set" in out  # and in the job log
     rows, _, _ = experiment_status(root)
-    assert rows[0].train == "failed" and rows[0].note.startswith("program exited with 1: ValueError")
+    assert rows[0].train == "failed" and rows[0].note.startswith("train failed: program exited with 1: ValueError")
 
 
 def test_a_program_killed_by_a_signal_nobody_sent_is_failed_with_the_signal(tmp_path: Path) -> None:

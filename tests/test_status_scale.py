@@ -149,8 +149,8 @@ def test_a_big_sweep_is_one_line_per_setting_with_counts_failures_jobs_and_total
     named = lines[103 : 103 + FAILURES_SHOWN]
     runs = {r.run_id: r for r in load_runs(big)}
     for line in named:
-        run_id, label, stage, *reason = line.split()
-        assert runs[run_id].setting_label == label and stage == "train" and " ".join(reason) in REASONS and state_of(runs[run_id].index) == "failed"
+        run_id, label, stage, failed, *reason = line.split()
+        assert runs[run_id].setting_label == label and (stage, failed) == ("train", "failed:") and " ".join(reason) in REASONS and state_of(runs[run_id].index) == "failed"
     assert lines[103 + FAILURES_SHOWN] == f"  ... and {300 - FAILURES_SHOWN} more: hpcrl status {big} --runs --state failed"
     assert lines[-2] == "jobs: 21 local jobs (10 train, 10 eval, 1 aggregate; 1 submission; ids train-0-0 .. aggregate-0)"
     assert lines[-1] == "10000 runs: 7000 done, 500 running, 2000 pending, 300 failed, 200 cancelled; 100 settings; aggregate: pending"

@@ -99,7 +99,7 @@ def _other_rank(experiment_dir: Path, run: Run, ranks: Ranks, body: Callable[[Pa
     except RankError as exc:
         if ranks.met and not rundir.is_done(rd):  # rank 0 may have finished the run before this rank saw its peers leave
             rundir.mark(rd, rundir.FAILED, str(exc))
-        print(f"hpcrl: error: {run.run_id}: {exc}", file=sys.stderr)
+        print(f"hpcrl: error: {run.run_id}: {rundir.failed_line('train', str(exc))}", file=sys.stderr)
         return 1
 
 

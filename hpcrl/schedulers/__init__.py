@@ -6,6 +6,20 @@ import shutil
 from pathlib import Path
 
 from hpcrl.schedulers.base import Scheduler
+from hpcrl.schema import ConfigError, choice_problem
+
+BACKENDS = ("local", "slurm", "sge")
+"""The schedulers with a backend class (`get_scheduler`): the one list of them."""
+DEBUG = "debug"
+"""Not a backend: every stage in the sweep's own process (hpcrl.debug)."""
+SWEEP_CHOICES = ("auto", *BACKENDS, DEBUG)
+"""What `hpcrl sweep --scheduler` and `hpcrl.api.sweep(scheduler=...)` take."""
+
+
+def check_choice(name: str, choices: tuple[str, ...] = SWEEP_CHOICES) -> None:
+    """`--scheduler ...` from the API (argparse checks the CLI's against the same tuple)."""
+    if name not in choices:
+        raise ConfigError(f"--scheduler: {choice_problem(name, choices)}")
 
 
 def detect_with_reason() -> tuple[str, str]:
@@ -24,6 +38,7 @@ def detect() -> str:
 
 def get_scheduler(name: str, experiment_dir: Path) -> Scheduler:
     """A backend by name (`auto` detects one); the local backend keeps its state in the experiment."""
+    check_choice(name, ("auto", *BACKENDS))
     if name == "auto":
         name = detect()
     if name == "local":
@@ -34,8 +49,6 @@ def get_scheduler(name: str, experiment_dir: Path) -> Scheduler:
         from hpcrl.schedulers.slurm import SlurmScheduler
 
         return SlurmScheduler()
-    if name == "sge":
-        from hpcrl.schedulers.sge import SGEScheduler
+    from hpcrl.schedulers.sge import SGEScheduler
 
-        return SGEScheduler()
-    raise ValueError(f"unknown scheduler {name!r}: expected auto, local, slurm or sge")
+    return SGEScheduler()

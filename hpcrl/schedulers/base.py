@@ -23,6 +23,22 @@ REQUEUE_EXIT = 99
 PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = "pending", "running", "done", "failed", "cancelled", "unknown"
 ORPHANED = "running (orphaned)"
 """A local task still running after its runner died: `hpcrl cancel` or the next sweep ends it."""
+NOT_SUBMITTED = "not submitted"
+
+
+def shown_state(marker: str, sched: str | None) -> str:
+    """A stage's state of a run (or of the experiment, for the aggregate), by the one rule that
+    `hpcrl status` and the local runner's progress line and exit code apply: what the stage left on
+    disk (`rundir.stage_marker`) is the truth for finished work, so a skipped evaluation is skipped
+    and an aggregate that wrote a summary with a score is done whatever the task's exit code; the scheduler
+    knows about waiting and running."""
+    if marker in ("done", "failed", "skipped"):
+        return marker
+    if sched in (PENDING, RUNNING, ORPHANED, CANCELLED):
+        return sched
+    if sched is None:
+        return NOT_SUBMITTED
+    return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
 
 
 @dataclass

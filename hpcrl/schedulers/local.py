@@ -23,16 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from hpcrl import rundir
 from hpcrl.config import ConfigError
 from hpcrl.io import atomic_write_text
 from hpcrl.jobplan import local_slots
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler, SchedulerError
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler, SchedulerError, shown_state
+from hpcrl.sweep import read_runs_csv
 
 MAX_REQUEUES = 20
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
 STAGE_ORDER = {"train": 0, "study": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
+SKIPPED = "skipped"
 
 
 def state_path(experiment_dir: Path) -> Path:
@@ -300,7 +303,7 @@ class LocalScheduler(Scheduler):
 def follow(experiment_dir: Path) -> int:
     """Wait for another process's runner, showing the same progress line: of the jobs that had work
     left while following, as the runner's own line (an earlier attempt's failures are history)."""
-    progress = Progress(sys.stdout)
+    progress = Progress(sys.stdout, experiment_dir)
     watched: set[str] = set()
 
     def current() -> dict:
@@ -330,26 +333,67 @@ class _Task:
 
 
 class Progress:
-    """One status line, rewritten in place on a terminal and printed on change otherwise."""
+    """One status line, rewritten in place on a terminal and printed on change otherwise.
 
-    def __init__(self, stream: IO | None) -> None:
+    A finished task is counted as `hpcrl status` shows its stage (`shown_state` of what it left on
+    disk and its exit code): an evaluation that was skipped is skipped, not done, and an aggregate
+    that wrote its summary is done even where collect exited 1. Each finished task's run files are
+    read once."""
+
+    def __init__(self, stream: IO | None, experiment_dir: Path | None = None) -> None:
         self.stream = stream
         self.tty = bool(stream and stream.isatty())
         self.last = ""
+        self.dir = experiment_dir
+        self._shown: dict[tuple[str, str, object], str] = {}
+        self._records: dict[str, dict] = {}
+        self._run_ids: dict[int, str] = {}
 
-    def line(self, jobs: dict) -> str:
+    def state(self, job_id: str, task: str, s: dict) -> str:
+        """The state of one task as status shows its stage (the scheduler's own for unfinished tasks)."""
+        stage = job_id.split("-")[0]
+        if self.dir is None or s["state"] not in (DONE, FAILED) or stage not in ("train", "learner", "eval", "aggregate"):
+            return s["state"]
+        key = (job_id, task, s.get("ended"))
+        if key not in self._shown:
+            where = self._where(job_id, int(task))
+            self._shown[key] = s["state"] if where is None else shown_state(rundir.stage_marker(stage, where), s["state"])
+        return self._shown[key]
+
+    def _where(self, job_id: str, task: int) -> Path | None:
+        """The run directory of a task (the experiment's for the aggregate); None where not found."""
+        assert self.dir is not None
+        if job_id.startswith("aggregate"):
+            return self.dir
+        if job_id not in self._records:
+            records = json.loads((self.dir / "jobs" / "jobs.json").read_text())
+            self._records = {r["job_id"]: r for r in records}
+        manifest = self._records.get(job_id, {}).get("manifest")
+        runs = rundir.read_manifest(self.dir, manifest) if manifest else []
+        index = runs[task - 1] if 0 < task <= len(runs) else None
+        if index is not None and index not in self._run_ids:
+            self._run_ids = {int(r["index"]): r["run_id"] for r in read_runs_csv(self.dir)}
+        return self.dir / "runs" / self._run_ids[index] if index in self._run_ids else None
+
+    def counts(self, jobs: dict) -> dict[str, dict[str, int]]:
+        """Stage -> shown state -> tasks."""
         counts: dict[str, dict[str, int]] = {}
         for job_id, tasks in jobs.items():
             stage = job_id.split("-")[0]
-            for s in tasks.values():
-                counts.setdefault(stage, {}).setdefault(s["state"], 0)
-                counts[stage][s["state"]] += 1
+            for task, s in tasks.items():
+                shown = self.state(job_id, task, s)
+                counts.setdefault(stage, {}).setdefault(shown, 0)
+                counts[stage][shown] += 1
+        return counts
+
+    def line(self, jobs: dict) -> str:
+        counts = self.counts(jobs)
         parts = []
         for stage in STAGE_ORDER:
             if stage in counts:
                 c = counts[stage]
                 total = sum(c.values())
-                extra = "".join(f", {c[k]} {k}" for k in (RUNNING, FAILED, CANCELLED) if c.get(k))
+                extra = "".join(f", {c[k]} {k}" for k in (RUNNING, FAILED, SKIPPED, CANCELLED) if c.get(k))
                 parts.append(f"{stage} {c.get(DONE, 0)}/{total} done{extra}")
         return " | ".join(parts)
 
@@ -389,7 +433,7 @@ class LocalRunner:
 
     def __init__(self, experiment_dir: Path, progress: IO | None = None) -> None:
         self.dir = experiment_dir
-        self.progress = Progress(progress)
+        self.progress = Progress(progress, experiment_dir)
         self.free_gpus = [str(i) for i in range(gpu_count())]
         self.machine_gpus = len(self.free_gpus)
         self.state = read_state(experiment_dir)
@@ -536,7 +580,8 @@ class LocalRunner:
             lock.close()
         # Only this runner's work counts: a failure of an earlier attempt that a retry has since
         # fixed is history, not the outcome of this sweep.
-        failed = sum(1 for j in self.mine for s in self.state["jobs"][j].values() if s["state"] == FAILED)
+        mine = {j: t for j, t in self.state["jobs"].items() if j in self.mine}
+        failed = sum(c.get(FAILED, 0) for c in self.progress.counts(mine).values())
         return 130 if self.stopping else (1 if failed else 0)
 
     def _shutdown(self, running: list[_Task]) -> None:
