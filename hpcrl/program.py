@@ -8,11 +8,14 @@ trainer, so that everything around a run holds for it:
   with the tail of the program's output as the reason, which `status` and `collect` show;
 - the environment contract of hpcrl.job (`HPCRL_RUN_DIR`, `HPCRL_CHECKPOINT_DIR`, `HPCRL_SEED`,
   `HPCRL_RUN_ID`, `HPCRL_REQUEUE_EXIT`, `HPCRL_STOP_SIGNAL`, `HPCRL_LIFETIME`);
-- preemption: the scheduler's warning reaches this process (the job script forwards it as USR1)
-  and is passed on as `program.stop_signal`. A program that then exits with the requeue code, or
-  dies of that signal, is requeued; one that ignores it is killed by the scheduler at its limit,
-  and the next sweep retries it. Each later start adds `resume_args`: resuming is the program's own;
-- output: the program's stdout and stderr go to the job log and to `runs/<id>/program.log`.
+- preemption: the scheduler's warning reaches this process (the job script forwards it as USR1;
+  Grid Engine also signals every process of the job) and is passed on as `program.stop_signal`,
+  once: the program runs in a session of its own, out of reach of the job's signals. A program
+  that then exits with the requeue code, or dies of that signal, is requeued; one that ignores it
+  is killed by the scheduler at its limit, and the next sweep retries it. Each later start adds
+  `resume_args`: resuming is the program's own;
+- output: the program's stdout and stderr go to the job log and to `runs/<id>/program.log` as
+  they come; the run ends when the program's process ends, and what it left running is ended.
 
 The eval stage then turns what the program wrote (hpcrl.metrics) into the run's training curve and
 its score: the episodes of `program.eval`'s command when there is one, else the mean of the last
@@ -278,8 +281,11 @@ def end_leftovers(session: int, out: TextIO | None) -> None:
 
 
 def _in_session(session: int) -> list[tuple[int, str]]:
-    """The live (not zombie) processes of `session`, with their command lines, read from /proc."""
-    found = []
+    """The live (not zombie) processes of `session`, with their command lines, read from /proc
+    (none without /proc: the run still ends with the program, and the scheduler ends the rest)."""
+    found: list[tuple[int, str]] = []
+    if not Path("/proc").is_dir():
+        return found
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

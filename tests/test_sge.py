@@ -1,4 +1,5 @@
-"""Grid Engine's own time limit: a run longer than one job's h_rt goes on in the next lifetime.
+"""Grid Engine's own time limit: a run longer than one job's h_rt goes on in the next lifetime, for
+hpcrl's trainer and for a user's program (whose warning is USR1 at the first s_rt, USR2 at the next).
 
 The train job asks for `-l s_rt` (signal_seconds before h_rt) and `-r y`: at s_rt sge_execd sends
 SIGUSR1, the job shell passes it on, the trainer checkpoints and exits 99, Grid Engine reschedules
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_program_runs import COUNTER, sweep
 
 from hpcrl.config import load_experiment
 from hpcrl.pipeline import submit_experiment
@@ -53,3 +55,29 @@ def test_time_limit_checkpoints_and_the_next_lifetime_resumes(sge_cluster: None,
         cancel_experiment(exp.dir, out=io.StringIO())
     steps = [int(line.split(",")[0]) for line in (rd / "train.csv").read_text().splitlines()[1:]]
     assert steps == sorted(set(steps)), "a step was logged twice: a lifetime did not resume where the last stopped"
+
+
+@pytest.mark.sge
+def test_a_program_is_warned_at_each_soft_limit_once_and_resumes_each_time(sge_cluster: None, tmp_path: Path) -> None:
+    # What sge_execd really sends at s_rt, to every process of the job (verified on 8.1.9): USR1 in the
+    # first lifetime, USR2 in a rescheduled one. hpcrl must take both as the warning (USR2 killed it),
+    # and the program (stop_signal TERM) must get TERM from hpcrl, once each time (USR1 killed it).
+    exp_dir, _ = sweep(COUNTER, tmp_path, "sge", "sweep.seeds=[0]", "program.params.total_steps=100000", "program.params.step_seconds=0.2",
+                       "program.stop_signal=TERM", "program.args=[--note-signals]", "resources.time=00:00:25", "resources.signal_seconds=10")  # fmt: skip
+    (run,) = load_runs(exp_dir)
+    log = run_dir(exp_dir, run.run_id) / "program.log"
+    try:
+        deadline = time.monotonic() + 240
+        while (log.read_text() if log.exists() else "").count("resumed from") < 2:
+            assert time.monotonic() < deadline, f"no third lifetime within 240 s:\n{log.read_text() if log.exists() else ''}"
+            assert not (log.parent / "FAILED").exists(), (log.parent / "FAILED").read_text()
+            time.sleep(1)
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+    lifetimes = log.read_text().split("resumed from")
+    for text in lifetimes[:2]:
+        assert [line for line in text.splitlines() if line.startswith("got signal")] == ["got signal SIGTERM"], log.read_text()
+    stopped = [int(s) for s in re.findall(r"stop requested at step (\d+)", log.read_text())]
+    resumed = [int(s) for s in re.findall(r"ckpt-\d+\.json at step (\d+)", log.read_text())]
+    print(f"\nsge: program warned at s_rt twice; stopped at steps {stopped}, resumed at {resumed}")
+    assert resumed[:2] == stopped[:2] and stopped[0] > 0
