@@ -38,6 +38,9 @@ def _task_run(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from hpcrl.guard import catch_warnings
+
+    catch_warnings()  # before the imports that take seconds: a warning then must not kill the job
     experiment_dir, run = _task_run(args)
     if args.ranks is not None:  # the single-host launcher of a multi-rank run (local, Grid Engine)
         if args.ranks != run.config.resources.ranks:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpcrl import rundir
-from hpcrl.rl.checkpoint import remove_stale_temp
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep import Run, run_dir
 
@@ -32,11 +31,24 @@ WARNINGS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 `s_rt` or before a suspend (-notify), USR2 at `s_rt` of a rescheduled task and before a kill."""
 
 
+_early: list[int] = []
+"""A warning that came before the first StopFlag (see catch_warnings)."""
+
+
+def catch_warnings() -> None:
+    """Take warnings from the first moment of a job's process: one that arrives while it still
+    imports (seconds on a loaded node: torch) would kill it, and Grid Engine's warning at `s_rt`
+    after a reschedule can come that early. The first StopFlag takes over what came."""
+    for sig in WARNINGS:
+        signal.signal(sig, lambda signum, _frame: _early.append(signum))
+
+
 class StopFlag:
     """Set by a warning (WARNINGS) or SIGINT: the loop checkpoints at its next safe point."""
 
     def __init__(self) -> None:
-        self.signal: int | None = None
+        self.signal: int | None = _early[-1] if _early else None
+        _early.clear()
         for sig in (*WARNINGS, signal.SIGINT):
             signal.signal(sig, self._handle)
 
@@ -70,6 +82,8 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
                 print(f"{run.run_id}: already done", file=out)
                 return 0
             rundir.clear(rd, rundir.FAILED)
+            from hpcrl.rl.checkpoint import remove_stale_temp  # torch: not before the warnings are caught
+
             for stale in remove_stale_temp(rd / rundir.CHECKPOINTS):
                 print(f"{run.run_id}: removed {stale.name}, left by a checkpoint write that was killed", file=out)
             return _guarded(rd, run, body, out)
