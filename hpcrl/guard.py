@@ -60,8 +60,8 @@ class StopFlag:
 
 
 def ignore_warnings() -> None:
-    """Let no further warning end this process: called once its exit code is decided (a requeue
-    above all). Warnings repeat (`scancel --signal` every few seconds, Grid Engine's USR1 then USR2),
+    """Let no further warning end this process: called by a job's process once its exit code is
+    decided (a requeue above all; hpcrl.cli, Ranks.leave_for_requeue), never in a caller's session. Warnings repeat (`scancel --signal` every few seconds, Grid Engine's USR1 then USR2),
     and CPython puts the default action back on every signal it handles while the interpreter shuts
     down, so a warning in that moment would turn exit 99 into a death by signal: the job fails
     instead of being requeued. SIG_IGN survives the shutdown; SIGKILL still ends the process."""
@@ -97,14 +97,12 @@ def _guarded(rd: Path, run: Run, body: Callable[[Path, StopFlag], int], out: Tex
     before = rundir.progress_mark(rd)
     try:
         code = body(rd, stop)
-        ignore_warnings()  # decided: a warning now would only lose it
         if code == REQUEUE_EXIT:
             _check_progress(rd, run, before)
         else:
             rundir.count_stalled_requeue(rd, stalled=False)
         return code
     except Exception as exc:
-        ignore_warnings()
         line = rundir.one_line_reason(exc)
         try:
             rundir.mark(rd, rundir.FAILED, line or f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")

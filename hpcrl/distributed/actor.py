@@ -31,7 +31,7 @@ from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
 from hpcrl.distributed.queue import NotRunning, Outbox, Producer
-from hpcrl.guard import StopFlag, ignore_warnings
+from hpcrl.guard import StopFlag
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import setup_torch
 from hpcrl.schedulers.base import REQUEUE_EXIT
@@ -64,7 +64,6 @@ def run_actor(experiment_dir: Path, run: Run, actor: int, out: TextIO | None = N
     try:
         return Actor(rd, run, actor, stop, envs, out).run()
     finally:
-        ignore_warnings()  # the exit code is decided: a repeated warning must not turn it into a death by signal
         envs.close()
 
 
