@@ -180,7 +180,11 @@ def supervise(
                 proc.send_signal(stop_signal)
                 forwarded = True
             time.sleep(POLL_S)
-        copier.join(OUTPUT_GRACE_S)  # the rest of its output, unless something it left holds the pipe
+        # The rest of its output: until EOF, unless the pipe stays quiet for OUTPUT_GRACE_S (something
+        # it left holds it) or, whatever keeps writing, for long.
+        ended = time.monotonic()
+        while copier.is_alive() and min(copier.quiet_for(), time.monotonic() - ended) < OUTPUT_GRACE_S and time.monotonic() - ended < 10 * OUTPUT_GRACE_S:
+            copier.join(POLL_S)
         end_leftovers(proc.pid, out)
         copier.closing.set()
         copier.join()
@@ -233,27 +237,35 @@ def _shown(line: bytes) -> str:
 class _Copier(threading.Thread):
     """Copies the program's output to the job log and `sink` in chunks as they come (a `\r`
     progress bar reaches the logs at once, not at the next newline) and keeps its tail. Ends at
-    EOF, or when `closing` is set (the program is gone; whatever it left may hold the pipe)."""
+    EOF; once `closing` is set (the program is gone, whatever it left may hold the pipe), also when
+    the pipe has nothing more to give at once, or OUTPUT_GRACE_S later whatever still comes."""
 
     def __init__(self, pipe: BinaryIO, sink: BinaryIO) -> None:
         super().__init__(daemon=True)
         self.fd, self.sink, self.tail = pipe.fileno(), sink, _Tail()
         self.closing = threading.Event()
+        self.last_data = time.monotonic()
+
+    def quiet_for(self) -> float:
+        return time.monotonic() - self.last_data
 
     def run(self) -> None:
         out = getattr(sys.stdout, "buffer", None)
+        stop_at = None
         while True:
-            closing = self.closing.is_set()
-            ready, _, _ = select.select([self.fd], [], [], 0 if closing else POLL_S)
+            if stop_at is None and self.closing.is_set():
+                stop_at = time.monotonic() + OUTPUT_GRACE_S
+            ready, _, _ = select.select([self.fd], [], [], POLL_S if stop_at is None else 0)
             chunk = os.read(self.fd, CHUNK) if ready else b""
             if chunk:
+                self.last_data = time.monotonic()
                 self.sink.write(chunk)
                 self.sink.flush()
                 if out is not None:
                     out.write(chunk)
                     out.flush()
                 self.tail.feed(chunk)
-            if (ready and not chunk) or closing:
+            if (ready and not chunk) or (stop_at is not None and (not ready or time.monotonic() > stop_at)):
                 return
 
 
