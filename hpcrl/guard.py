@@ -61,8 +61,9 @@ class StopFlag:
 
 def ignore_warnings() -> None:
     """Let no further warning end this process: called by a job's process once its exit code is
-    decided (a requeue above all; hpcrl.cli, Ranks.leave_for_requeue), never in a caller's session. Warnings repeat (`scancel --signal` every few seconds, Grid Engine's USR1 then USR2),
-    and CPython puts the default action back on every signal it handles while the interpreter shuts
+    decided (a requeue above all; hpcrl.cli, Ranks.leave_for_requeue), never in a caller's session.
+    Warnings repeat (`scancel --signal` every few seconds, Grid Engine's USR1 then USR2), and
+    CPython puts the default action back on every signal it handles while the interpreter shuts
     down, so a warning in that moment would turn exit 99 into a death by signal: the job fails
     instead of being requeued. SIG_IGN survives the shutdown; SIGKILL still ends the process."""
     for sig in WARNINGS:

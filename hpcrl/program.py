@@ -209,7 +209,7 @@ def _dies_with_us() -> Callable[[], None] | None:
 
 
 class _Tail:
-    """The last TAIL_LINES lines of the output, as a terminal shows them (a `\r` returns to the
+    r"""The last TAIL_LINES lines of the output, as a terminal shows them (a `\r` returns to the
     start of the line: a progress bar keeps its latest state only), each cut to LINE_CHARS: what is
     kept is bounded however the program writes (a tqdm bar is one endless line without newlines)."""
 
@@ -229,13 +229,14 @@ class _Tail:
 
 
 def _shown(line: bytes) -> str:
+    """A line as a terminal leaves it: what follows its last carriage return, its end if too long."""
     line = line.rstrip(b"\r")
     text = line[line.rfind(b"\r") + 1 :].decode(errors="replace").rstrip()
     return text if len(text) <= LINE_CHARS else "..." + text[-LINE_CHARS:]
 
 
 class _Copier(threading.Thread):
-    """Copies the program's output to the job log and `sink` in chunks as they come (a `\r`
+    r"""Copies the program's output to the job log and `sink` in chunks as they come (a `\r`
     progress bar reaches the logs at once, not at the next newline) and keeps its tail. Ends at
     EOF; once `closing` is set (the program is gone, whatever it left may hold the pipe), also when
     the pipe has nothing more to give at once, or OUTPUT_GRACE_S later whatever still comes."""
