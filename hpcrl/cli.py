@@ -11,6 +11,7 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hpcrl import __version__
@@ -42,6 +43,25 @@ def _task_run(args: argparse.Namespace):
     return experiment_dir, load_run(experiment_dir, index)
 
 
+def _job_entry(entry: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """What a job runs (train, learner, actor, search worker): it takes the scheduler's warnings from
+    its first moment, before imports that take seconds (guard.catch_warnings), and ignores them once
+    its exit code is decided (guard.ignore_warnings: the interpreter's shutdown must not die of one)."""
+
+    @functools.wraps(entry)
+    def run(args: argparse.Namespace) -> int:
+        from hpcrl.guard import catch_warnings, ignore_warnings
+
+        catch_warnings()
+        try:
+            return entry(args)
+        finally:
+            ignore_warnings()
+
+    return run
+
+
+@_job_entry
 def _train(args: argparse.Namespace) -> int:
     experiment_dir, run = _task_run(args)
     if args.ranks is not None:  # the single-host launcher of a multi-rank run (local, Grid Engine)
@@ -64,6 +84,7 @@ def _train(args: argparse.Namespace) -> int:
     return train_run(experiment_dir, run, out=sys.stdout)
 
 
+@_job_entry
 def _learner(args: argparse.Namespace) -> int:
     from hpcrl.distributed.learner import run_learner
 
@@ -71,6 +92,7 @@ def _learner(args: argparse.Namespace) -> int:
     return run_learner(experiment_dir, run, out=sys.stdout)
 
 
+@_job_entry
 def _actor(args: argparse.Namespace) -> int:
     from hpcrl import rundir
     from hpcrl.distributed.actor import run_actor
@@ -84,6 +106,7 @@ def _actor(args: argparse.Namespace) -> int:
     return run_actor(experiment_dir, load_run(experiment_dir, index), actor, out=sys.stdout)
 
 
+@_job_entry
 def _search_worker(args: argparse.Namespace) -> int:
     from hpcrl.study_worker import run_worker
 

@@ -279,6 +279,9 @@ class Resources:
     """Raw directive lines appended as written, e.g. `--constraint=a100` or `-l h=node01`."""
     signal_seconds: int = setting(120, ge=0)
     """Seconds before the time limit at which the job is told to checkpoint and requeue."""
+    max_stalled_requeues: int = setting(3, ge=1, le=1000)
+    """Requeues in a row a run may ask for without progress (no new checkpoint, step or metric file in
+    its directory) before it is FAILED instead: a program that exits 99 whatever happens."""
     sge_pe: str = setting("smp", directive="word")
     sge_gpu_resource: str = setting("gpu", directive="word")
     """Grid Engine complex that counts GPUs; it should be consumable per JOB, not per slot."""

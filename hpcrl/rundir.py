@@ -12,6 +12,7 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
                              through hpcrl.job, or converted from its own metrics by the eval stage)
       lifetimes              a user's program: one line per start of the run (requeues, retries)
       program.log            a user's program: its output, appended across lifetimes
+      stalled_requeues       how many requeues in a row the run asked for without progress (guard.py)
       eval.csv               written once, atomically, by the eval stage
       eval_curve.csv         the evaluations during training (eval.every_steps), appended by EvalCurveLog:
                              step,wall_time,mean_return,std_return,mean_length,episodes
@@ -59,6 +60,7 @@ EVAL_CURVE = "eval_curve.csv"
 EVAL_CURVE_COLUMNS = ("step", "wall_time", "mean_return", "std_return", "mean_length", "episodes")
 TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
+STALLED = "stalled_requeues"
 
 LOCKED_EXIT = 75
 """Exit code of a trainer that found its run locked by another (EX_TEMPFAIL): neither 0, which would
@@ -233,6 +235,36 @@ def lifetime_starts(run_dir: Path) -> list[float]:
         except (IndexError, ValueError):
             continue  # a line another version wrote: its start is unknown
     return sorted(starts)
+
+
+def progress_mark(run_dir: Path) -> tuple[int, int, int]:
+    """What the run's own output looks like now (files, bytes, newest mtime), hpcrl's bookkeeping
+    (markers, the lock, the program's console logs, the lifetimes) left out: it changes when a
+    lifetime writes a checkpoint, a train.csv row or any metric file under the run directory."""
+    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
+    files = size = newest = 0
+    for path in run_dir.rglob("*"):
+        if path.parent == run_dir and path.name in bookkeeping:
+            continue
+        try:
+            stat = path.stat()
+        except OSError:  # went while we looked
+            continue
+        if path.is_file():
+            files, size, newest = files + 1, size + stat.st_size, max(newest, stat.st_mtime_ns)
+    return files, size, newest
+
+
+def count_stalled_requeue(run_dir: Path, stalled: bool) -> int:
+    """One more requeue without progress (`stalled`), or none (the count starts again); the count."""
+    path = run_dir / STALLED
+    try:
+        count = int(path.read_text().split()[0]) + 1 if stalled else 0
+    except (FileNotFoundError, ValueError, IndexError):
+        count = 1 if stalled else 0
+    if count or path.exists():
+        atomic_write_text(path, f"{count}\n")
+    return count
 
 
 def done_step(run_dir: Path) -> int | None:

@@ -14,9 +14,12 @@ Local processes, real Slurm and real Grid Engine, as in test_conformance.py (who
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -252,6 +255,110 @@ def test_cancel_stops_every_program_and_nothing_comes_back(backend: Backend, tmp
     rows, _, _ = experiment_status(exp_dir)
     assert {r.train for r in rows} == {"cancelled"}, status_text(exp_dir)
     assert not list(exp_dir.glob("runs/*/DONE"))
+
+
+def job_processes(exp_dir: Path) -> tuple[int, int]:
+    """The pid of the running `hpcrl train` of the experiment's one run and its process group (the job's)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().decode(errors="replace").split("\0")
+            if "hpcrl" in words and "train" in words and str(exp_dir) in words:
+                pid = int(cmdline.parent.name)
+                return pid, os.getpgid(pid)
+        except (OSError, ValueError):
+            continue
+    raise AssertionError(f"no hpcrl train of {exp_dir} is running")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("warning", ["usr2-to-the-job", "usr1-to-the-job", "repeated"])
+def test_scheduler_warnings_reach_the_program_once_as_its_stop_signal_and_the_run_resumes(backend: Backend, tmp_path: Path, warning: str) -> None:  # noqa: F811 (the fixture)
+    # What Grid Engine sends, on every backend: USR2 to every process of the job (s_rt after a
+    # reschedule), USR1 to every process (s_rt, -notify before a suspend), and warnings that repeat
+    # (scancel --signal every few seconds, USR1 then USR2) until hpcrl has exited. The program's
+    # stop signal is TERM: it must get TERM, once, from hpcrl, checkpoint, and resume after the requeue.
+    since = time.time()
+    exp_dir, _ = sweep(COUNTER, tmp_path, backend.name, "sweep.seeds=[0]", "program.params.total_steps=20", "program.params.step_seconds=0.2",
+                       "program.stop_signal=TERM", "program.args=[--note-signals]")  # fmt: skip
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_until("the first checkpoint", lambda: (rd / "checkpoints" / "ckpt-5.json").exists(), 180)
+    hpcrl, job = job_processes(exp_dir)
+    if warning == "repeated":
+        deadline = time.monotonic() + 60
+        sent = 0
+        while alive(hpcrl) and time.monotonic() < deadline:
+            for pid in (job, hpcrl):  # the job shell (the group's leader) and hpcrl, until hpcrl is gone
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, (signal.SIGUSR1, signal.SIGUSR2)[sent % 2])
+            sent += 1
+            time.sleep(0.02)
+        assert sent > 1
+    else:
+        os.killpg(job, signal.SIGUSR2 if warning.startswith("usr2") else signal.SIGUSR1)
+    wait_finished(exp_dir, backend, since, timeout=300)
+
+    log = (rd / "program.log").read_text()
+    first, _, later = log.partition("resumed from")
+    assert [line for line in first.splitlines() if line.startswith("got signal")] == ["got signal SIGTERM"], log
+    stopped = re.search(r"stop requested at step (\d+)", first)
+    resumed = re.search(r"^ \S+ckpt-(\d+)\.json at step (\d+)", later)
+    assert stopped and resumed and int(resumed.group(2)) == int(stopped.group(1)) > 0, log
+    assert [int(r["step"]) for r in csv_rows(rd / "train.csv")] == list(range(1, 21))
+    assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), status_text(exp_dir)
+
+
+def test_a_program_that_dies_of_its_stop_signal_is_requeued_and_resumes(tmp_path: Path) -> None:
+    # No handler at all (it never heard of hpcrl.job): USR1's default action kills it. After the
+    # warning, that death is the preemption's doing: the run is requeued and resumes.
+    config = tmp_path / "plain.yaml"
+    config.write_text(
+        "name: plain\nalgo: program\nprogram:\n"
+        f"  command: [{PY}, tests/programs/plain_counter.py]\n"
+        "  names: dashes\n  params: {total_steps: 20, step_seconds: 0.2}\n"
+        "  args: [--checkpoint-dir, '{checkpoint_dir}', --metrics, '{run_dir}/metrics.csv']\n"
+        "  resume_args: [--resume, '{checkpoint_dir}']\n"
+        "  metrics: {source: csv, path: metrics.csv, step: step, value: return, last_episodes: 5}\n"
+        "sweep: {seeds: [0]}\nresources: {mem: 500M, time: '00:10:00', signal_seconds: 60}\n"
+    )
+    since = time.time()
+    exp_dir, _ = sweep(config, tmp_path, "local")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_until("step 3", lambda: "step 3" in ((rd / "program.log").read_text() if (rd / "program.log").exists() else ""), 180)
+    Local().warn(exp_dir, read_jobs(exp_dir)[0], 1)
+    wait_finished(exp_dir, Local(), since, timeout=180)
+    jobs_log = "".join(p.read_text() for p in sorted((exp_dir / "jobs" / "logs").glob("train-*")))
+    assert "program stopped (killed by SIGUSR1) after signal SIGUSR1: asking for a requeue" in jobs_log, jobs_log
+    resumed = re.search(r"resumed at step (\d+)", (rd / "program.log").read_text())
+    assert resumed and int(resumed.group(1)) >= 3
+    assert (rd / "lifetimes").read_text().count("\n") == 2
+    assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), status_text(exp_dir)
+
+
+def test_a_program_that_always_asks_for_a_requeue_is_failed_after_three_lifetimes(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+    # resources.max_stalled_requeues (3): one cap, applied by hpcrl train on every scheduler.
+    config = tmp_path / "always99.yaml"
+    config.write_text(
+        "name: always99\nalgo: program\nprogram:\n"
+        f"  command: [{PY}, -c, 'import sys; print(\"not today\"); sys.exit(99)']\n"
+        "  metrics: {source: hpcrl}\nsweep: {seeds: [0]}\nresources: {mem: 500M, time: '00:10:00', signal_seconds: 60}\n"
+    )
+    since = time.time()
+    exp_dir, _ = sweep(config, tmp_path, backend.name)
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_finished(exp_dir, backend, since, timeout=240)
+    assert (rd / "lifetimes").read_text().count("\n") == 3
+    assert (rd / "FAILED").read_text().startswith("asked for a requeue 3 times in a row without progress"), (rd / "FAILED").read_text()
+    rows, _, _ = experiment_status(exp_dir)
+    assert rows[0].train == "failed" and "without progress" in rows[0].note, status_text(exp_dir)
 
 
 # ------------------------------------------------------------------------------------ 6. dry run and bad input

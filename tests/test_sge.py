@@ -1,4 +1,5 @@
-"""Grid Engine's own time limit: a run longer than one job's h_rt goes on in the next lifetime.
+"""Grid Engine's own time limit: a run longer than one job's h_rt goes on in the next lifetime, for
+hpcrl's trainer and for a user's program (whose warning is USR1 at the first s_rt, USR2 at the next).
 
 The train job asks for `-l s_rt` (signal_seconds before h_rt) and `-r y`: at s_rt sge_execd sends
 SIGUSR1, the job shell passes it on, the trainer checkpoints and exits 99, Grid Engine reschedules
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_program_runs import COUNTER, sweep
 
 from hpcrl.config import load_experiment
 from hpcrl.pipeline import submit_experiment
@@ -53,3 +55,41 @@ def test_time_limit_checkpoints_and_the_next_lifetime_resumes(sge_cluster: None,
         cancel_experiment(exp.dir, out=io.StringIO())
     steps = [int(line.split(",")[0]) for line in (rd / "train.csv").read_text().splitlines()[1:]]
     assert steps == sorted(set(steps)), "a step was logged twice: a lifetime did not resume where the last stopped"
+
+
+@pytest.mark.sge
+def test_a_program_is_warned_at_each_soft_limit_once_and_checkpoints_each_time(sge_cluster: None, tmp_path: Path) -> None:
+    # What sge_execd really sends, to every process of the job (verified on 8.1.9): USR1 at s_rt of the
+    # first lifetime; in the rescheduled one USR2 about s_rt after its start, before qmaster's h_rt kill
+    # (qacct: "failed 37: qmaster enforced h_rt"; that lifetime is not rescheduled, see the README: the
+    # next sweep resumes it). hpcrl must take both as the warning (USR2 killed it, nothing saved), and
+    # the program (stop_signal TERM) must get TERM from hpcrl, once each time (USR1 killed it).
+    exp_dir, _ = sweep(COUNTER, tmp_path, "sge", "sweep.seeds=[0]", "program.params.total_steps=100000", "program.params.step_seconds=0.2",
+                       "program.stop_signal=TERM", "program.args=[--note-signals]", "resources.time=00:00:45", "resources.signal_seconds=15")  # fmt: skip
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    log = rd / "program.log"
+    try:
+        deadline = time.monotonic() + 240
+        while (log.read_text() if log.exists() else "").count("stop requested") < 2:
+            assert time.monotonic() < deadline, f"no second warning within 240 s:\n{log.read_text() if log.exists() else ''}"
+            assert not (rd / "FAILED").exists(), (rd / "FAILED").read_text()
+            time.sleep(1)
+        jobs_log = exp_dir / "jobs" / "logs"
+        wait_until = time.monotonic() + 30
+        while "".join(p.read_text() for p in jobs_log.glob("train-*")).count("asking for a requeue") < 2 and time.monotonic() < wait_until:
+            time.sleep(0.5)
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+    text = log.read_text()
+    lifetimes = text.split("resumed from")
+    assert len(lifetimes) == 2, text
+    for part in lifetimes:
+        assert [line for line in part.splitlines() if line.startswith("got signal")] == ["got signal SIGTERM"], text
+    stopped = [int(s) for s in re.findall(r"stop requested at step (\d+)", text)]
+    resumed = [int(s) for s in re.findall(r"ckpt-\d+\.json at step (\d+)", text)]
+    print(f"\nsge: program warned at s_rt (USR1), then after the reschedule (USR2); stopped at steps {stopped}, resumed at {resumed}")
+    assert resumed == stopped[:1] and stopped[0] > 0 and stopped[1] > stopped[0]
+    assert (rd / "checkpoints" / f"ckpt-{stopped[1]}.json").exists()  # the second lifetime's work is saved
+    assert "".join(p.read_text() for p in jobs_log.glob("train-*")).count("asking for a requeue") == 2
+    assert not (rd / "FAILED").exists()

@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import re
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hpcrl.guard import ignore_warnings
 from hpcrl.io import atomic_write_text
 from hpcrl.rundir import RunError
 
@@ -177,15 +177,16 @@ class Ranks:
         return bool(t.item())
 
     def leave_for_requeue(self) -> None:
-        """Wait for every rank (rank 0 has written the checkpoint when they meet), then let SIGTERM
-        no longer end this process. srun ends the step at the first non-zero exit: when a peer exits
-        REQUEUE_EXIT a moment before this rank, the SIGTERM reaches this one while the interpreter
-        shuts down (its own handlers are gone by then), srun reports it "Terminated" instead of
-        REQUEUE_EXIT, and the job fails instead of being requeued. Past this point a rank only closes
-        what it holds (the checkpoint is on disk); SIGKILL, KillWait later, still ends it."""
+        """Wait for every rank (rank 0 has written the checkpoint when they meet), then let no
+        warning or SIGTERM end this process (hpcrl.guard.ignore_warnings). srun ends the step at the
+        first non-zero exit: when a peer exits REQUEUE_EXIT a moment before this rank, the SIGTERM
+        reaches this one while the interpreter shuts down (its own handlers are gone by then), srun
+        reports it "Terminated" instead of REQUEUE_EXIT, and the job fails instead of being requeued.
+        Past this point a rank only closes what it holds (the checkpoint is on disk); SIGKILL,
+        KillWait later, still ends it."""
         if self.distributed:
             self._guard(dist.barrier)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            ignore_warnings()
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         """Rank 0's values everywhere (the initial parameters and statistics)."""

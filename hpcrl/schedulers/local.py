@@ -2,7 +2,8 @@
 
 `submit` only records a job (pipeline.py writes jobs.json); `start` runs every recorded job that
 has not finished, as a tiny scheduler would: array tasks in a pool, eval task i after train task i,
-the aggregate after all evals whatever their outcome, exit code 99 treated as a requeue, and one
+the aggregate after all evals whatever their outcome, exit code 99 treated as a requeue (as often as
+a cluster would: `hpcrl train` itself fails a run that stops making progress), and one
 GPU per task through CUDA_VISIBLE_DEVICES when the machine has GPUs. The runner runs in the
 foreground with a progress line, or detached (`--detach`) in its own session; either way its state
 is in jobs/local-state.json, which `status` and `cancel` read.
@@ -30,7 +31,6 @@ from hpcrl.jobplan import local_slots
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler, SchedulerError, shown_state
 from hpcrl.sweep import read_runs_csv
 
-MAX_REQUEUES = 20
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
 STAGE_ORDER = {"train": 0, "study": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
@@ -498,7 +498,7 @@ class LocalRunner:
         self.free_gpus += list(t.devices)
         s = self.state["jobs"][t.job_id][str(t.task)]
         s.update(rc=rc, ended=time.time())
-        if rc == REQUEUE_EXIT and not self.stopping and t.cancelled_at is None and s["requeues"] < MAX_REQUEUES:
+        if rc == REQUEUE_EXIT and not self.stopping and t.cancelled_at is None:
             s.update(state=PENDING, requeues=s["requeues"] + 1)
         elif self.stopping or t.cancelled_at is not None:
             s["state"] = CANCELLED

@@ -8,7 +8,9 @@ resume tests. It does what a real trainer must do under hpcrl, with nothing else
 - it logs each step's episode through `hpcrl.job.log`;
 - it also checkpoints at the end;
 - on the stop signal it checkpoints and exits with `hpcrl.job.requeue_exit()`;
-- `--resume PATH` restarts from that checkpoint, or from the newest one when PATH is a directory.
+- `--resume PATH` restarts from that checkpoint, or from the newest one when PATH is a directory;
+- `--note-signals` prints `got signal SIG...` for every USR1, USR2, TERM and INT it receives (and
+  survives those that are not its stop signal), so a test sees exactly what reached it.
 
 Run it by hand: python tests/programs/counter_trainer.py --total-steps 5 --step-seconds 0 --checkpoint-every 2
 """
@@ -37,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="default: hpcrl.job.seed()")
     p.add_argument("--fail-at", type=int, default=None, help="raise an exception at this step")
     p.add_argument("--ignore-signals", action="store_true", help="ignore SIGUSR1 and SIGTERM")
+    p.add_argument("--note-signals", action="store_true", help="print each USR1, USR2, TERM and INT received")
     return p.parse_args()
 
 
@@ -57,11 +60,26 @@ def save(directory: Path, state: dict) -> Path:
     return path
 
 
+def note_signals() -> None:
+    """Print every signal a scheduler or hpcrl could send; pass the stop signal on to hpcrl.job's handler."""
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+
+        def handler(number: int, frame, previous=previous) -> None:
+            print(f"got signal {signal.Signals(number).name}", flush=True)
+            if callable(previous):
+                previous(number, frame)
+
+        signal.signal(signum, handler)
+
+
 def main() -> int:
     args = parse_args()
     if args.ignore_signals:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.note_signals:
+        note_signals()
     ckpt_dir = args.checkpoint_dir or job.checkpoint_dir()
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     seed = job.seed() if args.seed is None else args.seed
