@@ -107,7 +107,7 @@ IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
     "only_the_newest_generation_is_current_whatever_the_row_order",
 ))  # fmt: skip
 LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py", "tests/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
-PROGRAM = ("tests/test_program_runs.py", "tests/test_program_wrapper.py", "tests/test_program_metrics.py", "tests/test_program_container.py")
+PROGRAM = ("tests/test_program_runs.py", "tests/test_program_wrapper.py", "tests/test_program_metrics.py", "tests/test_program_container.py", "tests/test_program_supervision.py")
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
     Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
