@@ -150,4 +150,53 @@ class DQNConfig(TrainConfig):
         return []
 
 
-ALGORITHMS: dict[str, type[TrainConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig}
+
+OPPONENT = re.compile(r"random|perfect|mcts:([1-9][0-9]{0,5})")
+"""Fixed opponents of AlphaZero's evaluations: uniform random, perfect play (minimax, small games),
+MCTS with random rollouts at N simulations (OpenSpiel's bot for OpenSpiel games)."""
+
+
+def _opponents_problem(value: list[str]) -> str | None:
+    bad = [v for v in value if not (isinstance(v, str) and OPPONENT.fullmatch(v))]
+    if bad or not value or len(set(value)) != len(value):
+        return f"expected distinct opponents among random, perfect and mcts:N (N in 1..999999), got {value!r}"
+    return None
+
+
+@dataclass
+class AlphaZeroConfig(TrainConfig):
+    """Self-play with MCTS guided by a policy-value network (hpcrl/rl/alphazero.py). `total_steps`
+    counts self-play moves (positions). Defaults suit tic-tac-toe; configs/ has connect four."""
+
+    lr: float = 1e-3
+    anneal_lr: bool = False
+    max_grad_norm: float = 5.0
+    hidden_sizes: list[int] = setting(factory=lambda: [128, 128])
+    activation: Literal["tanh", "relu"] = "relu"
+    network: Literal["mlp", "resnet"] = "mlp"
+    """`mlp` over the flattened observation (hidden_sizes), or `resnet` over board planes (C, H, W)."""
+    channels: int = setting(64, ge=1, le=1024)
+    """resnet: filters of every convolution."""
+    blocks: int = setting(4, ge=1, le=64)
+    """resnet: residual blocks."""
+    simulations: int = setting(50, ge=1, le=100_000)
+    """MCTS simulations per move, in self-play and in evaluation."""
+    c_puct: float = setting(1.5, gt=0, le=100)
+    dirichlet_alpha: float = setting(0.5, gt=0, le=100)
+    """Concentration of the root noise in self-play (AlphaZero: about 10 / typical legal moves)."""
+    dirichlet_fraction: float = setting(0.25, ge=0, le=1)
+    temperature_moves: int = setting(4, ge=0, le=10_000)
+    """Self-play moves of each game sampled in proportion to visit counts; later moves take the most visited."""
+    games_per_iteration: int = setting(32, ge=1, le=100_000)
+    """Self-play games played in lockstep per iteration (their leaves share each network call)."""
+    train_steps_per_iteration: int = setting(50, ge=1, le=1_000_000)
+    batch_size: int = setting(128, ge=1, le=65_536)
+    replay_window: int = setting(20_000, ge=1, le=10_000_000)
+    """The newest positions kept for training; a checkpoint holds them."""
+    weight_decay: float = setting(1e-4, ge=0, le=1)
+    opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponents_problem, learned=False)
+    """Whom the evaluations play (eval.episodes / eval.periodic_episodes games each, both colours)."""
+    checkpoint_every: int = 5
+
+
+ALGORITHMS: dict[str, type[TrainConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig, "alphazero": AlphaZeroConfig}
