@@ -156,11 +156,10 @@ OPPONENT = re.compile(r"random|perfect|mcts:([1-9][0-9]{0,5})")
 MCTS with random rollouts at N simulations (OpenSpiel's bot for OpenSpiel games)."""
 
 
-def _opponents_problem(value: list[str]) -> str | None:
-    bad = [v for v in value if not (isinstance(v, str) and OPPONENT.fullmatch(v))]
-    if bad or not value or len(set(value)) != len(value):
-        return f"expected distinct opponents among random, perfect and mcts:N (N in 1..999999), got {value!r}"
-    return None
+def _opponent_problem(value: str) -> str | None:
+    if OPPONENT.fullmatch(value):
+        return None
+    return f"expected random, perfect or mcts:N (N simulations, 1..999999), got {value!r}"
 
 
 @dataclass
@@ -194,9 +193,14 @@ class AlphaZeroConfig(TrainConfig):
     replay_window: int = setting(20_000, ge=1, le=10_000_000)
     """The newest positions kept for training; a checkpoint holds them."""
     weight_decay: float = setting(1e-4, ge=0, le=1)
-    opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponents_problem, learned=False)
+    opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponent_problem, min_items=1, learned=False)
     """Whom the evaluations play (eval.episodes / eval.periodic_episodes games each, both colours)."""
     checkpoint_every: int = 5
+
+    def check(self) -> list[tuple[str, str]]:
+        if len(set(self.opponents)) != len(self.opponents):
+            return [("opponents", f"expected each opponent once, got {self.opponents}")]
+        return []
 
 
 ALGORITHMS: dict[str, type[TrainConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig, "alphazero": AlphaZeroConfig}
