@@ -628,11 +628,13 @@ class Experiment:
                 return [("env.backend", f"algo alphazero plays two-player games: expected 'openspiel' or 'game', got {self.env.backend!r}")]
             if self.algo != "program":
                 return [("env.backend", f"{self.env.backend!r} is a two-player game, for algo alphazero (algo is {self.algo!r})")]
+        if self.distributed is not None and self.algo == "alphazero":
+            return [("distributed", "not available with algo alphazero yet: self-play and training alternate in one process")]
         if self.distributed is not None and self.algo != "dqn":
             return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
         if self.resources.ranks > 1:
-            if self.algo in ("dqn", "program"):
-                why = "DQN runs in one process, or as Ape-X (distributed:)" if self.algo == "dqn" else "your program starts its own processes (torchrun inside program.command)"
+            if self.algo in ("dqn", "alphazero", "program"):
+                why = {"dqn": "DQN runs in one process, or as Ape-X (distributed:)", "alphazero": "AlphaZero's self-play and training run in one process"}.get(self.algo, "your program starts its own processes (torchrun inside program.command)")
                 return [("resources.ranks", f"more than one rank is DD-PPO, for ppo and a2c: {why}")]
             if self.sweep.search is not None and self.sweep.search.method == "optuna":
                 return [("resources.ranks", "an Optuna study's workers train one rank each")]

@@ -162,6 +162,15 @@ def test_a_game_backend_needs_alphazero_and_alphazero_a_game(tmp_path):
     assert code == 2 and "algo alphazero plays two-player games" in err, err
 
 
+def test_alphazero_runs_in_one_process(tmp_path):
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}, "resources": {"ranks": 2}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and "resources.ranks: more than one rank is DD-PPO, for ppo and a2c: AlphaZero's self-play and training run in one process" in err, err
+
+
 def test_perfect_play_for_a_game_too_large_to_solve_is_refused_at_sweep_time(tmp_path, monkeypatch):
     monkeypatch.setattr(PerfectPlayer.__init__, "__defaults__", (1000,))
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "hpcrl.games.tictactoe:TicTacToe", "num_envs": 1}})

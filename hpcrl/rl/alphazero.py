@@ -196,6 +196,9 @@ class ReplayWindow:
 
 
 class AlphaZero:
+    """The trainer's agent (hpcrl.rl.train): `seed` is not used, self-play draws from numpy's global
+    RNG, which the trainer seeds and checkpoints."""
+
     metric_names = ("policy_loss", "value_loss", "policy_entropy", "positions", "replay", "version", "lr")
 
     def __init__(self, cfg: AlphaZeroConfig, spec: GameSpec, device: torch.device, seed: int) -> None:

@@ -165,7 +165,8 @@ def _opponent_problem(value: str) -> str | None:
 @dataclass
 class AlphaZeroConfig(TrainConfig):
     """Self-play with MCTS guided by a policy-value network (hpcrl/rl/alphazero.py). `total_steps`
-    counts self-play moves (positions). Defaults suit tic-tac-toe; configs/ has connect four."""
+    counts self-play moves (positions). Defaults suit tic-tac-toe; configs/ has connect four.
+    Of the shared settings, gamma, reward_scale and amp do not apply (a game's outcome is the target)."""
 
     lr: float = 1e-3
     anneal_lr: bool = False

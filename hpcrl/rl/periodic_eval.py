@@ -12,6 +12,10 @@ from torch's generator), the policy's train/eval mode is put back, and it plays 
 memory, cleared before every evaluation). The eval envs stay open across evaluations: building
 them each time would be most of the cost for cheap envs.
 
+A two-player game (AlphaZero) plays `periodic_episodes` games against each of `train.opponents`
+instead (hpcrl.rl.strength), a row per opponent in strength_curve.csv; each game is an episode of
+return +1 / 0 / -1 in eval_curve.csv's mean.
+
 Seeds: every evaluation replays the same held-out episodes (PERIODIC_SEED_OFFSET + the run's seed,
 one env each from there). Successive evaluations then differ only in the policy, so `best` is the
 better policy, not the one that drew easier starts. They are a block of seeds apart from the eval
