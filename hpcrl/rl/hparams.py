@@ -180,7 +180,9 @@ class AlphaZeroConfig(TrainConfig):
     blocks: int = setting(4, ge=1, le=64)
     """resnet: residual blocks."""
     simulations: int = setting(50, ge=1, le=100_000)
-    """MCTS simulations per move, in self-play and in evaluation."""
+    """MCTS simulations per move in self-play (and in evaluations, unless eval_simulations is set)."""
+    eval_simulations: Optional[int] = setting(None, ge=1, le=100_000, learned=False)
+    """MCTS simulations per move when the agent plays the opponents; null: `simulations`."""
     c_puct: float = setting(1.5, gt=0, le=100)
     dirichlet_alpha: float = setting(0.5, gt=0, le=100)
     """Concentration of the root noise in self-play (AlphaZero: about 10 / typical legal moves)."""

@@ -6,8 +6,9 @@ such as tic-tac-toe: hpcrl.rl.minimax), and `mcts:N` (MCTS with random
 rollouts at N simulations: OpenSpiel's MCTSBot for OpenSpiel games, hpcrl.rl.mcts with a rollout
 evaluator otherwise).
 
-The agent plays MCTS with its network (train.simulations, no noise, the most visited action); its
-moves in all games of a match are searched together, one batched forward pass per simulation.
+The agent plays MCTS with its network (train.eval_simulations, else train.simulations; no noise,
+the most visited action); its moves in all games of a match are searched together, one batched
+forward pass per simulation.
 Game k of a match has the agent move first when k is even. Each game's result is a row like an
 episode's, the return being +1 / 0 / -1 for the agent (the game's return for its side), so
 eval.csv, eval_curve.csv and collect's curves and intervals read it as they read returns; the
@@ -84,7 +85,7 @@ def evaluate_strength(
     spec: GameSpec, net: torch.nn.Module, device: torch.device, cfg: Any, games_each: int, seed: int,
 ) -> dict[str, list[Result]]:
     """Each of cfg.opponents' results against the agent (cfg: the run's AlphaZeroConfig)."""
-    agent = mcts_agent(net, device, spec, cfg.simulations, cfg.c_puct)
+    agent = mcts_agent(net, device, spec, cfg.eval_simulations or cfg.simulations, cfg.c_puct)
     return {name: play_match(spec, agent, make_opponent(name, spec, seed + i), games_each) for i, name in enumerate(cfg.opponents)}
 
 
