@@ -66,7 +66,8 @@ def _word_problem(text: str) -> str | None:
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
-    backend: Literal["gymnasium", "vizdoom", "habitat"] = "gymnasium"
+    backend: Literal["gymnasium", "vizdoom", "habitat", "openspiel", "game"] = "gymnasium"
+    """`openspiel` (a game by name) and `game` (a class, `module:Class`) are two-player games for algo alphazero."""
     num_envs: int = setting(8, ge=1, le=MAX_ENVS)
     vectorization: Literal["auto", "sync", "async"] = setting("auto", learned=False)
     """`auto`: sync for cheap envs (IPC dominates), async for simulators."""
@@ -596,7 +597,7 @@ def _name_problem(name: str) -> str | None:
 @dataclass
 class Experiment:
     name: str = setting(valid=_name_problem, learned=False)
-    algo: Literal["ppo", "a2c", "dqn", "program"] = "ppo"
+    algo: Literal["ppo", "a2c", "dqn", "alphazero", "program"] = "ppo"
     """`program`: the user's own trainer (the `program:` section) instead of hpcrl's PPO, A2C or DQN."""
     env: EnvConfig = setting(factory=EnvConfig)
     train: TrainConfig = setting(factory=TrainConfig)
@@ -645,11 +646,18 @@ class Experiment:
             return [("container.runs", f"'program' runs a user's program in the image and needs algo 'program' (algo is {self.algo!r}); hpcrl's own trainer runs in the image with 'hpcrl'")]
         if self.algo == "program" and self.distributed is not None:
             return [("distributed", "not available with algo 'program': your program runs as one job per run")]
+        if (self.algo == "alphazero") != (self.env.backend in ("openspiel", "game")):
+            if self.algo == "alphazero":
+                return [("env.backend", f"algo alphazero plays two-player games: expected 'openspiel' or 'game', got {self.env.backend!r}")]
+            if self.algo != "program":
+                return [("env.backend", f"{self.env.backend!r} is a two-player game, for algo alphazero (algo is {self.algo!r})")]
+        if self.distributed is not None and self.algo == "alphazero":
+            return [("distributed", "not available with algo alphazero yet: self-play and training alternate in one process")]
         if self.distributed is not None and self.algo != "dqn":
             return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
         if self.resources.ranks > 1:
-            if self.algo in ("dqn", "program"):
-                why = "DQN runs in one process, or as Ape-X (distributed:)" if self.algo == "dqn" else "your program starts its own processes (torchrun inside program.command)"
+            if self.algo in ("dqn", "alphazero", "program"):
+                why = {"dqn": "DQN runs in one process, or as Ape-X (distributed:)", "alphazero": "AlphaZero's self-play and training run in one process"}.get(self.algo, "your program starts its own processes (torchrun inside program.command)")
                 return [("resources.ranks", f"more than one rank is DD-PPO, for ppo and a2c: {why}")]
             if self.sweep.search is not None and self.sweep.search.method == "optuna":
                 return [("resources.ranks", "an Optuna study's workers train one rank each")]

@@ -58,6 +58,9 @@ EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED
 TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
 EVAL_CURVE = "eval_curve.csv"
 EVAL_CURVE_COLUMNS = ("step", "wall_time", "mean_return", "std_return", "mean_length", "episodes")
+STRENGTH, STRENGTH_CURVE = "strength.csv", "strength_curve.csv"
+STRENGTH_COLUMNS = ("opponent", "games", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate")
+"""A two-player agent's results per fixed opponent (AlphaZero; hpcrl.rl.strength): eval stage, and during training (with step and wall_time first)."""
 TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
 STALLED = "stalled_requeues"
@@ -651,6 +654,22 @@ class EvalCurveLog(AppendLog):
 
     def __init__(self, run_dir: Path, resume_step: int) -> None:
         super().__init__(run_dir / EVAL_CURVE, EVAL_CURVE_COLUMNS, resume_step)
+
+
+class StrengthCurveLog(AppendLog):
+    """The one writer of strength_curve.csv: per evaluation during training, a row per opponent."""
+
+    def __init__(self, run_dir: Path, resume_step: int) -> None:
+        super().__init__(run_dir / STRENGTH_CURVE, ("step", "wall_time", *STRENGTH_COLUMNS), resume_step)
+
+
+def write_strength(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
+    """strength.csv of the eval stage: a row per opponent (STRENGTH_COLUMNS)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(STRENGTH_COLUMNS)
+    writer.writerows(rows)
+    atomic_write_text(run_dir / STRENGTH, buf.getvalue())
 
 
 def read_eval_curve(run_dir: Path, names: frozenset[str] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -145,6 +145,8 @@ def _config(tmp_path: Path, bound: Bound, value: float) -> Path:
             base["train"] = dict(DQN_TRAIN)
         elif bound.algo != "ppo":
             base["train"] = {k: v for k, v in base["train"].items() if k in public_fields(ALGORITHMS[bound.algo])}
+        if bound.algo == "alphazero":  # it plays two-player games
+            base["env"] = {"backend": "game", "id": "hpcrl.games.tictactoe:TicTacToe", "num_envs": 1}
     elif section in SECTION_BASES:
         base.update(SECTION_BASES[section])
     base = {k: v for k, v in base.items() if v is not None}

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN"}
+ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN", "alphazero": "hpcrl.rl.alphazero:AlphaZero"}
 
 
 def algorithm_class(algo: str) -> Any:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import random
 from pathlib import Path
 
 import gymnasium as gym
 
 from hpcrl.config import EnvConfig, Experiment, apply_settings
 from hpcrl.jobplan import executable
+from hpcrl.rl import games
+from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.schema import ConfigError
 
 _CHEAP = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text")
@@ -48,6 +51,8 @@ def check_environment(exp: Experiment) -> None:
                 _check_one(spec, algo)
             except ConfigError as exc:
                 raise ConfigError(f"{where}{'algo=' + repr(algo) + ': ' if len(algos) > 1 else ''}{exc}") from None
+    if exp.algo == "alphazero":
+        _check_alphazero(exp)
 
 
 def check_program(exp: Experiment) -> None:
@@ -79,6 +84,8 @@ def _check_one(spec: EnvConfig, algo: str) -> None:
         _check_gymnasium(spec, algo)
     elif spec.backend == "vizdoom":
         _check_vizdoom(spec)
+    elif spec.backend in games.GAME_BACKENDS:
+        _check_game_class(spec)
 
 
 def _check_gymnasium(spec: EnvConfig, algo: str) -> None:
@@ -102,6 +109,30 @@ def _check_gymnasium(spec: EnvConfig, algo: str) -> None:
             _check_spaces(env, name, algo)
         finally:
             env.close()
+
+
+def _check_game_class(spec: EnvConfig) -> None:
+    """A two-player game: it loads, and a few random games keep to the protocol (hpcrl.rl.games)."""
+    try:
+        game = games.load(spec)
+        games.check_game(game)
+    except games.GameError as exc:
+        raise ConfigError(f"env.id: {exc}") from None
+
+
+def _check_alphazero(exp: Experiment) -> None:
+    """What joins the game and train.*: board planes for a resnet, a game small enough for `perfect`."""
+    cfg = exp.train
+    game = games.load(exp.env)
+    if getattr(cfg, "network", "mlp") == "resnet" and len(game.observation_shape) != 3:
+        raise ConfigError(f"train.network: resnet needs board planes (channels, height, width); {game.name}'s observation has shape {game.observation_shape}")
+    if "perfect" in getattr(cfg, "opponents", ()):
+        try:
+            PerfectPlayer(game, random.Random(0)).value(game.new_initial_state())
+        except games.GameError as exc:
+            raise ConfigError(f"train.opponents: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"train.opponents: {game.name}'s games are too long for the 'perfect' opponent (minimax recursion)") from None
 
 
 def _check_vizdoom(spec: EnvConfig) -> None:

@@ -14,8 +14,9 @@ import torch
 
 from hpcrl import rundir
 from hpcrl.guard import guarded_eval
-from hpcrl.rl import checkpoint
+from hpcrl.rl import checkpoint, games, strength
 from hpcrl.rl.algorithms import algorithm_class, pick_device
+from hpcrl.rl.alphazero import make_network
 from hpcrl.rl.envs import episode_metrics, make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.video import record_episodes
@@ -88,6 +89,8 @@ def _evaluate(rd: Path, run: Run, out) -> int:
     device = eval_device(run.config.train.device)
     if run.config.train.device.startswith("cuda") and device.type == "cpu":
         print(f"{run.run_id}: train.device is {run.config.train.device}, but this eval task has no GPU (eval.gpus: {ecfg.gpus}): evaluating on the CPU", file=out)
+    if games.is_game_env(run.config.env):
+        return _evaluate_game(rd, run, state_dict["agent"]["policy"], which, device, out)
     probe = make_vec_env(run.config.env, 1)
     try:
         cls = algorithm_class(run.config.algo)
@@ -104,6 +107,25 @@ def _evaluate(rd: Path, run: Run, out) -> int:
     mean = float(np.mean([r for r, *_ in results]))
     rundir.mark(rd, rundir.EVAL_DONE, f"mean return {mean:.6g} over {len(results)} episodes of the {which}")
     print(f"{run.run_id}: eval mean return {mean:.2f} over {len(results)} episodes of the {which}", file=out)
+    return 0
+
+
+def _evaluate_game(rd: Path, run: Run, weights: dict, which: str, device: torch.device, out) -> int:
+    """A two-player agent: eval.episodes games against each of train.opponents, both colours;
+    every game in eval.csv (return +1 / 0 / -1), the counts per opponent in strength.csv."""
+    cfg = run.config.train
+    spec = games.load(run.config.env)
+    net = make_network(cfg, spec).to(device)  # type: ignore[arg-type]  # cfg is the run's AlphaZeroConfig
+    net.load_state_dict(weights)
+    net.eval()
+    by_opponent = strength.evaluate_strength(spec, net, device, cfg, run.config.eval.episodes, EVAL_SEED_OFFSET + run.seed)
+    results = [r for rs in by_opponent.values() for r in rs]
+    rundir.write_eval(rd, results)
+    rows = [strength.summary(name, rs) for name, rs in by_opponent.items()]
+    rundir.write_strength(rd, rows)
+    text = ", ".join(f"{name}: {w}/{d}/{lost}" for name, _, w, d, lost, *_ in rows)
+    rundir.mark(rd, rundir.EVAL_DONE, f"wins/draws/losses {text} ({run.config.eval.episodes} games each) of the {which}")
+    print(f"{run.run_id}: eval wins/draws/losses {text} of the {which}", file=out)
     return 0
 
 

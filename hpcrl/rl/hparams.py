@@ -157,4 +157,60 @@ class DQNConfig(TrainConfig):
         return []
 
 
-ALGORITHMS: dict[str, type[TrainConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig}
+
+OPPONENT = re.compile(r"random|perfect|mcts:([1-9][0-9]{0,5})")
+"""Fixed opponents of AlphaZero's evaluations: uniform random, perfect play (minimax, small games),
+MCTS with random rollouts at N simulations (OpenSpiel's bot for OpenSpiel games)."""
+
+
+def _opponent_problem(value: str) -> str | None:
+    if OPPONENT.fullmatch(value):
+        return None
+    return f"expected random, perfect or mcts:N (N simulations, 1..999999), got {value!r}"
+
+
+@dataclass
+class AlphaZeroConfig(TrainConfig):
+    """Self-play with MCTS guided by a policy-value network (hpcrl/rl/alphazero.py). `total_steps`
+    counts self-play moves (positions). Defaults suit tic-tac-toe; configs/ has connect four.
+    Of the shared settings, gamma, reward_scale and amp do not apply (a game's outcome is the target)."""
+
+    lr: float = 1e-3
+    anneal_lr: bool = False
+    max_grad_norm: float = 5.0
+    hidden_sizes: list[int] = setting(factory=lambda: [128, 128])
+    activation: Literal["tanh", "relu"] = "relu"
+    network: Literal["mlp", "resnet"] = "mlp"
+    """`mlp` over the flattened observation (hidden_sizes), or `resnet` over board planes (C, H, W)."""
+    channels: int = setting(64, ge=1, le=1024)
+    """resnet: filters of every convolution."""
+    blocks: int = setting(4, ge=1, le=64)
+    """resnet: residual blocks."""
+    simulations: int = setting(50, ge=1, le=100_000)
+    """MCTS simulations per move in self-play (and in evaluations, unless eval_simulations is set)."""
+    eval_simulations: Optional[int] = setting(None, ge=1, le=100_000, learned=False)
+    """MCTS simulations per move when the agent plays the opponents; null: `simulations`."""
+    c_puct: float = setting(1.5, gt=0, le=100)
+    dirichlet_alpha: float = setting(0.5, gt=0, le=100)
+    """Concentration of the root noise in self-play (AlphaZero: about 10 / typical legal moves)."""
+    dirichlet_fraction: float = setting(0.25, ge=0, le=1)
+    temperature_moves: int = setting(4, ge=0, le=10_000)
+    """Self-play moves of each game sampled in proportion to visit counts; later moves take the most visited."""
+    games_per_iteration: int = setting(32, ge=1, le=100_000)
+    """Self-play games played in lockstep per iteration (their leaves share each network call)."""
+    train_steps_per_iteration: int = setting(50, ge=1, le=1_000_000)
+    batch_size: int = setting(128, ge=1, le=65_536)
+    replay_window: int = setting(20_000, ge=1, le=10_000_000)
+    """The newest positions kept for training; a checkpoint holds them."""
+    weight_decay: float = setting(1e-4, ge=0, le=1)
+    opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponent_problem, min_items=1, learned=False)
+    """Whom the evaluations play (eval.episodes / eval.periodic_episodes games each, both colours)."""
+    checkpoint_every: int = 5
+
+    def check(self) -> list[tuple[str, str]]:
+        if len(set(self.opponents)) != len(self.opponents):
+            return [("opponents", f"expected each opponent once, got {self.opponents}")]
+        return []
+
+
+ALGORITHMS: dict[str, type[TrainConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig, "alphazero": AlphaZeroConfig}

@@ -12,6 +12,10 @@ from torch's generator), the policy's train/eval mode is put back, and it plays 
 memory, cleared before every evaluation). The eval envs stay open across evaluations: building
 them each time would be most of the cost for cheap envs.
 
+A two-player game (AlphaZero) plays `periodic_episodes` games against each of `train.opponents`
+instead (hpcrl.rl.strength), a row per opponent in strength_curve.csv; each game is an episode of
+return +1 / 0 / -1 in eval_curve.csv's mean.
+
 Seeds: every evaluation replays the same held-out episodes (PERIODIC_SEED_OFFSET + the run's seed,
 one env each from there). Successive evaluations then differ only in the policy, so `best` is the
 better policy, not the one that drew easier starts. They are a block of seeds apart from the eval
@@ -24,6 +28,7 @@ run restores it, and rewrites best.pt when the file on disk came from steps it i
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,7 +36,7 @@ import numpy as np
 import torch
 
 from hpcrl import rundir
-from hpcrl.rl import checkpoint
+from hpcrl.rl import checkpoint, games, strength
 from hpcrl.rl.evaluate import EVAL_SEED_OFFSET, play, play_envs
 from hpcrl.sweep import Run
 
@@ -54,6 +59,9 @@ class PeriodicEval:
         self.best: dict[str, Any] | None = saved
         self.log = rundir.EvalCurveLog(rd, resume_step)
         self.envs: Any = None
+        self.game = games.load(run.config.env) if games.is_game_env(run.config.env) else None
+        """A two-player game (AlphaZero): each evaluation plays train.opponents instead of episodes."""
+        self.strength_log = rundir.StrengthCurveLog(rd, resume_step) if self.game is not None else None
         self._restore_best_file()
 
     def _restore_best_file(self) -> None:
@@ -72,7 +80,7 @@ class PeriodicEval:
 
     def evaluate(self, step: int, wall_time: float) -> dict[str, float]:
         """Play, log a row, keep the best; returns the scalars for the trackers."""
-        results = self._play_isolated()
+        results = self._play_isolated(step, wall_time)
         returns = np.array([r for r, *_ in results], dtype=float)
         mean, std, length = float(returns.mean()), float(returns.std()), float(np.mean([n for _, n, _ in results]))
         self.log.write([step, f"{wall_time:.3f}", f"{mean:.6g}", f"{std:.6g}", f"{length:.6g}", len(results)])
@@ -84,9 +92,11 @@ class PeriodicEval:
         print(f"{self.run.run_id}: step {step}: eval mean return {mean:.2f} over {len(results)} episodes (best {float(self.best['mean_return']):.2f} at step {self.best['step']})", file=self.out)
         return {"eval/mean_return": mean, "eval/std_return": std, "eval/mean_length": length, "eval/best_return": float(self.best["mean_return"])}
 
-    def _play_isolated(self) -> list[tuple[float, int, dict[str, float]]]:
+    def _play_isolated(self, step: int, wall_time: float) -> list[tuple[float, int, dict[str, float]]]:
         rng, training = checkpoint.rng_state(), self.policy.training
         try:
+            if self.game is not None:
+                return self._play_opponents(step, wall_time)
             if self.envs is None:
                 self.envs = play_envs(self.run, self.episodes)
             self.policy.eval()
@@ -94,6 +104,17 @@ class PeriodicEval:
         finally:
             self.policy.train(training)
             checkpoint.set_rng_state(rng)
+
+    def _play_opponents(self, step: int, wall_time: float) -> list[tuple[float, int, dict[str, float]]]:
+        """`periodic_episodes` games against each opponent, the same seeds every time; a row per opponent in strength_curve.csv."""
+        assert self.game is not None and self.strength_log is not None
+        seed = PERIODIC_SEED_OFFSET + self.run.seed
+        random.seed(seed)  # the players' draws too (the RNGs are restored after): evaluations differ only in the policy
+        np.random.seed(seed % 2**32)
+        by_opponent = strength.evaluate_strength(self.game, self.policy, self.device, self.run.config.train, self.episodes, seed)
+        for name, results in by_opponent.items():
+            self.strength_log.write([step, f"{wall_time:.3f}", *strength.summary(name, results)])
+        return [r for results in by_opponent.values() for r in results]
 
     def _write_best(self) -> None:
         assert self.best is not None
@@ -105,6 +126,8 @@ class PeriodicEval:
 
     def close(self) -> None:
         self.log.close()
+        if self.strength_log is not None:
+            self.strength_log.close()
         if self.envs is not None:
             self.envs.close()
 

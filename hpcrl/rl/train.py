@@ -32,7 +32,7 @@ import torch
 
 from hpcrl import rundir, sweep, tracking
 from hpcrl.guard import StopFlag, guarded_run
-from hpcrl.rl import checkpoint, periodic_eval
+from hpcrl.rl import checkpoint, games, periodic_eval
 from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
@@ -127,7 +127,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
     # rank r steps the envs that 1 rank with `ranks` times the envs would give seeds r*N .. r*N+N-1.
     iteration = int(state["agent"]["iteration"]) if state else 0
     env_seed = run.seed * 1000 + iteration + ranks.rank * cfg.env.num_envs
-    envs = make_vec_env(cfg.env)
+    envs = games.load(cfg.env) if games.is_game_env(cfg.env) else make_vec_env(cfg.env)  # AlphaZero's agent takes the game
     agent = None
     try:
         agent = algorithm_class(cfg.algo)(tcfg, envs, device, env_seed, **({"ranks": ranks} if ranks.distributed else {}))

@@ -1,0 +1,273 @@
+"""AlphaZero (Silver et al. 2018) on a two-player game (hpcrl.rl.games), self-play and training in turn.
+
+One iteration:
+1. Self-play: `games_per_iteration` games in lockstep. Every move runs MCTS (hpcrl.rl.mcts) from
+   each game's position, with Dirichlet noise at the root; the leaves of all games share one
+   forward pass of the network. The first `temperature_moves` moves of a game are sampled in
+   proportion to the root's visit counts, later ones take the most visited action. Each position
+   is recorded as (observation, legal actions, visit distribution, player to move); when the game
+   ends, each record gets the outcome z for the player who moved there.
+2. Training: `train_steps_per_iteration` minibatches from the replay window (the newest
+   `replay_window` positions), loss = cross-entropy(visit distribution, policy over the legal
+   actions) + (z - v)^2, AdamW with `weight_decay`.
+
+The two halves meet only through `Positions` (what self-play produces, what the trainer consumes)
+and the network weights stamped with `version` (the number of gradient steps so far), so the
+decoupled mode of issue 28 can run them as separate jobs with the records on a queue.
+
+`global_step` counts self-play positions (moves); `episodes` are the self-play games, with player
+0's return. Resume: the checkpoint holds the network, the optimiser, the replay window, the
+counters; the RNGs (MCTS noise and move sampling draw from numpy's global one) are saved by the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hpcrl.rl import games, mcts
+from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
+from hpcrl.rl.games import Game, GameSpec
+from hpcrl.rl.hparams import AlphaZeroConfig
+from hpcrl.rl.optim import GradientStep
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(x + self.bn2(self.conv2(y)))
+
+
+class PolicyValueNet(nn.Module):
+    """Observation -> (policy logits over all actions, value in [-1, 1] for the player to move).
+
+    `mlp`: hidden_sizes over the flattened observation. `resnet`: AlphaZero's tower in small, for
+    board planes (C, H, W): a 3x3 stem, `blocks` residual blocks of `channels` filters, and the
+    two heads (a 1x1 convolution each, then a linear layer; the value head's hidden layer is 64 wide).
+    """
+
+    def __init__(self, cfg: AlphaZeroConfig, obs_shape: tuple[int, ...], num_actions: int) -> None:
+        super().__init__()
+        self.network = cfg.network
+        act = nn.ReLU if cfg.activation == "relu" else nn.Tanh
+        if cfg.network == "resnet":
+            if len(obs_shape) != 3:
+                raise ValueError(f"train.network resnet needs board planes (channels, height, width), the game's observation has shape {obs_shape}")
+            c, h, w = obs_shape
+            self.trunk = nn.Sequential(
+                nn.Conv2d(c, cfg.channels, 3, padding=1, bias=False), nn.BatchNorm2d(cfg.channels), nn.ReLU(),
+                *(ResidualBlock(cfg.channels) for _ in range(cfg.blocks)),
+            )
+            self.policy_head = nn.Sequential(nn.Conv2d(cfg.channels, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(2 * h * w, num_actions))
+            self.value_head = nn.Sequential(nn.Conv2d(cfg.channels, 1, 1), nn.ReLU(), nn.Flatten(), nn.Linear(h * w, 64), nn.ReLU(), nn.Linear(64, 1), nn.Tanh())
+        else:
+            layers: list[nn.Module] = [nn.Flatten()]
+            width = math.prod(obs_shape)
+            for size in cfg.hidden_sizes:
+                layers += [nn.Linear(width, size), act()]
+                width = size
+            self.trunk = nn.Sequential(*layers)
+            self.policy_head = nn.Linear(width, num_actions)
+            self.value_head = nn.Sequential(nn.Linear(width, 1), nn.Tanh())
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.trunk(obs)
+        return self.policy_head(x), self.value_head(x).squeeze(-1)
+
+
+def make_network(cfg: AlphaZeroConfig, spec: GameSpec) -> PolicyValueNet:
+    """The network evaluation rebuilds from a checkpoint's `policy` weights."""
+    return PolicyValueNet(cfg, spec.observation_shape, spec.num_actions)
+
+
+def network_evaluator(net: PolicyValueNet, device: torch.device) -> mcts.Evaluator:
+    """MCTS's leaf evaluation by the network; the caller puts it in eval mode (BatchNorm's running statistics)."""
+
+    @torch.no_grad()
+    def evaluate(states: Sequence[Game]) -> tuple[np.ndarray, np.ndarray]:
+        obs = torch.as_tensor(np.stack([np.asarray(s.observation(), dtype=np.float32) for s in states]), device=device)
+        logits, values = net(obs)
+        return torch.softmax(logits.float(), -1).cpu().numpy(), values.float().cpu().numpy()
+
+    return evaluate
+
+
+def greedy(counts: np.ndarray) -> int:
+    """The most visited action, ties broken at random."""
+    return int(np.random.choice(np.flatnonzero(counts == counts.max())))
+
+
+@dataclass
+class Positions:
+    """Self-play records: what self-play produces and the trainer consumes."""
+
+    obs: np.ndarray  # [n, *observation shape] float32
+    legal: np.ndarray  # [n, num_actions] bool
+    policy: np.ndarray  # [n, num_actions] float32: the root's visit distribution
+    value: np.ndarray  # [n] float32: the game's outcome for the player to move
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+
+def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int) -> tuple[Positions, list[tuple[float, int]]]:
+    """Play `n_games` games in lockstep; their positions, and each game's (player 0's return, length)."""
+    states = [spec.new_initial_state() for _ in range(n_games)]
+    records: list[list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]] = [[] for _ in range(n_games)]
+    noise = (cfg.dirichlet_alpha, cfg.dirichlet_fraction) if cfg.dirichlet_fraction > 0 else None
+    active = [i for i in range(n_games) if not states[i].is_terminal()]
+    while active:
+        counts = mcts.search([states[i] for i in active], evaluate, spec.num_actions, cfg.simulations, cfg.c_puct, noise)
+        for i, visits in zip(active, counts):
+            state = states[i]
+            legal = np.zeros(spec.num_actions, dtype=bool)
+            legal[games.legal_actions(state, spec.num_actions)] = True
+            pi = visits / visits.sum()
+            records[i].append((np.asarray(state.observation(), dtype=np.float32), legal, pi.astype(np.float32), games.current_player(state)))
+            explore = len(records[i]) <= cfg.temperature_moves
+            games.apply(state, int(np.random.choice(spec.num_actions, p=pi)) if explore else greedy(visits))
+        active = [i for i in active if not states[i].is_terminal()]
+    episodes, rows = [], []
+    for state, game in zip(states, records):
+        outcome = games.returns(state)
+        episodes.append((outcome[0], len(game)))
+        rows += [(obs, legal, pi, outcome[player]) for obs, legal, pi, player in game]
+    if not rows:
+        empty = np.zeros((0, spec.num_actions), dtype=np.float32)
+        return Positions(np.zeros((0, *spec.observation_shape), np.float32), empty.astype(bool), empty, np.zeros(0, np.float32)), episodes
+    obs, legal, pi, z = zip(*rows)
+    return Positions(np.stack(obs), np.stack(legal), np.stack(pi), np.array(z, dtype=np.float32)), episodes
+
+
+class ReplayWindow:
+    """The newest `capacity` positions, in a ring; sampled uniformly with replacement."""
+
+    FIELDS = ("obs", "legal", "policy", "value")
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], num_actions: int) -> None:
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, *obs_shape), dtype=np.float32)
+        self.legal = np.zeros((capacity, num_actions), dtype=bool)
+        self.policy = np.zeros((capacity, num_actions), dtype=np.float32)
+        self.value = np.zeros(capacity, dtype=np.float32)
+        self.pos = 0
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, batch: Positions) -> None:
+        n = len(batch)
+        if n > self.capacity:  # only the newest fit
+            batch = Positions(*(getattr(batch, f)[n - self.capacity :] for f in self.FIELDS))
+            n = self.capacity
+        idx = np.arange(self.pos, self.pos + n) % self.capacity
+        for name in self.FIELDS:
+            getattr(self, name)[idx] = getattr(batch, name)
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+        idx = np.random.randint(0, self.size, size=batch_size)
+        return {name: torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The filled part only, oldest first (a resumed window of another capacity keeps the newest)."""
+        order = (np.arange(self.size) + (self.pos - self.size)) % self.capacity
+        return {**numpy_to_torch({name: getattr(self, name)[order] for name in self.FIELDS}), "size": self.size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pos = self.size = 0
+        self.add(Positions(**torch_to_numpy({name: state[name] for name in self.FIELDS})))
+
+
+class AlphaZero:
+    """The trainer's agent (hpcrl.rl.train): `seed` is not used, self-play draws from numpy's global
+    RNG, which the trainer seeds and checkpoints."""
+
+    metric_names = ("policy_loss", "value_loss", "policy_entropy", "positions", "replay", "version", "lr")
+
+    def __init__(self, cfg: AlphaZeroConfig, spec: GameSpec, device: torch.device, seed: int) -> None:
+        self.cfg, self.spec, self.device = cfg, spec, device
+        self.policy = make_network(cfg, spec).to(device)
+        self.gradient_step = GradientStep(
+            self.policy.parameters(), lambda params: torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), cfg.max_grad_norm, "none", device,
+        )
+        self.replay = ReplayWindow(cfg.replay_window, spec.observation_shape, spec.num_actions)
+        self.evaluate = network_evaluator(self.policy, device)
+        self.planned_steps = cfg.total_steps
+        """Positions to play; the last iteration's games are finished, so a run may play a few more."""
+        self.num_iterations = math.ceil(cfg.total_steps / cfg.games_per_iteration)
+        self.global_step = 0
+        self.iteration = 0
+        self.version = 0
+        """Gradient steps so far: the stamp of the weights self-play uses."""
+        self.episodes: list[tuple[float, int]] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.global_step >= self.cfg.total_steps
+
+    def learn(self, steps: int, lr: float) -> dict[str, float]:
+        """`steps` minibatch updates on the replay window; the last one's losses."""
+        cfg = self.cfg
+        self.gradient_step.set_lr(lr)
+        self.policy.train()
+        for _ in range(steps):
+            b = self.replay.sample(cfg.batch_size, self.device)
+            logits, value = self.policy(b["obs"])
+            logp = torch.log_softmax(logits.masked_fill(~b["legal"], -1e9), dim=-1)
+            policy_loss = -(b["policy"] * logp).sum(-1).mean()
+            value_loss = F.mse_loss(value, b["value"])
+            loss = policy_loss + value_loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss at step {self.global_step} (iteration {self.iteration + 1}): lower train.lr")
+            self.gradient_step(loss)
+            self.version += 1
+        entropy = -(logp.exp() * logp).sum(-1).mean()
+        return {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "policy_entropy": entropy.item()}
+
+    def train_iteration(self) -> dict[str, float]:
+        cfg = self.cfg
+        self.policy.eval()
+        positions, episodes = self_play(self.spec, self.evaluate, cfg, cfg.games_per_iteration)
+        self.replay.add(positions)
+        self.episodes.extend(episodes)
+        self.global_step += len(positions)
+        lr = cfg.lr * max(0.0, 1.0 - self.global_step / cfg.total_steps) if cfg.anneal_lr else cfg.lr
+        metrics = {"positions": float(len(positions)), "replay": float(len(self.replay)), "lr": lr}
+        if len(self.replay):
+            metrics.update(self.learn(cfg.train_steps_per_iteration, lr))
+        metrics["version"] = float(self.version)
+        self.iteration += 1
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.state_dict(),
+            **self.gradient_step.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "version": self.version,
+            "replay": self.replay.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.gradient_step.load_state_dict(state)
+        self.global_step, self.iteration, self.version = int(state["global_step"]), int(state["iteration"]), int(state["version"])
+        self.replay.load_state_dict(state["replay"])

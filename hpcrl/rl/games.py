@@ -1,0 +1,256 @@
+"""Two-player games for AlphaZero: the protocol a game implements, its checks, and the loaders.
+
+A game is a class whose instances are positions. Constructing it (with `env.kwargs` as keyword
+arguments) gives the initial position; the rest is this protocol, OpenSpiel's state API in small:
+
+    class MyGame:
+        num_actions: int                      # actions are 0 .. num_actions-1
+        def current_player(self) -> int       # 0 or 1 (the player to move; unused once terminal)
+        def legal_actions(self) -> list[int]  # non-empty while the game is not over
+        def apply_action(self, action: int) -> None
+        def is_terminal(self) -> bool
+        def returns(self) -> Sequence[float]  # (player 0's, player 1's), summing to 0: +1/0/-1 as a rule
+        def observation(self) -> np.ndarray   # the same shape in every position, float-like
+        def clone(self) -> "MyGame"           # an independent copy
+
+`env.backend: game` with `env.id: mypkg.mygame:MyGame` loads a user's class; hpcrl's own
+tic-tac-toe and connect four are `hpcrl.games.tictactoe:TicTacToe` and
+`hpcrl.games.connect_four:ConnectFour`. `env.backend: openspiel` with `env.id: connect_four`
+loads OpenSpiel's game of that name (`pip install 'hpcrl[openspiel]'`), `env.kwargs` being its
+game parameters; only deterministic, sequential, perfect-information, two-player zero-sum games.
+
+`check_game` plays a few random games at sweep time, so a class that breaks the protocol (a
+missing method, returns that do not sum to zero, a wrong player, a changing observation shape)
+is refused in one line before anything is submitted. During training every position's legal
+actions are checked again (`legal_actions`), and an action the game refuses fails the run with
+one line naming the game (`apply`).
+
+No torch here: the checks run on a login node.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from hpcrl.rundir import RunError
+
+GAME_BACKENDS = ("openspiel", "game")
+METHODS = ("current_player", "legal_actions", "apply_action", "is_terminal", "returns", "observation", "clone")
+CHECK_GAMES = 20
+"""Random games played by `check_game`."""
+MAX_MOVES = 100_000
+"""Moves of one checked random game: a game longer than this does not end."""
+
+
+@runtime_checkable
+class Game(Protocol):
+    num_actions: int
+
+    def current_player(self) -> int: ...
+    def legal_actions(self) -> list[int]: ...
+    def apply_action(self, action: int) -> None: ...
+    def is_terminal(self) -> bool: ...
+    def returns(self) -> Sequence[float]: ...
+    def observation(self) -> np.ndarray: ...
+    def clone(self) -> Game: ...
+
+
+class GameError(RunError):
+    """A game that broke the protocol during a run: the run fails with this one line."""
+
+
+@dataclass
+class GameSpec:
+    """A loaded game: what makes its initial position, and what the network needs to know."""
+
+    name: str
+    new_initial_state: Callable[[], Game]
+    num_actions: int
+    observation_shape: tuple[int, ...]
+    openspiel_game: Any = None
+    """pyspiel's game object for `env.backend: openspiel` (its MCTS bot plays on it), else None."""
+
+    def close(self) -> None:
+        """Nothing to release; present so the trainer closes a game as it closes vector envs."""
+
+
+def is_game_env(env: Any) -> bool:
+    return env.backend in GAME_BACKENDS
+
+
+def load(env: Any) -> GameSpec:
+    """The game of an `EnvConfig` (backend `openspiel` or `game`). GameError, one line, when it
+    cannot be loaded or made."""
+    if env.backend == "openspiel":
+        return _load_openspiel(env.id, dict(env.kwargs))
+    cls = _import_class(env.id)
+    kwargs = dict(env.kwargs)
+    try:
+        first = cls(**kwargs)
+    except Exception as exc:
+        raise GameError(f"{env.id}({_kwargs_text(kwargs)}) raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    missing = [m for m in METHODS if not callable(getattr(first, m, None))]
+    if missing or not hasattr(first, "num_actions"):
+        names = missing + ([] if hasattr(first, "num_actions") else ["num_actions"])
+        raise GameError(f"{env.id} does not implement the game protocol (hpcrl.rl.games): missing {', '.join(names)}")
+    num_actions = first.num_actions
+    if not isinstance(num_actions, (int, np.integer)) or isinstance(num_actions, bool) or num_actions < 1:
+        raise GameError(f"{env.id}: num_actions must be a positive int, got {num_actions!r}")
+    shape = np.asarray(first.observation()).shape
+    return GameSpec(env.id, lambda: cls(**kwargs), int(num_actions), shape)
+
+
+def _kwargs_text(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def _import_class(target: str) -> type:
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise GameError(f"expected module:Class (mypkg.mygame:MyGame), got {target!r}")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise GameError(f"cannot import {module!r}: {exc}") from None
+    cls = getattr(mod, name, None)
+    if not isinstance(cls, type):
+        raise GameError(f"{module!r} has no class {name!r}")
+    return cls
+
+
+class OpenSpielGame:
+    """One position of an OpenSpiel game, through the protocol; `state` is pyspiel's."""
+
+    def __init__(self, game: Any, state: Any = None) -> None:
+        self.game = game
+        self.state = game.new_initial_state() if state is None else state
+        self.num_actions = game.num_distinct_actions()
+
+    def current_player(self) -> int:
+        return self.state.current_player()
+
+    def legal_actions(self) -> list[int]:
+        return self.state.legal_actions()
+
+    def apply_action(self, action: int) -> None:
+        self.state.apply_action(action)
+
+    def is_terminal(self) -> bool:
+        return self.state.is_terminal()
+
+    def returns(self) -> list[float]:
+        return self.state.returns()
+
+    def observation(self) -> np.ndarray:
+        """The current player's observation tensor, in the game's shape (board planes for most)."""
+        player = self.state.current_player()
+        tensor = self.state.observation_tensor(player if player >= 0 else 0)
+        return np.asarray(tensor, dtype=np.float32).reshape(self.game.observation_tensor_shape())
+
+    def clone(self) -> OpenSpielGame:
+        return OpenSpielGame(self.game, self.state.clone())
+
+
+def _load_openspiel(name: str, params: dict[str, Any]) -> GameSpec:
+    try:
+        import pyspiel
+    except ImportError:
+        raise GameError("env.backend 'openspiel' needs OpenSpiel: pip install 'hpcrl[openspiel]'") from None
+    if name not in pyspiel.registered_names():
+        raise GameError(f"{name!r} is not an OpenSpiel game (pyspiel.registered_names())")
+    try:
+        game = pyspiel.load_game(name, params)
+    except pyspiel.SpielError as exc:
+        raise GameError(f"OpenSpiel refuses {name} with {params}: {exc}".splitlines()[0]) from None
+    kind = game.get_type()
+    wanted = [
+        (game.num_players() == 2, f"has {game.num_players()} players"),
+        (kind.utility == pyspiel.GameType.Utility.ZERO_SUM, f"is not zero-sum ({kind.utility.name})"),
+        (kind.chance_mode == pyspiel.GameType.ChanceMode.DETERMINISTIC, "has chance events"),
+        (kind.dynamics == pyspiel.GameType.Dynamics.SEQUENTIAL, "is not sequential"),
+        (kind.information == pyspiel.GameType.Information.PERFECT_INFORMATION, "has imperfect information"),
+        (kind.provides_observation_tensor, "has no observation tensor"),
+    ]
+    for ok, why in wanted:
+        if not ok:
+            raise GameError(f"{name} {why}: AlphaZero here plays deterministic two-player zero-sum games of perfect information")
+    return GameSpec(name, lambda: OpenSpielGame(game), game.num_distinct_actions(), tuple(game.observation_tensor_shape()), game)
+
+
+def legal_actions(state: Game, num_actions: int) -> list[int]:
+    """The position's legal actions, checked: ints in range, without repeats, at least one."""
+    actions = state.legal_actions()
+    try:
+        ok = len(actions) > 0 and all(isinstance(a, (int, np.integer)) and 0 <= a < num_actions for a in actions) and len(set(actions)) == len(actions)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise GameError(f"{type(state).__name__}.legal_actions() returned {_short(actions)} in a position that is not terminal: expected distinct ints in 0..{num_actions - 1}, at least one")
+    return [int(a) for a in actions]
+
+
+def current_player(state: Game) -> int:
+    player = state.current_player()
+    if player not in (0, 1):
+        raise GameError(f"{type(state).__name__}.current_player() returned {player!r}: expected 0 or 1 (chance and simultaneous moves are not supported)")
+    return int(player)
+
+
+def apply(state: Game, action: int) -> None:
+    """Play a legal action; a game that refuses one it listed fails the run in one line."""
+    try:
+        state.apply_action(action)
+    except Exception as exc:
+        raise GameError(f"{type(state).__name__}.apply_action({action}) raised {type(exc).__name__}: {exc} (the action was in legal_actions())".splitlines()[0]) from None
+
+
+def returns(state: Game) -> tuple[float, float]:
+    """A terminal position's returns, checked: two finite numbers summing to zero."""
+    values = state.returns()
+    try:
+        r0, r1 = (float(v) for v in values)
+    except (TypeError, ValueError):
+        raise GameError(f"{type(state).__name__}.returns() returned {_short(values)}: expected two numbers, one per player") from None
+    if not (np.isfinite(r0) and np.isfinite(r1)) or abs(r0 + r1) > 1e-6:
+        raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): a two-player zero-sum game's returns sum to 0")
+    return r0, r1
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
+    """Play `games` random games through the checked accessors above; GameError on the first
+    break of the protocol (or a game that does not end within MAX_MOVES moves)."""
+    rng = random.Random(seed)
+    for _ in range(games):
+        state = spec.new_initial_state()
+        for _ in range(MAX_MOVES):
+            if state.is_terminal():
+                returns(state)
+                break
+            _check_observation(state, spec.observation_shape)
+            current_player(state)
+            actions = legal_actions(state, spec.num_actions)
+            copy = state.clone()
+            before = np.array(state.observation(), copy=True)
+            apply(copy, rng.choice(actions))
+            if not np.array_equal(before, np.asarray(state.observation())):
+                raise GameError(f"{type(state).__name__}.clone(): playing on the copy changed the original")
+            state = copy
+        else:
+            raise GameError(f"{type(state).__name__}: a random game did not end within {MAX_MOVES:,} moves")
+
+
+def _check_observation(state: Game, shape: tuple[int, ...]) -> None:
+    obs = np.asarray(state.observation())
+    if obs.shape != shape or not np.issubdtype(obs.dtype, np.number) or not np.isfinite(obs).all():
+        raise GameError(f"{type(state).__name__}.observation(): expected finite numbers of shape {shape} in every position, got {obs.dtype} {obs.shape}")

@@ -1,0 +1,93 @@
+"""Users' game classes for tests/test_alphazero.py: a working one, and ones that break the protocol."""
+
+from __future__ import annotations
+
+from hpcrl.games.tictactoe import TicTacToe
+
+
+class Nim:
+    """Take 1 or 2 from a pile of `pile`; whoever takes the last one wins. Solved: the mover wins
+    unless the pile is a multiple of 3."""
+
+    num_actions = 2
+
+    def __init__(self, pile: int = 5) -> None:
+        self.pile, self.player, self.last = pile, 0, -1
+
+    def current_player(self) -> int:
+        return self.player
+
+    def legal_actions(self) -> list[int]:
+        return [a for a in (0, 1) if a + 1 <= self.pile]
+
+    def apply_action(self, action: int) -> None:
+        self.pile -= action + 1
+        self.last, self.player = self.player, 1 - self.player
+
+    def is_terminal(self) -> bool:
+        return self.pile == 0
+
+    def returns(self) -> tuple[float, float]:
+        return (1.0, -1.0) if self.last == 0 else (-1.0, 1.0)
+
+    def observation(self) -> list[float]:
+        return [float(self.pile == n) for n in range(16)]
+
+    def clone(self) -> Nim:
+        copy = type(self)(self.pile)
+        copy.player, copy.last = self.player, self.last
+        return copy
+
+
+class NoClone:
+    """Everything but `clone`."""
+
+    num_actions = 2
+
+    def __init__(self) -> None:
+        pass
+
+    def current_player(self) -> int:
+        return 0
+
+    def legal_actions(self) -> list[int]:
+        return [0]
+
+    def apply_action(self, action: int) -> None:
+        pass
+
+    def is_terminal(self) -> bool:
+        return True
+
+    def returns(self) -> tuple[float, float]:
+        return (0.0, 0.0)
+
+    def observation(self) -> list[float]:
+        return [0.0]
+
+
+class BothWin(Nim):
+    """Both players get +1: not zero-sum."""
+
+    def returns(self) -> tuple[float, float]:
+        return (1.0, 1.0)
+
+
+class Refuses(Nim):
+    """Lists taking two but refuses it once the pile is below 4: an illegal move from the game."""
+
+    def apply_action(self, action: int) -> None:
+        if action == 1 and self.pile < 4:
+            raise ValueError("cannot take two now")
+        super().apply_action(action)
+
+
+class SometimesBad(Nim):
+    """Lists an action out of range when the pile is 9 (a game the sweep-time check would refuse
+    with a pile of 9 or more; a run built without that check meets it during play)."""
+
+    def legal_actions(self) -> list[int]:
+        return [0, 1, 7] if self.pile == 9 else super().legal_actions()
+
+
+__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "TicTacToe"]
