@@ -16,9 +16,12 @@ HPCRL=(/opt/venv/bin/python -m hpcrl)
 
 # The work runs in the background so that this shell can catch the scheduler's warning signal
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+# The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
+# job, a repeated scancel --signal) must never end this shell, whenever it comes.
+child=
+trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" train /scratch/hpcrl/cartpole_ppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
 child=$!
-trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 while :; do
   wait "$child"
   status=$?

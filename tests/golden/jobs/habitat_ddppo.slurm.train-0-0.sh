@@ -34,9 +34,12 @@ export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export HPCRL_LAUNCH_ID="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"
 # The work runs in the background so that this shell can catch the scheduler's warning signal
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
+# The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
+# job, a repeated scancel --signal) must never end this shell, whenever it comes.
+child=
+trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 "${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
 child=$!
-trap 'kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 while :; do
   wait "$child"
   status=$?
