@@ -102,6 +102,6 @@ def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path:
     (run_dir,) = (exp / "runs").iterdir()
     assert (run_dir / "FAILED").read_text() == line + "\n", output
     (log,) = (exp / "jobs" / "logs").glob("train-*.out")
-    assert log.read_text() == f"hpcrl: error: {run_dir.name}: {line}\n"  # the job's whole output: no traceback
+    assert log.read_text() == f"hpcrl: error: {run_dir.name}: train failed: {line}\n"  # the job's whole output: no traceback
     assert took < 90, output
     assert len(worker_pids(pid_dir)) == 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]
