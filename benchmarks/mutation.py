@@ -107,7 +107,12 @@ IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
     "only_the_newest_generation_is_current_whatever_the_row_order",
 ))  # fmt: skip
 LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py", "tests/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
-PROGRAM = ("tests/test_program_runs.py", "tests/test_program_wrapper.py", "tests/test_program_metrics.py", "tests/test_program_container.py", "tests/test_program_supervision.py")
+PROGRAM = ("tests/test_program_supervision.py", "tests/test_program_metrics.py")  # the local program tests of issue 25: seconds each
+STUDY = tuple(f"tests/test_study.py::test_{name}" for name in (
+    "a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_the_next_sweep", "a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new_one",
+    "an_rdb_storage_works_and_a_relative_sqlite_file_is_in_the_experiment", "a_storage_that_cannot_be_a_study_is_refused_in_one_line_and_nothing_is_written",
+    "a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep", "an_append_after_a_torn_record_sets_it_aside_first_and_a_changed_config_opens",
+))  # fmt: skip
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
     Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
@@ -119,12 +124,12 @@ TARGETS = [
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
     # issue 25's audit: a user's program, its metrics, Optuna, DD-PPO's collectives, status selections
     Target("program", "hpcrl/program.py", PROGRAM),
-    Target("program_spec", "hpcrl/program_spec.py", (*PROGRAM, "tests/test_program_config.py")),
+    Target("program_spec", "hpcrl/program_spec.py", ("tests/test_program_config.py", "tests/test_program_container.py")),
     Target("metrics", "hpcrl/metrics.py", ("tests/test_metrics_readers.py", "tests/test_program_metrics.py")),
-    Target("study", "hpcrl/study.py", ("tests/test_study.py",)),
-    Target("study_worker", "hpcrl/study_worker.py", ("tests/test_study.py",)),
-    Target("ddp", "hpcrl/rl/ddp.py", ("tests/test_ddppo.py",)),
-    Target("status", "hpcrl/status.py", ("tests/test_status_selection.py", "tests/test_status_scale.py", STATUS)),
+    Target("study", "hpcrl/study.py", STUDY),
+    Target("study_worker", "hpcrl/study_worker.py", STUDY),
+    Target("ddp", "hpcrl/rl/ddp.py", ("tests/test_ddppo.py::test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8",)),
+    Target("status", "hpcrl/status.py", ("tests/test_status_selection.py", "tests/test_status_scale.py")),
 ]
 
 
