@@ -169,7 +169,7 @@ def test_a_program_that_always_asks_for_a_requeue_is_failed_after_the_cap(tmp_pa
     assert reason.startswith("asked for a requeue 3 times in a row without progress") and "resources.max_stalled_requeues: 3" in reason, reason
     assert codes[-1].stderr.count("\n") == 1, codes[-1].stderr  # one line, no traceback
     rows, _, _ = experiment_status(root)
-    assert rows[0].train == "failed" and rows[0].note.startswith("asked for a requeue 3 times")
+    assert rows[0].train == "failed" and rows[0].note.startswith("train failed: asked for a requeue 3 times")
 
 
 def test_a_program_that_checkpoints_before_each_requeue_is_never_capped(tmp_path: Path) -> None:
