@@ -18,11 +18,8 @@ Budgets are tiny so the file runs in about a minute on 2 cores.
 from __future__ import annotations
 
 import csv
-import os
 import random
 import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from trainruns import warn_once_logged
 
 from hpcrl.config import EnvConfig, experiment_from_dict
 from hpcrl.rl import checkpoint
@@ -555,14 +553,7 @@ def test_interrupted_dqn_run_resumes_with_its_replay_and_logs_each_step_once(tmp
     (run,) = expand(exp)
     rd = tmp_path / "resume" / "runs" / run.run_id
 
-    def interrupt() -> None:  # once a few hundred steps are logged, as a scheduler would
-        log = rd / "train.csv"
-        while not (log.exists() and log.read_text().count("\n") > 10):
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGUSR1)
-
-    thread = threading.Thread(target=interrupt, daemon=True)
-    thread.start()
+    warn_once_logged(rd)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
         assert train_run(tmp_path / "resume", run) == REQUEUE_EXIT

@@ -4,7 +4,6 @@ the policy while the update of the last one runs."""
 from __future__ import annotations
 
 import csv
-import os
 import signal
 import threading
 import time
@@ -14,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from trainruns import warn_once_logged
 
 from hpcrl.config import EnvConfig, experiment_from_dict
 from hpcrl.rl import checkpoint
@@ -127,14 +127,7 @@ def test_interrupted_async_run_resumes_from_an_iteration_boundary_and_logs_each_
     (run,) = expand(exp)
     rd = tmp_path / "resume" / "runs" / run.run_id
 
-    def interrupt() -> None:
-        log = rd / "train.csv"
-        while not (log.exists() and log.read_text().count("\n") > 10):
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGUSR1)
-
-    thread = threading.Thread(target=interrupt, daemon=True)
-    thread.start()
+    warn_once_logged(rd)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
         assert train_run(tmp_path / "resume", run) == REQUEUE_EXIT

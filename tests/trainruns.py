@@ -4,7 +4,10 @@ tests of what training writes besides train.csv: trackers and evaluations during
 from __future__ import annotations
 
 import csv
+import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -45,6 +48,21 @@ def train(experiment_dir: Path, run: Run) -> int:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def warn_once_logged(rd: Path, rows: int = 10) -> threading.Thread:
+    """Send this process the scheduler's warning (USR1) once the run's train.csv has more than `rows`
+    lines, as a scheduler would part-way through a run (the thread is started)."""
+
+    def interrupt() -> None:
+        log = rd / "train.csv"
+        while not (log.exists() and log.read_text().count("\n") > rows):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    return thread
 
 
 def forget_last_checkpoint(rd: Path) -> int:
