@@ -46,8 +46,8 @@ def test_an_unknown_key_names_the_closest_known_ones(tmp_path: Path, capsys: pyt
 @pytest.mark.parametrize(
     "override,expected",
     [
-        ("algo=ppoo", "algo: expected one of 'ppo', 'a2c', 'dqn', 'program', got 'ppoo' (did you mean 'ppo'?)\n"),
-        ("env.backend=vizdom", "env.backend: expected one of 'gymnasium', 'vizdoom', 'habitat', got 'vizdom' (did you mean 'vizdoom'?)\n"),
+        ("algo=ppoo", "algo: expected one of 'ppo', 'a2c', 'dqn', 'alphazero', 'program', got 'ppoo' (did you mean 'ppo'?)\n"),
+        ("env.backend=vizdom", "env.backend: expected one of 'gymnasium', 'vizdoom', 'habitat', 'openspiel', 'game', got 'vizdom' (did you mean 'vizdoom'?)\n"),
         ("algo=zzzz", "got 'zzzz'\n"),  # nothing close: no guess
     ],
 )
