@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
 from hpcrl.schedulers.base import SchedulerError
+from hpcrl.store import expdir
 
 __all__ = ["ConfigError", "SchedulerError", "SweepFailed", "cancel", "collect", "load", "status", "sweep"]
 
@@ -90,6 +91,6 @@ def cancel(experiment: str | Path, *, states: Iterable[str] = (), settings: Iter
 def experiment_dir(experiment: str | Path) -> Path:
     """An experiment directory (it has runs.csv), as the commands check it."""
     path = Path(experiment)
-    if not (path / "runs.csv").exists():
+    if not expdir.is_experiment(path):
         raise ConfigError(f"{path}: not an experiment directory (no runs.csv); give logs/<experiment>")
     return path

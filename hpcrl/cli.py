@@ -36,7 +36,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _task_run(args: argparse.Namespace):
     from hpcrl.store import rundir
-    from hpcrl.sweep.runs import load_run
+    from hpcrl.store.expdir import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     index = rundir.task_run(experiment_dir, args.manifest, args.task) if args.manifest else args.task
@@ -69,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--ranks {args.ranks}: run {run.run_id} has resources.ranks {run.config.resources.ranks}")
         if args.ranks > 1:
             from hpcrl.runtime.launch import launch
-            from hpcrl.sweep.runs import run_dir
+            from hpcrl.store.expdir import run_dir
 
             child = [sys.executable, "-m", "hpcrl", "train", args.experiment, "--task", str(args.task), *(["--manifest", args.manifest] if args.manifest else [])]
             return launch(child, args.ranks, run_dir(experiment_dir, run.run_id), out=sys.stdout)
@@ -96,7 +96,7 @@ def _learner(args: argparse.Namespace) -> int:
 def _actor(args: argparse.Namespace) -> int:
     from hpcrl.distributed.actor import run_actor
     from hpcrl.store import rundir
-    from hpcrl.sweep.runs import load_run
+    from hpcrl.store.expdir import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     if args.manifest:
@@ -217,7 +217,7 @@ class _Version(argparse.Action):
 
 def version_text() -> str:
     """`hpcrl 0.1.0`, and `(git <commit>)` when hpcrl runs from a source checkout rather than a wheel."""
-    from hpcrl.sweep.runs import git_commit
+    from hpcrl.store.expdir import git_commit
 
     checkout = Path(__file__).resolve().parent.parent
     commit = git_commit(checkout) if (checkout / ".git").exists() else None

@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from hpcrl import templates
+from hpcrl.store.expdir import Dependency
 
 REQUEUE_EXIT = 99
 """A task that exits with this code asks to run again (SGE's reschedule code; Slurm and local map it)."""
@@ -39,31 +39,6 @@ def shown_state(marker: str, sched: str | None) -> str:
     if sched is None:
         return NOT_SUBMITTED
     return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
-
-
-@dataclass
-class Dependency:
-    job_id: str
-    kind: Literal["each", "all"]
-    """`each`: task i waits for task i (aftercorr / -hold_jid_ad); `all`: waits for the whole job, any outcome."""
-
-
-@dataclass
-class Job:
-    """One submitted array job (or single job), as recorded in jobs/jobs.json."""
-
-    stage: str
-    job_id: str
-    scheduler: str
-    script: str
-    size: int
-    """Number of array tasks; 0 for a plain (non-array) job."""
-    manifest: str | None = None
-    """File whose line i (1-based) is the run index of array task i."""
-    after: list[Dependency] = field(default_factory=list)
-    attempt: int = 0
-    resources: dict[str, Any] = field(default_factory=dict)
-    """The stage's resources as planned (jobplan.StageResources); the local executor sizes tasks by them."""
 
 
 def expand_ranges(text: str) -> list[int]:

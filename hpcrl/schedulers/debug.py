@@ -16,8 +16,7 @@ from typing import IO, Any
 
 from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.schedulers import DEBUG
-from hpcrl.store import rundir
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir, rundir
 from hpcrl.sweep import study
 
 NAME = DEBUG
@@ -31,7 +30,7 @@ def check(exp: Experiment) -> None:
         raise ConfigError(f"--scheduler debug: resources.ranks is {exp.resources.ranks}; one process is one rank (use -p resources.ranks=1 to debug the algorithm)")
 
 
-def run(exp: Experiment, runs: list[sweep.Run], provenance: dict[str, Any], out: IO[str] | None) -> int:
+def run(exp: Experiment, runs: list[expdir.Run], provenance: dict[str, Any], out: IO[str] | None) -> int:
     """Train, evaluate and collect every run in this process (the caller holds the sweep lock); the
     exit code of the first failure, else 0.
 
@@ -45,17 +44,17 @@ def run(exp: Experiment, runs: list[sweep.Run], provenance: dict[str, Any], out:
         from hpcrl.sweep.study_worker import Worker
 
         state = study.study_state(exp, study.open_study(exp, root))
-        sweep.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
+        expdir.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
         code = Worker(root, 0, out).run()
     else:
-        runs = sweep.merge_runs(root, runs)
-        sweep.write_experiment(exp, runs, provenance)
+        runs = expdir.merge_runs(root, runs)
+        expdir.write_experiment(exp, runs, provenance)
         code = _train_and_evaluate(exp, runs, out)
     collect(root, out=out)
     return code
 
 
-def _train_and_evaluate(exp: Experiment, runs: list[sweep.Run], out: IO[str] | None) -> int:
+def _train_and_evaluate(exp: Experiment, runs: list[expdir.Run], out: IO[str] | None) -> int:
     root = exp.dir
     first_failure = 0
     for run in runs:
@@ -63,7 +62,7 @@ def _train_and_evaluate(exp: Experiment, runs: list[sweep.Run], out: IO[str] | N
         code = _train(root, run, out)
         first_failure = first_failure or code
     for run in runs:
-        rd = sweep.run_dir(root, run.run_id)
+        rd = expdir.run_dir(root, run.run_id)
         if rundir.eval_state(rd) == "done":
             continue
         print(f"[debug] eval {run.run_id}", file=out)
@@ -71,7 +70,7 @@ def _train_and_evaluate(exp: Experiment, runs: list[sweep.Run], out: IO[str] | N
     return first_failure
 
 
-def _train(root: Path, run: sweep.Run, out: IO[str] | None) -> int:
+def _train(root: Path, run: expdir.Run, out: IO[str] | None) -> int:
     if run.config.algo == "program":
         from hpcrl.runtime.program import train_program
 
@@ -81,7 +80,7 @@ def _train(root: Path, run: sweep.Run, out: IO[str] | None) -> int:
     return train_run(root, run, out=out)
 
 
-def _evaluate(root: Path, run: sweep.Run, out: IO[str] | None) -> int:
+def _evaluate(root: Path, run: expdir.Run, out: IO[str] | None) -> int:
     if run.config.algo == "program":
         from hpcrl.runtime.program import evaluate_program
 

@@ -811,3 +811,16 @@ def one_line_reason(exc: BaseException) -> str | None:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror or os.strerror(exc.errno)}{where}"
     return None
+
+
+def remove_stale_temp(directory: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes that were killed (kill -9, a node crash).
+
+    Only safe while holding the run lock: then no live writer owns one.
+    """
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale

@@ -11,7 +11,7 @@ manifests (status, retries) still sees one run index per line.
 
 A learner without its actors only waits, so a run's learner and actors must be able to run at
 the same time. Chunks are therefore sized to what can: `distributed.parallel_runs`, and on the
-local executor its pool (`jobplan.local_slots`) divided by 1 + actors. Chunk c's learner
+local executor its pool (`schedulers.local.local_slots`) divided by 1 + actors. Chunk c's learner
 and actors start after chunk c-1's learner array has ended (dependency `all`), so the runs go
 through the machine a gang at a time instead of deadlocking a full pool with learners.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.schedulers.base import Scheduler
-from hpcrl.submit.jobplan import PlannedJob, chunks, local_slots, plan_eval, plan_stage, stage_resources
+from hpcrl.schedulers.local import local_slots
+from hpcrl.submit.jobplan import PlannedJob, chunks, plan_eval, plan_stage, stage_resources
 
 
 def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:

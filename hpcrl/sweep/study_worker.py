@@ -34,10 +34,11 @@ from hpcrl.rl.evaluate import evaluate_run
 from hpcrl.rl.train import train_run
 from hpcrl.runtime.guard import StopFlag
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.store import rundir
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Run
 from hpcrl.sweep import runs as sweep
 from hpcrl.sweep import study
-from hpcrl.sweep.runs import Run
+from hpcrl.sweep.study import metric_key
 
 _SCALAR = (str, int, float, bool, type(None))
 
@@ -94,14 +95,6 @@ class Reporter:
         return None
 
 
-def metric_key(exp: Experiment) -> str:
-    """The scalar a trial reports: the evaluations during training, or the training episodes' return."""
-    search = exp.sweep.search
-    assert search is not None
-    use_eval = search.metric == "eval" or (search.metric == "auto" and exp.eval.every_steps is not None)
-    return "eval/mean_return" if use_eval else "episodic_return"
-
-
 def final_value(exp: Experiment, rd: Path) -> float:
     """A finished trial's value: its last evaluation during training (the one at the end), or the
     mean return of its last training rows."""
@@ -114,7 +107,7 @@ def final_value(exp: Experiment, rd: Path) -> float:
 class Worker:
     def __init__(self, experiment_dir: Path, task: int, out: TextIO | None) -> None:
         self.root, self.task, self.out = experiment_dir, task, out
-        self.exp, self.generation = study.load_experiment_config(experiment_dir)
+        self.exp, self.generation = expdir.load_experiment_config(experiment_dir)
         if not study.is_study(self.exp):
             raise ConfigError(f"{experiment_dir}: not an Optuna study (sweep.search.method is not optuna)")
         self.optuna = study.require_optuna()
@@ -188,8 +181,8 @@ class Worker:
             self.study.tell(trial, state=State.FAIL)
             return None
         trial.set_user_attr("run_id", run.run_id)
-        run = sweep.add_run(self.root, run, self.generation)
-        rd = sweep.run_dir(self.root, run.run_id)
+        run = expdir.add_run(self.root, run, self.generation)
+        rd = expdir.run_dir(self.root, run.run_id)
         print(f"trial {trial.number}: run {run.run_id} ({run.setting_label})", file=self.out)
         try:
             code = train_run(self.root, run, self.out, progress=Reporter(trial, self.exp, run.config.train.total_steps, rundir.last_logged_step(rd)))
