@@ -16,8 +16,8 @@ import yaml
 from factories import TINY, deep_update, write_config
 
 from hpcrl.cli import main
-from hpcrl.config import MAX_NAME, MAX_RUNS, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
-from hpcrl.sweep import expand
+from hpcrl.config.experiment import MAX_NAME, MAX_RUNS, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.sweep.runs import expand
 
 DQN_TRAIN = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100}
 
@@ -247,7 +247,7 @@ def test_config_checks_do_not_import_torch(tmp_path: Path) -> None:
     """Validation runs on login nodes; `hpcrl status` and `sweep` must not pay for torch."""
     config = write_config(tmp_path, {"env": {"id": "Pendulum-v1"}})
     code = (
-        "import sys; from hpcrl.config import load_experiment; from hpcrl.rl.envcheck import check_environment;"
+        "import sys; from hpcrl.config.experiment import load_experiment; from hpcrl.rl.envcheck import check_environment;"
         f"check_environment(load_experiment({str(config)!r})); assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
