@@ -193,7 +193,8 @@ def test_dqn_needs_discrete_actions(tmp_path: Path) -> None:
     assert sweep(config_with_train(tmp_path, {"algo": "dqn"}, DQN_TRAIN))[0] == 0
 
 
-def test_the_checks_accept_what_the_jobs_can_run(tmp_path: Path) -> None:
+def test_the_checks_accept_what_the_jobs_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the local scheduler's machine: two GPUs
     for changes in [
         {"env": {"id": "Pendulum-v1"}},
         {"env": {"backend": "vizdoom", "id": "basic"}},
