@@ -661,11 +661,31 @@ class Experiment:
                 return [("resources.ranks", f"more than one rank is DD-PPO, for ppo and a2c: {why}")]
             if self.sweep.search is not None and self.sweep.search.method == "optuna":
                 return [("resources.ranks", "an Optuna study's workers train one rank each")]
+        if (problem := self._gpu_problem()) is not None:
+            return [problem]
         if self.eval.gpus > self.resources.max_gpus_per_node:
             return [("eval.gpus", f"expected 0..{self.resources.max_gpus_per_node} GPUs per task, got {self.eval.gpus}")]
         if isinstance(self.train, OnPolicyConfig) and self.train.num_steps * self.env.num_envs > MAX_ROLLOUT:
             return [("train.num_steps", f"a rollout of num_steps x env.num_envs = {self.train.num_steps * self.env.num_envs:,} transitions passes the limit of {MAX_ROLLOUT:,}")]
         return []
+
+
+    def _gpu_problem(self) -> tuple[str, str] | None:
+        """`train.device: cuda[:N]` against the GPUs a task asks for: a scheduler (and the local
+        executor) gives a task the GPUs it asks for and hides the rest, so a CUDA device that the
+        request does not cover fails every task at its first CUDA call. Caught here, at sweep time."""
+        device = getattr(self.train, "device", "auto")
+        if not device.startswith("cuda"):
+            return None
+        res = self.resources
+        if res.gpus == 0:
+            return ("resources.gpus", f"train.device {device!r} needs a GPU: a task is given the GPUs it asks for and none here (gpus: 0); set resources.gpus or train.device: auto")
+        index = int(device.partition(":")[2] or 0)
+        if ":" in device and res.ranks > 1:
+            return ("train.device", f"{device!r} puts every rank on one GPU; with resources.ranks > 1 use 'cuda' or 'auto' (rank i takes the node's GPU i)")
+        if index >= res.gpus:
+            return ("train.device", f"{device!r} is GPU {index} of the task, which asks for resources.gpus: {res.gpus} (numbered from 0)")
+        return None
 
 
 # --------------------------------------------------------------------------------------------

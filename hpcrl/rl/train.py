@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import io
 import math
+import os
 import random
 import sys
 import time
@@ -63,6 +64,8 @@ def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> 
     if device.type == "cuda" and device.index is None:  # one GPU per rank of a node (rank 0 of one: cuda:0)
         device = torch.device("cuda", local_rank)
     if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():  # CUDA_VISIBLE_DEVICES leaves this task fewer GPUs
+            raise rundir.RunError(f"train.device {device_spec!r}: this task sees {torch.cuda.device_count()} GPU(s) and needs GPU {device.index} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
     return device

@@ -204,6 +204,9 @@ class LocalScheduler(Scheduler):
     template = "local.sh.j2"
     one_host = "runs on this machine alone"
 
+    def machine_gpus(self) -> int:
+        return gpu_count()
+
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         return script.stem  # unique per experiment: <stage>-<attempt>-<chunk>
 
