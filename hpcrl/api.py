@@ -49,6 +49,7 @@ def sweep(
     """`hpcrl sweep CONFIG key=value ... --scheduler S`: the experiment directory. Raises SweepFailed
     where the command would exit non-zero without an error of the call (a local run that failed)."""
     from hpcrl.rl.envcheck import check_environment
+    from hpcrl.stages import STAGES
     from hpcrl.submit.pipeline import submit_experiment
 
     exp = load(config, *overrides, name=name)
@@ -57,7 +58,7 @@ def sweep(
         from hpcrl.submit.program_help import warn_unlisted_flags
 
         warn_unlisted_flags(exp)
-    code = submit_experiment(exp, scheduler, dry_run=dry_run, detach=detach, out=out or sys.stdout)
+    code = submit_experiment(exp, scheduler, dry_run=dry_run, detach=detach, out=out or sys.stdout, stages=STAGES)
     if code != 0:
         raise SweepFailed(exp.dir, code)
     return exp.dir

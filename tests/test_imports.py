@@ -81,7 +81,7 @@ def test_the_import_graph_has_no_cycle() -> None:
 ROOMS = (
     "hpcrl", "hpcrl.io", "hpcrl.config", "hpcrl.templates", "hpcrl.store", "hpcrl.sweep", "hpcrl.schedulers", "hpcrl.job",
     "hpcrl.runtime", "hpcrl.image", "hpcrl.submit", "hpcrl.games", "hpcrl.rl", "hpcrl.distributed", "hpcrl.results",
-    "hpcrl.status", "hpcrl.starters", "hpcrl.api", "hpcrl.stages", "hpcrl.cli", "hpcrl.__main__",
+    "hpcrl.status", "hpcrl.starters", "hpcrl.stages", "hpcrl.api", "hpcrl.cli", "hpcrl.__main__",
 )
 # Rooms that a login node's commands load (status, collect, the scheduler backends): never the
 # training stack, not even through a function-level import.
@@ -90,14 +90,8 @@ TRAINING_STACK = ("hpcrl.rl", "hpcrl.distributed")
 # Arrows that still point back up, each named; the list only shrinks.
 KNOWN_BACK_ARROWS: set[tuple[str, str]] = {
     ("hpcrl.image.build", "hpcrl.submit.jobplan"),  # the --submit build job's script context
-    ("hpcrl.schedulers.debug", "hpcrl.results.collect"),
-    ("hpcrl.schedulers.debug", "hpcrl.rl.evaluate"),
-    ("hpcrl.schedulers.debug", "hpcrl.rl.train"),
-    ("hpcrl.schedulers.debug", "hpcrl.runtime.program"),
-    ("hpcrl.sweep.study_worker", "hpcrl.rl.evaluate"),
-    ("hpcrl.sweep.study_worker", "hpcrl.rl.train"),
-    ("hpcrl.sweep.study_worker", "hpcrl.runtime.guard"),
-    ("hpcrl.sweep.study_worker", "hpcrl.schedulers.base"),
+    ("hpcrl.sweep.study_worker", "hpcrl.runtime.guard"),  # StopFlag between trials
+    ("hpcrl.sweep.study_worker", "hpcrl.schedulers.base"),  # REQUEUE_EXIT
 }
 
 
@@ -148,7 +142,7 @@ def test_login_node_rooms_never_load_the_training_stack() -> None:
     """`hpcrl status`, `collect` and the backends run on a login node: neither torch nor rl/ nor distributed/."""
     graph = {module: imports_of(module) for module in module_names()}
     for module in graph:
-        if room_of(module) in NO_TRAINING_STACK and module != "hpcrl.schedulers.debug":
+        if room_of(module) in NO_TRAINING_STACK:
             loaded = reaches(graph, module) | {module}
             assert not {m for m in loaded if room_of(m) in TRAINING_STACK}, module
             assert not [m for m in loaded if imports_torch(m)], module

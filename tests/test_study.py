@@ -30,12 +30,13 @@ from hpcrl.cli import main
 from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
+from hpcrl.stages import search_worker
 from hpcrl.status import experiment_status
 from hpcrl.store import expdir
 from hpcrl.store.expdir import current_rows, load_experiment_config, read_jobs, read_runs_csv, run_dir
 from hpcrl.submit.pipeline import submit_experiment
 from hpcrl.sweep import study
-from hpcrl.sweep.study_worker import Reporter, Worker, run_worker
+from hpcrl.sweep.study_worker import Reporter, Worker
 
 optuna = pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
 
@@ -311,7 +312,7 @@ def test_a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep(tmp_pat
     out = io.StringIO()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
-        assert run_worker(exp_dir, 1, out) == 0  # a worker, in this process
+        assert search_worker(exp_dir, 1, out=out) == 0  # a worker, in this process
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)

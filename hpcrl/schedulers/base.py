@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 import subprocess
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from hpcrl import templates
 from hpcrl.store.expdir import Dependency
@@ -72,6 +73,27 @@ class Scheduler(ABC):
     one_host: ClassVar[str | None] = "runs a run's ranks on one host"
     """Why a run's ranks cannot span nodes here (the one-line refusal of resources.nodes > 1);
     None where they can (Slurm's srun)."""
+
+    runs_here: ClassVar[bool] = False
+    """`start` runs the submitted tasks on this machine (local, debug), so a sweep with tasks still in
+    flight starts it again; a cluster runs its jobs on its own, and cannot build an image in one here."""
+    in_process: ClassVar[bool] = False
+    """The tasks run in the calling Python process (debug): no container, no job script written."""
+
+    @classmethod
+    def create(cls, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None, out: IO[str] | None) -> Scheduler:
+        """The backend for one experiment (get_scheduler): a cluster's needs neither; local keeps
+        its state in the experiment; debug runs tasks through `stages` and prints to `out`."""
+        return cls()
+
+    def refuse(self, exp: Any) -> str | None:
+        """Why this backend cannot run the experiment at all (one line), before anything is written; None where it can."""
+        return None
+
+    def task_slots(self, max_concurrent: int | None, cpus: int) -> int | None:
+        """How many tasks of `cpus` CPUs each run at once, where this backend decides it (local's
+        pool); None where the cluster does."""
+        return None
 
     def machine_gpus(self) -> int | None:
         """The GPUs of the one machine every task runs on, where the scheduler knows it (local);

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -203,6 +204,14 @@ class LocalScheduler(Scheduler):
     name = "local"
     template = "local.sh.j2"
     one_host = "runs on this machine alone"
+    runs_here = True
+
+    @classmethod
+    def create(cls, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None, out: IO[str] | None) -> LocalScheduler:
+        return cls(experiment_dir)
+
+    def task_slots(self, max_concurrent: int | None, cpus: int) -> int:
+        return local_slots(max_concurrent, cpus, os.cpu_count() or 1)
 
     def machine_gpus(self) -> int:
         return gpu_count()

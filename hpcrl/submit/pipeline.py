@@ -15,7 +15,7 @@ import hashlib
 import os
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -24,7 +24,7 @@ from hpcrl.config.experiment import ConfigError, Experiment, check_output_writab
 from hpcrl.image.build import image_path_for
 from hpcrl.io import atomic_write_text
 from hpcrl.runtime import tracking
-from hpcrl.schedulers import check_choice, debug, detect_with_reason, get_scheduler
+from hpcrl.schedulers import check_choice, detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
@@ -150,30 +150,29 @@ def submit_experiment(
     detach: bool = False,
     out: IO[str] | None = None,
     cwd: Path | None = None,
+    stages: Mapping[str, Callable[..., int]] | None = None,
 ) -> int:
-    """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
+    """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor
+    (or, with the debug backend, run every task here through `stages`, hpcrl.stages.STAGES)."""
     root = exp.dir
     check_choice(scheduler_name)
     study.resolve_storage(exp)  # before anything is written: a bad URL is refused in one line
-    if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
-        debug.check(exp)
-        exp.container.image = None  # the work runs here, in this Python, not in a container
-        if dry_run:
-            what = "an Optuna study's trials" if study.is_study(exp) else f"{len(sweep.expand(exp))} runs"
-            print(f"# dry run (--scheduler debug): {what} would train, be evaluated and collected in this process; nothing written", file=out)
-            return 0
-        check_output_writable(exp)
-        with sweep_lock(root):
-            return debug.run(exp, sweep.expand(exp), {"scheduler": debug.NAME}, out)
     if scheduler_name == "auto":
         scheduler_name, why = detect_with_reason()
         print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
-    scheduler = get_scheduler(scheduler_name, root)
-    exp.container.image = resolved_image(exp)
+    scheduler = get_scheduler(scheduler_name, root, stages=stages, out=out)
+    if refused := scheduler.refuse(exp):
+        raise ConfigError(refused)
+    # In-process tasks run in this Python, not in a container.
+    exp.container.image = None if scheduler.in_process else resolved_image(exp)
     if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
         if problems := tracking.missing_packages(exp.tracking):
             raise ConfigError("; ".join(problems))
     runs = sweep.expand(exp)
+    if dry_run and scheduler.in_process:
+        what = "an Optuna study's trials" if study.is_study(exp) else f"{len(runs)} runs"
+        print(f"# dry run (--scheduler {scheduler.name}): {what} would train, be evaluated and collected in this process; nothing written", file=out)
+        return 0
     if dry_run:
         return print_dry_run(exp, scheduler, runs, out, cwd)
     check_output_writable(exp)
@@ -228,7 +227,7 @@ def _sweep_locked(
         expdir.write_experiment(exp, runs, provenance)
         if not todo and not eval_todo:
             print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
-            if scheduler.name != "local" or not in_flight:
+            if not scheduler.runs_here or not in_flight:
                 return 0
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
@@ -259,7 +258,7 @@ def _sweep_study(
     answer = scheduler.query([j.job_id for j in workers_jobs]) if workers_jobs else {}
     if any(s in ("pending", "running") for tasks in answer.values() for s in tasks.values()):
         print(f"{root}: workers of this study are still in flight ({state.finished}/{state.n_trials} trials finished); nothing submitted", file=out)
-        return scheduler.start(root, detach) if scheduler.name == "local" else 0
+        return scheduler.start(root, detach) if scheduler.runs_here else 0
     workers = study.workers_to_start(exp, root, state)
     if not workers:
         print(f"{root}: the study has all {state.n_trials} trials ({state.finished} finished); nothing submitted", file=out)
@@ -285,9 +284,10 @@ def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob
         if planned.manifest:
             rundir.write_manifest(root, planned.manifest, planned.runs)
             rollback.written.append(root / planned.manifest)
-        atomic_write_text(script, planned.text)
-        rollback.written.append(script)
-        script.chmod(0o755)
+        if not scheduler.in_process:  # a task in this process needs no script
+            atomic_write_text(script, planned.text)
+            rollback.written.append(script)
+            script.chmod(0o755)
         after = [Dependency(script_ids[s], kind) for s, kind in planned.after]  # type: ignore[arg-type]
         try:
             job_id = scheduler.submit(script, planned.tasks, after)
