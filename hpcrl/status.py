@@ -34,13 +34,13 @@ from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Job, read_jobs
+from hpcrl.store.states import State
 from hpcrl.sweep import study
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""
 FAILURES_SHOWN = 10
 """Failed runs named in the per-setting view; the rest are counted (`--runs --state failed` lists them)."""
-WATCH_DEFAULT_S = 5.0
 WATCH_MIN_S = 1.0
 """The shortest `--watch` interval: every refresh is one scheduler query, and slurmctld is shared."""
 
@@ -48,16 +48,16 @@ STATE_WORDS = {
     "pending": (PENDING,),
     "running": (RUNNING, ORPHANED),
     "orphaned": (ORPHANED,),
-    "done": ("done",),
-    "failed": ("failed",),
+    "done": (State.DONE,),
+    "failed": (State.FAILED,),
     "cancelled": (CANCELLED,),
-    "skipped": ("skipped",),
+    "skipped": (State.SKIPPED,),
     "not-submitted": (NOT_SUBMITTED,),
 }
 """`--state` words and the states each selects (`running` includes a local runner's orphans)."""
 CANCELLABLE = ("pending", "running", "orphaned")
 ACTIVE = (PENDING, RUNNING, ORPHANED)
-ORDER = ("done", RUNNING, ORPHANED, PENDING, "failed", CANCELLED, "skipped", NOT_SUBMITTED)
+ORDER = (State.DONE, RUNNING, ORPHANED, PENDING, State.FAILED, CANCELLED, State.SKIPPED, NOT_SUBMITTED)
 """Column order of the per-setting view."""
 TOKENS = {ORPHANED: "orphaned", NOT_SUBMITTED: "not-submitted"}
 """A state as `--json` writes it: one word, as `--state` takes it."""
@@ -83,12 +83,12 @@ class RunStatus:
     @property
     def state(self) -> str:
         """The run's state as one word: its training's until that is done, then its evaluation's."""
-        return self.train if self.train != "done" else self.eval
+        return self.train if self.train != State.DONE else self.eval
 
     @property
     def failed(self) -> bool:
         """Whether its training or its evaluation failed (the views name these runs)."""
-        return self.state == "failed" or self.eval == "failed"
+        return self.state == State.FAILED or self.eval == State.FAILED
 
 
 @dataclass
@@ -219,14 +219,14 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         train = shown_state(marker, holder[1] if holder else states.get(trainer))
         evaluation = shown_state(rundir.stage_marker("eval", rd), states.get(("eval", index)))
         note = ""
-        if train == "failed" and holder and marker == "new":
+        if train == State.FAILED and holder and marker == State.NEW:
             note = f"worker {task} (job {holder[0].job_id}) ended{'' if holder[1] == 'gone' else f' ({holder[1]})'} holding it; the next sweep resumes it"
-        elif train == "failed":
+        elif train == State.FAILED:
             note = rundir.failure(rd, "train")[:80]
-        elif evaluation == "failed":
+        elif evaluation == State.FAILED:
             note = rundir.failure(rd, "eval")[:80]
         total = None if config.program else config.train.total_steps
-        report = runstats.status_line(rd) if config.distributed and train != "done" else None
+        report = runstats.status_line(rd) if config.distributed and train != State.DONE else None
         out.append(RunStatus(index, run_id, expdir.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
     aggregate = shown_state(rundir.stage_marker("aggregate", experiment_dir), states.get(("aggregate", -1)))
     status = Status(out, aggregate, view.problem, view.jobs, view.active, _failed_workers(view.workers, set(holders.values())))
@@ -250,7 +250,7 @@ def _trial_holders(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[tup
 def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> str | None:
     """`study job J: workers 1, 2 of 2 failed ...`: the study's worker tasks that failed, or ended holding
     a trial (Grid Engine forgets how a task ended), each under the newest study job that has its task id."""
-    failed = sorted(task for task, (_, state) in workers.items() if state == "failed" or (state == "gone" and task in holding))
+    failed = sorted(task for task, (_, state) in workers.items() if state == State.FAILED or (state == "gone" and task in holding))
     if not failed:
         return None
     by_job: dict[str, list[int]] = {}
@@ -265,12 +265,12 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
     """Each run's step (from DONE, else train.csv's last row) and the reason of a skipped evaluation or a pruned trial."""
     for r in rows:
         rd = expdir.run_dir(experiment_dir, r.run_id)
-        r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == "done" else rundir.last_logged_step(rd)
+        r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == State.DONE else rundir.last_logged_step(rd)
         if r.note:
             continue
-        if r.eval == "skipped":
+        if r.eval == State.SKIPPED:
             r.note = ("eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED))[:80]
-        elif r.train == "done" and (rd / rundir.PRUNED).exists():
+        elif r.train == State.DONE and (rd / rundir.PRUNED).exists():
             r.note = rundir.first_line(rd, rundir.PRUNED)[:80]
 
 
@@ -324,7 +324,7 @@ def _progress(r: RunStatus) -> str:
     """Percent of the budget; a user's program has no budget hpcrl knows: the step it logged."""
     if r.total_steps:
         return f"{min(100, 100 * r.step // r.total_steps):3d}%"
-    return f"step {r.step}" if r.step else ("done" if r.train == "done" else "-")
+    return f"step {r.step}" if r.step else ("done" if r.train == State.DONE else "-")
 
 
 def _table(table: list[tuple[str, ...]], right: int = 0) -> list[str]:

@@ -42,7 +42,6 @@ ABSOLUTE_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "experiment_dir")
 RESUME_PLACEHOLDERS = (*PLACEHOLDERS, "latest_checkpoint")
 _FIELD = re.compile(r"\{\{|\}\}|(?<!\$)\{([^{}]*)\}")
 _PARAM_KEY = re.compile(r"[+~]?[A-Za-z_][A-Za-z0-9_-]*")
-STOP_SIGNALS = ("USR1", "USR2", "TERM", "INT")
 
 
 def _placeholder_problem(text: str, allowed: tuple[str, ...]) -> str | None:

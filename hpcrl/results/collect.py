@@ -24,24 +24,25 @@ from hpcrl.config.schema import ConfigError
 from hpcrl.results.tables import RunResult, Scoring, write_results
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import read_meta
+from hpcrl.store.states import State
 
 
 def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     state = rundir.run_state(rd, names)
-    if state == "new":
+    if state == State.NEW:
         return "missing: never trained" if rd.is_dir() else "missing: no run directory"
-    if state == "failed":
+    if state == State.FAILED:
         return rundir.failure(rd, "train")[:120]
-    if state == "started":
+    if state == State.STARTED:
         return "train unfinished"
     return ""
 
 
 def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     evaluation = rundir.eval_state(rd, names)
-    if evaluation == "skipped":
+    if evaluation == State.SKIPPED:
         return "eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED)[:120]
-    if evaluation == "failed":
+    if evaluation == State.FAILED:
         return rundir.failure(rd, "eval")[:120]
     if not rundir.has_eval(rd, names):
         return "not evaluated"
@@ -91,7 +92,7 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
     todo = []
     for row in expdir.current_rows(experiment_dir):
         rd = expdir.run_dir(experiment_dir, row["run_id"])
-        if rundir.run_state(rd) == "done" and rundir.eval_state(rd) == "new":
+        if rundir.run_state(rd) == State.DONE and rundir.eval_state(rd) == State.NEW:
             todo.append(int(row["index"]))
     if not todo:
         return

@@ -16,30 +16,29 @@ from typing import IO, Any, ClassVar
 
 from hpcrl import templates
 from hpcrl.store.expdir import Dependency
+from hpcrl.store.states import State
 
 REQUEUE_EXIT = 99
 """A task that exits with this code asks to run again (SGE's reschedule code; Slurm and local map it)."""
 
-# The states `hpcrl status` shows, from any scheduler.
-PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = "pending", "running", "done", "failed", "cancelled", "unknown"
-ORPHANED = "running (orphaned)"
-"""A local task still running after its runner died: `hpcrl cancel` or the next sweep ends it."""
-NOT_SUBMITTED = "not submitted"
+# The states `hpcrl status` shows, from any scheduler: the members of store.states.State.
+PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = State.PENDING, State.RUNNING, State.DONE, State.FAILED, State.CANCELLED, State.UNKNOWN
+ORPHANED, NOT_SUBMITTED = State.ORPHANED, State.NOT_SUBMITTED
 
 
-def shown_state(marker: str, sched: str | None) -> str:
+def shown_state(marker: str, sched: str | None) -> State:
     """A stage's state of a run (or of the experiment, for the aggregate), by the one rule that
     `hpcrl status` and the local runner's progress line and exit code apply: what the stage left on
     disk (`rundir.stage_marker`) is the truth for finished work, so a skipped evaluation is skipped
     and an aggregate that wrote a summary with a score is done whatever the task's exit code; the scheduler
     knows about waiting and running."""
-    if marker in ("done", "failed", "skipped"):
-        return marker
+    if marker in (State.DONE, State.FAILED, State.SKIPPED):
+        return State(marker)
     if sched in (PENDING, RUNNING, ORPHANED, CANCELLED):
         return sched
     if sched is None:
         return NOT_SUBMITTED
-    return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
+    return State.FAILED  # the task ended (or the scheduler forgot it) without writing its marker
 
 
 def expand_ranges(text: str) -> list[int]:

@@ -30,12 +30,12 @@ from hpcrl.io import atomic_write_text
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, read_runs_csv
+from hpcrl.store.states import State
 
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
 STAGE_ORDER = {"train": 0, "study": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
-SKIPPED = "skipped"
 
 
 def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
@@ -411,7 +411,7 @@ class Progress:
             if stage in counts:
                 c = counts[stage]
                 total = sum(c.values())
-                extra = "".join(f", {c[k]} {k}" for k in (RUNNING, FAILED, SKIPPED, CANCELLED) if c.get(k))
+                extra = "".join(f", {c[k]} {k}" for k in (RUNNING, FAILED, State.SKIPPED, CANCELLED) if c.get(k))
                 parts.append(f"{stage} {c.get(DONE, 0)}/{total} done{extra}")
         return " | ".join(parts)
 

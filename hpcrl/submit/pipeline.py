@@ -28,6 +28,7 @@ from hpcrl.schedulers import check_choice, detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
+from hpcrl.store.states import State
 from hpcrl.submit.distributed import plan_distributed
 from hpcrl.submit.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
 from hpcrl.sweep import runs as sweep
@@ -217,13 +218,13 @@ def _sweep_locked(
         in_flight = set().union(*active.values()) if active else set()
         listings = _listings(root, runs)
         states = {r.index: rundir.run_state(expdir.run_dir(root, r.run_id), listings[r.index]) for r in runs}
-        todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
+        todo = [r.index for r in runs if states[r.index] != State.DONE and r.index not in in_flight]
         # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
         eval_todo = [
             r.index for r in runs
-            if states[r.index] == "done" and rundir.eval_state(expdir.run_dir(root, r.run_id), listings[r.index]) in ("new", "failed") and r.index not in in_flight
+            if states[r.index] == State.DONE and rundir.eval_state(expdir.run_dir(root, r.run_id), listings[r.index]) in (State.NEW, State.FAILED) and r.index not in in_flight
         ]
-        skipped_done = sum(1 for s in states.values() if s == "done")
+        skipped_done = sum(1 for s in states.values() if s == State.DONE)
         expdir.write_experiment(exp, runs, provenance)
         if not todo and not eval_todo:
             print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
