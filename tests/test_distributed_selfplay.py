@@ -24,13 +24,13 @@ from factories import deep_update
 from test_config_hostile import assert_refused, sweep
 from test_conformance import BACKENDS, Backend, active_tasks, csv_rows, status_text, wait_until
 
-from hpcrl.config import DistributedConfig, EnvConfig, load_experiment
+from hpcrl.config.experiment import DistributedConfig, EnvConfig, load_experiment
+from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor
-from hpcrl.pipeline import read_jobs, submit_experiment
 from hpcrl.rl import checkpoint, games
-from hpcrl.rl.hparams import AlphaZeroConfig
-from hpcrl.sweep import load_runs, run_dir
+from hpcrl.submit.pipeline import read_jobs, submit_experiment
+from hpcrl.sweep.runs import load_runs, run_dir
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
 CPU = torch.device("cpu")
