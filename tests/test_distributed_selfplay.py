@@ -110,7 +110,8 @@ def test_the_trainer_refuses_batches_that_would_poison_training() -> None:
         return wire.decode(wire.encode(wire.BATCH, 0, 0, 0, {**good, **change}))
 
     illegal = np.array(good["policy"])
-    illegal[0] = np.where(good["legal"][0], 0.0, 1.0 / max(1, (~good["legal"][0]).sum()))  # all mass off the legal moves
+    row = int(np.flatnonzero((~good["legal"]).any(-1))[0])  # a position after the first move: some moves are taken
+    illegal[row] = np.where(good["legal"][row], 0.0, 1.0 / (~good["legal"][row]).sum())  # a distribution, but over taken squares
     nan_obs = np.array(good["obs"])
     nan_obs[1, 0] = np.nan
     for bad, reason in [
