@@ -261,7 +261,9 @@ def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cl
     resumed = re.search(r"resumed from step (\d+) ", log)
     assert signalled and resumed and signalled.group(1) == resumed.group(1), log
     assert 0 < int(resumed.group(1)) < total
-    assert (rd / "DONE").read_text().strip() == f"step {total}" and (rd / "EVAL_DONE").exists()
+    assert (rd / "DONE").read_text().strip() == f"step {total}"
+    eval_log = "".join(p.read_text() for p in (exp.dir / "jobs" / "logs").glob("eval-*"))
+    assert (rd / "EVAL_DONE").exists(), eval_log + "".join(p.read_text() for p in rd.glob("EVAL_*"))
     assert {r["opponent"] for r in csv_rows(rd / "strength.csv")} == {"random", "perfect"}
     actors_log = "".join(p.read_text() for p in (exp.dir / "jobs" / "logs").glob("actors-*"))
     assert actors_log.count("actor 0: connected to learner") == 2, actors_log  # the survivor followed the requeued trainer
