@@ -238,17 +238,20 @@ def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cl
     cfg = run.config
     total, every = cfg.train.total_steps, cfg.eval.every_steps
 
-    # Two self-play jobs feed a learning trainer; one of them dies without a word.
-    stats = wait_stats(rd, lambda s: s["actors_alive"] == 2 and s["updates"] > 0, 240, "two self-play jobs feeding the trainer")
+    # Self-play feeds a learning trainer; a self-play job dies without a word. Either job may be the one:
+    # on a cluster busy with other work the second may start only later, and then joins the run.
+    stats = wait_stats(rd, lambda s: s["actors_alive"] >= 1 and s["updates"] > 0, 240, "self-play feeding the trainer")
     assert stats["env_steps"] < total / 2, "the run went too fast to be interrupted mid-run: raise train.total_steps"
-    os.kill(int(stats["actors"]["1"]["pid"]), signal.SIGKILL)
-    wait_stats(rd, lambda s: s["actors_dead"] == [1] and s["actors_alive"] == 1, 30, "the killed self-play job reported dead")
+    killed = max(int(i) for i, a in stats["actors"].items() if a["alive"])
+    survivor = 1 - killed
+    os.kill(int(stats["actors"][str(killed)]["pid"]), signal.SIGKILL)
+    wait_stats(rd, lambda s: s["actors_dead"] == [killed], 30, "the killed self-play job reported dead")
     text = status_text(exp.dir)
-    assert re.search(r"actors 1/2 alive \(dead: 1\), \S+ games/s, \S+ positions/s, queue \d+/4, lag", text), text
+    assert re.search(rf"actors [01]/2 alive \(dead: {killed}\), \S+ games/s, \S+ positions/s, queue \d+/4, lag", text), text
 
     # The trainer is warned (time limit, preemption) after its first evaluation, and requeued.
     curve = rd / "strength_curve.csv"
-    wait_until("the first evaluation during training", lambda: curve.exists() and len(csv_rows(curve)) >= 2, 120)
+    wait_until("the first evaluation during training", lambda: curve.exists() and len(csv_rows(curve)) >= 2, 240)
     learner = next(j for j in jobs if j.stage == "learner")
     cluster.warn(exp.dir, learner, 1)
     summary = exp.dir / "results" / "summary.csv"
@@ -266,7 +269,9 @@ def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cl
     assert (rd / "EVAL_DONE").exists(), eval_log + "".join(p.read_text() for p in rd.glob("EVAL_*"))
     assert {r["opponent"] for r in csv_rows(rd / "strength.csv")} == {"random", "perfect"}
     actors_log = "".join(p.read_text() for p in (exp.dir / "jobs" / "logs").glob("actors-*"))
-    assert actors_log.count("actor 0: connected to learner") == 2, actors_log  # the survivor followed the requeued trainer
+    final = runstats.read(rd)
+    assert final is not None and f"actor {survivor}: connected to learner {final['instance']}" in actors_log, actors_log  # it played for the requeued trainer
+    assert f"actor {killed}: connected to learner" in actors_log and f"actor {killed}: run done" not in actors_log  # killed: no word after that
 
     # The strength curve has no gap: per opponent, one evaluation at the first step at or after every
     # multiple of eval.every_steps, and one at the end; none twice, none lost to the requeue.
@@ -275,4 +280,5 @@ def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cl
         steps = [int(r["step"]) for r in rows if r["opponent"] == opponent]
         assert steps == sorted(set(steps)) and steps[-1] == total, steps
         assert [s // every for s in steps[:-1]] == list(range(1, total // every + (total % every > 0))), steps
-    print(f"\n{cluster.name}: warned at step {signalled.group(1)}, strength curve at steps {sorted({int(r['step']) for r in rows})}")
+    print(f"\n{cluster.name}: self-play job {killed} killed at step {stats['env_steps']} ({stats['actors_alive']} of 2 alive), trainer warned at step "
+          f"{signalled.group(1)}, strength curve at steps {sorted({int(r['step']) for r in rows})}")
