@@ -79,6 +79,10 @@ class OnPolicyConfig(TrainConfig):
     on-policy, the learner's own policy acts). `auto`: on for envs in worker processes (ViZDoom,
     Habitat, `vectorization: async`), where it is faster; off for in-process envs (CartPole's
     SyncVectorEnv), whose steps hold the interpreter the update needs."""
+    cuda_graph: bool = setting(True, learned=False)
+    """On CUDA, a feed-forward policy's rollout forward pass is captured once per env group and
+    replayed as one CUDA graph: one launch per step instead of a few dozen small kernels, each of
+    which costs host time (rl/graphs.py). The same actions for the same draws; `false` runs it eagerly."""
 
 
 @dataclass
