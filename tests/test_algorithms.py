@@ -37,7 +37,7 @@ from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.ppo import gae
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep.runs import expand
 
 CPU = torch.device("cpu")

@@ -24,6 +24,7 @@ from hpcrl.image import build as image
 from hpcrl.image.defcheck import check_def, files_entries
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Scheduler
+from hpcrl.submit import image_job
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "defs"
@@ -41,7 +42,7 @@ def run(config: str | None = "exp.yaml", *params: str, **flags) -> tuple[int, st
     """build_image_command with the CLI's defaults; (exit code, what it printed to out)."""
     out = io.StringIO()
     options = dict(dry_run=False, force=False, sandbox=False, submit=False, scheduler="auto", from_dockerfile=None)
-    rc = image.build_image_command(config, list(params), **{**options, **flags}, out=out)
+    rc = image_job.build_image_command(config, list(params), **{**options, **flags}, out=out)
     return rc, out.getvalue()
 
 
@@ -483,7 +484,7 @@ def with_gpus(work: Path) -> None:
 def test_submit_renders_a_build_job_on_the_host_python(project: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no runtime needed on the login node
     with_gpus(project)
-    monkeypatch.setattr(image, "get_scheduler", recording_factory)
+    monkeypatch.setattr(image_job, "get_scheduler", recording_factory)
     RecordingScheduler.submitted = []
     rc, out = run("exp.yaml", "image.pip=[scipy]", submit=True, force=True, scheduler="slurm")
     assert rc == 0 and "build submitted to slurm as job 4242" in out
@@ -500,7 +501,7 @@ def test_submit_renders_a_build_job_on_the_host_python(project: Path, tmp_path: 
 
 def test_submit_dry_run_prints_the_job_and_writes_nothing(project: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(image, "get_scheduler", recording_factory)
+    monkeypatch.setattr(image_job, "get_scheduler", recording_factory)
     RecordingScheduler.submitted = []
     rc, out = run(submit=True, dry_run=True, scheduler="slurm")
     assert rc == 0 and RecordingScheduler.submitted == []
@@ -525,7 +526,7 @@ def test_submit_dry_run_with_the_real_cluster_template(backend: str, directive: 
 
 def test_standin_built_image_is_not_resubmitted_and_local_submit_is_refused(project: Path, standin: Path, monkeypatch, capsys) -> None:
     assert run()[0] == 0
-    monkeypatch.setattr(image, "get_scheduler", recording_factory)
+    monkeypatch.setattr(image_job, "get_scheduler", recording_factory)
     RecordingScheduler.submitted = []
     rc, out = run(submit=True, scheduler="slurm")
     assert rc == 0 and "up to date" in out and RecordingScheduler.submitted == []

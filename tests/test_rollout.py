@@ -19,7 +19,7 @@ from hpcrl.config.experiment import EnvConfig, experiment_from_dict
 from hpcrl.rl import checkpoint
 from hpcrl.rl.ppo import PPO
 from hpcrl.rl.train import train_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep.runs import expand
 from tests.test_algorithms import CARTPOLE, PPO_CARTPOLE, greedy_return, make_agent, train
 

@@ -42,9 +42,9 @@ from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch
 from hpcrl.runtime import tracking
 from hpcrl.runtime.guard import StopFlag, guarded_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run
+from hpcrl.store.states import REQUEUE_EXIT
 
 UPDATES_PER_POLL = 8
 """Updates between two looks at the queue: the queue is drained often, yet a poll costs little."""

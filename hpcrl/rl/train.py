@@ -38,9 +38,9 @@ from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.ppo import OnPolicyAgent
 from hpcrl.runtime import tracking
 from hpcrl.runtime.guard import StopFlag, guarded_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run
+from hpcrl.store.states import REQUEUE_EXIT
 
 Progress = Callable[[int, dict[str, float]], "str | None"]
 """Called with the step and the scalars of each train.csv row and of each evaluation during
