@@ -205,30 +205,43 @@ def status_text(exp_dir: Path) -> str:
 # ------------------------------------------------------------------------------------------ tests
 
 
+# Two learning rates x two seeds: the summary has one row per setting (the embedded default's end to end,
+# once tests/test_local_pipeline.py's own local sweep, folded in here).
+GRID = ("sweep.seeds=[0, 1]", "sweep.grid={train.lr: [1.0e-3, 3.0e-4]}")
+
+
 def test_sweep_runs_train_eval_aggregate_in_order_and_collects(backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # As if the cluster took arrays of 2 at most: 3 runs become two chunks, [0, 1] and [2].
-    monkeypatch.setattr(type(get_scheduler(backend.name, tmp_path)), "max_array_size", lambda self: 2)
+    # As if the cluster took arrays of 3 at most: 4 runs become two chunks, [0, 1, 2] and [3].
+    monkeypatch.setattr(type(get_scheduler(backend.name, tmp_path)), "max_array_size", lambda self: 3)
     since = time.time()
-    exp_dir, _ = sweep(tmp_path, backend)
+    exp_dir, _ = sweep(tmp_path, backend, *GRID)
     jobs = read_jobs(exp_dir)
-    assert [(j.stage, j.size) for j in jobs] == [("train", 2), ("eval", 2), ("train", 1), ("eval", 1), ("aggregate", 0)]
+    assert [(j.stage, j.size) for j in jobs] == [("train", 3), ("eval", 3), ("train", 1), ("eval", 1), ("aggregate", 0)]
     train0, eval0, train1, eval1, aggregate = jobs
-    assert [read_manifest(exp_dir, j.manifest) for j in (train0, train1)] == [[0, 1], [2]]
+    assert [read_manifest(exp_dir, j.manifest) for j in (train0, train1)] == [[0, 1, 2], [3]]
     assert eval0.after == [Dependency(train0.job_id, "each")] and eval1.after == [Dependency(train1.job_id, "each")]
     assert aggregate.after == [Dependency(eval0.job_id, "all"), Dependency(eval1.job_id, "all")]
 
     wait_finished(exp_dir, backend, since)
     order = assert_dag_order(exp_dir, jobs, backend.timeline(exp_dir, jobs))
     print(f"\n{backend.name}: DAG timeline from the scheduler's records\n" + "\n".join(order))
-    for run in load_runs(exp_dir):
+    runs = load_runs(exp_dir)
+    assert len(runs) == 4 and {run.config.train.lr for run in runs} == {1e-3, 3e-4}
+    for run in runs:
         rd = run_dir(exp_dir, run.run_id)
         # An eval task that started before its train task had finished would have recorded a skip.
         assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), (rd, sorted(p.name for p in rd.iterdir()))
+        assert len(csv_rows(rd / "eval.csv")) == run.config.eval.episodes
     summary = csv_rows(exp_dir / "results" / "summary.csv")
-    assert [(s["setting"], s["n"]) for s in summary] == [("default", "3")]
+    assert sorted((s["setting"], s["n"]) for s in summary) == [("train.lr=0.0003", "2"), ("train.lr=0.001", "2")]
+    assert (exp_dir / "results" / "plots" / "curves.png").stat().st_size > 10_000
+    provenance = (exp_dir / "experiment.yaml").read_text()
+    assert "hpcrl_version" in provenance and "submitted_at" in provenance
     rows, aggregate_state, problem = experiment_status(exp_dir)
-    assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 3 and aggregate_state == "done" and problem is None
+    assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 4 and aggregate_state == "done" and problem is None
     assert collect(exp_dir, out=io.StringIO()) == 0
+    _, printed = sweep(tmp_path, backend, *GRID)
+    assert "nothing submitted" in printed and len(read_jobs(exp_dir)) == len(jobs), printed
 
 
 def test_failing_task_is_reported_and_only_it_is_retried(backend: Backend, tmp_path: Path) -> None:
@@ -247,7 +260,9 @@ def test_failing_task_is_reported_and_only_it_is_retried(backend: Backend, tmp_p
     assert (rows[0].train, rows[0].eval) == ("done", "done")
     # Its eval is skipped (SGE, local: the eval task reads the markers) or cancelled (Slurm: --kill-on-invalid-dep).
     assert rows[1].train == "failed" and rows[1].note.startswith("train failed: FileExistsError") and rows[1].eval in ("skipped", "cancelled")
-    print(f"\n{backend.name}: status after the failure\n{status_text(exp_dir)}")
+    shown = status_text(exp_dir)
+    assert "failed" in shown and "FileExistsError" in shown, shown
+    print(f"\n{backend.name}: status after the failure\n{shown}")
     kept = (run_dir(exp_dir, good.run_id) / "train.csv").read_bytes()
 
     blocker.unlink()
@@ -260,6 +275,7 @@ def test_failing_task_is_reported_and_only_it_is_retried(backend: Backend, tmp_p
     wait_finished(exp_dir, backend, since)
     rows, aggregate_state, _ = experiment_status(exp_dir)
     assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 2 and aggregate_state == "done"
+    assert not (run_dir(exp_dir, bad.run_id) / "FAILED").exists()
     assert (run_dir(exp_dir, good.run_id) / "train.csv").read_bytes() == kept, "the run that had succeeded was trained again"
     assert [s["n"] for s in csv_rows(exp_dir / "results" / "summary.csv")] == ["2"]
 

@@ -1,4 +1,8 @@
-"""The embedded default end to end: sweep -> train -> eval -> aggregate on local processes."""
+"""The local executor's own behaviours: detach, Ctrl-C, kill -9, warnings, the progress line.
+
+The end to end itself (sweep -> train -> eval -> aggregate in order, summary per setting, plots, provenance,
+a resweep that submits nothing; a failed run reported and only it retried) is test_conformance.py's, on
+local processes as on Slurm and Grid Engine."""
 
 from __future__ import annotations
 
@@ -22,53 +26,6 @@ def hpcrl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedPr
 
 def local_state(exp: Path) -> dict:
     return json.loads((exp / "jobs" / "local-state.json").read_text())["jobs"]
-
-
-def test_sweep_runs_the_dag_in_order_and_collects(tmp_path: Path) -> None:
-    config = write_config(tmp_path, {"sweep": {"seeds": [0, 1], "grid": {"train.lr": [1e-3, 3e-4]}}})
-    proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    exp = tmp_path / "logs" / "tiny"
-    rows = list(csv.DictReader((exp / "runs.csv").open()))
-    assert len(rows) == 4 and {r["train.lr"] for r in rows} == {"0.001", "0.0003"}
-    state = local_state(exp)
-    train, evaluation, aggregate = state["train-0-0"], state["eval-0-0"], state["aggregate-0"]
-    for task, s in train.items():  # eval task i started after train task i ended
-        assert s["state"] == "done" and evaluation[task]["started"] >= s["ended"]
-    assert aggregate["0"]["started"] >= max(s["ended"] for s in evaluation.values())
-    for row in rows:
-        rd = exp / "runs" / row["run_id"]
-        assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists()
-        assert len(list(csv.DictReader((rd / "eval.csv").open()))) == 2
-    summary = list(csv.DictReader((exp / "results" / "summary.csv").open()))
-    assert {s["setting"] for s in summary} == {"train.lr=0.001", "train.lr=0.0003"}
-    assert all(int(s["n"]) == 2 for s in summary)
-    assert (exp / "results" / "plots" / "curves.png").stat().st_size > 10_000
-    provenance = (exp / "experiment.yaml").read_text()
-    assert "hpcrl_version" in provenance and "submitted_at" in provenance
-
-    again = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
-    assert again.returncode == 0 and "nothing submitted" in again.stdout
-
-
-def test_failed_run_is_reported_and_only_it_is_retried(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
-    exp = tmp_path / "logs" / "tiny"
-    assert hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path).returncode == 0
-    rows = list(csv.DictReader((exp / "runs.csv").open()))
-    broken = exp / "runs" / rows[1]["run_id"]
-    (broken / "DONE").unlink()
-    for ckpt in (broken / "checkpoints").glob("*.pt"):
-        ckpt.unlink()  # the run must retrain from scratch (unreadable checkpoints would fail it: test_run_lifetimes)
-    (broken / "train.csv").unlink()
-    (broken / "FAILED").write_text("RuntimeError: node died\n")
-    status = hpcrl("status", str(exp), cwd=tmp_path)
-    assert "failed" in status.stdout and "node died" in status.stdout
-    proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "submitted 1 of 2 runs" in proc.stdout
-    assert (exp / "jobs" / "1-0.tasks").read_text().split() == [rows[1]["index"]]
-    assert (broken / "DONE").exists() and not (broken / "FAILED").exists()
 
 
 def test_detach_status_and_cancel(tmp_path: Path) -> None:
