@@ -179,16 +179,19 @@ DQN_CARTPOLE = dict(lr=2.3e-3, buffer_size=20_000, batch_size=64, learning_start
 
 
 # ---------------------------------------------------------------- learning on CartPole
+@pytest.mark.slow
 def test_ppo_learns_cartpole() -> None:
     agent = train(make_agent("ppo", CARTPOLE, total_steps=10_000, **PPO_CARTPOLE))
     assert greedy_return(agent.policy, CARTPOLE) > 100  # random: ~20; seeds 0-5 gave 128-467 (seed 0: 169)
 
 
+@pytest.mark.slow
 def test_a2c_learns_cartpole() -> None:
     agent = train(make_agent("a2c", CARTPOLE, total_steps=15_000))
     assert greedy_return(agent.policy, CARTPOLE) > 200  # seeds 0-2 gave 367-499
 
 
+@pytest.mark.slow
 def test_dqn_learns_cartpole() -> None:
     agent = train(make_agent("dqn", EnvConfig(id="CartPole-v1", num_envs=1), total_steps=10_000, **DQN_CARTPOLE))
     assert greedy_return(agent.policy, CARTPOLE) > 100  # seeds 0-2 gave 165-306
@@ -453,6 +456,7 @@ def test_on_policy_learns_box_actions(algo: str) -> None:
     assert greedy_return(agent.policy, env, episodes=64) > -0.05  # an untrained policy (mean 0): -0.33
 
 
+@pytest.mark.slow
 def test_gru_core_remembers_what_feed_forward_cannot() -> None:
     env = EnvConfig(id="hpcrl-test/RecallCue-v0", num_envs=8)
     settings = dict(total_steps=6000, lr=3e-3, anneal_lr=False, hidden_sizes=[16], num_steps=12, num_minibatches=2, gamma=0.99)

@@ -306,6 +306,7 @@ def test_a_program_experiment_is_compared_once_it_names_its_task(tmp_path: Path)
 # ---------------------------------------------------------------------------- rliable
 
 
+@pytest.mark.slow
 def test_aggregates_match_rliable_on_the_same_score_matrix() -> None:
     """rliable is the reference implementation of these statistics (Agarwal et al. 2021)."""
     rly = pytest.importorskip("rliable.library", reason="rliable is not installed (pip install rliable 'pandas<3'; it fails to import with pandas 3)")

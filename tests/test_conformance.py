@@ -36,6 +36,8 @@ from hpcrl.schedulers.base import PENDING, RUNNING, Dependency, Job
 from hpcrl.status import cancel_experiment, experiment_status, print_status
 from hpcrl.sweep import expand, load_runs, run_dir
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
 Times = dict[tuple[str, int], tuple[float, float]]
 """(job id, array task) -> (start, end) in seconds since the epoch; task 0 for a plain job."""

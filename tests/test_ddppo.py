@@ -102,6 +102,7 @@ def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], sta
     ranks.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("algo", ["ppo", "a2c"])
 def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     from torch.distributed import TCPStore
@@ -166,6 +167,7 @@ def test_two_rank_ppo_learns_cartpole(backend: Backend, tmp_path: Path) -> None:
     assert statistics.mean(scores) >= 475, scores
 
 
+@pytest.mark.e2e
 def test_warned_two_rank_run_resumes_on_both_ranks(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
     exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "train.total_steps=40960", "train.checkpoint_every=5")
@@ -239,6 +241,7 @@ def _rank_pids(exp_dir: Path) -> dict[int, int]:
     return found
 
 
+@pytest.mark.e2e
 def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
     exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "resources.collective_timeout=30", "train.total_steps=10000000")
@@ -261,6 +264,7 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
     assert took < 30
 
 
+@pytest.mark.e2e
 def test_torchrun_starts_a_run_as_well(tmp_path: Path) -> None:
     """The ranks read torch's own environment: a user's `torchrun --standalone` works too."""
     exp_dir, _ = sweep(tmp_path, Local(), "sweep.seeds=[0]", "resources.ranks=2", "train.total_steps=4096", "resources.max_concurrent=1")

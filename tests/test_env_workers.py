@@ -75,6 +75,7 @@ def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pyte
     assert len(worker_pids(tmp_path)) == 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
 
 
+@pytest.mark.e2e
 def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path: Path) -> None:
     """`hpcrl sweep --scheduler local` of a user's env whose worker 3 sleeps for ever in `step`:
     the run ends FAILED with that one line a few seconds after the 3 s bound, no worker left

@@ -381,6 +381,7 @@ def cleanrl(log_dir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.e2e
 def test_cleanrl_tb_writes_cleanrls_tensorboard_tags(tmp_path: Path) -> None:
     proc = cleanrl(tmp_path, "--total-timesteps", "1024", "--num-envs", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -17,9 +17,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from factories import write_config
 
 from hpcrl.schedulers.local import group_alive, task_tag
+
+pytestmark = pytest.mark.e2e
 
 PY = sys.executable
 # Long enough that the runner is killed mid-training on a loaded 2-core machine, short enough to finish after.

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from factories import write_config
 
 PY = sys.executable
@@ -28,6 +29,7 @@ def local_state(exp: Path) -> dict:
     return json.loads((exp / "jobs" / "local-state.json").read_text())["jobs"]
 
 
+@pytest.mark.e2e
 def test_detach_status_and_cancel(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"train": {"total_steps": 10_000_000}, "sweep": {"seeds": [0, 1, 2]}, "resources": {"max_concurrent": 1}})
     exp = tmp_path / "logs" / "tiny"
@@ -45,6 +47,7 @@ def test_detach_status_and_cancel(tmp_path: Path) -> None:
     assert "running" not in status and "cancelled" in status
 
 
+@pytest.mark.e2e
 def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """SIGKILL (no chance to save) mid-run; the rerun resumes from the last checkpoint and finishes."""
     config = write_config(tmp_path, {"train": {"total_steps": 40_000, "checkpoint_every": 5}, "sweep": {"seeds": [0]}})
@@ -73,6 +76,7 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert (rd / "DONE").exists()
 
 
+@pytest.mark.e2e
 def test_warning_signal_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"train": {"total_steps": 10_000_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
     from hpcrl.config import load_experiment
@@ -102,6 +106,7 @@ def test_sweep_with_missing_image_is_refused_before_anything_is_written(tmp_path
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_children_and_the_next_sweep_resumes(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"train": {"total_steps": 60_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
     exp = tmp_path / "logs" / "tiny"
@@ -123,6 +128,7 @@ def test_ctrl_c_stops_children_and_the_next_sweep_resumes(tmp_path: Path) -> Non
     assert "resumed from step" in log
 
 
+@pytest.mark.e2e
 def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) -> None:
     """A run that fails training: its evaluation is skipped (exit 0) and collect, with no run scored,
     writes the summary naming it and exits 1. The progress line counted the skipped eval as done and
@@ -138,6 +144,7 @@ def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) 
     assert [(r["train"], r["eval"]) for r in status["runs"]] == [("failed", "skipped")] and status["aggregate"] == "failed"
 
 
+@pytest.mark.e2e
 def test_a_failed_run_is_worded_once_and_its_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
     """A program whose last line clears the screen and recolours it, then exits 1: the job's log,
     `status` and `collect` word the failure alike (`train failed: ...`, one function), escaped."""

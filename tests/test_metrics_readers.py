@@ -99,6 +99,7 @@ def tensorboard_values(log_dir: Path, tag: str = "charts/episodic_return") -> li
     return out
 
 
+@pytest.mark.e2e
 def test_a_vector_trainers_episodes_that_end_in_one_step_are_all_kept(tmp_path: Path) -> None:
     """CleanRL's scripts log every env that finished at the same `global_step` (issue 25: 40 episodes
     logged, 10 kept, and a score 138 off the episodes' mean)."""

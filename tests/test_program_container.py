@@ -137,6 +137,7 @@ with open(os.path.join(run_dir, sys.argv[1]), "w") as f:
 '''
 
 
+@pytest.mark.e2e
 def test_a_program_in_the_image_trains_and_evaluates_there_with_its_contract(tmp_path: Path, monkeypatch) -> None:
     """A whole local sweep with `container.runs: program`, `--cleanenv` and a program.eval: hpcrl runs
     on the host; the runtime (the stand-in) is called once to train and once to evaluate, with the

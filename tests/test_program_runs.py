@@ -64,6 +64,7 @@ def collected(exp_dir: Path) -> tuple[int, str]:
 # ------------------------------------------------------------------------------------ 1. local, end to end
 
 
+@pytest.mark.e2e
 def test_swept_program_trains_scores_collects_and_is_not_retrained(tmp_path: Path) -> None:
     since = time.time()
     exp_dir, _ = sweep(COUNTER, tmp_path, "local", "sweep.grid={program.params.lr: [0.01, 0.02]}")
@@ -98,6 +99,7 @@ def test_swept_program_trains_scores_collects_and_is_not_retrained(tmp_path: Pat
 # ------------------------------------------------------------------------------------ 2. failure and retry
 
 
+@pytest.mark.e2e
 def test_failed_program_shows_its_last_line_and_the_retry_resumes(tmp_path: Path) -> None:
     # The user's trainer has a bug (here: a flag file makes it fail at step 8); they fix it and sweep
     # again. The command line is unchanged, so the run is the same run, retried.
@@ -139,6 +141,7 @@ def test_failed_program_shows_its_last_line_and_the_retry_resumes(tmp_path: Path
 # ------------------------------------------------------------------------------------ 3. metrics
 
 
+@pytest.mark.e2e
 def test_metrics_that_match_no_file_are_reported_by_run_name(tmp_path: Path) -> None:
     since = time.time()
     exp_dir, _ = sweep(COUNTER, tmp_path, "local", "sweep.seeds=[0]", "program.metrics={source: csv, path: nothing-*.csv}")
@@ -150,6 +153,7 @@ def test_metrics_that_match_no_file_are_reported_by_run_name(tmp_path: Path) -> 
     assert code != 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("eval_args,source", [([], "hpcrl"), (["--jsonl", "{run_dir}/eval.jsonl"], "jsonl")])
 def test_eval_command_scores_the_run(tmp_path: Path, eval_args: list[str], source: str) -> None:
     metrics = "{source: hpcrl}" if source == "hpcrl" else "{source: jsonl, path: eval.jsonl, step: episode, value: return}"
@@ -165,6 +169,7 @@ def test_eval_command_scores_the_run(tmp_path: Path, eval_args: list[str], sourc
     assert float(csv_rows(exp_dir / "results" / "summary.csv")[0]["mean"]) == pytest.approx(23)
 
 
+@pytest.mark.e2e
 def test_tensorboard_program_is_collected_from_its_event_files(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     config = tmp_path / "tb.yaml"
@@ -193,6 +198,7 @@ def test_tensorboard_program_is_collected_from_its_event_files(tmp_path: Path) -
 # ------------------------------------------------------------------------------------ 4. RL Zoo on every backend
 
 
+@pytest.mark.e2e
 def test_rl_zoo_sweep_is_collected_from_its_monitor_files(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     pytest.importorskip("rl_zoo3")
     started = since = time.time()
@@ -220,6 +226,7 @@ def test_rl_zoo_sweep_is_collected_from_its_monitor_files(backend: Backend, tmp_
 # ------------------------------------------------------------------------------------ 5. requeue on every backend
 
 
+@pytest.mark.e2e
 def test_warned_program_checkpoints_is_requeued_and_resumes(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
     exp_dir, _ = sweep(COUNTER, tmp_path, backend.name, "sweep.seeds=[0]", "program.params.total_steps=40", "program.params.step_seconds=0.3")
@@ -243,6 +250,7 @@ def test_warned_program_checkpoints_is_requeued_and_resumes(backend: Backend, tm
     print(f"\n{backend.name}: warned, stopped at step {stopped.group(1)}, resumed at step {resumed.group(2)}, done at step {steps[-1]}")
 
 
+@pytest.mark.e2e
 def test_cancel_stops_every_program_and_nothing_comes_back(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     exp_dir, _ = sweep(COUNTER, tmp_path, backend.name, "program.params.total_steps=100000", "program.params.step_seconds=0.05")
     wait_until("a program to checkpoint", lambda: any(exp_dir.glob("runs/*/checkpoints/ckpt-*.json")), 180)
@@ -277,6 +285,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("warning", ["usr2-to-the-job", "usr1-to-the-job", "repeated"])
 def test_scheduler_warnings_reach_the_program_once_as_its_stop_signal_and_the_run_resumes(backend: Backend, tmp_path: Path, warning: str) -> None:  # noqa: F811 (the fixture)
     # What Grid Engine sends, on every backend: USR2 to every process of the job (s_rt after a
@@ -314,6 +323,7 @@ def test_scheduler_warnings_reach_the_program_once_as_its_stop_signal_and_the_ru
     assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), status_text(exp_dir)
 
 
+@pytest.mark.e2e
 def test_a_program_that_dies_of_its_stop_signal_is_requeued_and_resumes(tmp_path: Path) -> None:
     # No handler at all (it never heard of hpcrl.job): USR1's default action kills it. After the
     # warning, that death is the preemption's doing: the run is requeued and resumes.
@@ -342,6 +352,7 @@ def test_a_program_that_dies_of_its_stop_signal_is_requeued_and_resumes(tmp_path
     assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists(), status_text(exp_dir)
 
 
+@pytest.mark.e2e
 def test_a_program_that_always_asks_for_a_requeue_is_failed_after_three_lifetimes(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     # resources.max_stalled_requeues (3): one cap, applied by hpcrl train on every scheduler.
     config = tmp_path / "always99.yaml"

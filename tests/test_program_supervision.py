@@ -75,6 +75,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------ what the program leaves
 
 
+@pytest.mark.e2e
 def test_the_run_ends_when_the_program_ends_and_what_it_left_is_ended_and_named(tmp_path: Path) -> None:
     (tmp_path / "leaver.py").write_text(LEAVER)
     pids_file = tmp_path / "pids"
@@ -138,6 +139,7 @@ def test_a_warning_to_every_process_of_the_job_reaches_the_program_once_as_its_s
     assert not rundir.is_failed(the_run(root))
 
 
+@pytest.mark.e2e
 def test_repeated_warnings_while_hpcrl_exits_leave_the_requeue_code(tmp_path: Path) -> None:
     # `scancel --signal=USR1 --batch` repeats the warning every few seconds, Grid Engine sends USR1 then
     # USR2: one that arrives while the interpreter shuts down (default handlers back) must not kill it.
@@ -160,6 +162,7 @@ def test_repeated_warnings_while_hpcrl_exits_leave_the_requeue_code(tmp_path: Pa
 # ------------------------------------------------------------------------------------ the requeue cap
 
 
+@pytest.mark.e2e
 def test_a_program_that_always_asks_for_a_requeue_is_failed_after_the_cap(tmp_path: Path) -> None:
     root = experiment(tmp_path, "done", command=[sys.executable, "-c", "import sys; print('not today'); sys.exit(99)"], args=[], resume_args=[])
     codes = [subprocess.run([sys.executable, "-m", "hpcrl", "train", str(root), "--task", "0"], env=ENV, capture_output=True, text=True, timeout=60) for _ in range(3)]
@@ -172,6 +175,7 @@ def test_a_program_that_always_asks_for_a_requeue_is_failed_after_the_cap(tmp_pa
     assert rows[0].train == "failed" and rows[0].note.startswith("train failed: asked for a requeue 3 times")
 
 
+@pytest.mark.e2e
 def test_a_program_that_checkpoints_before_each_requeue_is_never_capped(tmp_path: Path) -> None:
     # A long run preempted often: each lifetime writes something new, so the count starts again each time.
     script = "import os, sys, time; d = os.environ['HPCRL_CHECKPOINT_DIR']; open(os.path.join(d, 'ckpt-%d' % time.time_ns()), 'w').close(); sys.exit(99)"

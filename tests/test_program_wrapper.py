@@ -82,6 +82,7 @@ def the_run(root: Path) -> Path:
     return next((root / "runs").iterdir())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("stop_signal", ["USR1", "TERM"])
 def test_the_warning_reaches_the_program_as_its_stop_signal_and_asks_for_a_requeue(tmp_path: Path, stop_signal: str) -> None:
     root = experiment(tmp_path, "stop", stop_signal=stop_signal)
@@ -96,6 +97,7 @@ def test_the_warning_reaches_the_program_as_its_stop_signal_and_asks_for_a_reque
     assert "asking for a requeue" in out
 
 
+@pytest.mark.e2e
 def test_a_program_killed_at_the_hard_limit_leaves_no_marker_and_resumes_next_time(tmp_path: Path) -> None:
     root = experiment(tmp_path, "ignore")
     proc = start(root)
@@ -117,6 +119,7 @@ def test_a_program_killed_at_the_hard_limit_leaves_no_marker_and_resumes_next_ti
     assert rundir.is_done(rd)
 
 
+@pytest.mark.e2e
 def test_a_failing_program_is_failed_with_its_last_line_and_the_tail_of_its_output(tmp_path: Path) -> None:
     root = experiment(tmp_path, "fail")
     proc = start(root)
@@ -132,6 +135,7 @@ def test_a_failing_program_is_failed_with_its_last_line_and_the_tail_of_its_outp
     assert rows[0].train == "failed" and rows[0].note.startswith("train failed: program exited with 1: ValueError")
 
 
+@pytest.mark.e2e
 def test_a_program_killed_by_a_signal_nobody_sent_is_failed_with_the_signal(tmp_path: Path) -> None:
     root = experiment(tmp_path, "segv")
     proc = start(root)
@@ -149,6 +153,7 @@ def test_a_program_missing_inside_the_job_is_one_line(tmp_path: Path) -> None:
     assert rundir.first_line(the_run(root), rundir.FAILED).startswith("program: 'no-such-trainer-xyz' not found")
 
 
+@pytest.mark.e2e
 def test_words_after_dash_dash_are_the_command_that_runs(tmp_path: Path) -> None:
     """The job script's literal command line is what runs (the config renders it when there is none)."""
     root = experiment(tmp_path, "done")

@@ -304,6 +304,7 @@ def _chromium(binary: str, tmp_path: Path, page: Path, *args: str) -> subprocess
     return proc
 
 
+@pytest.mark.e2e
 def test_chromium_shows_the_report(chromium: str, tmp_path: Path) -> None:
     exp, results = _experiment(tmp_path)
     doc, rows, pngs = _realistic(results)

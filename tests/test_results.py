@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import imageio.v3 as iio
+import pytest
 from factories import write_config
 
 from hpcrl.collect import collect
@@ -59,6 +60,7 @@ def test_collect_reports_bad_runs_by_name_and_aggregates_the_rest(tmp_path: Path
         assert (root / "results" / "plots" / f"{name}.png").stat().st_size > 5000
 
 
+@pytest.mark.e2e
 def test_threshold_skips_and_videos_play(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"eval.threshold": [0.0, 1.0e6]}}, "eval": {"episodes": 2, "video": True}})
     proc = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], capture_output=True, text=True, cwd=tmp_path, timeout=300)

@@ -155,6 +155,7 @@ def test_async_rollout_is_learned_when_written_and_ids_stay_when_auto() -> None:
     assert len(set(ids.values())) == 3
 
 
+@pytest.mark.e2e
 def test_warned_two_rank_async_run_resumes_on_both_ranks(tmp_path: Path) -> None:
     """DD-PPO with the overlap: each rank's rollout thread collects while the ranks' update
     averages gradients; warned, both ranks stop at the same iteration, rank 0's checkpoint is

@@ -119,6 +119,7 @@ def hpcrl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedPr
     return subprocess.run([PY, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 
+@pytest.mark.e2e
 def test_resweep_with_a_new_lr_pools_only_the_current_configs_runs(tmp_path: Path) -> None:
     tiny = {"train": {"total_steps": 256, "num_steps": 64, "update_epochs": 1}, "sweep": {"seeds": [0, 1]}}
     for lr in (0.001, 0.002):

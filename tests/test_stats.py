@@ -121,6 +121,7 @@ def test_probability_of_improvement_ci_matches_rliable() -> None:
     assert high == pytest.approx(RLIABLE_POI_CI[1], abs=0.01)
 
 
+@pytest.mark.slow
 def test_live_cross_check_with_rliable() -> None:
     """Same definitions on fresh matrices, when rliable happens to be installed (never required)."""
     metrics = pytest.importorskip("rliable.metrics")

@@ -132,6 +132,7 @@ def test_reporter_reports_percent_of_budget_and_prunes_a_poor_trial() -> None:
 # ------------------------------------------------------------------------------------ local, end to end
 
 
+@pytest.mark.e2e
 def test_study_has_every_trial_once_shows_in_status_and_collect_and_grows_on_resweep(tmp_path: Path) -> None:
     since = time.time()
     exp_dir, printed = study_sweep(tmp_path, "local", search(6), "resources.max_concurrent=2", "eval.every_steps=512")
@@ -167,6 +168,7 @@ def test_study_has_every_trial_once_shows_in_status_and_collect_and_grows_on_res
     assert {r["generation"] for r in read_runs_csv(exp_dir)} == {"0"}  # one config: one study, pooled together
 
 
+@pytest.mark.e2e
 def test_a_changed_config_starts_a_new_study_and_leaves_the_old_trials_out(tmp_path: Path) -> None:
     since = time.time()
     exp_dir, _ = study_sweep(tmp_path, "local", search(2, pruner="none"), "train.total_steps=512")
@@ -183,6 +185,7 @@ def test_a_changed_config_starts_a_new_study_and_leaves_the_old_trials_out(tmp_p
     assert "left out 2 runs of earlier configs" in out.getvalue() and "2 of 2 trials" in out.getvalue()
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_mid_trial_leaves_it_to_the_next_sweep(tmp_path: Path) -> None:
     since = time.time()
     exp_dir, _ = study_sweep(tmp_path, "local", search(2, pruner="none"), "resources.max_concurrent=1", "train.total_steps=40960")
@@ -205,6 +208,7 @@ def test_a_worker_killed_mid_trial_leaves_it_to_the_next_sweep(tmp_path: Path) -
     assert steps == sorted(set(steps)) and steps[-1] == 40960  # cut back to the checkpoint: no step twice
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_the_next_sweep(tmp_path: Path) -> None:
     """Two workers; worker 2 is killed mid-trial while worker 1 trains on. `status` shows worker 2's
     trial failed (not running) and names the failed worker; worker 1 finishes its trial and then the
@@ -238,6 +242,7 @@ def test_a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_th
     assert "failed" not in status_text(exp_dir)  # the restarted worker 2 replaced the failed one
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
 def test_when_every_worker_fails_status_names_the_study_job_and_the_aggregate_failed(tmp_path: Path, request: pytest.FixtureRequest, name: str) -> None:
     """(Grid Engine forgets how a task ended, so there neither a worker that failed before it held a
@@ -273,6 +278,7 @@ def test_a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new
 # ------------------------------------------------------------------------------------ storage
 
 
+@pytest.mark.e2e
 def test_an_rdb_storage_works_and_a_relative_sqlite_file_is_in_the_experiment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """README: `storage:` takes an RDB URL. A relative SQLite path is resolved against the experiment
     directory at sweep time (not the cwd of whoever sweeps), and experiment.yaml records it."""
@@ -298,6 +304,7 @@ def test_a_storage_that_cannot_be_a_study_is_refused_in_one_line_and_nothing_is_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 def test_a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep(tmp_path: Path) -> None:
     """A node that dies mid-append leaves half a record at the end of the journal. The next writer
     (a worker, or the sweep) sets it aside in a side file before it appends; the trial whose end was
@@ -369,6 +376,7 @@ def test_a_journal_damaged_mid_file_is_refused_in_one_line(tmp_path: Path) -> No
 # ------------------------------------------------------------------------------------ every backend
 
 
+@pytest.mark.e2e
 def test_warned_worker_is_requeued_and_resumes_its_trial(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
     exp_dir, _ = study_sweep(tmp_path, backend.name, search(2, pruner="none"), "resources.max_concurrent=1", "train.total_steps=20480")

@@ -209,6 +209,7 @@ def test_local_gpus_are_split_one_per_task(tmp_path: Path, monkeypatch: pytest.M
 # ------------------------------------------------------------------------------------ items 11 and 14
 
 
+@pytest.mark.e2e
 def test_a_successful_local_retry_exits_0_without_the_old_failures(tmp_path: Path) -> None:
     real = sys.executable
     failing = standin(tmp_path / "bin", "python", f'[ "$3" = train ] && {{ echo "node died" >&2; exit 3; }}\nexec {real} "$@"\n')
@@ -220,6 +221,7 @@ def test_a_successful_local_retry_exits_0_without_the_old_failures(tmp_path: Pat
     assert "failed" not in second.stdout and "submitted 1 of 1 runs" in second.stdout
 
 
+@pytest.mark.e2e
 def test_sweep_retries_a_failed_evaluation_without_training_again(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"sweep": {"seeds": [0, 1]}})
     exp = tmp_path / "logs" / "tiny"
@@ -255,6 +257,7 @@ def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.mark.e2e
 def test_task_i_runs_the_run_on_manifest_line_i(backend: str, tmp_path: Path) -> None:
     """With run 1 already done, the train array is runs [0, 2]: not the identity, so a reversed or
     shifted task -> run mapping trains the wrong run (or run 1) and fails here."""

@@ -95,6 +95,7 @@ def test_timeouts_are_truncations_and_final_frames_are_real() -> None:
         envs.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["vizdoom_ppo", "vizdoom_a2c", "vizdoom_dqn"])
 def test_bundled_configs_train_and_evaluate(name: str, tmp_path: Path) -> None:
     overrides = ["env.num_envs=2", "train.torch_threads=1", "train.device=cpu", "eval.episodes=2", "sweep.seeds=[0]"]
@@ -126,6 +127,7 @@ class _StartTogether(gym.Wrapper):
         return self.env.reset(**kwargs)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_32_workers_starting_at_the_same_instant_all_reset_and_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """32 ViZDoom workers whose games start at one instant (a barrier before each first reset) all
@@ -200,6 +202,7 @@ def test_worker_groups_step_as_one_async_vector_env() -> None:
         one.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("recurrent_size", [0, 16])
 def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int) -> None:
     """A rollout over worker groups (each group's forward pass while the other group steps) gives
