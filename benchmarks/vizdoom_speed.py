@@ -58,9 +58,10 @@ RESULT = "RESULT "
 
 # ---------------------------------------------------------------------------- one measurement (child)
 def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) -> Any:
-    from hpcrl.config import load_experiment
+    from hpcrl.config.experiment import load_experiment
 
-    return load_experiment(Path(args.config), [f"train.device={args.device}", f"env.num_envs={num_envs}", *args.overrides, *extra])
+    gpus = [f"resources.gpus={int(args.device.partition(':')[2] or 0) + 1}"] if args.device.startswith("cuda") else []  # the GPUs a task asks for cover its device
+    return load_experiment(Path(args.config), [f"train.device={args.device}", *gpus, f"env.num_envs={num_envs}", *args.overrides, *extra])
 
 
 def _timed(step: Any, steps_of: Any, seconds: float) -> tuple[float, int, float]:

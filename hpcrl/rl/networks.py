@@ -139,7 +139,9 @@ class Encoder(nn.Module):
         if self.amp_dtype is not None:
             device = self._get(obs, (self.image_keys or self.vector_keys)[0]).device.type
             if device == "cuda" or (device == "cpu" and self.amp_dtype == torch.bfloat16 and CPU_BF16):
-                with torch.autocast(device, dtype=self.amp_dtype):
+                # No cast cache: each weight is cast once per forward anyway, and a cache kept
+                # across a CUDA graph capture would replay a stale cast (rl/graphs.py).
+                with torch.autocast(device, dtype=self.amp_dtype, cache_enabled=False):
                     return self._encode(obs).float()
         return self._encode(obs)
 
@@ -197,8 +199,15 @@ class CategoricalHead(nn.Module):
         return torch.log_softmax(F.linear(x, self.linear.weight, self.linear.bias), dim=-1)
 
     def sample(self, logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.apply(logp, torch.empty_like(logp).exponential_(generator=generator))
+
+    def draw(self, batch: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The noise `sample` draws for `batch` rows, drawn apart (a CUDA graph takes it as an input)."""
+        return torch.empty((batch, self.linear.out_features), device=device).exponential_(generator=generator)
+
+    def apply(self, logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         # Gumbel-max: argmax(log p - log E), E ~ Exp(1), is a draw from p, at a third of multinomial's cost.
-        return (logp - torch.empty_like(logp).exponential_(generator=generator).log()).argmax(-1)
+        return (logp - noise.log()).argmax(-1)
 
     def mode(self, logp: torch.Tensor) -> torch.Tensor:
         return logp.argmax(-1)
@@ -224,8 +233,16 @@ class GaussianHead(nn.Module):
         return mean, self.log_std.expand_as(mean)
 
     def sample(self, params: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        mean = params[0]
+        return self.apply(params, torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device))
+
+    def draw(self, batch: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The noise `sample` draws for `batch` rows, drawn apart (a CUDA graph takes it as an input)."""
+        return torch.randn((batch, self.linear.out_features), generator=generator, device=device)
+
+    def apply(self, params: tuple[torch.Tensor, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         mean, log_std = params
-        return mean + log_std.exp() * torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+        return mean + log_std.exp() * noise
 
     def mode(self, params: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return params[0]
@@ -328,14 +345,23 @@ class ActorCritic(nn.Module):
         its observations in one batched pass afterwards; a shared encoder's value costs one
         linear layer and is returned anyway. `generator` draws the actions (a background
         rollout's own, so its draws do not depend on how it interleaves with the update's)."""
-        if with_value or self.shared:
-            a, c, state = self._features(obs, state, first)
-            value = self._value_head(c)
-        else:
-            a, value = self.actor_encoder.forward(self._normalized(obs)), None
-        params = self.actor_head.forward(a)
+        params, value, state = self._acting(obs, state, first, with_value)
         action = self.actor_head.sample(params, generator)
         return action, self.actor_head.log_prob(params, action), value, state
+
+    def step_with_noise(self, obs: Obs, noise: torch.Tensor, with_value: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, None]:
+        """`step` of a feed-forward policy with the sample's noise given (`actor_head.draw`): the
+        same action for the same draws, with no random op inside (what a CUDA graph replays)."""
+        params, value, _ = self._acting(obs, None, None, with_value)
+        action = self.actor_head.apply(params, noise)
+        return action, self.actor_head.log_prob(params, action), value, None
+
+    def _acting(self, obs: Obs, state: torch.Tensor | None, first: torch.Tensor | None, with_value: bool) -> tuple[Any, torch.Tensor | None, torch.Tensor | None]:
+        """The action distribution's parameters, the value (None where skipped) and the new state."""
+        if with_value or self.shared:
+            a, c, state = self._features(obs, state, first)
+            return self.actor_head.forward(a), self._value_head(c), state
+        return self.actor_head.forward(self.actor_encoder.forward(self._normalized(obs))), None, state
 
     def evaluate(self, obs: Obs, action: torch.Tensor, state: torch.Tensor | None = None, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Update: log-probability and entropy of stored actions, and the value."""

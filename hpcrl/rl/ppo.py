@@ -29,9 +29,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from hpcrl.config.hparams import OnPolicyConfig, PPOConfig
+from hpcrl.rl import graphs
 from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
-from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
 from hpcrl.rl.rollout import Rollout, RolloutThread, Uploader
@@ -130,6 +131,8 @@ class OnPolicyAgent:
         self._spare: Rollout | None = None
         self._thread: RolloutThread | None = None
         self._generator: torch.Generator | None = None
+        self._graphs: dict[tuple[int, int], graphs.GraphedStep] = {}
+        """The rollout's CUDA graphs, one per (acting policy, env group), made on first use."""
         if self.async_rollout:
             self._spare = Rollout(obs_space, action_space, cfg.num_steps, n, device)
             self.behaviour = copy.deepcopy(self.policy)
@@ -217,7 +220,14 @@ class OnPolicyAgent:
         _write(buf.obs, step if part is ALL else (step, part), obs)
         firsts = self.next_first if part is ALL else self.next_first[part]
         buf.firsts[step, part] = firsts
-        action, logprob, value, states[k] = policy.step(obs, states[k], self._firsts_tensor(firsts), with_value=not self.values_after_rollout, generator=generator)
+        if self.cfg.cuda_graph and graphs.usable(policy, self.device):
+            noise = policy.actor_head.draw(len(firsts), self.device, generator)
+            key = (id(policy), k)
+            if key not in self._graphs:
+                self._graphs[key] = graphs.GraphedStep(policy, obs, not self.values_after_rollout, noise)
+            action, logprob, value = self._graphs[key](obs, noise)
+        else:
+            action, logprob, value, states[k] = policy.step(obs, states[k], self._firsts_tensor(firsts), with_value=not self.values_after_rollout, generator=generator)
         buf.actions[step, part] = action
         buf.logprobs[step, part] = logprob
         if value is not None:
