@@ -23,6 +23,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CLUSTERS = REPO / "tests" / "clusters"
 
+# The tests mirror hpcrl/'s rooms (tests/config/, tests/rl/, ..., tests/e2e/) and share helpers by bare name,
+# across rooms too (`from test_conformance import Local`, `from factories import write_config`): tests/ is on
+# sys.path through this file (pytest's prepend import mode), and so is every room.
+sys.path.extend(str(room) for room in sorted(Path(__file__).parent.iterdir()) if room.is_dir() and any(room.glob("test_*.py")))
+
 _started: list[str] = []
 """One line per cluster brought up in this session, printed in pytest's summary."""
 
@@ -136,7 +141,7 @@ def board(redis_client, request):
 
 
 # ------------------------------------------------------------------------------------------- chromium
-# tests/test_report.py looks at report.html in a real browser: headless Chromium, Debian's package. As root on
+# tests/results/test_report.py looks at report.html in a real browser: headless Chromium, Debian's package. As root on
 # Debian it is installed when missing (tests/clusters/chromium.sh); elsewhere without it that test skips.
 
 

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from test_algorithms import CARTPOLE, PPO_CARTPOLE, greedy_return, make_agent, train
 from trainruns import warn_once_logged
 
 from hpcrl.config.experiment import EnvConfig, experiment_from_dict
@@ -21,7 +22,6 @@ from hpcrl.rl.ppo import PPO
 from hpcrl.rl.train import train_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.sweep.runs import expand
-from tests.test_algorithms import CARTPOLE, PPO_CARTPOLE, greedy_return, make_agent, train
 
 
 def _rollout_threads() -> list[threading.Thread]:
@@ -151,7 +151,7 @@ def test_async_rollout_is_learned_when_written_and_ids_stay_when_auto() -> None:
     `auto` (hpcrl's choice per env kind) the ids of existing experiments stay what they were."""
     base = {"name": "ids", "algo": "ppo", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 10_000, "lr": 0.001}, "sweep": {"seeds": [0]}}
     ids = {v: expand(experiment_from_dict({**base, "train": {**base["train"], "async_rollout": v}}))[0].run_id for v in ("auto", True, False)}
-    assert ids["auto"] == expand(experiment_from_dict(base))[0].run_id == "2edf0fed8c-s0"  # tests/test_run_identity.py's golden id
+    assert ids["auto"] == expand(experiment_from_dict(base))[0].run_id == "2edf0fed8c-s0"  # tests/sweep/test_run_identity.py's golden id
     assert len(set(ids.values())) == 3
 
 

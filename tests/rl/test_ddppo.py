@@ -38,7 +38,7 @@ from hpcrl.rl.ppo import PPO
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALGOS = {"ppo": (PPO, PPOConfig), "a2c": (A2C, A2CConfig)}
 SETTINGS = {
     "ppo": {"num_steps": 16, "num_minibatches": 1, "update_epochs": 4, "norm_adv": True, "clip_vloss": True, "normalize_obs": True, "hidden_sizes": [16]},

@@ -22,7 +22,7 @@ from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.pipeline import plan_scripts, submit_experiment
 
-CONFORMANCE = Path(__file__).resolve().parent / "data" / "conformance.yaml"
+CONFORMANCE = Path(__file__).resolve().parents[1] / "data" / "conformance.yaml"
 
 # (scheduler, where the value goes) for every field a directive line carries.
 COUNTS = ["resources.cpus", "resources.gpus", "resources.signal_seconds", "resources.max_concurrent"]

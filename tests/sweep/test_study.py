@@ -40,7 +40,7 @@ from hpcrl.sweep.study_worker import Reporter, Worker
 
 optuna = pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPACE = "{train.lr: {type: loguniform, low: 1.0e-5, high: 1.0e-2}, train.ent_coef: {type: uniform, low: 0.0, high: 0.01}}"
 
 

@@ -39,7 +39,7 @@ from hpcrl.sweep.runs import expand
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "data" / "conformance.yaml"
 Times = dict[tuple[str, int], tuple[float, float]]
 """(job id, array task) -> (start, end) in seconds since the epoch; task 0 for a plain job."""
 
@@ -209,7 +209,7 @@ def status_text(exp_dir: Path) -> str:
 
 
 # Two learning rates x two seeds: the summary has one row per setting (the embedded default's end to end,
-# once tests/test_local_pipeline.py's own local sweep, folded in here).
+# once tests/schedulers/test_local_pipeline.py's own local sweep, folded in here).
 GRID = ("sweep.seeds=[0, 1]", "sweep.grid={train.lr: [1.0e-3, 3.0e-4]}")
 
 

@@ -18,8 +18,8 @@ from hpcrl.submit.pipeline import plan_scripts
 from hpcrl.sweep import runs as sweep
 from hpcrl.templates import render
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden" / "jobs"
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "jobs"
 # Fixed paths so the golden files do not depend on where the tests run.
 PINNED = ["output=/scratch/hpcrl", "python=/opt/venv/bin/python"]
 

@@ -2,7 +2,7 @@
 
 No Apptainer exists on the development machines. Build tests put tests/standins/apptainer on PATH:
 a stand-in that records each call (argv, cwd, cache/tmp variables, files it would copy) and writes
-a fake image. Golden files: HPCRL_UPDATE_GOLDEN=1 pytest tests/test_image.py rewrites them.
+a fake image. Golden files: HPCRL_UPDATE_GOLDEN=1 pytest tests/image/test_image.py rewrites them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hpcrl.image.defcheck import check_def, files_entries
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "defs"
 STANDIN = ROOT / "tests" / "standins" / "apptainer"
 UPDATE = os.environ.get("HPCRL_UPDATE_GOLDEN") == "1"

@@ -9,7 +9,7 @@ best 12), settings of one seed, seeds whose logs are ragged, overlap partly or n
 step (a resume) or miss returns, evaluations during training, failed, missing and corrupt runs,
 ties between settings, several tasks with normalised scores and a seed missing on one task.
 
-    python tests/test_collect_identity.py     # rewrite the references (only when a number must change)
+    python tests/results/test_collect_identity.py     # rewrite the references (only when a number must change)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import yaml
 
 from hpcrl.results.collect import collect
 
-REFERENCE = Path(__file__).parent / "data" / "collect_reference"
+REFERENCE = Path(__file__).parents[1] / "data" / "collect_reference"
 COMPARED = ("summary.csv", "aggregate.csv", "improvement.csv", "curves.csv", "eval_curves.csv", "report.md", "stdout.txt")
 CASES = {"single-iqm": ("single", "iqm"), "single-mean": ("single", "mean"), "multi-iqm": ("multi", "iqm")}
 

@@ -12,7 +12,7 @@ from factories import write_config
 
 from hpcrl.config.experiment import ConfigError, load_experiment
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def hpcrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from hpcrl.store import rundir
 from hpcrl.store.expdir import run_dir, write_experiment
 from hpcrl.sweep.runs import expand
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}, "PYTHONPATH": str(REPO)}
 
 PROGRAM = r'''

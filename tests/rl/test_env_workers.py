@@ -18,7 +18,7 @@ from factories import write_config
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import EnvWorkerError, make_vec_env
 
-STANDINS = Path(__file__).resolve().parent / "standins"
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
 ENV_ID = "failing_env:FailingEnv-v0"
 
 

@@ -25,7 +25,7 @@ from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.pipeline import plan_scripts
 from hpcrl.sweep import runs as sweep
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VALUES = {"run_dir": "/e/runs/r", "checkpoint_dir": "/e/runs/r/checkpoints", "seed": "3", "run_id": "r", "experiment_dir": "/e"}
 
 

@@ -34,7 +34,7 @@ from hpcrl.status import experiment_status
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
 COUNTER = DATA / "program_counter.yaml"
 RLZOO = DATA / "rlzoo_cartpole_small.yaml"

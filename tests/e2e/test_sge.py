@@ -21,7 +21,7 @@ from hpcrl.status import cancel_experiment, experiment_status
 from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
 
-CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "data" / "conformance.yaml"
 
 
 @pytest.mark.sge

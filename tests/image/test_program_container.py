@@ -35,7 +35,7 @@ from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import plan_scripts
 from hpcrl.sweep import runs as sweep
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standins" / "apptainer"
 PINNED = ["output=/scratch/hpcrl", "python=/opt/venv/bin/python", "container.image=/images/habitat.sif", "program.workdir=/work/project"]
 SEED_EXEC = "singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif"

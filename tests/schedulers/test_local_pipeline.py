@@ -136,7 +136,7 @@ def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) 
     writes the summary naming it and exits 1. The progress line counted the skipped eval as done and
     the aggregate as failed while `status` said skipped and done; both now apply status's one rule,
     under which a summary without a score is a failed aggregate (issue 25, item 9)."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     command = f"program.command=[{PY}, tests/programs/counter_trainer.py]"
     overrides = [f"output={tmp_path / 'logs'}", f"program.workdir={repo}", command, "program.params.fail_at=3", "sweep.seeds=[0]"]
     proc = hpcrl("sweep", str(repo / "tests" / "data" / "program_counter.yaml"), "--scheduler", "local", *overrides, cwd=tmp_path)
@@ -150,7 +150,7 @@ def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) 
 def test_a_failed_run_is_worded_once_and_its_control_characters_never_reach_the_terminal(tmp_path: Path) -> None:
     """A program whose last line clears the screen and recolours it, then exits 1: the job's log,
     `status` and `collect` word the failure alike (`train failed: ...`, one function), escaped."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     (tmp_path / "bad.py").write_text("import sys\nsys.stderr.write('\\x1b[2J\\x1b[31mboom\\x1b[0m\\x07\\n')\nsys.exit(1)\n")
     overrides = [f"output={tmp_path / 'logs'}", f"program.workdir={tmp_path}", f"program.command=[{PY}, bad.py]", "sweep.seeds=[0]"]
     proc = hpcrl("sweep", str(repo / "tests" / "data" / "program_counter.yaml"), "--scheduler", "local", *overrides, cwd=tmp_path)

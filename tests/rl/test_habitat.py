@@ -23,7 +23,7 @@ from hpcrl.rl.habitat_env import MISSING, PointNavEnv, PointNavSettings, pointgo
 from hpcrl.rl.ppo import PPO
 from hpcrl.sweep.runs import expand
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = REPO / "tests" / "programs"
 ENV_VARS = ("HPCRL_RUN_DIR", "HPCRL_CHECKPOINT_DIR", "HPCRL_SEED", "HPCRL_RUN_ID", "HPCRL_REQUEUE_EXIT", "HPCRL_STOP_SIGNAL", "HPCRL_LIFETIME")
 

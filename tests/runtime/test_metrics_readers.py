@@ -107,7 +107,7 @@ def test_a_vector_trainers_episodes_that_end_in_one_step_are_all_kept(tmp_path: 
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     argv = [sys.executable, str(repo / "tests" / "programs" / "cleanrl_tb.py"), "--log-dir", str(tmp_path / "tb"), "--total-timesteps", "1024", "--num-envs", "16",
             "--num-steps", "64", "--update-epochs", "1"]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -27,7 +27,7 @@ from hpcrl.submit.pipeline import plan_scripts, submit_experiment
 from hpcrl.sweep.runs import expand
 
 PY = sys.executable
-CONFORMANCE = Path(__file__).resolve().parent / "data" / "conformance.yaml"
+CONFORMANCE = Path(__file__).resolve().parents[1] / "data" / "conformance.yaml"
 
 
 def hpcrl(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: 
 from hpcrl.rl.vizdoom_env import resolve_id  # noqa: E402
 from hpcrl.sweep.runs import expand  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASIC = EnvConfig(backend="vizdoom", id="basic", num_envs=2, kwargs={"downsample": 2})
 
 

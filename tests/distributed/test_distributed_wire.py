@@ -17,7 +17,7 @@ from hpcrl.distributed import rendezvous, wire
 from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.pipeline import plan_scripts
 
-DISTRIBUTED = Path(__file__).resolve().parent.parent / "hpcrl" / "distributed"
+DISTRIBUTED = Path(__file__).resolve().parents[2] / "hpcrl" / "distributed"
 APEX = {
     "name": "apex", "algo": "dqn", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 1000, "hidden_sizes": [16]},
     "distributed": {"actors": 2}, "sweep": {"seeds": [0, 1, 2]}, "resources": {"max_concurrent": 3},
@@ -121,7 +121,7 @@ def test_on_policy_algorithms_are_refused(tmp_path: Path, algo: str) -> None:
 
 
 def test_bundled_apex_config_loads() -> None:
-    exp = load_experiment(Path(__file__).resolve().parent.parent / "configs" / "cartpole_apex.yaml")
+    exp = load_experiment(Path(__file__).resolve().parents[2] / "configs" / "cartpole_apex.yaml")
     assert exp.algo == "dqn" and exp.distributed is not None and exp.distributed.actors == 2
     assert exp.train.n_step == 5  # DQN's train.n_step, which the actors use
 
