@@ -24,6 +24,7 @@ import yaml
 from hpcrl import rundir, sweep, tasks
 from hpcrl.results import RunResult, Scoring, write_results
 from hpcrl.schema import ConfigError
+from hpcrl.strength_results import write_strength
 
 
 def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
@@ -183,4 +184,8 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
         (experiment_dir / "results" / "plots").mkdir(parents=True, exist_ok=True)
         study_lines, extra_plots = write_study_results(experiment_dir, experiment_dir / "results")
         notes += study_lines
-    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots)
+    sections = []
+    if config.get("algo") == "alphazero":  # a two-player agent's strength: tables per opponent, curves, the Elo ladder
+        sections, strength_notes = write_strength(results, experiment_dir / "results", agg)
+        notes += strength_notes
+    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots, sections)
