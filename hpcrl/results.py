@@ -338,15 +338,14 @@ def write_results(
     return 0 if matrices or any(len(_scores(rs)) for by in groups.values() for rs in by.values()) else 1
 
 
-def _print_section(section: report.Section, out: TextIO | None, prefix: str = "") -> None:
-    """A report section's tables on the terminal, under their headings."""
-    title = f"{prefix}{section.title}"
+def _print_section(section: report.Section, out: TextIO | None) -> None:
+    """A report section's tables on the terminal, under their (sub)section's heading."""
     for block in section.blocks:
         if isinstance(block, report.Table):
-            print(f"\n{title}:", file=out)
+            print(f"\n{section.title}:", file=out)
             print(text_table(block.header, block.rows), file=out)
         elif isinstance(block, report.Section):
-            _print_section(block, out, f"{section.title} ")
+            _print_section(block, out)
 
 
 def _file_part(text: str) -> str:

@@ -211,7 +211,7 @@ def write_strength(results: Sequence[RunResult], results_dir: Path, agg: str) ->
         sections.append(report.Section("Strength against fixed opponents", [
             "Win / draw / loss rates of the final policy (eval stage), each colour half the games; the mean over seeds with a "
             "95% bootstrap interval (strength.csv).",
-            *[report.Section(f"against {opponent}", [table]) for opponent, table in tables.items()],
+            *[report.Section(f"Against {opponent}", [table]) for opponent, table in tables.items()],
         ]))  # fmt: skip
     curves, curve_rows, notes = rate_curves(curves_of, agg)
     problems += notes

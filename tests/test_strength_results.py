@@ -108,10 +108,10 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
     assert ladder[0]["player"] == "random" and ladder[1]["player"] == "policy 1" and ladder[1]["seeds"] == "2"
     for png in ("strength_win_rate.png", "strength_loss_rate.png", "elo.png"):
         assert (results / "plots" / png).read_bytes()[:4] == b"\x89PNG"
-    for words in ("Strength against fixed opponents against perfect:", "Elo ladder of the run's policies:", "policy 1"):
+    for words in ("Against perfect:", "Elo ladder of the run's policies:", "policy 1"):
         assert words in out
     page = (results / "report.html").read_text()
-    for words in ("Strength against fixed opponents", "against random", "Strength during training", "Elo ladder of the run&#x27;s policies", "Win rate during training"):
+    for words in ("Strength against fixed opponents", "Against random", "Strength during training", "Elo ladder of the run&#x27;s policies", "Win rate during training"):
         assert words in page
 
 
