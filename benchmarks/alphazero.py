@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcrl.config import load_experiment  # noqa: E402
+from hpcrl.config.experiment import load_experiment  # noqa: E402
 from hpcrl.rl import checkpoint, games  # noqa: E402
 from hpcrl.rl.alphazero import AlphaZero, make_network  # noqa: E402
 from hpcrl.rl.strength import evaluate_strength  # noqa: E402
 from hpcrl.rl.train import train_run  # noqa: E402
-from hpcrl.sweep import expand, write_experiment  # noqa: E402
+from hpcrl.sweep.runs import expand, write_experiment  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tictactoe_alphazero.yaml"
 CONNECT_FOUR = CONFIG.parent / "connect4_alphazero.yaml"

@@ -39,7 +39,7 @@ DRIVER = """
 import io, sys, time
 from pathlib import Path
 import hpcrl
-from hpcrl.collect import collect
+from hpcrl.results.collect import collect
 out = io.StringIO()
 wall, cpu = time.perf_counter(), time.process_time()
 rc = collect(Path(sys.argv[1]), out=out)

@@ -107,7 +107,7 @@ def one_run(root: Path, ranks: int, envs: int, args: argparse.Namespace) -> dict
 
 def raw_env_rate(envs: int, seconds: float) -> float:
     """Steps/s of `envs` CartPole envs in one sync vector env, random actions, in this process."""
-    from hpcrl.config import EnvConfig
+    from hpcrl.config.experiment import EnvConfig
     from hpcrl.rl.envs import make_vec_env
 
     vec = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=envs, vectorization="sync"))

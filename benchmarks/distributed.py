@@ -60,7 +60,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl.config import DistributedConfig, load_experiment
+from hpcrl.config.experiment import DistributedConfig, load_experiment
 from hpcrl.distributed import wire
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, RUNNING, Board, connect

@@ -115,19 +115,19 @@ STUDY = tuple(f"tests/test_study.py::test_{name}" for name in (
 ))  # fmt: skip
 STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
-    Target("sweep", "hpcrl/sweep.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
+    Target("sweep", "hpcrl/sweep/runs.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
     Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, *LIFETIMES, RESTORE, RESUME)),
     Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], "tests/test_run_files_edges.py", RESTORE, COLLECT, DRY_RUN)),
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
-    Target("rundir", "hpcrl/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
+    Target("rundir", "hpcrl/store/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
                                            *LIFETIMES, COLLECT, RESUME)),
     Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
     # issue 25's audit: a user's program, its metrics, Optuna, DD-PPO's collectives, status selections
-    Target("program", "hpcrl/program.py", PROGRAM),
-    Target("program_spec", "hpcrl/program_spec.py", ("tests/test_program_config.py", "tests/test_program_container.py")),
-    Target("metrics", "hpcrl/metrics.py", ("tests/test_metrics_readers.py", "tests/test_program_metrics.py")),
-    Target("study", "hpcrl/study.py", STUDY),
-    Target("study_worker", "hpcrl/study_worker.py", STUDY),
+    Target("program", "hpcrl/runtime/program.py", PROGRAM),
+    Target("program_spec", "hpcrl/config/program_spec.py", ("tests/test_program_config.py", "tests/test_program_container.py")),
+    Target("metrics", "hpcrl/runtime/metrics.py", ("tests/test_metrics_readers.py", "tests/test_program_metrics.py")),
+    Target("study", "hpcrl/sweep/study.py", STUDY),
+    Target("study_worker", "hpcrl/sweep/study_worker.py", STUDY),
     Target("ddp", "hpcrl/rl/ddp.py", ("tests/test_ddppo.py::test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8",)),
     Target("status", "hpcrl/status.py", ("tests/test_status_selection.py", "tests/test_status_scale.py")),
 ]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcrl import stats
+from hpcrl.results import stats
 
 TARGET_S = 5.0
 REFERENCE_COMMIT = "eefd824"
@@ -83,7 +83,7 @@ def main() -> None:
     print(f"{runs} runs ({shape}, 2000 bootstrap reps; best of {args.repeats})")
     print(f"  {'':36} {'summarize':>10} {'curves':>8} {'total':>8}")
     results = {}
-    for what, module in ((f"reference: stats.py at {REFERENCE_COMMIT}", reference_stats()), ("hpcrl.stats", stats)):
+    for what, module in ((f"reference: stats.py at {REFERENCE_COMMIT}", reference_stats()), ("hpcrl.results.stats", stats)):
         total, t_summary, t_curves, summary, bands = timed(module, finals, curves, args.agg, args.repeats)
         results[what] = (summary, bands)
         print(f"  {what:36} {t_summary:>9.3f}s {t_curves:>7.3f}s {total:>7.3f}s")

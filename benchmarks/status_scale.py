@@ -56,12 +56,12 @@ def state_of(i: int) -> str:
 def make_experiment(root: Path, runs: int, settings: int) -> Path:
     """Write the synthetic experiment of `runs` runs (`settings` values of train.lr x runs/settings seeds)."""
     sys.path.insert(0, str(REPO))
-    from hpcrl import rundir
-    from hpcrl.config import load_experiment
-    from hpcrl.pipeline import write_jobs
+    from hpcrl.config.experiment import load_experiment
     from hpcrl.schedulers.base import Dependency, Job
     from hpcrl.schedulers.local import write_state
-    from hpcrl.sweep import expand, run_dir, write_experiment
+    from hpcrl.store import rundir
+    from hpcrl.submit.pipeline import write_jobs
+    from hpcrl.sweep.runs import expand, run_dir, write_experiment
 
     seeds = max(1, runs // settings)
     lrs = [round(1e-3 * (1 + k / settings), 8) for k in range(settings)]
@@ -174,11 +174,11 @@ def bench_views(runs_list: list[int], settings: int, repeat: int) -> None:
 def bench_cluster(name: str, runs: int, settings: int) -> None:
     from submit_scale import CallCounter  # benchmarks/ is this script's directory, first on sys.path
 
-    from hpcrl.config import load_experiment
-    from hpcrl.pipeline import read_jobs, submit_experiment
+    from hpcrl.config.experiment import load_experiment
     from hpcrl.schedulers import get_scheduler
     from hpcrl.status import cancel_experiment, experiment_status, print_status
-    from hpcrl.sweep import load_runs
+    from hpcrl.submit.pipeline import read_jobs, submit_experiment
+    from hpcrl.sweep.runs import load_runs
 
     tool = {"slurm": "sbatch", "sge": "qsub"}[name]
     if shutil.which(tool) is None:

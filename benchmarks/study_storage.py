@@ -45,10 +45,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcrl import study, sweep  # noqa: E402
-from hpcrl.config import load_experiment  # noqa: E402
-from hpcrl.study import load_experiment_config  # noqa: E402
-from hpcrl.study_worker import Worker, suggest, trial_run  # noqa: E402
+from hpcrl.config.experiment import load_experiment  # noqa: E402
+from hpcrl.sweep import runs as sweep
+from hpcrl.sweep import study  # noqa: E402
+from hpcrl.sweep.study import load_experiment_config  # noqa: E402
+from hpcrl.sweep.study_worker import Worker, suggest, trial_run  # noqa: E402
 
 TARGET_MS = 50.0
 PHASES = ("claim", "suggest", "trial_run", "user_attr", "add_run", "reports", "tell")

@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcrl.config import load_experiment
-from hpcrl.jobplan import job_context
-from hpcrl.pipeline import read_jobs, submit_experiment
+from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Dependency, Scheduler
 from hpcrl.status import experiment_status
-from hpcrl.sweep import expand
+from hpcrl.submit.jobplan import job_context
+from hpcrl.submit.pipeline import read_jobs, submit_experiment
+from hpcrl.sweep.runs import expand
 
 CONFIG = Path(__file__).resolve().parent.parent / "tests" / "data" / "conformance.yaml"
 HOLD = {"slurm": "--hold", "sge": "-h"}

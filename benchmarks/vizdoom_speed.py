@@ -58,7 +58,7 @@ RESULT = "RESULT "
 
 # ---------------------------------------------------------------------------- one measurement (child)
 def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) -> Any:
-    from hpcrl.config import load_experiment
+    from hpcrl.config.experiment import load_experiment
 
     return load_experiment(Path(args.config), [f"train.device={args.device}", f"env.num_envs={num_envs}", *args.overrides, *extra])
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl.config import ConfigError, Experiment, load_experiment
+from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
 from hpcrl.schedulers.base import SchedulerError
 
 __all__ = ["ConfigError", "SchedulerError", "SweepFailed", "cancel", "collect", "load", "status", "sweep"]
@@ -47,13 +47,13 @@ def sweep(
 ) -> Path:
     """`hpcrl sweep CONFIG key=value ... --scheduler S`: the experiment directory. Raises SweepFailed
     where the command would exit non-zero without an error of the call (a local run that failed)."""
-    from hpcrl.pipeline import submit_experiment
     from hpcrl.rl.envcheck import check_environment
+    from hpcrl.submit.pipeline import submit_experiment
 
     exp = load(config, *overrides, name=name)
     check_environment(exp)
     if exp.program is not None:
-        from hpcrl.program_help import warn_unlisted_flags
+        from hpcrl.submit.program_help import warn_unlisted_flags
 
         warn_unlisted_flags(exp)
     code = submit_experiment(exp, scheduler, dry_run=dry_run, detach=detach, out=out or sys.stdout)
@@ -75,7 +75,7 @@ def status(experiment: str | Path, *, states: Iterable[str] = (), settings: Iter
 
 def collect(experiment: str | Path, *, agg: str = "iqm", evaluate: bool = False, normalize: bool | None = None, out: IO[str] | None = None) -> int:
     """`hpcrl collect EXP`: writes results/ and returns the command's exit code (1 when runs are missing or corrupt)."""
-    from hpcrl.collect import collect as collect_experiment
+    from hpcrl.results.collect import collect as collect_experiment
 
     return collect_experiment(experiment_dir(experiment), out=out or sys.stdout, agg=agg, evaluate=evaluate, normalize=normalize)
 

@@ -15,28 +15,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpcrl import __version__
-from hpcrl.config import ConfigError
+from hpcrl.config.experiment import ConfigError
 from hpcrl.schedulers import BACKENDS, SWEEP_CHOICES
 from hpcrl.schedulers.base import SchedulerError
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from hpcrl.config import load_experiment
-    from hpcrl.pipeline import submit_experiment
+    from hpcrl.config.experiment import load_experiment
     from hpcrl.rl.envcheck import check_environment
+    from hpcrl.submit.pipeline import submit_experiment
 
     exp = load_experiment(args.config, args.param + args.overrides, name=args.name)
     check_environment(exp)  # before the queue wait, not inside every job after it
     if exp.program is not None:
-        from hpcrl.program_help import warn_unlisted_flags
+        from hpcrl.submit.program_help import warn_unlisted_flags
 
         warn_unlisted_flags(exp)
     return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
 
 
 def _task_run(args: argparse.Namespace):
-    from hpcrl import rundir
-    from hpcrl.sweep import load_run
+    from hpcrl.store import rundir
+    from hpcrl.sweep.runs import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     index = rundir.task_run(experiment_dir, args.manifest, args.task) if args.manifest else args.task
@@ -50,7 +50,7 @@ def _job_entry(entry: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
     @functools.wraps(entry)
     def run(args: argparse.Namespace) -> int:
-        from hpcrl.guard import catch_warnings, ignore_warnings
+        from hpcrl.runtime.guard import catch_warnings, ignore_warnings
 
         catch_warnings()
         try:
@@ -68,13 +68,13 @@ def _train(args: argparse.Namespace) -> int:
         if args.ranks != run.config.resources.ranks:
             raise ConfigError(f"--ranks {args.ranks}: run {run.run_id} has resources.ranks {run.config.resources.ranks}")
         if args.ranks > 1:
-            from hpcrl.launch import launch
-            from hpcrl.sweep import run_dir
+            from hpcrl.runtime.launch import launch
+            from hpcrl.sweep.runs import run_dir
 
             child = [sys.executable, "-m", "hpcrl", "train", args.experiment, "--task", str(args.task), *(["--manifest", args.manifest] if args.manifest else [])]
             return launch(child, args.ranks, run_dir(experiment_dir, run.run_id), out=sys.stdout)
     if run.config.algo == "program":
-        from hpcrl.program import train_program
+        from hpcrl.runtime.program import train_program
 
         return train_program(experiment_dir, run, args.program, out=sys.stdout)
     if args.program:
@@ -94,9 +94,9 @@ def _learner(args: argparse.Namespace) -> int:
 
 @_job_entry
 def _actor(args: argparse.Namespace) -> int:
-    from hpcrl import rundir
     from hpcrl.distributed.actor import run_actor
-    from hpcrl.sweep import load_run
+    from hpcrl.store import rundir
+    from hpcrl.sweep.runs import load_run
 
     experiment_dir = Path(args.experiment).resolve()
     if args.manifest:
@@ -108,7 +108,7 @@ def _actor(args: argparse.Namespace) -> int:
 
 @_job_entry
 def _search_worker(args: argparse.Namespace) -> int:
-    from hpcrl.study_worker import run_worker
+    from hpcrl.sweep.study_worker import run_worker
 
     return run_worker(Path(args.experiment).resolve(), args.task, out=sys.stdout)
 
@@ -116,7 +116,7 @@ def _search_worker(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     experiment_dir, run = _task_run(args)
     if run.config.algo == "program":
-        from hpcrl.program import evaluate_program
+        from hpcrl.runtime.program import evaluate_program
 
         return evaluate_program(experiment_dir, run, args.program, out=sys.stdout)
     if args.program:
@@ -127,13 +127,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from hpcrl.collect import collect
+    from hpcrl.results.collect import collect
 
     return collect(_experiment_dir(args.experiment), agg=args.agg, evaluate=args.evaluate, normalize=args.normalize)
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hpcrl.compare import compare_command
+    from hpcrl.results.compare import compare_command
 
     return compare_command(args.experiments, args.output, args.agg, args.normalize)
 
@@ -154,7 +154,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _build_image(args: argparse.Namespace) -> int:
-    from hpcrl.image import build_image_command
+    from hpcrl.image.build import build_image_command
 
     return build_image_command(
         args.config, args.param + args.overrides, dry_run=args.dry_run, force=args.force, sandbox=args.sandbox,
@@ -165,7 +165,7 @@ def _build_image(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     import json
 
-    from hpcrl.json_schema import config_schema
+    from hpcrl.config.json_schema import config_schema
 
     print(json.dumps(config_schema(), indent=1 if args.indent else None))
     return 0
@@ -217,7 +217,7 @@ class _Version(argparse.Action):
 
 def version_text() -> str:
     """`hpcrl 0.1.0`, and `(git <commit>)` when hpcrl runs from a source checkout rather than a wheel."""
-    from hpcrl.sweep import git_commit
+    from hpcrl.sweep.runs import git_commit
 
     checkout = Path(__file__).resolve().parent.parent
     commit = git_commit(checkout) if (checkout / ".git").exists() else None

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hpcrl.config import ConfigError, _name_problem
+from hpcrl.config.experiment import ConfigError, _name_problem
+from hpcrl.config.schema import did_you_mean
 from hpcrl.io import atomic_write_text
-from hpcrl.schema import did_you_mean
 from hpcrl.templates import bundled_dir
 
 DEFAULT = "cartpole_ppo"

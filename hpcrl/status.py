@@ -28,13 +28,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcrl import rundir, study, sweep
-from hpcrl.config import ConfigError, Experiment
+from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.distributed import runstats
 from hpcrl.io import atomic_write_text
-from hpcrl.pipeline import read_jobs
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Job, SchedulerError, shown_state
+from hpcrl.store import rundir
+from hpcrl.submit.pipeline import read_jobs
+from hpcrl.sweep import runs as sweep
+from hpcrl.sweep import study
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""

@@ -5,7 +5,7 @@ directory in the working directory wins over the bundled copy. StrictUndefined t
 template into an error at render time instead of an empty string in a job script. `shquote` is
 the one way a value reaches a shell; `directive` (one token) and `directive_line` (a raw line)
 are the one way a value reaches a scheduler directive (`#SBATCH`, `#$`), and refuse what it
-cannot carry (hpcrl.directives). A refusal at render time is a ConfigError naming the template,
+cannot carry (hpcrl.config.directives). A refusal at render time is a ConfigError naming the template,
 so `hpcrl sweep` exits 2 with one line before it writes anything.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import jinja2
 
-from hpcrl.config import ConfigError
-from hpcrl.directives import DirectiveError, directive_line, directive_word
+from hpcrl.config.directives import DirectiveError, directive_line, directive_word
+from hpcrl.config.experiment import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -29,16 +29,16 @@ import pytest
 import torch
 from trainruns import warn_once_logged
 
-from hpcrl.config import EnvConfig, experiment_from_dict
+from hpcrl.config.experiment import EnvConfig, experiment_from_dict
+from hpcrl.config.hparams import ALGORITHMS
 from hpcrl.rl import checkpoint
 from hpcrl.rl.dqn import ReplayBuffer
 from hpcrl.rl.envs import make_vec_env
-from hpcrl.rl.hparams import ALGORITHMS
 from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.ppo import gae
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import expand
+from hpcrl.sweep.runs import expand
 
 CPU = torch.device("cpu")
 
@@ -349,9 +349,9 @@ def test_dqn_target_rule_on_a_crafted_q_network(double: bool) -> None:
 
 @pytest.mark.parametrize("double", [False, True])
 def test_apex_learner_target_rule_on_a_crafted_q_network(double: bool) -> None:
-    from hpcrl.config import DistributedConfig
+    from hpcrl.config.experiment import DistributedConfig
+    from hpcrl.config.hparams import DQNConfig
     from hpcrl.distributed.apex import ApexLearner
-    from hpcrl.rl.hparams import DQNConfig
 
     cfg = DQNConfig(buffer_size=8, batch_size=4, learning_starts=0, train_freq=1, double_dqn=double, lr=1e-9)
     learner = ApexLearner(cfg, DistributedConfig(), gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), CPU)
@@ -364,9 +364,9 @@ def test_apex_learner_target_rule_on_a_crafted_q_network(double: bool) -> None:
 
 
 def test_apex_learner_stops_at_a_non_finite_loss() -> None:
-    from hpcrl.config import DistributedConfig
+    from hpcrl.config.experiment import DistributedConfig
+    from hpcrl.config.hparams import DQNConfig
     from hpcrl.distributed.apex import ApexLearner
-    from hpcrl.rl.hparams import DQNConfig
 
     cfg = DQNConfig(buffer_size=64, batch_size=16, learning_starts=0, train_freq=1, hidden_sizes=[8], lr=1e30)
     learner = ApexLearner(cfg, DistributedConfig(), gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), CPU)
@@ -392,7 +392,7 @@ def test_the_budget_is_trained_in_full_to_whole_iterations(algo: str, total: int
 def diverging_run(tmp_path: Path, changes: dict) -> tuple[Path, Any]:
     from factories import deep_update
 
-    from hpcrl.sweep import write_experiment
+    from hpcrl.sweep.runs import write_experiment
 
     base = {"name": "nan", "algo": "ppo", "output": str(tmp_path), "env": {"id": "CartPole-v1", "num_envs": 2},
             "train": {"total_steps": 2048, "hidden_sizes": [8]}}  # fmt: skip

@@ -16,16 +16,16 @@ from factories import write_config
 from test_config_hostile import sweep
 from trainruns import train
 
-from hpcrl import rundir
-from hpcrl.config import EnvConfig, load_experiment
+from hpcrl.config.experiment import EnvConfig, load_experiment
+from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.games.tictactoe import TicTacToe
 from hpcrl.rl import checkpoint, games, mcts
 from hpcrl.rl.alphazero import AlphaZero, self_play
 from hpcrl.rl.evaluate import evaluate_run
-from hpcrl.rl.hparams import AlphaZeroConfig
 from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
-from hpcrl.sweep import expand, write_experiment
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import expand, write_experiment
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
 TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16], "checkpoint_every": 1, "opponents": ["random", "perfect"]}

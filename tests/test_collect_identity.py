@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl.collect import collect
+from hpcrl.results.collect import collect
 
 REFERENCE = Path(__file__).parent / "data" / "collect_reference"
 COMPARED = ("summary.csv", "aggregate.csv", "improvement.csv", "curves.csv", "eval_curves.csv", "report.md", "stdout.txt")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from factories import write_config
 
-from hpcrl.config import ConfigError, load_experiment
+from hpcrl.config.experiment import ConfigError, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 

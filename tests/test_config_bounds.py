@@ -24,10 +24,10 @@ import yaml
 from factories import TINY, deep_update
 from test_config_hostile import DQN_TRAIN, assert_refused, sweep
 
-from hpcrl.config import ConfigError, Experiment, load_experiment
-from hpcrl.json_schema import config_schema
-from hpcrl.rl.hparams import ALGORITHMS
-from hpcrl.schema import Rules, field_rules, hints, public_fields
+from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
+from hpcrl.config.hparams import ALGORITHMS
+from hpcrl.config.json_schema import config_schema
+from hpcrl.config.schema import Rules, field_rules, hints, public_fields
 
 BOUNDS = ("ge", "gt", "le", "lt")
 SECTION_BASES: dict[str, dict[str, Any]] = {

@@ -16,8 +16,8 @@ import yaml
 from factories import TINY, deep_update, write_config
 
 from hpcrl.cli import main
-from hpcrl.config import MAX_NAME, MAX_RUNS, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
-from hpcrl.sweep import expand
+from hpcrl.config.experiment import MAX_NAME, MAX_RUNS, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.sweep.runs import expand
 
 DQN_TRAIN = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100}
 
@@ -193,22 +193,62 @@ def test_dqn_needs_discrete_actions(tmp_path: Path) -> None:
     assert sweep(config_with_train(tmp_path, {"algo": "dqn"}, DQN_TRAIN))[0] == 0
 
 
-def test_the_checks_accept_what_the_jobs_can_run(tmp_path: Path) -> None:
+def test_the_checks_accept_what_the_jobs_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the local scheduler's machine: two GPUs
     for changes in [
         {"env": {"id": "Pendulum-v1"}},
         {"env": {"backend": "vizdoom", "id": "basic"}},
         {"env": {"backend": "vizdoom", "id": "VizdoomDefendCenter-v1"}},
-        {"sweep": {"seeds": [0, 2**32 - 1]}, "train": {"device": "cuda:1"}},
+        {"sweep": {"seeds": [0, 2**32 - 1]}, "train": {"device": "cuda:1"}, "resources": {"gpus": 2}},
+        {"train": {"device": "cuda"}, "resources": {"gpus": 2, "ranks": 2}},
     ]:
         code, stderr = sweep(write_config(tmp_path, changes))
         assert code == 0, stderr
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "says"),
+    [
+        ({"train": {"device": "cuda"}}, "resources.gpus", "needs a GPU"),
+        ({"train": {"device": "cuda:0"}, "resources": {"gpus": 0}}, "resources.gpus", "needs a GPU"),
+        ({"train": {"device": "cuda:1"}, "resources": {"gpus": 1}}, "train.device", "GPU 1 of the task"),
+        ({"train": {"device": "cuda:0"}, "resources": {"gpus": 2, "ranks": 2}}, "train.device", "every rank on one GPU"),
+        ({"train": {"device": "cuda"}, "resources": {"ranks": 2}}, "resources.gpus", "needs a GPU"),
+    ],
+)
+def test_a_cuda_device_the_tasks_gpus_do_not_cover_is_refused_at_sweep_time(tmp_path: Path, changes: dict, key: str, says: str) -> None:
+    """Found on an H200 node: `train.device: cuda` with the configs' default `resources.gpus: 0`
+    failed every task with a traceback (`No CUDA GPUs are available`: the local executor, like
+    Slurm's cgroups, hides the GPUs a task did not ask for), as did two ranks on the node's one GPU."""
+    assert says in refused(tmp_path, changes, key)
+
+
+@pytest.mark.parametrize(
+    ("visible", "changes", "says"),
+    [
+        ("", {"train": {"device": "cuda"}, "resources": {"gpus": 1}}, "train.device 'cuda' needs 1 GPU per task; local runs its tasks on this machine, which has 0"),
+        ("0", {"train": {"device": "cuda"}, "resources": {"gpus": 2, "ranks": 2}}, "needs 2 GPUs per task"),
+        ("0", {"resources": {"gpus": 2, "ranks": 2}}, "2 ranks, one GPU each, needs 2 GPUs per task"),
+    ],
+)
+def test_the_local_scheduler_refuses_training_that_needs_more_gpus_than_the_machine_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str, changes: dict, says: str
+) -> None:
+    """Two ranks on a node with one GPU (seen on an H200 node): rank 1 failed on `cuda:1` after the
+    sweep had submitted everything. The local scheduler knows its machine (CUDA_VISIBLE_DEVICES,
+    else nvidia-smi) and refuses at sweep time; a GPU config with `train.device: auto` still runs on
+    a machine without one."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert says in refused(tmp_path, changes, "resources.gpus")
+    code, stderr = sweep(write_config(tmp_path, {"resources": {"gpus": 2}}))
+    assert code == 0, stderr
 
 
 def test_config_checks_do_not_import_torch(tmp_path: Path) -> None:
     """Validation runs on login nodes; `hpcrl status` and `sweep` must not pay for torch."""
     config = write_config(tmp_path, {"env": {"id": "Pendulum-v1"}})
     code = (
-        "import sys; from hpcrl.config import load_experiment; from hpcrl.rl.envcheck import check_environment;"
+        "import sys; from hpcrl.config.experiment import load_experiment; from hpcrl.rl.envcheck import check_environment;"
         f"check_environment(load_experiment({str(config)!r})); assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hpcrl.cli import main
-from hpcrl.config import Experiment
-from hpcrl.rl.hparams import ALGORITHMS
-from hpcrl.schema import Verbatim, hints, public_fields
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.hparams import ALGORITHMS
+from hpcrl.config.schema import Verbatim, hints, public_fields
 
 NEGATIVE_OK = {"eval.threshold"}
 """Float fields where a negative value is meaningful (a return threshold); every other number of

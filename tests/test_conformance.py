@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.collect import collect
-from hpcrl.config import load_experiment
-from hpcrl.pipeline import read_jobs, submit_experiment
-from hpcrl.rundir import read_manifest
+from hpcrl.config.experiment import load_experiment
+from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import PENDING, RUNNING, Dependency, Job
 from hpcrl.status import cancel_experiment, experiment_status, print_status
-from hpcrl.sweep import expand, load_runs, run_dir
+from hpcrl.store.rundir import read_manifest
+from hpcrl.submit.pipeline import read_jobs, submit_experiment
+from hpcrl.sweep.runs import expand, load_runs, run_dir
 
 CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
 Times = dict[tuple[str, int], tuple[float, float]]

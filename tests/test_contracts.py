@@ -25,10 +25,10 @@ from factories import write_config
 
 import hpcrl
 from hpcrl.cli import main
-from hpcrl.config import ConfigError, load_experiment
+from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.io import append_line, atomic_open, atomic_write_text
 from hpcrl.rl import checkpoint
-from hpcrl.sweep import expand, load_run, load_runs, merge_runs, read_runs_csv, run_dir, write_experiment
+from hpcrl.sweep.runs import expand, load_run, load_runs, merge_runs, read_runs_csv, run_dir, write_experiment
 from hpcrl.templates import render, shquote
 
 GRID = {"sweep": {"seeds": [0, 1], "grid": {"train.lr": [1e-3, 3e-4]}}}
@@ -304,7 +304,7 @@ def test_a_task_outside_its_manifest_is_one_line_and_exit_2(tmp_path: Path, task
 
 
 def test_actor_tasks_outside_their_manifest_are_refused(tmp_path: Path) -> None:
-    from hpcrl.rundir import actor_of_task
+    from hpcrl.store.rundir import actor_of_task
 
     (tmp_path / "a.tasks").write_text("4\n4\n7\n7\n")
     assert actor_of_task(tmp_path, "a.tasks", 4) == (7, 1)

@@ -31,13 +31,13 @@ import pytest
 import torch
 from test_conformance import Backend, Local, backend, csv_rows, processes_of, status_text, sweep, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
-from hpcrl import rundir
-from hpcrl.pipeline import read_jobs
+from hpcrl.config.hparams import A2CConfig, PPOConfig
 from hpcrl.rl.a2c import A2C
 from hpcrl.rl.ddp import Ranks
-from hpcrl.rl.hparams import A2CConfig, PPOConfig
 from hpcrl.rl.ppo import PPO
-from hpcrl.sweep import load_runs, run_dir
+from hpcrl.store import rundir
+from hpcrl.submit.pipeline import read_jobs
+from hpcrl.sweep.runs import load_runs, run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 ALGOS = {"ppo": (PPO, PPOConfig), "a2c": (A2C, A2CConfig)}
@@ -195,7 +195,7 @@ LEAVE_FOR_REQUEUE = """
 import sys, time
 from pathlib import Path
 import torch
-from hpcrl.guard import StopFlag
+from hpcrl.runtime.guard import StopFlag
 from hpcrl.rl.ddp import Ranks
 stop = StopFlag()
 ranks = Ranks.from_env()

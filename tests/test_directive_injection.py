@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config import ConfigError, Experiment, load_experiment
-from hpcrl.pipeline import plan_scripts, submit_experiment
+from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
 from hpcrl.schedulers import get_scheduler
+from hpcrl.submit.pipeline import plan_scripts, submit_experiment
 
 CONFORMANCE = Path(__file__).resolve().parent / "data" / "conformance.yaml"
 

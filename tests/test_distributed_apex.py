@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.config import DistributedConfig
+from hpcrl.config.experiment import DistributedConfig
 from hpcrl.distributed.apex import NStepBuffer, Replay, actor_epsilons
 
 
@@ -54,9 +54,9 @@ def test_learner_rejects_batches_that_would_poison_or_crash_an_update() -> None:
     import pytest
     import torch
 
+    from hpcrl.config.hparams import DQNConfig
     from hpcrl.distributed import wire
     from hpcrl.distributed.apex import ApexLearner
-    from hpcrl.rl.hparams import DQNConfig
 
     space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     learner = ApexLearner(DQNConfig(hidden_sizes=[8]), DistributedConfig(), space, gym.spaces.Discrete(2), torch.device("cpu"))

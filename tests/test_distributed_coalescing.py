@@ -130,11 +130,11 @@ def _actor(tmp_path: Path, distributed: dict):
     the learner's own check of a batch (`ApexLearner.validate`)."""
     import torch
 
-    from hpcrl.config import load_experiment
+    from hpcrl.config.experiment import load_experiment
     from hpcrl.distributed.actor import Actor
     from hpcrl.distributed.apex import ApexLearner, param_arrays
     from hpcrl.rl.envs import make_vec_env
-    from hpcrl.sweep import expand
+    from hpcrl.sweep.runs import expand
 
     config = {
         "name": "coalesce", "algo": "dqn", "env": {"id": "CartPole-v1"}, "output": str(tmp_path / "logs"),

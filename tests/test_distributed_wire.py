@@ -12,10 +12,10 @@ import pytest
 import yaml
 from factories import deep_update
 
-from hpcrl.config import ConfigError, load_experiment
+from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.distributed import rendezvous, wire
-from hpcrl.pipeline import plan_scripts
 from hpcrl.schedulers import get_scheduler
+from hpcrl.submit.pipeline import plan_scripts
 
 DISTRIBUTED = Path(__file__).resolve().parent.parent / "hpcrl" / "distributed"
 APEX = {
@@ -156,7 +156,7 @@ def test_local_plan_runs_one_gang_at_a_time_and_refuses_a_pool_too_small(tmp_pat
 
 
 def test_actor_task_maps_to_run_and_actor(tmp_path: Path) -> None:
-    from hpcrl.rundir import actor_of_task
+    from hpcrl.store.rundir import actor_of_task
 
     (tmp_path / "a.tasks").write_text("4\n4\n7\n7\n")
     assert [actor_of_task(tmp_path, "a.tasks", t) for t in (1, 2, 3, 4)] == [(4, 0), (4, 1), (7, 0), (7, 1)]

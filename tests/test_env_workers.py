@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config import EnvConfig
+from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import EnvWorkerError, make_vec_env
 
 STANDINS = Path(__file__).resolve().parent / "standins"

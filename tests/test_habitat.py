@@ -16,12 +16,12 @@ import pytest
 import standins.habitat_sim_standin as standin
 import torch
 
-from hpcrl.config import EnvConfig, load_experiment
+from hpcrl.config.experiment import EnvConfig, load_experiment
 from hpcrl.rl.envs import make_env, make_vec_env
 from hpcrl.rl.evaluate import play
 from hpcrl.rl.habitat_env import MISSING, PointNavEnv, PointNavSettings, pointgoal
 from hpcrl.rl.ppo import PPO
-from hpcrl.sweep import expand
+from hpcrl.sweep.runs import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 

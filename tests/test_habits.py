@@ -17,8 +17,8 @@ import yaml
 from factories import write_config
 
 from hpcrl.cli import main, parser
-from hpcrl.config import load_experiment
-from hpcrl.sweep import expand
+from hpcrl.config.experiment import load_experiment
+from hpcrl.sweep.runs import expand
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -129,7 +129,7 @@ BAD_CONFIGS = [  # each refused by hpcrl and by the schema
 
 def _validator() -> object:
     jsonschema = pytest.importorskip("jsonschema", reason="the schema is checked with jsonschema (in the dev extra)")
-    from hpcrl.json_schema import config_schema
+    from hpcrl.config.json_schema import config_schema
 
     schema = config_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -137,8 +137,8 @@ def _validator() -> object:
 
 
 def _read(path: Path) -> dict:
-    from hpcrl import strict_yaml
-    from hpcrl.schema import plain
+    from hpcrl.config import strict_yaml
+    from hpcrl.config.schema import plain
 
     return plain(strict_yaml.load(path.read_text()))
 
@@ -153,7 +153,7 @@ def test_every_bundled_config_is_valid_under_the_schema(path: Path) -> None:
 def test_schema_and_validator_agree_on_a_bad_config(tmp_path: Path, change: dict, what: str) -> None:
     from factories import TINY, deep_update
 
-    from hpcrl.config import ConfigError
+    from hpcrl.config.experiment import ConfigError
 
     data = deep_update(TINY, {"output": str(tmp_path / "logs"), **change})
     path = tmp_path / "bad.yaml"
@@ -168,8 +168,8 @@ def test_schema_and_validator_agree_on_a_bad_config(tmp_path: Path, change: dict
 
 
 def test_the_schema_is_the_config_s_own_fields_with_their_docs() -> None:
-    from hpcrl.config import known_paths
-    from hpcrl.json_schema import config_schema
+    from hpcrl.config.experiment import known_paths
+    from hpcrl.config.json_schema import config_schema
 
     schema = config_schema()
     for algo, rule in zip(("ppo", "a2c", "dqn"), schema["allOf"]):
@@ -308,7 +308,7 @@ def test_configs_lists_every_bundled_config_in_one_line(capsys: pytest.CaptureFi
 def test_schema_command_prints_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from hpcrl.json_schema import config_schema
+    from hpcrl.config.json_schema import config_schema
 
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(config_schema()))

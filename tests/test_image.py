@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl import image
-from hpcrl.config import ConfigError, experiment_from_dict, load_experiment
-from hpcrl.defcheck import check_def, files_entries
+from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment
+from hpcrl.image import build as image
+from hpcrl.image.defcheck import check_def, files_entries
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Scheduler
 

@@ -20,8 +20,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from hpcrl import rundir
 from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.store import rundir
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = REPO / "tests" / "programs"

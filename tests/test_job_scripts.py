@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl import sweep
-from hpcrl.config import load_experiment
-from hpcrl.jobplan import job_context
-from hpcrl.pipeline import plan_scripts
+from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import get_scheduler
+from hpcrl.submit.jobplan import job_context
+from hpcrl.submit.pipeline import plan_scripts
+from hpcrl.sweep import runs as sweep
 from hpcrl.templates import render
 
 REPO = Path(__file__).resolve().parent.parent

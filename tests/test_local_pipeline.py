@@ -94,8 +94,8 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     exp = tmp_path / "logs" / "tiny"
     assert hpcrl("sweep", str(config), "--scheduler", "local", "--dry-run", cwd=tmp_path).returncode == 0
     # Write the experiment without running it, then drive `hpcrl train` directly as a job would.
-    from hpcrl.config import load_experiment
-    from hpcrl.sweep import expand, write_experiment
+    from hpcrl.config.experiment import load_experiment
+    from hpcrl.sweep.runs import expand, write_experiment
 
     runs = expand(load_experiment(config))
     write_experiment(load_experiment(config), runs, {})
@@ -118,8 +118,8 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 
 def test_warning_signal_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"train": {"total_steps": 10_000_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
-    from hpcrl.config import load_experiment
-    from hpcrl.sweep import expand, write_experiment
+    from hpcrl.config.experiment import load_experiment
+    from hpcrl.sweep.runs import expand, write_experiment
 
     runs = expand(load_experiment(config))
     write_experiment(load_experiment(config), runs, {})

@@ -1,4 +1,4 @@
-"""hpcrl.metrics: the files real trainers write, read into (step, return) per episode.
+"""hpcrl.runtime.metrics: the files real trainers write, read into (step, return) per episode.
 
 The writers are the real ones (SB3's Monitor, torch's SummaryWriter that CleanRL uses), then the
 files are damaged the ways a killed job or a typo damages them: every reader answers with the
@@ -17,8 +17,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from hpcrl import metrics, rundir
-from hpcrl.metrics import MetricsError, read_episodes
+from hpcrl.runtime import metrics
+from hpcrl.runtime.metrics import MetricsError, read_episodes
+from hpcrl.store import rundir
 
 
 def monitored_episodes(directory: Path, n_envs: int, episodes: int, seed: int = 0) -> list[tuple[float, int]]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.config import EnvConfig
+from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import make_env
 from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, obs_to_tensor
 

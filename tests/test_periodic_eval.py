@@ -12,10 +12,11 @@ import pytest
 from factories import write_config
 from trainruns import forget_last_checkpoint, make_run, train, train_rows
 
-from hpcrl import cli, rundir
-from hpcrl.config import ConfigError, load_experiment
+from hpcrl import cli
+from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.rl.evaluate import evaluate_run
+from hpcrl.store import rundir
 
 EVERY = {"eval": {"every_steps": 300, "periodic_episodes": 3, "deterministic": False}}
 """Iterations end at 128, 256, ...; due at the first boundary at or after 300, 600, 900, and at the end."""

@@ -1,4 +1,4 @@
-"""hpcrl.plots: the PNGs exist, are real images with content, and say what they show (n, CI)."""
+"""hpcrl.results.plots: the PNGs exist, are real images with content, and say what they show (n, CI)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from hpcrl import plots, stats
+from hpcrl.results import plots, stats
 
 LONG = "lr=0.0001,ent_coef=0.01,num_envs=16,clip_range=0.2,gae_lambda=0.95 (a long setting label)"
 

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl import program_spec, sweep
 from hpcrl.cli import main
-from hpcrl.config import experiment_from_dict, load_experiment
-from hpcrl.pipeline import plan_scripts
+from hpcrl.config import program_spec
+from hpcrl.config.experiment import experiment_from_dict, load_experiment
 from hpcrl.schedulers import get_scheduler
+from hpcrl.submit.pipeline import plan_scripts
+from hpcrl.sweep import runs as sweep
 
 REPO = Path(__file__).resolve().parent.parent
 VALUES = {"run_dir": "/e/runs/r", "checkpoint_dir": "/e/runs/r/checkpoints", "seed": "3", "run_id": "r", "experiment_dir": "/e"}
@@ -193,7 +194,7 @@ def test_arrays_split_into_chunks_keep_each_task_on_its_own_run(tmp_path: Path) 
 
 
 def test_build_image_installs_what_the_program_metrics_need(tmp_path: Path) -> None:
-    from hpcrl import image
+    from hpcrl.image import build as image
 
     data = {
         "name": "p", "algo": "program", "output": str(tmp_path / "logs"),
@@ -240,7 +241,7 @@ def test_the_dry_run_shows_the_first_runs_command_line_and_names_flags_the_progr
 
 
 def test_the_help_is_asked_only_of_argparse_scripts_and_within_a_time_limit(tmp_path: Path) -> None:
-    from hpcrl import program_help
+    from hpcrl.submit import program_help
 
     # A script without a parser would train when run with --help: it is not run at all.
     config = program_config(tmp_path, "import pathlib\npathlib.Path('trained').write_text('')\n", {"lr": 1})

@@ -27,12 +27,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl import rundir, sweep
 from hpcrl.cli import main
-from hpcrl.config import experiment_from_dict, load_experiment
-from hpcrl.pipeline import plan_scripts
+from hpcrl.config.experiment import experiment_from_dict, load_experiment
 from hpcrl.schedulers import get_scheduler
-from hpcrl.sweep import load_runs, run_dir
+from hpcrl.store import rundir
+from hpcrl.submit.pipeline import plan_scripts
+from hpcrl.sweep import runs as sweep
+from hpcrl.sweep.runs import load_runs, run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "apptainer"
@@ -180,7 +181,7 @@ def test_a_program_in_the_image_trains_and_evaluates_there_with_its_contract(tmp
 def test_contract_variables_cross_cleanenv_in_training(tmp_path: Path) -> None:
     """The train supervisor gives the program HPCRL_* also as APPTAINERENV_/SINGULARITYENV_, so the
     runtime passes them in through --cleanenv; container.env's own prefixed values win."""
-    from hpcrl.program import into_container
+    from hpcrl.runtime.program import into_container
 
     env = into_container({"HPCRL_SEED": "3", "OMP_NUM_THREADS": "2", "APPTAINERENV_OMP_NUM_THREADS": "8", "PATH": "/bin"}, ["HPCRL_SEED", "OMP_NUM_THREADS"])
     assert env["APPTAINERENV_HPCRL_SEED"] == env["SINGULARITYENV_HPCRL_SEED"] == "3"
@@ -214,7 +215,7 @@ def test_a_bare_command_is_resolved_at_sweep_time_so_the_jobs_path_does_not_matt
 
 
 def test_workdir_takes_run_placeholders_and_each_run_gets_its_own(tmp_path: Path) -> None:
-    from hpcrl.program import train_program
+    from hpcrl.runtime.program import train_program
 
     program = tmp_path / "cwd.py"
     program.write_text("import os, pathlib\npathlib.Path('runs').mkdir()\nopen(os.path.join(os.environ['HPCRL_RUN_DIR'], 'cwd'), 'w').write(os.getcwd())\n")

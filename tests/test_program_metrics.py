@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from factories import deep_update
 
-from hpcrl import rundir
 from hpcrl.cli import main
-from hpcrl.config import experiment_from_dict
-from hpcrl.sweep import expand, run_dir, write_experiment
+from hpcrl.config.experiment import experiment_from_dict
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import expand, run_dir, write_experiment
 
 ARGV = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(' '.join(sys.argv[2:]))"
 

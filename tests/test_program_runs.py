@@ -28,11 +28,11 @@ import pytest
 from test_conformance import Backend, Local, active_tasks, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.cli import main
-from hpcrl.collect import collect
-from hpcrl.config import load_experiment
-from hpcrl.pipeline import read_jobs, submit_experiment
+from hpcrl.config.experiment import load_experiment
+from hpcrl.results.collect import collect
 from hpcrl.status import experiment_status
-from hpcrl.sweep import load_runs, run_dir
+from hpcrl.submit.pipeline import read_jobs, submit_experiment
+from hpcrl.sweep.runs import load_runs, run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"

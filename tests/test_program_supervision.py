@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from test_program_wrapper import ENV, experiment, start, the_run, wait_for
 
-from hpcrl import rundir
 from hpcrl.status import experiment_status
-from hpcrl.sweep import load_runs, run_dir
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import load_runs, run_dir
 
 LEAVER = r"""
 import subprocess, sys, time

@@ -1,4 +1,4 @@
-"""hpcrl.report: both renderings say the same thing, no text becomes markup, and a browser shows it all."""
+"""hpcrl.results.report: both renderings say the same thing, no text becomes markup, and a browser shows it all."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from hpcrl import plots, report, stats
-from hpcrl.report import Document, Image, Links, Section, Table
+from hpcrl.results import plots, report, stats
+from hpcrl.results.report import Document, Image, Links, Section, Table
 
 HOSTILE = "env.id=<script>alert(1)</script> & \"quoted\" 'single' <img src=x onerror=alert(2)>"
 REASON = "FAILED: CUDA error: out of memory\nTraceback (most recent call last) & more | `x`"

@@ -11,9 +11,9 @@ from pathlib import Path
 import imageio.v3 as iio
 from factories import write_config
 
-from hpcrl.collect import collect
-from hpcrl.config import load_experiment
-from hpcrl.sweep import expand, run_dir, write_experiment
+from hpcrl.config.experiment import load_experiment
+from hpcrl.results.collect import collect
+from hpcrl.sweep.runs import expand, run_dir, write_experiment
 
 
 def fake_finished_run(rd: Path, final: float) -> None:

@@ -15,12 +15,12 @@ import pytest
 import torch
 from trainruns import warn_once_logged
 
-from hpcrl.config import EnvConfig, experiment_from_dict
+from hpcrl.config.experiment import EnvConfig, experiment_from_dict
 from hpcrl.rl import checkpoint
 from hpcrl.rl.ppo import PPO
 from hpcrl.rl.train import train_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import expand
+from hpcrl.sweep.runs import expand
 from tests.test_algorithms import CARTPOLE, PPO_CARTPOLE, greedy_return, make_agent, train
 
 
@@ -163,8 +163,8 @@ def test_warned_two_rank_async_run_resumes_on_both_ranks(tmp_path: Path) -> None
 
     from test_conformance import Local, csv_rows, sweep, wait_finished, wait_until
 
-    from hpcrl.pipeline import read_jobs
-    from hpcrl.sweep import load_runs, run_dir
+    from hpcrl.submit.pipeline import read_jobs
+    from hpcrl.sweep.runs import load_runs, run_dir
 
     since = time.time()
     backend = Local()

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from factories import TINY, deep_update
 
-from hpcrl import rundir
-from hpcrl.config import ConfigError, experiment_from_dict
+from hpcrl.config.experiment import ConfigError, experiment_from_dict
 from hpcrl.io import atomic_open, atomic_write_text
-from hpcrl.sweep import expand, load_runs, read_runs_csv, write_experiment
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import expand, load_runs, read_runs_csv, write_experiment
 
 
 def written(tmp_path: Path) -> Path:

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from factories import deep_update, write_config
 
-from hpcrl.config import ConfigError, experiment_from_dict, load_experiment
-from hpcrl.sweep import expand, generation, read_runs_csv, split_generations, write_experiment
+from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment
+from hpcrl.sweep.runs import expand, generation, read_runs_csv, split_generations, write_experiment
 
 PY = sys.executable
 BASE: dict[str, Any] = {"name": "ids", "algo": "ppo", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 10_000, "lr": 0.001}, "sweep": {"seeds": [0, 1]}}

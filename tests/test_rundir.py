@@ -1,4 +1,4 @@
-"""The run directory's files, each with one owner (hpcrl/rundir.py, hpcrl/rl/checkpoint.py):
+"""The run directory's files, each with one owner (hpcrl/store/rundir.py, hpcrl/rl/checkpoint.py):
 train.csv's torn tails, checkpoints written atomically and pruned by write order, task manifests.
 Whole `hpcrl train` lifetimes on these files are in test_run_lifetimes.py."""
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl import rundir
-from hpcrl.config import ConfigError
+from hpcrl.config.experiment import ConfigError
 from hpcrl.rl import checkpoint
+from hpcrl.store import rundir
 
 HEADER = "step,iteration,episodic_return\n"
 

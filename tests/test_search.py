@@ -18,9 +18,9 @@ import pytest
 from test_conformance import Local, wait_finished
 
 from hpcrl.cli import main
-from hpcrl.config import load_experiment
-from hpcrl.pipeline import submit_experiment
-from hpcrl.sweep import expand, read_runs_csv
+from hpcrl.config.experiment import load_experiment
+from hpcrl.submit.pipeline import submit_experiment
+from hpcrl.sweep.runs import expand, read_runs_csv
 
 SPACE = """
       train.lr: {type: loguniform, low: 1.0e-4, high: 1.0e-2}

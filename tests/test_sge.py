@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from test_program_runs import COUNTER, sweep
 
-from hpcrl.config import load_experiment
-from hpcrl.pipeline import submit_experiment
+from hpcrl.config.experiment import load_experiment
 from hpcrl.status import cancel_experiment, experiment_status
-from hpcrl.sweep import load_runs, run_dir
+from hpcrl.submit.pipeline import submit_experiment
+from hpcrl.sweep.runs import load_runs, run_dir
 
 CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
 

@@ -1,4 +1,4 @@
-"""hpcrl.stats against rliable's definitions (Agarwal et al. 2021), plus the edge cases a sweep hits.
+"""hpcrl.results.stats against rliable's definitions (Agarwal et al. 2021), plus the edge cases a sweep hits.
 
 Reference values below were computed once with rliable 1.2.0 (arch 7.2.0, numpy 2.4.6, pandas 2.x)
 in a separate virtualenv, because hpcrl must not depend on rliable:
@@ -35,7 +35,7 @@ import warnings
 import numpy as np
 import pytest
 
-from hpcrl import stats
+from hpcrl.results import stats
 
 # Three tasks; ties inside X (0.45, 0.80), between X and Y, and with the thresholds in TAUS.
 X = np.array(

@@ -26,16 +26,17 @@ from pathlib import Path
 import pytest
 from test_conformance import BACKENDS, CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
-from hpcrl import study, sweep
 from hpcrl.cli import main
-from hpcrl.collect import collect
-from hpcrl.config import ConfigError, load_experiment
-from hpcrl.pipeline import read_jobs, submit_experiment
+from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
 from hpcrl.status import experiment_status
-from hpcrl.study import load_experiment_config
-from hpcrl.study_worker import Reporter, Worker, run_worker
-from hpcrl.sweep import current_rows, read_runs_csv, run_dir
+from hpcrl.submit.pipeline import read_jobs, submit_experiment
+from hpcrl.sweep import runs as sweep
+from hpcrl.sweep import study
+from hpcrl.sweep.runs import current_rows, read_runs_csv, run_dir
+from hpcrl.sweep.study import load_experiment_config
+from hpcrl.sweep.study_worker import Reporter, Worker, run_worker
 
 optuna = pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl import rundir
-from hpcrl.config import load_experiment
-from hpcrl.jobplan import stage_resources
-from hpcrl.pipeline import plan_scripts, read_jobs, submit_experiment
+from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import SchedulerError
 from hpcrl.status import cancel_experiment
-from hpcrl.sweep import expand, load_runs, merge_runs, run_dir, write_experiment
+from hpcrl.store import rundir
+from hpcrl.submit.jobplan import stage_resources
+from hpcrl.submit.pipeline import plan_scripts, read_jobs, submit_experiment
+from hpcrl.sweep.runs import expand, load_runs, merge_runs, run_dir, write_experiment
 
 PY = sys.executable
 CONFORMANCE = Path(__file__).resolve().parent / "data" / "conformance.yaml"

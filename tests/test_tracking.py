@@ -13,7 +13,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from trainruns import forget_last_checkpoint, make_run, train, train_rows
 
-from hpcrl import rundir, tracking
+from hpcrl.runtime import tracking
+from hpcrl.store import rundir
 
 
 def scalars(directory: Path) -> dict[str, list[int]]:

@@ -22,13 +22,13 @@ import torch
 
 pytest.importorskip("vizdoom")
 
-from hpcrl.config import EnvConfig, load_experiment  # noqa: E402
+from hpcrl.config.experiment import EnvConfig, load_experiment  # noqa: E402
 from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
 from hpcrl.rl.vizdoom_env import resolve_id  # noqa: E402
-from hpcrl.sweep import expand  # noqa: E402
+from hpcrl.sweep.runs import expand  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASIC = EnvConfig(backend="vizdoom", id="basic", num_envs=2, kwargs={"downsample": 2})
@@ -49,7 +49,7 @@ def test_env_factory_registers_the_ids_itself() -> None:
     code = (
         "import gymnasium as gym\n"
         "assert 'VizdoomBasic-v1' not in gym.registry\n"
-        "from hpcrl.config import EnvConfig\n"
+        "from hpcrl.config.experiment import EnvConfig\n"
         "from hpcrl.rl.envs import make_env\n"
         "env = make_env(EnvConfig(backend='vizdoom', id='VizdoomBasic-v1'))\n"
         "print(env.reset(seed=0)[0].shape)\n"

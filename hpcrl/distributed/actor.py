@@ -26,16 +26,16 @@ from typing import TextIO
 
 import redis
 
-from hpcrl import rundir
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
 from hpcrl.distributed.queue import NotRunning, Outbox, Producer
-from hpcrl.guard import StopFlag
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import setup_torch
+from hpcrl.runtime.guard import StopFlag
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import Run, run_dir
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import Run, run_dir
 
 ORPHANED_EXIT = 75
 """The learner has been gone longer than the timeout, or failed (EX_TEMPFAIL: submit the run again)."""

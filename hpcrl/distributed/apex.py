@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.config import DistributedConfig
+from hpcrl.config.experiment import DistributedConfig
+from hpcrl.config.hparams import DQNConfig
 from hpcrl.distributed import wire
 from hpcrl.rl.algorithms import algorithm_class
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
 from hpcrl.rl.envs import final_observations, finished_episodes
-from hpcrl.rl.hparams import DQNConfig
 from hpcrl.rl.optim import Adam, GradientStep
 
 EPISODE_FIELDS = ("ep_return", "ep_length")

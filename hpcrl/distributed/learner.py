@@ -7,7 +7,7 @@ DONE exits at once; otherwise it resumes from the newest checkpoint (network, ta
 replay, counters, parameter version, RNG states). On the scheduler's warning signal it stops
 taking batches, counts the ones still queued as lost, checkpoints and exits with REQUEUE_EXIT;
 its actors keep running and reconnect to the next start, which writes a new rendezvous.
-Its train.csv rows go to the optional trackers too (hpcrl.tracking), and with `eval.every_steps`
+Its train.csv rows go to the optional trackers too (hpcrl.runtime.tracking), and with `eval.every_steps`
 it evaluates its Q-network as `hpcrl train` does (periodic_eval.py): it is the one that has it.
 """
 
@@ -25,18 +25,19 @@ from typing import Any, TextIO
 import numpy as np
 import redis
 
-from hpcrl import rundir, tracking
 from hpcrl.distributed import rendezvous, runstats
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
 from hpcrl.distributed.queue import Consumer
 from hpcrl.distributed.redis_server import RedisServer
-from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.rl import checkpoint, periodic_eval
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch
+from hpcrl.runtime import tracking
+from hpcrl.runtime.guard import StopFlag, guarded_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import Run
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import Run
 
 UPDATES_PER_POLL = 8
 """Updates between two looks at the queue: the queue is drained often, yet a poll costs little."""

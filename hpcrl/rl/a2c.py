@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hpcrl.rl.hparams import A2CConfig
+from hpcrl.config.hparams import A2CConfig
 from hpcrl.rl.optim import FlatOptimizer, RMSprop
 from hpcrl.rl.ppo import OnPolicyAgent
 

@@ -32,10 +32,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.rl import games, mcts
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
 from hpcrl.rl.games import Game, GameSpec
-from hpcrl.rl.hparams import AlphaZeroConfig
 from hpcrl.rl.optim import GradientStep
 
 

@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpcrl.guard import ignore_warnings
 from hpcrl.io import atomic_write_text
-from hpcrl.rundir import RunError
+from hpcrl.runtime.guard import ignore_warnings
+from hpcrl.store.rundir import RunError
 
 LAUNCH_ID = "HPCRL_LAUNCH_ID"
 """Names one start of a multi-rank job (the job id and its requeue count): its rendezvous file."""
@@ -178,7 +178,7 @@ class Ranks:
 
     def leave_for_requeue(self) -> None:
         """Wait for every rank (rank 0 has written the checkpoint when they meet), then let no
-        warning or SIGTERM end this process (hpcrl.guard.ignore_warnings). srun ends the step at the
+        warning or SIGTERM end this process (hpcrl.runtime.guard.ignore_warnings). srun ends the step at the
         first non-zero exit: when a peer exits REQUEUE_EXIT a moment before this rank, the SIGTERM
         reaches this one while the interpreter shuts down (its own handlers are gone by then), srun
         reports it "Terminated" instead of REQUEUE_EXIT, and the job fails instead of being requeued.

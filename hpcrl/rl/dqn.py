@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from hpcrl.config.hparams import DQNConfig
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
 from hpcrl.rl.envs import final_observations, finished_episodes
-from hpcrl.rl.hparams import DQNConfig
 from hpcrl.rl.networks import QNetwork
 from hpcrl.rl.optim import Adam, GradientStep
 

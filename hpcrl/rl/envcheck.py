@@ -18,11 +18,11 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from hpcrl.config import EnvConfig, Experiment, apply_settings
-from hpcrl.jobplan import executable
+from hpcrl.config.experiment import EnvConfig, Experiment, apply_settings
+from hpcrl.config.schema import ConfigError
 from hpcrl.rl import games
 from hpcrl.rl.minimax import PerfectPlayer
-from hpcrl.schema import ConfigError
+from hpcrl.submit.jobplan import executable
 
 _CHEAP = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text")
 """Entry points whose envs are built in microseconds without any simulator: made to read their
@@ -58,7 +58,7 @@ def check_environment(exp: Experiment) -> None:
 def check_program(exp: Experiment) -> None:
     """The program's command must exist where it will run. Without a container that is this
     machine (a cluster's login and compute nodes share their software), and the job script shows
-    it by its absolute path (hpcrl.jobplan.located); inside an image it cannot be checked here.
+    it by its absolute path (hpcrl.submit.jobplan.located); inside an image it cannot be checked here.
     `python script.py` also checks the script, the most common typo. A working directory with
     placeholders exists only once its run does: what is relative to it is not checked."""
     program = exp.program

@@ -30,9 +30,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.async_vector_env import AsyncState
 
-from hpcrl.config import EnvConfig
-from hpcrl.launch import how_it_ended
-from hpcrl.rundir import RunError
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.runtime.launch import how_it_ended
+from hpcrl.store.rundir import RunError
 
 # Simulators pay for inter-process communication; cheap envs do not (see notes: CartPole runs
 # 5x faster in SyncVectorEnv than in AsyncVectorEnv).

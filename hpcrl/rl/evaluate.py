@@ -1,6 +1,6 @@
 """`hpcrl eval`: play N episodes with a run's final (or best) policy and write eval.csv.
 
-The eval stage runs after the train task on every scheduler; hpcrl.guard.guarded_eval decides from
+The eval stage runs after the train task on every scheduler; hpcrl.runtime.guard.guarded_eval decides from
 the run's markers whether there is anything to evaluate, and records a failure.
 """
 
@@ -13,15 +13,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl import rundir
-from hpcrl.guard import guarded_eval
 from hpcrl.rl import checkpoint, games, strength
 from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.alphazero import make_network
 from hpcrl.rl.envs import episode_metrics, make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.video import record_episodes
-from hpcrl.sweep import Run
+from hpcrl.runtime.guard import guarded_eval
+from hpcrl.store import rundir
+from hpcrl.sweep.runs import Run
 
 EVAL_SEED_OFFSET = 1_000_003
 """Evaluation episodes use seeds no training env used."""

@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from hpcrl.rundir import RunError
+from hpcrl.store.rundir import RunError
 
 GAME_BACKENDS = ("openspiel", "game")
 METHODS = ("current_player", "legal_actions", "apply_action", "is_terminal", "returns", "observation", "clone")

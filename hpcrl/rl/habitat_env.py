@@ -35,7 +35,7 @@ from typing import Any, Optional
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.config import EnvConfig
+from hpcrl.config.experiment import EnvConfig
 
 MISSING = "habitat-sim is not installed; build the image with `hpcrl build-image`"
 ACTIONS = ("stop", "move_forward", "turn_left", "turn_right")

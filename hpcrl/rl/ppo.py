@@ -29,9 +29,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from hpcrl.config.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
-from hpcrl.rl.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
 from hpcrl.rl.rollout import Rollout, RolloutThread, Uploader

@@ -19,7 +19,7 @@ policies (the snapshots of the evaluations during training, at most LADDER_PLAYE
 checkpoint it evaluates), `train.ladder_games` games per pair, each colour half of them. Two fixed
 networks searched without noise play the same game every time, so each pair of games (one with
 each colour) starts from its own LADDER_OPENING random moves. The counts go to ladder.csv; collect
-fits the ratings (hpcrl.strength_results).
+fits the ratings (hpcrl.results.strength).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Idempotent by design, because schedulers rerun jobs: a run with DONE exits at once, a run with
 checkpoints resumes from the newest (model, optimiser, RNG, counters, algorithm extras), and
 train.csv is cut back to the checkpoint's step so the log never holds the same steps twice.
-Every train.csv row also goes to the optional trackers (hpcrl.tracking), and with
+Every train.csv row also goes to the optional trackers (hpcrl.runtime.tracking), and with
 `eval.every_steps` the policy is evaluated on held-out episodes as it trains (periodic_eval.py).
 On SIGUSR1/SIGTERM (the scheduler's warning before a time limit or preemption, or Ctrl-C's
 cleanup) it checkpoints at the next iteration boundary and exits with REQUEUE_EXIT.
@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import io
 import math
+import os
 import random
 import sys
 import time
@@ -30,15 +31,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcrl import rundir, sweep, tracking
-from hpcrl.guard import StopFlag, guarded_run
 from hpcrl.rl import checkpoint, games, periodic_eval
 from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.ppo import OnPolicyAgent
+from hpcrl.runtime import tracking
+from hpcrl.runtime.guard import StopFlag, guarded_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.sweep import Run
+from hpcrl.store import rundir
+from hpcrl.sweep import runs as sweep
+from hpcrl.sweep.runs import Run
 
 Progress = Callable[[int, dict[str, float]], "str | None"]
 """Called with the step and the scalars of each train.csv row and of each evaluation during
@@ -62,6 +65,8 @@ def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> 
     if device.type == "cuda" and device.index is None:  # one GPU per rank of a node (rank 0 of one: cuda:0)
         device = torch.device("cuda", local_rank)
     if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():  # CUDA_VISIBLE_DEVICES leaves this task fewer GPUs
+            raise rundir.RunError(f"train.device {device_spec!r}: this task sees {torch.cuda.device_count()} GPU(s) and needs GPU {device.index} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
     return device

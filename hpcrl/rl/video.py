@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcrl.config import EnvConfig
+from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import make_env
 from hpcrl.rl.networks import obs_to_tensor
 

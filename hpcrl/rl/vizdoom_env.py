@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.config import EnvConfig
+from hpcrl.config.experiment import EnvConfig
 
 DEFAULTS = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": "GRAY8"}
 """The game settings most ViZDoom RL work uses, unless the config says otherwise."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from hpcrl.config.schema import ConfigError, choice_problem
 from hpcrl.schedulers.base import Scheduler
-from hpcrl.schema import ConfigError, choice_problem
 
 BACKENDS = ("local", "slurm", "sge")
 """The schedulers with a backend class (`get_scheduler`): the one list of them."""
 DEBUG = "debug"
-"""Not a backend: every stage in the sweep's own process (hpcrl.debug)."""
+"""Not a backend: every stage in the sweep's own process (hpcrl.schedulers.debug)."""
 SWEEP_CHOICES = ("auto", *BACKENDS, DEBUG)
 """What `hpcrl sweep --scheduler` and `hpcrl.api.sweep(scheduler=...)` take."""
 

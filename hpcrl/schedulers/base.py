@@ -98,6 +98,11 @@ class Scheduler(ABC):
     """Why a run's ranks cannot span nodes here (the one-line refusal of resources.nodes > 1);
     None where they can (Slurm's srun)."""
 
+    def machine_gpus(self) -> int | None:
+        """The GPUs of the one machine every task runs on, where the scheduler knows it (local);
+        None on a cluster, whose nodes differ."""
+        return None
+
     def __init__(self) -> None:
         self.calls = 0
         """Scheduler commands run so far (the submit benchmark counts them)."""

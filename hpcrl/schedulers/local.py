@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from hpcrl import rundir
-from hpcrl.config import ConfigError
+from hpcrl.config.experiment import ConfigError
 from hpcrl.io import atomic_write_text
-from hpcrl.jobplan import local_slots
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler, SchedulerError, shown_state
-from hpcrl.sweep import read_runs_csv
+from hpcrl.store import rundir
+from hpcrl.submit.jobplan import local_slots
+from hpcrl.sweep.runs import read_runs_csv
 
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
@@ -197,6 +197,9 @@ class LocalScheduler(Scheduler):
     name = "local"
     template = "local.sh.j2"
     one_host = "runs on this machine alone"
+
+    def machine_gpus(self) -> int:
+        return gpu_count()
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         return script.stem  # unique per experiment: <stage>-<attempt>-<chunk>

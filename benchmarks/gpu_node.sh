@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The checks only a GPU node can make (issue 26), as one bounded script for a lent machine:
+#   benchmarks/gpu_node.sh OUT_DIR
+# Every step runs in its own process group under `timeout -s KILL` (env workers keep pipes open, so a
+# hung step must not eat the budget), writes its log to OUT_DIR, and the script goes on to the next.
+# The CUDA-only tests, DQN on CUDA, two ranks on one GPU, and 64 ViZDoom envs starting at once run
+# side by side; the speed measurement runs last, alone (SKIP_SPEED=1 leaves it out). OUT_DIR/summary.txt
+# has one line per step.
+set -u
+out=${1:?usage: benchmarks/gpu_node.sh OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+py=${PYTHON:-python3}
+hp="$py -m hpcrl"
+logs=$(mktemp -d)
+
+step() {  # step NAME SECONDS CMD...: run CMD in its own session, killed with its group after SECONDS
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout -s KILL "$secs" setsid bash -c "$*" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" >>"$out/summary.txt"
+}
+
+{ nvidia-smi -L; $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; } >"$out/facts.txt" 2>&1
+
+step cuda_tests 240 "$py -m pytest -q -p no:cacheprovider -n 0 tests/test_networks.py tests/test_optim.py tests/test_periodic_eval.py -k 'cuda or amp or fp16 or bf16'" &
+step dqn_cuda 300 "$hp sweep configs/cartpole_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=30000 -p 'sweep.seeds=[0]' --name dqn_cuda && $hp collect $logs/dqn_cuda && cat $logs/dqn_cuda/results/summary.csv; $hp sweep configs/vizdoom_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=6000 -p 'sweep.seeds=[0]' --name vizdoom_dqn_cuda && tail -n 2 $logs/vizdoom_dqn_cuda/runs/*/train.csv" &
+step ranks_one_gpu 200 "$hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2; echo rc=\$?; $hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p resources.gpus=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2g; echo rc=\$?; cat $logs/ranks2*/runs/*/FAILED 2>/dev/null; tail -n 5 $logs/ranks2*/runs/*/*.log 2>/dev/null | tail -n 40"
+wait
+[ -n "${SKIP_SPEED:-}" ] || step speed64 300 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 64 8 --sides random hpcrl-async --seconds 15 --timeout 120 --out $out/speed"
+cat "$out/summary.txt"

@@ -1,0 +1,1223 @@
+"""YAML -> a typed, validated `Experiment`.
+
+Every error is raised before anything is written or submitted, as one line naming the file and the
+key path (`cartpole.yaml: train.lr: expected a number, got 'fast'`), because a typo discovered
+after 500 jobs have queued costs a day. Each field declares its own rules (`hpcrl.config.schema.setting`);
+the `check()` methods hold only rules that join several fields; the sweep's rules (what may be
+swept, how many runs, duplicate points) are at the end of this file.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import math
+import re
+import tempfile
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from hpcrl.config import strict_yaml, tasks
+from hpcrl.config.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
+from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
+from hpcrl.config.schema import (
+    ConfigError,
+    Verbatim,
+    build,
+    choice_problem,
+    did_you_mean,
+    field_rules,
+    hints,
+    integer_spelling_problem,
+    key_path,
+    plain,
+    public_fields,
+    setting,
+)
+
+__all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
+
+MAX_RUNS = 100_000
+"""Runs one sweep may have (grid points x seeds), checked before any run is made: a scheduler's
+array limit is far lower, and a typo in a grid must not take the login node's memory."""
+MAX_NAME = 200
+"""Bytes of an experiment name: a directory name may have 255, and job names and job logs add
+suffixes such as `-aggregate`."""
+MAX_ENVS = 4096
+"""Environments of one run (env.num_envs, distributed.envs_per_actor): each is a simulator."""
+MAX_ROLLOUT = 1_000_000
+"""Transitions of one on-policy rollout (train.num_steps x env.num_envs), held in memory at once."""
+
+
+def _env_name_problem(key: str) -> str | None:
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return None
+    return "expected an environment variable name (letters, digits, underscore)"
+
+
+def _word_problem(text: str) -> str | None:
+    return None if text.strip() and not any(c.isspace() for c in text) else f"expected one word without spaces, got {text!r}"
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    backend: Literal["gymnasium", "vizdoom", "habitat", "openspiel", "game"] = "gymnasium"
+    """`openspiel` (a game by name) and `game` (a class, `module:Class`) are two-player games for algo alphazero."""
+    num_envs: int = setting(8, ge=1, le=MAX_ENVS)
+    vectorization: Literal["auto", "sync", "async"] = setting("auto", learned=False)
+    """`auto`: sync for cheap envs (IPC dominates), async for simulators."""
+    worker_timeout_s: float = setting(120.0, gt=0, le=86400, learned=False)
+    """The longest wait on one env worker process (its start, a reset, a step, its close): a worker
+    that does not answer in time is killed and fails the run in one line, instead of holding the
+    job (and its GPU) until the time limit."""
+    kwargs: dict[str, Any] = setting(factory=dict)
+    frame_stack: int = setting(1, ge=1, le=64)
+    normalize_obs: bool = False
+    max_episode_steps: Optional[int] = setting(None, ge=1)
+
+
+@dataclass
+class WhenRule:
+    """Settings for the grid points that match (RL Zoo keeps hyperparameters per algorithm and env):
+    `{match: {algo: a2c}, set: {train.lr: 7e-4}}`. Rules apply in order; a later one wins."""
+
+    match: dict[str, Verbatim] = setting(factory=dict)
+    """Swept key -> one of its grid values; every pair must hold. Empty: every point."""
+    set: dict[str, Verbatim] = setting(factory=dict)
+    """Dotted key -> value, for keys that are not swept themselves."""
+
+
+@dataclass
+class Distribution:
+    """Where one searched key's values come from (`sweep.search.space`): `{type: loguniform, low:
+    1.0e-4, high: 1.0e-2}`, `{type: int, low: 16, high: 256, log: true}`, `{type: choice, values:
+    [tanh, relu]}`. Both bounds are included; the values are typed by the key's own field."""
+
+    type: Literal["uniform", "loguniform", "int", "choice"]
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    """For `int`: sample on a log scale (loguniform is `uniform` with log: true)."""
+    values: list[Verbatim] = setting(factory=list)
+    """The options of a `choice`."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.type == "choice":
+            if not self.values:
+                return [("values", "expected at least one option for a choice")]
+            if self.low is not None or self.high is not None:
+                return [("low" if self.low is not None else "high", "a choice takes values, not low and high")]
+            return []
+        if self.values:
+            return [("values", f"only a choice takes values; {self.type} takes low and high")]
+        for key in ("low", "high"):
+            if getattr(self, key) is None:
+                return [(key, f"required for {self.type}")]
+        assert self.low is not None and self.high is not None
+        if self.low >= self.high:
+            return [("low", f"must be below high ({_num_text(self.low)} >= {_num_text(self.high)})")]
+        if (self.type == "loguniform" or self.log) and self.low <= 0:
+            return [("low", f"a log scale needs low > 0, got {_num_text(self.low)}")]
+        if self.type == "int" and not (self.low.is_integer() and self.high.is_integer()):
+            return [("low" if not self.low.is_integer() else "high", "an int distribution needs integer bounds")]
+        return []
+
+
+def _num_text(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass
+class SearchConfig:
+    """Search beyond the grid: random samples (`method: random`), or an Optuna study whose workers
+    are the train array's tasks (`method: optuna`, `pip install 'hpcrl[optuna]'`)."""
+
+    space: dict[str, Distribution] = setting(factory=dict)
+    """Dotted key -> distribution; each run samples every key. Keys may not also be in the grid."""
+    method: Literal["random", "optuna"] = "random"
+    samples: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
+    """random: how many points. Sample i is the same whatever the count, so a re-sweep with more
+    samples trains only the new ones."""
+    seed: int = setting(0, ge=0, le=2**32 - 1)
+    """Seed of the random points and of Optuna's sampler: the same seed, the same points."""
+    n_trials: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
+    """optuna: trials of the study (complete, pruned and failed); a re-sweep with more adds trials."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    pruner: Literal["none", "median", "hyperband", "asha"] = "median"
+    """Stops trials whose intermediate metric is poor: median (MedianPruner), hyperband
+    (HyperbandPruner) or asha (SuccessiveHalvingPruner)."""
+    direction: Literal["maximize", "minimize"] = "maximize"
+    metric: Literal["auto", "eval", "train"] = "auto"
+    """What a trial reports and is judged on: the evaluations during training (`eval`, needs
+    eval.every_steps), the training episodes' return (`train`), or `auto`: eval when it is set."""
+    startup_trials: int = setting(5, ge=0, le=MAX_RUNS)
+    """Trials that are sampled at random and never pruned before TPE and the pruner start judging."""
+    warmup_percent: int = setting(10, ge=0, le=99)
+    """Percent of its budget a trial trains before the pruner may stop it."""
+    storage: Optional[str] = setting(None, valid=_word_problem)
+    """An RDB URL (postgresql://...) for large studies; default: Optuna's journal file in the
+    experiment directory, which needs no server and works on NFS and Lustre homes."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if not self.space:
+            return [("space", "expected at least one key to search")]
+        if self.method == "random":
+            if self.samples is None:
+                return [("samples", "required for method random (how many points)")]
+            if self.n_trials is not None:
+                return [("n_trials", "for method optuna; random search takes samples")]
+        else:
+            if self.n_trials is None:
+                return [("n_trials", "required for method optuna (how many trials)")]
+            if self.samples is not None:
+                return [("samples", "for method random; an Optuna study takes n_trials")]
+        return []
+
+
+def _seed_shorthand(value: Any) -> Any:
+    """`5` -> [0, 1, 2, 3, 4]; `"10..19"` -> [10, ..., 19]; a list (or anything else) as it is."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if problem := integer_spelling_problem(value):
+            raise ValueError(problem)
+        if not 1 <= value <= MAX_RUNS:
+            raise ValueError(f"a count of seeds is 1..{MAX_RUNS:,}, got {value}")
+        return list(range(value))
+    if isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)):
+        low, high = int(m.group(1)), int(m.group(2))
+        if low > high or high - low + 1 > MAX_RUNS or high > 2**32 - 1:
+            raise ValueError(f"a range of seeds is LOW..HIGH with LOW <= HIGH <= {2**32 - 1} and at most {MAX_RUNS:,} seeds, got {value!r}")
+        return list(range(low, high + 1))
+    if isinstance(value, str):
+        raise ValueError(f"expected a list of seeds, a count (5) or a range ('10..19'), got {value!r}")
+    return value
+
+
+@dataclass
+class SweepConfig:
+    seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1, shorthand=_seed_shorthand)
+    """A list, a count (`5`: seeds 0..4) or an inclusive range (`"10..19"`)."""
+    """Seeds of numpy and torch: 0 .. 2**32-1."""
+    grid: dict[str, list[Verbatim]] = setting(factory=dict)
+    """Dotted key -> values; the runs are the product of all lists times the seeds. `algo` and
+    `env.id` may be swept: settings that only some points need go in `when`."""
+    when: list[WhenRule] = setting(factory=list)
+    search: Optional[SearchConfig] = None
+    """Sampled keys beside the grid: random points, or an Optuna study."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if len(set(self.seeds)) != len(self.seeds):
+            return [("seeds", "seeds repeat")]
+        return []
+
+
+_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)B?$", re.IGNORECASE)
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
+
+
+def parse_mem_mb(text: str) -> int:
+    """'4G' -> 4096. Slurm's and SGE's own suffixes, so a value reads the same in both templates."""
+    m = _MEM.match(text.strip())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"expected a memory size such as 4G or 500M, got {text!r}")
+    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[m.group(2).upper()]
+    return max(1, int(float(m.group(1)) * factor))
+
+
+def parse_time_s(text: str) -> int:
+    """'1-02:00:00' or '02:00:00' -> seconds."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ValueError(f"expected a time limit as HH:MM:SS or D-HH:MM:SS, got {text!r}")
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    if minutes >= 60 or seconds >= 60:
+        raise ValueError(f"expected minutes and seconds below 60, got {text!r}")
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_time(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _mem_problem(text: str) -> str | None:
+    try:
+        parse_mem_mb(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _time_problem(text: str) -> str | None:
+    try:
+        if parse_time_s(text) <= 0:
+            return "expected a positive time limit"
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class Resources:
+    """What each array task asks its scheduler for. Words and lines that reach `#SBATCH` / `#$`
+    directives are checked with `hpcrl.config.directives`, the rule the job templates apply again."""
+
+    gpus: int = setting(0, ge=0)
+    cpus: int = setting(1, ge=1)
+    mem: str = setting("4G", valid=_mem_problem)
+    time: str = setting("01:00:00", valid=_time_problem)
+    queue: Optional[str] = setting(None, directive="word")
+    """SGE queue (`-q`)."""
+    partition: Optional[str] = setting(None, directive="word")
+    """Slurm partition (`--partition`)."""
+    account: Optional[str] = setting(None, directive="word")
+    max_concurrent: Optional[int] = setting(None, ge=1)
+    """Cap on array tasks running at once (`%N` / `-tc N`); also the local pool size."""
+    extra: list[str] = setting(factory=list, directive="line")
+    """Raw directive lines appended as written, e.g. `--constraint=a100` or `-l h=node01`."""
+    signal_seconds: int = setting(120, ge=0)
+    """Seconds before the time limit at which the job is told to checkpoint and requeue."""
+    max_stalled_requeues: int = setting(3, ge=1, le=1000)
+    """Requeues in a row a run may ask for without progress (no new checkpoint, step or metric file in
+    its directory) before it is FAILED instead: a program that exits 99 whatever happens."""
+    sge_pe: str = setting("smp", directive="word")
+    sge_gpu_resource: str = setting("gpu", directive="word")
+    """Grid Engine complex that counts GPUs; it should be consumable per JOB, not per slot."""
+    sge_mem_resource: Optional[str] = setting("mem_free", directive="word")
+    """Grid Engine memory request; h_vmem caps virtual memory, which CUDA processes exceed at once."""
+    eval_time: str = setting("00:30:00", valid=_time_problem)
+    ranks: int = setting(1, ge=1, le=4096)
+    """Processes of one run (DD-PPO: each steps its own envs, gradients are all-reduced); one per
+    GPU when `gpus` > 0. `cpus` is per rank, `gpus` and `mem` per node."""
+    nodes: int = setting(1, ge=1, le=1024)
+    """Nodes one run spans; `ranks` must be a multiple of it (ranks per node = ranks / nodes)."""
+    collective_timeout: int = setting(300, ge=10, le=86400)
+    """Seconds a rank waits in a collective (the rendezvous, an all-reduce) before the run fails:
+    a rank that died never leaves the others hanging longer than this."""
+    max_gpus_per_node: int = setting(16, ge=0)
+    max_cpus_per_node: int = setting(1024, ge=1)
+
+    def check(self) -> list[tuple[str, str]]:
+        errors = []
+        if self.gpus > self.max_gpus_per_node:
+            errors.append(("gpus", f"expected 0..{self.max_gpus_per_node} GPUs per task, got {self.gpus}"))
+        if self.cpus > self.max_cpus_per_node:
+            errors.append(("cpus", f"expected 1..{self.max_cpus_per_node} CPUs per task, got {self.cpus}"))
+        if self.signal_seconds >= parse_time_s(self.time):
+            errors.append(("signal_seconds", f"must be shorter than the time limit {self.time}"))
+        if self.nodes > self.ranks:
+            errors.append(("nodes", f"at most one node per rank: {self.nodes} nodes for {self.ranks} rank{'s' if self.ranks > 1 else ''}"))
+        elif self.ranks % self.nodes:
+            errors.append(("ranks", f"expected a multiple of resources.nodes ({self.nodes}), so every node runs as many ranks, got {self.ranks}"))
+        elif self.gpus and self.ranks > 1 and self.gpus != self.ranks_per_node:
+            errors.append(("gpus", f"one rank per GPU: {self.ranks_per_node} ranks per node need gpus: {self.ranks_per_node}, got {self.gpus}"))
+        elif self.cpus * self.ranks_per_node > self.max_cpus_per_node:
+            errors.append(("cpus", f"{self.ranks_per_node} ranks per node x {self.cpus} cpus is more than {self.max_cpus_per_node} CPUs per node"))
+        return errors
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes
+
+
+@dataclass
+class ContainerConfig:
+    image: Optional[str] = None
+    """Path to a .sif image; jobs run the host's Python when it is empty."""
+    runtime: Literal["singularity", "apptainer"] = "singularity"
+    binds: list[str] = setting(factory=list)
+    home: Optional[str] = None
+    nv: bool = True
+    env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
+    cleanenv: bool = False
+    runs: Literal["hpcrl", "program"] = "hpcrl"
+    """What runs inside the image. `hpcrl`: each job runs `hpcrl` there (the image has hpcrl, as
+    `hpcrl build-image` makes it). `program` (algo: program only): hpcrl supervises from the host
+    and starts only the program's command in the image, which then needs no hpcrl. The default
+    stays `hpcrl` so that a config written before this key runs as it did."""
+
+
+@dataclass
+class CudaConfig:
+    lib_path: Optional[str] = None
+    """Prepended to LD_LIBRARY_PATH in the job when it is not already there."""
+    modules: list[str] = setting(factory=list)
+
+
+@dataclass
+class EvalConfig:
+    episodes: int = setting(10, ge=1, le=1_000_000)
+    deterministic: bool = True
+    threshold: Optional[float] = None
+    """Skip evaluating runs whose final training return is below this."""
+    video: bool = False
+    video_episodes: int = setting(1, ge=0, le=1000)
+    gpus: int = setting(0, ge=0, sweepable=False)
+    every_steps: Optional[int] = setting(None, ge=1)
+    """Evaluate inside the training process every N environment steps (and at the end), on held-out
+    seeds, without changing what is learned; null: only the eval stage evaluates, once at the end."""
+    periodic_episodes: int = setting(5, ge=1, le=10_000)
+    """Episodes of each evaluation during training (deterministic when `deterministic` is)."""
+    checkpoint: Literal["last", "best"] = "last"
+    """Which policy the eval stage evaluates: the final one, or the best of the evaluations during
+    training (`best` needs `every_steps`)."""
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.checkpoint == "best" and self.every_steps is None:
+            return [("checkpoint", "'best' needs eval.every_steps: the best policy is the one the evaluations during training found")]
+        return []
+
+
+@dataclass
+class TrackingConfig:
+    """Where training metrics go besides train.csv, which stays the source of truth. Nothing here
+    changes what is learned, and a tracker that fails never fails the run."""
+
+    tensorboard: Union[bool, Literal["auto"]] = "auto"
+    """Event files under `<experiment>/tensorboard/<setting>/<run id>/`, so `tensorboard --logdir
+    logs/<experiment>` groups runs by setting and seed. `auto`: when the package is installed
+    (`pip install hpcrl[tensorboard]`); true: required (refused at sweep time when missing)."""
+    wandb: bool = False
+    """Weights & Biases in offline mode (jobs have no network); `wandb sync` the run directories'
+    `wandb/` folders later from a login node."""
+    wandb_project: str = setting("hpcrl", valid=_word_problem)
+    wandb_entity: Optional[str] = setting(None, valid=_word_problem)
+
+
+@dataclass
+class ScoreReference:
+    """A task's random and reference scores: normalised score = (score - random) / (reference - random)."""
+
+    random: float
+    reference: float
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.reference == self.random:
+            return [("reference", f"must differ from random ({self.random:g}): the normalised score divides by their difference")]
+        return []
+
+
+@dataclass
+class ResultsConfig:
+    """How `collect` and `compare` score runs across tasks (environments)."""
+
+    normalize: bool = False
+    """Score each task as (score - random) / (reference - random) before aggregating across tasks."""
+    scores: dict[str, ScoreReference] = setting(factory=dict)
+    """Random and reference scores per env id; hpcrl ships them for the classic-control envs."""
+    task: Optional[str] = setting(None, valid=_word_problem)
+    """The task (env id) the runs are scored on when hpcrl cannot tell (algo: program): the key that
+    `compare` joins experiments on."""
+
+
+def _python_problem(text: str) -> str | None:
+    if re.fullmatch(r"3\.\d+(\.\d+)?", text):
+        return None
+    return f"expected a Python version such as 3.11 (quote it: YAML reads 3.10 as 3.1), got {text!r}"
+
+
+def _os_package_problem(name: str) -> str | None:
+    if re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?", name):
+        return None
+    return f"expected a Debian package name (optionally =version), got {name!r}"
+
+
+def _requirement_problem(req: str) -> str | None:
+    if req.strip() and not req.lstrip().startswith("-"):
+        return None
+    return f"expected one requirement such as numpy>=1.26 (no pip options), got {req!r}"
+
+
+def _non_empty(text: str) -> str | None:
+    return None if text.strip() else "expected a non-empty single line"
+
+
+def _label_problem(key: str) -> str | None:
+    return None if re.fullmatch(r"[^\s=#]+", key) else "expected a label name without spaces, '=' or '#'"
+
+
+@dataclass
+class ImageConfig:
+    """The Singularity image the jobs run in (`hpcrl build-image`). Its values end up in a
+    definition file, where a line break would start a section or a header: every string of the
+    schema is one line, and these fields say what else they accept."""
+
+    base: str = "docker://nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
+    """`docker://IMAGE:TAG` (pin `@sha256:...` for a reproducible base), `library://` or `oras://` URIs,
+    or the path of a local .sif (`Bootstrap: localimage`): a heavy base built rarely, with a thin layer on top."""
+    os_packages: list[str] = setting(factory=list, valid=_os_package_problem)
+    """Debian/Ubuntu packages, installed with apt: the base must be Debian or Ubuntu based."""
+    python: str = setting("3.11", valid=_python_problem)
+    """Python of the image's conda environment (Miniforge), whatever Python the base ships."""
+    torch: str = setting("torch==2.5.1", valid=_requirement_problem)
+    torch_index: Optional[str] = setting("https://download.pytorch.org/whl/cu124", valid=_non_empty)
+    """The index that holds the torch build for the base's CUDA (cu124 for CUDA 12.4); null for PyPI."""
+    pip: list[str] = setting(factory=list, valid=_requirement_problem)
+    extras: list[Literal["vizdoom", "habitat", "distributed", "video", "tensorboard"]] = setting(factory=list)
+    habitat_channel: str = setting("aihabitat-nightly", valid=_non_empty)
+    """Conda channel of habitat-sim: the stable `aihabitat` channel has Linux builds for Python 3.9 only,
+    older than hpcrl supports."""
+    habitat_version: Optional[str] = setting(None, valid=_non_empty)
+    """Pin habitat-sim (conda version spec, e.g. `0.3.3`); the newest build in the channel otherwise."""
+    hpcrl_source: Optional[str] = setting(None, valid=_non_empty)
+    """Source checkout or wheel of hpcrl copied into the image through `%files`; by default the
+    checkout this hpcrl runs from."""
+    env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
+    labels: dict[str, str] = setting(factory=dict, keys=_label_problem)
+    output_dir: str = setting("images", valid=_non_empty)
+    cachedir: Optional[str] = setting(None, valid=_non_empty)
+    """APPTAINER_CACHEDIR of the build (default `~/.apptainer/cache`, a quota trap); `$VARS` expand
+    where the build runs, so `--submit` can use the node's scratch."""
+    tmpdir: Optional[str] = setting(None, valid=_non_empty)
+    """APPTAINER_TMPDIR: holds the whole unpacked image, so local disk, not Lustre/NFS."""
+    template: str = setting("hpcrl.def.j2", valid=_non_empty)
+    """Template name, looked up in ./singularity/ first, then in hpcrl's bundled singularity/."""
+    build_time: str = setting("02:00:00", valid=_time_problem)
+    build_mem: str = setting("8G", valid=_mem_problem)
+    """Limits of the `--submit` build job: a build takes longer, and more memory, than many training tasks."""
+
+    _REMOTE = ("docker", "library", "oras", "shub")
+
+    def bootstrap(self) -> tuple[str, str]:
+        """(`Bootstrap:` agent, `From:` value) of the base; ValueError says what a base may be."""
+        scheme, sep, rest = self.base.partition("://")
+        if sep and scheme in self._REMOTE and rest.strip() and not any(c.isspace() for c in rest):
+            return scheme, rest
+        if not sep and self.base.endswith(".sif"):
+            return "localimage", self.base
+        raise ValueError(
+            "expected docker://IMAGE:TAG, library://..., oras://..., shub://... or the path of a local .sif, "
+            f"got {self.base!r}"
+        )
+
+    def check(self) -> list[tuple[str, str]]:
+        """The base is parsed by `bootstrap()`, which the image builder calls too."""
+        try:
+            self.bootstrap()
+        except ValueError as exc:
+            return [("base", str(exc))]
+        return []
+
+
+def _address_problem(text: str) -> str | None:
+    host, sep, port = text.rpartition(":")
+    if sep and host and port.isdigit() and 0 < int(port) < 65536:
+        return None
+    return f"expected host:port, got {text!r}"
+
+
+def _bind_problem(text: str) -> str | None:
+    if text.strip() and not any(c.isspace() for c in text):
+        return None
+    return f"expected an address or 'auto', got {text!r}"
+
+
+@dataclass
+class RedisConfig:
+    """Where the run's board and queue live."""
+
+    address: Optional[str] = setting(None, valid=_address_problem)
+    """`host:port` of an external Redis shared by the runs; empty: each learner job starts its own
+    redis-server (the Debian package; `hpcrl build-image` installs it with image.extras: [distributed])."""
+    password_env: str = setting("HPCRL_REDIS_PASSWORD", valid=_env_name_problem)
+    """Environment variable of the learner job that holds the external Redis's password (never the config file)."""
+    bind: str = setting("auto", valid=_bind_problem)
+    """Address the learner's own redis-server listens on; `auto`: the address the learner node's host name
+    resolves to (what actors on other nodes dial); `127.0.0.1` keeps it to one machine."""
+    executable: str = setting("redis-server", valid=_non_empty)
+
+
+@dataclass
+class DistributedConfig:
+    """Ape-X style: per run, one learner job and an array of actor jobs talking through Redis.
+
+    Only off-policy learning is correct when actors act with parameters a few versions old, so
+    this section requires `algo: dqn` (the learner keeps DQN's replay; train.* still applies).
+    """
+
+    actors: int = setting(2, ge=1, le=10_000)
+    envs_per_actor: int = setting(4, ge=1, le=MAX_ENVS)
+    batch_transitions: int = setting(64, ge=1, le=1_000_000)
+    """Transitions per message an actor sends (rounded up to whole vector steps)."""
+    batches_per_send: int = setting(8, ge=1, le=1024, learned=False)
+    """Batches an actor coalesces into one round trip at most (each stays its own message on the queue)."""
+    send_delay_s: float = setting(0.002, ge=0, le=60, learned=False)
+    """Longest a built batch waits for others before it is sent (0: each batch goes at once). Short on
+    purpose: an actor sends its waiting batches and reads the parameter version once per round trip, so
+    a batch held back longer was acted on with older parameters (20 ms: 205 stale drops in a CartPole
+    run of the bundled config, against 16 with one batch per round trip)."""
+    queue_bound: int = setting(8, ge=1, le=100_000)
+    """Batches the queue may hold; a full queue blocks the actors (backpressure) instead of dropping.
+    Small on purpose: a batch waits in a full queue for queue_bound x batch_transitions x updates per
+    transition / publish_every parameter versions, which must stay below max_lag."""
+    publish_every: int = setting(20, ge=1)
+    """Learner updates between parameter publications; each publication is a new parameter version."""
+    max_lag: int = setting(25, ge=0)
+    """Batches produced with parameters more than this many versions old are dropped (and counted)."""
+    epsilon: float = setting(0.4, gt=0, le=1)
+    epsilon_alpha: float = setting(7.0, ge=0)
+    """Env slot k of K acts with epsilon ** (1 + alpha * k / (K - 1)) (Ape-X's per-actor exploration)."""
+    prioritized: bool = False
+    """Prioritised replay on the learner (proportional, with importance weights)."""
+    priority_alpha: float = setting(0.6, ge=0)
+    priority_beta: float = setting(0.4, ge=0, le=1)
+    """Initial importance-sampling exponent, annealed to 1 over total_steps."""
+    heartbeat_s: float = setting(1.0, gt=0, learned=False)
+    dead_after_s: float = setting(3.0, gt=0, learned=False)
+    """An actor whose heartbeat is older than this is reported dead (its key expires)."""
+    learner_timeout_s: float = setting(600.0, gt=0, learned=False)
+    """Actors wait this long for a learner (at start, or after it went away) before exiting with code 75."""
+    parallel_runs: Optional[int] = setting(None, ge=1, learned=False)
+    """Runs whose learner and actors run at once; later runs wait for the earlier learners. Default: all on
+    a cluster; on the local executor, as many as its task pool (resources.max_concurrent) holds."""
+    actor_cpus: int = setting(1, ge=1, learned=False)
+    actor_mem: str = setting("2G", valid=_mem_problem, learned=False)
+    redis: RedisConfig = setting(factory=RedisConfig, learned=False)
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.dead_after_s <= self.heartbeat_s:
+            return [("dead_after_s", f"must be longer than heartbeat_s ({self.heartbeat_s:g})")]
+        return []
+
+
+def _name_problem(name: str) -> str | None:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", name):
+        return (
+            "expected a letter, then letters, digits, '.', '_' or '-' (it names a directory and the jobs; "
+            f"Grid Engine refuses job names that start with a digit), got {name!r}"
+        )
+    if len(name) > MAX_NAME:
+        return f"expected at most {MAX_NAME} characters (it names a directory and its jobs), got {len(name)}"
+    return None
+
+
+@dataclass
+class Experiment:
+    name: str = setting(valid=_name_problem, learned=False)
+    algo: Literal["ppo", "a2c", "dqn", "alphazero", "program"] = "ppo"
+    """`program`: the user's own trainer (the `program:` section) instead of hpcrl's PPO, A2C or DQN."""
+    env: EnvConfig = setting(factory=EnvConfig)
+    train: TrainConfig = setting(factory=TrainConfig)
+    sweep: SweepConfig = setting(factory=SweepConfig, learned=False)
+    resources: Resources = setting(factory=Resources, learned=False)
+    container: ContainerConfig = setting(factory=ContainerConfig, learned=False)
+    cuda: CudaConfig = setting(factory=CudaConfig, learned=False)
+    eval: EvalConfig = setting(factory=EvalConfig, learned=False, sweepable=True)
+    image: Optional[ImageConfig] = setting(None, learned=False)
+    output: str = setting("logs", valid=_non_empty, learned=False)
+    """Root under which `<output>/<name>/` is created."""
+    python: Optional[str] = setting(None, valid=_non_empty, learned=False)
+    """Interpreter the job scripts run when no image is set; defaults to the one running `hpcrl sweep`."""
+    distributed: Optional[DistributedConfig] = None
+    """Decoupled learner and actor jobs (Ape-X style) instead of one train job per run."""
+    program: Optional[ProgramConfig] = None
+    """The user's own trainer, for `algo: program` (hpcrl.config.program_spec)."""
+    tracking: TrackingConfig = setting(factory=TrackingConfig, learned=False)
+    results: ResultsConfig = setting(factory=ResultsConfig, learned=False)
+    source: Optional[str] = dataclasses.field(default=None, metadata={"internal": True})
+    given: Optional[dict[str, Any]] = dataclasses.field(default=None, metadata={"internal": True}, repr=False)
+    """The config as the user wrote it (overrides applied): a grid point that changes `algo` starts
+    from it, so each algorithm gets its own defaults rather than the first algorithm's."""
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.output) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        data.pop("given")
+        if self.algo == "program":
+            for key in PROGRAM_UNUSED:
+                del data[key]
+        else:
+            del data["program"]
+        return data
+
+    def check(self) -> list[tuple[str, str]]:
+        if (self.program is None) == (self.algo == "program"):
+            if self.program is None:
+                return [("program", "required with algo 'program': the command of your trainer (program.command)")]
+            return [("program", f"only used with algo 'program' (algo is {self.algo!r})")]
+        if self.container.runs == "program" and self.algo != "program":
+            return [("container.runs", f"'program' runs a user's program in the image and needs algo 'program' (algo is {self.algo!r}); hpcrl's own trainer runs in the image with 'hpcrl'")]
+        if self.algo == "program" and self.distributed is not None:
+            return [("distributed", "not available with algo 'program': your program runs as one job per run")]
+        if (self.algo == "alphazero") != (self.env.backend in ("openspiel", "game")):
+            if self.algo == "alphazero":
+                return [("env.backend", f"algo alphazero plays two-player games: expected 'openspiel' or 'game', got {self.env.backend!r}")]
+            if self.algo != "program":
+                return [("env.backend", f"{self.env.backend!r} is a two-player game, for algo alphazero (algo is {self.algo!r})")]
+        if self.distributed is not None and self.algo == "alphazero":
+            return [("distributed", "not available with algo alphazero yet: self-play and training alternate in one process")]
+        if self.distributed is not None and self.algo != "dqn":
+            return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
+        if self.resources.ranks > 1:
+            if self.algo in ("dqn", "alphazero", "program"):
+                why = {"dqn": "DQN runs in one process, or as Ape-X (distributed:)", "alphazero": "AlphaZero's self-play and training run in one process"}.get(self.algo, "your program starts its own processes (torchrun inside program.command)")
+                return [("resources.ranks", f"more than one rank is DD-PPO, for ppo and a2c: {why}")]
+            if self.sweep.search is not None and self.sweep.search.method == "optuna":
+                return [("resources.ranks", "an Optuna study's workers train one rank each")]
+        if (problem := self._gpu_problem()) is not None:
+            return [problem]
+        if self.eval.gpus > self.resources.max_gpus_per_node:
+            return [("eval.gpus", f"expected 0..{self.resources.max_gpus_per_node} GPUs per task, got {self.eval.gpus}")]
+        if isinstance(self.train, OnPolicyConfig) and self.train.num_steps * self.env.num_envs > MAX_ROLLOUT:
+            return [("train.num_steps", f"a rollout of num_steps x env.num_envs = {self.train.num_steps * self.env.num_envs:,} transitions passes the limit of {MAX_ROLLOUT:,}")]
+        return []
+
+
+    def _gpu_problem(self) -> tuple[str, str] | None:
+        """`train.device: cuda[:N]` against the GPUs a task asks for: a scheduler (and the local
+        executor) gives a task the GPUs it asks for and hides the rest, so a CUDA device that the
+        request does not cover fails every task at its first CUDA call. Caught here, at sweep time."""
+        device = getattr(self.train, "device", "auto")
+        if not device.startswith("cuda"):
+            return None
+        res = self.resources
+        if res.gpus == 0:
+            return ("resources.gpus", f"train.device {device!r} needs a GPU: a task is given the GPUs it asks for and none here (gpus: 0); set resources.gpus or train.device: auto")
+        index = int(device.partition(":")[2] or 0)
+        if ":" in device and res.ranks > 1:
+            return ("train.device", f"{device!r} puts every rank on one GPU; with resources.ranks > 1 use 'cuda' or 'auto' (rank i takes the node's GPU i)")
+        if index >= res.gpus:
+            return ("train.device", f"{device!r} is GPU {index} of the task, which asks for resources.gpus: {res.gpus} (numbered from 0)")
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Dotted keys: overrides, grid points and what may be swept.
+
+
+def _field_type(cls: Any, part: str, algo: str) -> Any:
+    tp = ALGORITHMS.get(algo, TrainConfig) if (cls is Experiment and part == "train") else hints(cls)[part]
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _known_path(dotted: str, algo: str) -> bool:
+    """Whether a dotted key names a field of the schema (so `-p` and the grid fail on typos)."""
+    cls: Any = Experiment
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if cls is None or not dataclasses.is_dataclass(cls):
+            # Inside a free-form mapping (env.kwargs, container.env): any key is allowed.
+            return cls is dict
+        if part not in public_fields(cls):
+            return False
+        tp = _field_type(cls, part, algo)
+        if typing.get_origin(tp) is dict:
+            return True
+        cls = tp if dataclasses.is_dataclass(tp) else (None if i < len(parts) - 1 else tp)
+    return True
+
+
+def known_paths(algo: str) -> list[str]:
+    """Every dotted key of a setting of the schema for `algo` (`train.lr`, `resources.ranks`, ...)."""
+    out: list[str] = []
+
+    def walk(cls: Any, prefix: str) -> None:
+        for name in public_fields(cls):
+            tp = _field_type(cls, name, algo)
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{name}.")
+            else:
+                out.append(prefix + name)
+
+    walk(Experiment, "")
+    return out
+
+
+def _unknown(where: str, key: str, algo: str) -> ConfigError:
+    """`unknown key`, with the closest known keys when one is close (`train.lrr`: did you mean train.lr?)."""
+    hint = did_you_mean(key, known_paths(algo))
+    return ConfigError(f"{where}: unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _path_rules(dotted: str, algo: str) -> list[Any]:
+    """The rules of each field along a (known) dotted key, down to a free-form mapping."""
+    cls: Any = Experiment
+    out = []
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            break  # inside a free-form mapping, which its field already answered for
+        out.append(field_rules(cls)[part])
+        cls = _field_type(cls, part, algo)
+    return out
+
+
+def is_learned(dotted: str, algo: str) -> bool:
+    """Whether the setting at a (known) dotted key changes what a run learns. Settings that change
+    only how or where it runs (`resources.*`, `train.device`, `train.checkpoint_every`, ...) are
+    declared `learned=False` on their fields: a run id need not hash them."""
+    return all(rules.learned for rules in _path_rules(dotted, algo))
+
+
+def is_sweepable(dotted: str, algo: str) -> bool:
+    """Whether a grid may vary the setting: what is learned, and how runs are evaluated (`eval.*`
+    but `eval.gpus`)."""
+    return all(rules.in_grid for rules in _path_rules(dotted, algo))
+
+
+def learned_settings(exp: Experiment) -> dict[str, Any]:
+    """The typed values of every setting that changes what is learned (nested like `to_dict()`):
+    what a run id should hash, so `1e-3`, `0.001` and a default left out hash alike."""
+
+    def keep(obj: Any) -> Any:
+        if not dataclasses.is_dataclass(obj):
+            return copy.deepcopy(obj)
+        rules = field_rules(type(obj))
+        return {name: keep(getattr(obj, name)) for name in public_fields(type(obj)) if rules[name].learned}
+
+    learned = keep(exp)
+    if exp.algo == "program":  # hpcrl's own env and trainer settings do not reach the user's program
+        del learned["env"], learned["train"]
+    else:  # the ids of hpcrl's own runs stay what they were before programs existed
+        del learned["program"]
+    if exp.resources.ranks > 1:  # every rank steps env.num_envs envs: the batch grows with the ranks
+        learned["ranks"] = exp.resources.ranks
+    if learned.get("train", {}).get("async_rollout") == "auto":  # hpcrl's own choice per env kind: ids stay what they were before the key
+        del learned["train"]["async_rollout"]
+    return learned
+
+
+def _merge(old: Any, new: Any) -> Any:
+    """A mapping given for a mapping changes only the keys it names; anything else replaces."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict(old)
+        for key, value in new.items():
+            out[key] = _merge(old.get(key), value)
+        return out
+    return new
+
+
+def _set_dotted(data: dict, dotted: str, value: Any, *, merge: bool = False) -> None:
+    """Set a dotted key; with `merge` (a grid point), a mapping changes only the keys it names,
+    while `-p key=value` sets the key to exactly the value given."""
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part} is not a mapping")
+        node = child
+    node[parts[-1]] = _merge(node.get(parts[-1]), value) if merge else value
+
+
+DOTTED_KEY_MAPS = ("sweep.grid", "sweep.search.space")
+"""Mappings whose keys are themselves dotted config keys (`train.lr`)."""
+
+
+def _set_override(data: dict, key: str, value: Any) -> None:
+    """`-p key=value`; below a mapping of dotted keys the rest is one key, so
+    `-p sweep.grid.train.lr=[...]` sets the grid's `train.lr`, as the same line in the file does."""
+    for prefix in DOTTED_KEY_MAPS:
+        if key.startswith(prefix + ".") and len(key) > len(prefix) + 1:
+            node = _dotted_or_none(data, prefix)
+            if node is None:
+                _set_dotted(data, prefix, node := {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"-p {key}: {prefix} is not a mapping")
+            node[key[len(prefix) + 1 :]] = value
+            return
+    _set_dotted(data, key, value)
+
+
+def _dotted_or_none(data: dict, dotted: str) -> Any:
+    """The value at a dotted key of plain data; None where a part is missing or not a mapping."""
+    node: Any = data
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _get_dotted(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.lr=3e-4` -> ('train.lr', 0.0003): the value is read as YAML, then typed by the schema
+    (numbers keep their text, so `name=1.10` stays '1.10')."""
+    if "=" not in text:
+        raise ConfigError(f"-p {text}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"-p {text}: expected key.path=value")
+    if any(c in text for c in "\n\r"):  # YAML would fold it, or read what follows a # as a comment
+        raise ConfigError(f"-p {key_path('', key)}: an override is one line, got a line break in {raw!r}")
+    flow = raw.strip()[:1] in ("{", "[")
+    try:
+        value = strict_yaml.load(_hydra_flow(raw) if flow else raw) if raw.strip() else ""
+    except ConfigError as exc:
+        if flow:  # a mapping or list the user meant, not a string that happens to start with a bracket
+            raise ConfigError(f"-p {key_path('', key)}: {re.sub(r'^line [0-9]+: ', '', str(exc))} in {raw!r}") from None
+        value = raw
+    return key, value
+
+
+def _hydra_flow(text: str) -> str:
+    """Hydra's `{a:1,b:2}` as YAML's `{a: 1, b: 2}`: YAML reads a key and value without a space
+    after the colon as one key with no value ('a:1': null), so a space is put after the first colon
+    of each key of a flow mapping, at any depth. Quoted text, and colons inside values
+    (`{url:http://x}`), are left as written."""
+    out: list[str] = []
+    stack: list[str] = []  # "{" or "[" per open collection
+    in_key = False  # reading a mapping key: its first colon separates it from its value
+    quote = ""
+    for i, c in enumerate(text):
+        out.append(c)
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "{[":
+            stack.append(c)
+            in_key = c == "{"
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            in_key = False
+        elif c == ",":
+            in_key = bool(stack) and stack[-1] == "{"
+        elif c == ":" and in_key:
+            in_key = False
+            if text[i + 1 : i + 2] not in (" ", ""):
+                out.append(" ")
+    return "".join(out)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A user's config file as data: UTF-8, strict YAML (see `hpcrl.config.strict_yaml`), a mapping."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8") from None
+    try:
+        data = strict_yaml.load(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+PROGRAM_UNUSED = ("env", "train")
+"""Sections of hpcrl's own trainer that a user's program never sees: refused with algo: program."""
+
+
+def _algo(data: dict[str, Any]) -> str:
+    algo = data.get("algo", "ppo")
+    if not isinstance(algo, str) or algo not in (*ALGORITHMS, "program"):
+        raise ConfigError(f"algo: {choice_problem(algo, (*ALGORITHMS, 'program'))}")
+    return algo
+
+
+def _unused_by_program(key: str) -> ConfigError:
+    return ConfigError(f"{key}: not used with algo 'program' (hpcrl does not train; give your program's settings in program.params or program.args)")
+
+
+def _nest_params(data: dict[str, Any]) -> None:
+    """`program.params` may be written flat with Hydra's dotted keys (`habitat_baselines.rl.ppo.lr: 2.5e-4`):
+    stored nested, as the sweep grammar addresses them (`program.params.habitat_baselines.rl.ppo.lr`)."""
+    program = data.get("program")
+    params = program.get("params") if isinstance(program, dict) else None
+    if not isinstance(params, dict) or not any(isinstance(k, str) and "." in k for k in params):
+        return
+    nested: dict[str, Any] = {}
+    for key, value in params.items():
+        parts = key.split(".") if isinstance(key, str) else [key]
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"program.params.{key}: {part} is both a value and a mapping")
+        if parts[-1] in node:
+            raise ConfigError(f"program.params.{key}: given twice (flat and nested)")
+        node[parts[-1]] = value
+    data["program"] = {**program, "params": nested}
+
+
+def _build_experiment(data: dict[str, Any]) -> Experiment:
+    """The dataclasses of plain data; `train` takes the class of the chosen algorithm."""
+    data = dict(data)
+    algo = _algo(data)
+    if algo == "program":
+        for key in PROGRAM_UNUSED:
+            if key in data:
+                raise _unused_by_program(key)
+        _nest_params(data)
+    train_data = data.pop("train", None)
+    image_data = data.pop("image", None)
+    exp = build(Experiment, data, "")
+    exp.train = build(ALGORITHMS.get(algo, TrainConfig), {} if train_data is None else train_data, "train")
+    exp.image = None if image_data is None else build(ImageConfig, image_data, "image")
+    for key, message in exp.check():  # again: train was a TrainConfig when build() checked it first
+        raise ConfigError(f"{key}: {message}")
+    return exp
+
+
+def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
+    """Validate plain data (with `-p` overrides applied) into an Experiment."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        key, value = parse_override(text)
+        if key != "algo" and not _known_path(key, _algo(data)):
+            raise _unknown(f"-p {key_path('', key)}", key, _algo(data))
+        if _algo(data) == "program" and key.split(".")[0] in PROGRAM_UNUSED:
+            raise _unused_by_program(f"-p {key}")
+        _set_override(data, key, value)
+    exp = _build_experiment(data)
+    _check_grid(exp, data)
+    _check_search(exp, data)
+    _check_normalize(exp)
+    exp.given = data
+    return exp
+
+
+def _check_normalize(exp: Experiment) -> None:
+    """`results.normalize` needs random and reference scores for every env the runs train on: found
+    missing at sweep time, not by the aggregate job after the training is spent."""
+    if not exp.results.normalize:
+        return
+    if "env.id" in exp.sweep.grid:
+        envs = list(exp.sweep.grid["env.id"])
+    elif exp.results.task or exp.algo != "program":
+        envs = [exp.results.task or exp.env.id]
+    else:
+        raise ConfigError("results.normalize: needs results.task with algo 'program' (the env id your program trains on)")
+    scores = {task: dataclasses.asdict(ref) for task, ref in exp.results.scores.items()}
+    tasks.normalizer(envs, tasks.references({"results": {"scores": scores}}))
+
+
+def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
+    """What may be swept, how many runs a sweep may have, that no two grid points are one run, and
+    that every grid point, with the `sweep.when` settings it matches, is a valid config.
+
+    Each grid value is validated as part of a whole config, and replaced by its typed value (so
+    `1e-3` and `0.001` are one value, found to repeat here rather than as one run id twice); so are
+    the values `sweep.when` matches on.
+    """
+    grid = exp.sweep.grid
+    for key, values in grid.items():
+        where = f"sweep.grid.{key}"
+        if key != "algo" and not _known_path(key, exp.algo):
+            raise _unknown(where, key, exp.algo)
+        if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED + ("algo",):
+            raise _unused_by_program(where)
+        if key != "algo" and not is_sweepable(key, exp.algo):
+            raise ConfigError(f"{where}: cannot be swept: it changes how or where runs execute, not what they learn (set it once, outside the grid)")
+        if not values:
+            raise ConfigError(f"{where}: expected a non-empty list of values")
+        for other in grid:
+            if other.startswith(key + "."):
+                raise ConfigError(f"sweep.grid.{other}: overlaps sweep.grid.{key} (sweep each key once)")
+    if "algo" in grid:
+        for value in grid["algo"]:
+            if not isinstance(value, str) or value not in ALGORITHMS:
+                raise ConfigError(f"sweep.grid.algo: expected values among {', '.join(map(repr, ALGORITHMS))} (a user's program is its own experiment), got {_show(value)}")
+    runs = math.prod(len(v) for v in grid.values()) * len(exp.sweep.seeds)
+    if runs > MAX_RUNS:
+        raise ConfigError(f"sweep.grid: {runs:,} runs (grid points x seeds) pass the limit of {MAX_RUNS:,}")
+    base = copy.deepcopy(data)
+    base.pop("sweep", None)
+    if "algo" in grid:  # a value of another key is typed under the first algorithm of the grid
+        base["algo"] = grid["algo"][0]
+    for key, values in grid.items():
+        grid[key] = _typed_values(base, key, values, f"sweep.grid.{key}")
+    _check_when(exp, base)
+
+
+def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
+    """`sweep.search`: what may be searched (as for the grid, and never a key the grid sweeps), each
+    distribution's bounds and options typed by the key's own field, and what an Optuna study needs
+    (one seed per trial, hpcrl's own trainer, a metric it reports while it trains)."""
+    search = exp.sweep.search
+    if search is None:
+        return
+    base = copy.deepcopy(data)
+    base.pop("sweep", None)
+    for key, dist in search.space.items():
+        where = f"sweep.search.space.{key}"
+        if key == "algo" or not _known_path(key, exp.algo):
+            raise _unknown(where, key, exp.algo) if key != "algo" else ConfigError(f"{where}: sweep algo in sweep.grid instead")
+        if not is_sweepable(key, exp.algo):
+            raise ConfigError(f"{where}: cannot be searched: it changes how or where runs execute, not what they learn")
+        if any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in exp.sweep.grid):
+            raise ConfigError(f"{where}: also in sweep.grid (search or sweep a key, not both)")
+        if dist.type == "choice":
+            dist.values = _typed_values(base, key, dist.values, f"{where}.values")
+            continue
+        low, high = _typed_values(base, key, [dist.low, dist.high], where)
+        if dist.type != "int" and not isinstance(low, float):
+            raise ConfigError(f"{where}: {key} takes integers: use type: int")
+        if dist.type == "int" and isinstance(low, float):
+            dist.low, dist.high = float(low), float(high)  # an int distribution of a float field: whole numbers
+    runs = math.prod(len(v) for v in exp.sweep.grid.values()) * len(exp.sweep.seeds) * (search.samples or search.n_trials or 1)
+    if runs > MAX_RUNS:
+        raise ConfigError(f"sweep.search: {runs:,} runs (grid points x samples x seeds) pass the limit of {MAX_RUNS:,}")
+    if search.method != "optuna":
+        return
+    if exp.algo == "program" or exp.distributed is not None:
+        raise ConfigError("sweep.search.method: optuna trains hpcrl's own PPO, A2C or DQN in its workers (not algo 'program' or a distributed run); use method random")
+    if exp.sweep.grid:
+        raise ConfigError("sweep.search.method: an Optuna study searches its space alone: move the keys of sweep.grid into sweep.search.space (type: choice)")
+    if len(exp.sweep.seeds) != 1:
+        raise ConfigError(f"sweep.seeds: an Optuna trial trains one seed, got {len(exp.sweep.seeds)} (the trial's value is that run's metric)")
+    if search.metric == "eval" and exp.eval.every_steps is None:
+        if search.pruner != "none":
+            raise ConfigError(f"sweep.search.pruner: {search.pruner} has no intermediate metric: metric 'eval' needs eval.every_steps (or use metric: train)")
+        raise ConfigError("sweep.search.metric: 'eval' needs eval.every_steps (the evaluations during training it reports)")
+
+
+def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str) -> list[Any]:
+    """Each value validated as one point on `base` and replaced by its typed value; no repeats."""
+    typed_values: list[Any] = []
+    for value in values:
+        point = copy.deepcopy(base)
+        _set_dotted(point, key, value, merge=True)
+        try:
+            typed = _canonical(_get_dotted(_build_experiment(point), key), value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}={_show(value)}: {exc}") from None
+        if typed in typed_values:
+            raise ConfigError(f"{where}: {_show(value)} repeats {_show(values[typed_values.index(typed)])} (the same value once typed)")
+        typed_values.append(typed)
+    return typed_values
+
+
+def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The settings of every `sweep.when` rule that a grid point matches, in rule order: applied one
+    after the other, each merged like a grid point's mapping, so a later rule wins key by key."""
+    return [item for rule in rules if all(key in point and point[key] == value for key, value in rule.match.items()) for item in rule.set.items()]
+
+
+def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
+    """`sweep.when`: matches name swept keys and their grid values; sets name keys that are not
+    swept. Then every combination of the keys that rules match on (and `algo`, whose train section
+    differs) is validated with the settings it gets, and every other grid value with each of them."""
+    grid, rules = exp.sweep.grid, exp.sweep.when
+    algos = grid.get("algo", [exp.algo])
+    for i, rule in enumerate(rules):
+        for key, value in rule.match.items():
+            where = f"sweep.when[{i}].match.{key}"
+            if key not in grid:
+                raise ConfigError(f"{where}: not swept (a rule matches on keys of sweep.grid: {', '.join(grid) or 'none'})")
+            typed = _typed_values(base, key, [value], where)[0]
+            if typed not in grid[key]:
+                raise ConfigError(f"{where}: {_show(value)} is not one of the grid's values ({', '.join(map(_show, grid[key]))})")
+            rule.match[key] = typed
+        for key in rule.set:
+            where = f"sweep.when[{i}].set.{key}"
+            if not any(_known_path(key, algo) for algo in algos) or key == "algo":
+                raise _unknown(where, key, algos[0]) if key != "algo" else ConfigError(f"{where}: sweep algo in sweep.grid instead")
+            if any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in grid):
+                raise ConfigError(f"{where}: swept in sweep.grid (a rule sets keys that are not swept)")
+            if not all(is_sweepable(key, algo) for algo in algos if _known_path(key, algo)):
+                raise ConfigError(f"{where}: cannot vary between runs: it changes how or where runs execute, not what they learn")
+    cond = list(dict.fromkeys([k for rule in rules for k in rule.match] + (["algo"] if "algo" in grid else [])))
+    if not rules and not cond:
+        return  # every value was validated on the base config, which is each point's
+    others = [k for k in grid if k not in cond]
+    for combo in itertools.product(*(grid[k] for k in cond)):
+        point_values = dict(zip(cond, combo))
+        extra = when_settings(rules, point_values)
+        label = ", ".join(f"{k}={_show(v)}" for k, v in point_values.items()) or "every point"
+        point = copy.deepcopy(base)
+        for key, value in [*point_values.items(), *extra]:
+            _set_dotted(point, key, value, merge=True)
+        try:
+            _build_experiment(point)
+            for key in others:
+                _typed_values(point, key, grid[key], f"sweep.grid.{key}")
+        except ConfigError as exc:
+            raise ConfigError(f"sweep: the grid point {label}{' with sweep.when settings' if extra else ''}: {exc}") from None
+
+
+def _canonical(typed: Any, given: Any) -> Any:
+    """The typed value of a grid point, keeping only the keys a mapping point named."""
+    if dataclasses.is_dataclass(typed):
+        typed = {name: getattr(typed, name) for name in public_fields(type(typed))}
+    if isinstance(typed, dict) and isinstance(given, dict):
+        return {k: _canonical(typed[k], given[k]) for k in given}
+    return copy.deepcopy(typed)
+
+
+def _show(value: Any) -> str:
+    return repr(plain(value))
+
+
+def _check_output(exp: Experiment) -> None:
+    """`output` must be (or become) a directory: a file there would fail the first mkdir."""
+    path = Path(exp.output)
+    for candidate in (exp.dir, path, *path.absolute().parents):
+        if candidate.exists() or candidate.is_symlink():
+            if not candidate.is_dir():
+                key = "name" if candidate == exp.dir else "output"
+                raise ConfigError(f"{key}: {candidate} is a file, not a directory")
+            return
+
+
+def check_output_writable(exp: Experiment) -> None:
+    """Before a sweep writes anything: a directory can be made where the experiment goes. `output`
+    under /proc or /sys, on a read-only mount or in another user's directory fails here as one line,
+    with nothing written, rather than as a traceback from the first mkdir (which left `jobs/` behind
+    where it got that far). The probe is a directory made and removed in the nearest existing one;
+    `hpcrl.api.load` and dry runs do not probe, so a config for a cluster still loads on a laptop."""
+    place = next(p for p in (exp.dir, *exp.dir.absolute().parents) if p.is_dir())
+    try:
+        Path(tempfile.mkdtemp(prefix=".hpcrl-probe-", dir=place)).rmdir()
+    except OSError as exc:
+        where = f"{exp.source}: " if exp.source else ""
+        raise ConfigError(f"{where}output: cannot create {exp.dir} ({place}: {exc.strerror or exc})") from None
+
+
+def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, name: str | None = None) -> Experiment:
+    """Read, override and validate a config file. Raises ConfigError prefixed with the file name.
+
+    `name` (from `--name`) is taken as the string it is, never read as YAML.
+    """
+    path = Path(path)
+    data = read_yaml(path)
+    try:
+        if name is not None:
+            data["name"] = name
+        exp = experiment_from_dict(data, overrides)
+        _check_output(exp)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    exp.source = str(path)
+    if exp.program is not None:  # jobs start elsewhere: the program's directory is fixed now, absolute
+        exp.program.workdir = anchored_workdir(exp.program.workdir, Path.cwd())
+    return exp
+
+
+def apply_settings(exp: Experiment, settings: dict[str, Any], seed: int) -> Experiment:
+    """The resolved config of one run: the experiment with one grid point applied (a mapping
+    changes only the keys it names) and the `sweep.when` settings that point matches.
+
+    It starts from the config as written (`given`), so a point that switches `algo` takes that
+    algorithm's defaults for what the config left out, never the first algorithm's values."""
+    data = copy.deepcopy(exp.given) if exp.given is not None else exp.to_dict()
+    for key, value in [*settings.items(), *when_settings(exp.sweep.when, settings)]:
+        _set_dotted(data, key, value, merge=True)
+    data["sweep"] = {"seeds": [seed], "grid": {}}
+    run = experiment_from_dict(data)
+    run.source = exp.source
+    if exp.program is not None and run.program is not None:
+        run.program.workdir = exp.program.workdir  # resolved where `hpcrl sweep` ran
+    return run

@@ -1,0 +1,219 @@
+"""Training hyperparameters, one dataclass per algorithm.
+
+They live apart from the algorithm files so that validating a config (on a login node, before
+anything is submitted) never imports torch. Field names follow CleanRL so that its documentation
+and the literature read across directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+from hpcrl.config.schema import setting
+
+MAX_WIDTH = 65_536
+"""Widest layer (hidden_sizes, recurrent_size): a wider one is a typo that would exhaust memory."""
+MAX_BUFFER = 100_000_000
+"""Largest DQN replay buffer (transitions); it is allocated whole when training starts."""
+
+
+def device_problem(value: str) -> str | None:
+    """torch.device strings hpcrl supports; checked here so that `tpu` fails at sweep time, not in a job."""
+    if re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value):
+        return None
+    return f"expected auto, cpu, cuda, cuda:N or mps, got {value!r}"
+
+
+@dataclass
+class TrainConfig:
+    """What every algorithm shares: budget, optimiser basics, network, checkpoints, device."""
+
+    total_steps: int = setting(100_000, ge=1)
+    lr: float = setting(2.5e-4, gt=0)
+    anneal_lr: bool = True
+    gamma: float = setting(0.99, ge=0, le=1)
+    max_grad_norm: float = setting(0.5, gt=0)
+    hidden_sizes: list[int] = setting(factory=lambda: [64, 64], ge=1, le=MAX_WIDTH, min_items=1)
+    """MLP layers for vector observations; for images, the width of the layer after the Nature CNN."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    reward_scale: float = setting(1.0, gt=0)
+    """Rewards are multiplied by this before learning (ViZDoom's +100 kills); logged returns stay raw."""
+    checkpoint_every: int = setting(10, ge=1, learned=False)
+    """Write a checkpoint every N updates (and always at the end and on a preemption signal)."""
+    keep_checkpoints: int = setting(2, ge=1, learned=False)
+    device: str = setting("auto", valid=device_problem, learned=False)
+    """`auto` takes the GPU when there is one; `cpu`, `cuda`, `cuda:1` force a device."""
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    """Mixed precision for the observation encoder (the CNN, where the FLOPs are); heads, recurrent
+    core and losses stay float32. On CUDA both; `fp16` adds gradient scaling. On a CPU only `bf16`,
+    and only where the CPU computes bfloat16 natively (AVX512-BF16 or AMX: about half a CNN update's
+    time); elsewhere it is ignored, as `fp16` is on any CPU."""
+    torch_threads: int = setting(1, ge=1, le=1024, learned=False)
+    """Intra-op threads for torch; 1 is fastest for small MLPs and keeps array tasks off each other's cores."""
+
+
+@dataclass
+class OnPolicyConfig(TrainConfig):
+    """What PPO and A2C share: the rollout (n-step batches from all envs, GAE) and the policy shape."""
+
+    num_steps: int = setting(128, ge=1)
+    """Vector steps per rollout; the batch is num_steps x num_envs transitions (at most
+    `hpcrl.config.experiment.MAX_ROLLOUT`)."""
+    gae_lambda: float = setting(0.95, ge=0, le=1)
+    ent_coef: float = setting(0.01, ge=0)
+    vf_coef: float = setting(0.5, ge=0)
+    norm_adv: bool = True
+    recurrent_size: int = setting(0, ge=0, le=MAX_WIDTH)
+    """Width of a GRU core between encoder and heads; 0 for a feed-forward policy. Recurrent
+    minibatches are whole env sequences (truncated BPTT over `num_steps`)."""
+    normalize_obs: bool = False
+    """Running mean/std normalisation of vector observations, held in the policy (so evaluation
+    uses the training statistics). Helps when features have very different scales (MuJoCo);
+    pixels are always scaled to [0, 1] instead."""
+    async_rollout: Union[Literal["auto"], bool] = "auto"
+    """Overlap sampling and learning: the envs collect the next rollout with a copy of the policy
+    (the behaviour policy, one update behind) while the update of the last one runs; PPO's ratio is
+    taken against the behaviour policy's stored log-probabilities. `false` takes turns (exact
+    on-policy, the learner's own policy acts). `auto`: on for envs in worker processes (ViZDoom,
+    Habitat, `vectorization: async`), where it is faster; off for in-process envs (CartPole's
+    SyncVectorEnv), whose steps hold the interpreter the update needs."""
+
+
+@dataclass
+class PPOConfig(OnPolicyConfig):
+    num_minibatches: int = setting(4, ge=1)
+    update_epochs: int = setting(4, ge=1)
+    clip_coef: float = setting(0.2, gt=0)
+    anneal_clip: bool = False
+    clip_vloss: bool = True
+    target_kl: Optional[float] = setting(None, gt=0)
+
+
+@dataclass
+class A2CConfig(OnPolicyConfig):
+    """A2C as PPO with one epoch, one minibatch, no clipping and RMSprop (Huang et al. 2022).
+
+    Defaults are Stable-Baselines3's, which RL Zoo's tuned CartPole set keeps except ent_coef 0.
+    """
+
+    lr: float = 7e-4
+    anneal_lr: bool = False
+    num_steps: int = 5
+    gae_lambda: float = 1.0
+    ent_coef: float = 0.0
+    norm_adv: bool = False
+    rms_alpha: float = setting(0.99, ge=0, le=1)
+    rms_eps: float = setting(1e-5, gt=0)
+    checkpoint_every: int = 500
+
+
+@dataclass
+class DQNConfig(TrainConfig):
+    """Step-based counters are in environment steps (transitions), as in SB3 and CleanRL, whatever
+    the number of envs; defaults are CleanRL's."""
+
+    lr: float = 2.5e-4
+    anneal_lr: bool = False
+    buffer_size: int = setting(10_000, ge=1, le=MAX_BUFFER)
+    batch_size: int = setting(128, ge=1)
+    learning_starts: int = setting(10_000, ge=0)
+    """Gradient steps begin after this many environment steps. A run resumed without its buffer
+    also waits until the new buffer holds this many (or is full) before it trains again."""
+    train_freq: int = setting(10, ge=1)
+    """Environment steps between training phases; one iteration = one such phase."""
+    gradient_steps: int = setting(1, ge=1)
+    """Gradient steps per training phase."""
+    target_update_freq: int = setting(500, ge=1)
+    """Environment steps between target-network updates (SB3's `target_update_interval`, CleanRL's
+    `target_network_frequency`). With train_freq 256 and gradient_steps 128 and a value below 256,
+    the target is refreshed between training phases, never inside one, exactly as in SB3."""
+    tau: float = setting(1.0, gt=0, le=1)
+    """1.0 copies the online network; below 1, Polyak averaging at each target update."""
+    start_e: float = setting(1.0, ge=0, le=1)
+    end_e: float = setting(0.05, ge=0, le=1)
+    exploration_fraction: float = setting(0.5, gt=0, le=1)
+    """Fraction of total_steps over which epsilon falls linearly from start_e to end_e."""
+    n_step: int = setting(1, ge=1)
+    """TD targets from n-step returns. Single-process DQN computes them from the buffer when it samples
+    (as SB3's `n_steps`); Ape-X actors send them. Either way a return stops at an episode's end."""
+    double_dqn: bool = False
+    """Pick the next action with the online network, value it with the target (van Hasselt et al. 2016)."""
+    loss: Literal["huber", "mse"] = "mse"
+    hidden_sizes: list[int] = setting(factory=lambda: [120, 84])
+    activation: Literal["tanh", "relu"] = "relu"
+    max_grad_norm: float = 10.0
+    checkpoint_every: int = 1000
+    save_replay: bool = setting(True, learned=False)
+    """Store the replay buffer in checkpoints so a requeued job continues with the same data. Off
+    for large image buffers (a checkpoint then costs buffer_size x 2 observations of disk): a resumed
+    run refills learning_starts transitions before it trains again."""
+
+    def check(self) -> list[tuple[str, str]]:
+        """Rules that join fields; each field's own bounds are declared on it."""
+        if self.batch_size > self.buffer_size:
+            return [("batch_size", f"must not exceed buffer_size ({self.buffer_size})")]
+        return []
+
+
+
+OPPONENT = re.compile(r"random|perfect|mcts:([1-9][0-9]{0,5})")
+"""Fixed opponents of AlphaZero's evaluations: uniform random, perfect play (minimax, small games),
+MCTS with random rollouts at N simulations (OpenSpiel's bot for OpenSpiel games)."""
+
+
+def _opponent_problem(value: str) -> str | None:
+    if OPPONENT.fullmatch(value):
+        return None
+    return f"expected random, perfect or mcts:N (N simulations, 1..999999), got {value!r}"
+
+
+@dataclass
+class AlphaZeroConfig(TrainConfig):
+    """Self-play with MCTS guided by a policy-value network (hpcrl/rl/alphazero.py). `total_steps`
+    counts self-play moves (positions). Defaults suit tic-tac-toe; configs/ has connect four.
+    Of the shared settings, gamma, reward_scale and amp do not apply (a game's outcome is the target)."""
+
+    lr: float = 1e-3
+    anneal_lr: bool = False
+    max_grad_norm: float = 5.0
+    hidden_sizes: list[int] = setting(factory=lambda: [128, 128])
+    activation: Literal["tanh", "relu"] = "relu"
+    network: Literal["mlp", "resnet"] = "mlp"
+    """`mlp` over the flattened observation (hidden_sizes), or `resnet` over board planes (C, H, W)."""
+    channels: int = setting(64, ge=1, le=1024)
+    """resnet: filters of every convolution."""
+    blocks: int = setting(4, ge=1, le=64)
+    """resnet: residual blocks."""
+    simulations: int = setting(50, ge=1, le=100_000)
+    """MCTS simulations per move in self-play (and in evaluations, unless eval_simulations is set)."""
+    eval_simulations: Optional[int] = setting(None, ge=1, le=100_000, learned=False)
+    """MCTS simulations per move when the agent plays the opponents; null: `simulations`."""
+    c_puct: float = setting(1.5, gt=0, le=100)
+    dirichlet_alpha: float = setting(0.5, gt=0, le=100)
+    """Concentration of the root noise in self-play (AlphaZero: about 10 / typical legal moves)."""
+    dirichlet_fraction: float = setting(0.25, ge=0, le=1)
+    temperature_moves: int = setting(4, ge=0, le=10_000)
+    """Self-play moves of each game sampled in proportion to visit counts; later moves take the most visited."""
+    games_per_iteration: int = setting(32, ge=1, le=100_000)
+    """Self-play games played in lockstep per iteration (their leaves share each network call)."""
+    train_steps_per_iteration: int = setting(50, ge=1, le=1_000_000)
+    batch_size: int = setting(128, ge=1, le=65_536)
+    replay_window: int = setting(20_000, ge=1, le=10_000_000)
+    """The newest positions kept for training; a checkpoint holds them."""
+    weight_decay: float = setting(1e-4, ge=0, le=1)
+    opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponent_problem, min_items=1, learned=False)
+    """Whom the evaluations play (eval.episodes / eval.periodic_episodes games each, both colours)."""
+    ladder_games: int = setting(10, ge=0, le=10_000, learned=False)
+    """Games per pair in the eval stage's Elo ladder (a round robin of `random`, the snapshots of the
+    evaluations during training and the evaluated checkpoint, each colour half); 0: no ladder."""
+    checkpoint_every: int = 5
+
+    def check(self) -> list[tuple[str, str]]:
+        if len(set(self.opponents)) != len(self.opponents):
+            return [("opponents", f"expected each opponent once, got {self.opponents}")]
+        return []
+
+
+ALGORITHMS: dict[str, type[TrainConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig, "alphazero": AlphaZeroConfig}

@@ -1,0 +1,1 @@
+"""The container image: its definition rendered and checked, and the build command."""

@@ -1,0 +1,1 @@
+"""What an experiment leaves on disk: the run directory's files."""

@@ -1,0 +1,847 @@
+"""The one owner of a run directory's files: markers, train.csv, eval.csv, task manifests, the run lock.
+
+Train, the Ape-X learner, evaluate, collect, status and the CLI all read and write these files
+through this module, because every rule about them (what a torn line means, which marker
+contradicts which, what line N of a manifest names) drifted when it lived in several places.
+
+    runs/<run_id>/
+      .lock                  held (flock) by the one process that trains the run; holds "pid host"
+      DONE | FAILED          train markers with a short reason (DONE: "step N", the steps trained)
+      EVAL_DONE | EVAL_FAILED | EVAL_SKIPPED
+      train.csv              appended one whole line per logged iteration by TrainLog (a user's program:
+                             through hpcrl.job, or converted from its own metrics by the eval stage)
+      lifetimes              a user's program: one line per start of the run (requeues, retries)
+      program.log            a user's program: its output, appended across lifetimes
+      stalled_requeues       how many requeues in a row the run asked for without progress (guard.py)
+      eval.csv               written once, atomically, by the eval stage
+      eval_curve.csv         the evaluations during training (eval.every_steps), appended by EvalCurveLog:
+                             step,wall_time,mean_return,std_return,mean_length,episodes
+      checkpoints/           rl/checkpoint.py's files (and best.pt, the best evaluated policy); their
+                             stale temporary files go at the next start
+      wandb/                 W&B's offline run folder (tracking.wandb), for `wandb sync`
+    tensorboard/<setting>/<run_id>/   TensorBoard event files (tracking.tensorboard): beside runs/, so
+                             `tensorboard --logdir logs/<experiment>` groups runs by setting, then seed
+    jobs/<attempt>-<chunk>.tasks          line i = the run index of array task i
+    jobs/<attempt>-<chunk>.actors.tasks   the k-th line naming run r = actor k of run r
+
+Markers are the source of truth for whether a stage finished: schedulers differ in what they
+remember (Slurm without accounting forgets, SGE's qstat forgets at once); a file written by the job
+itself does not.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import errno
+import fcntl
+import io
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpcrl.config.schema import ConfigError
+from hpcrl.io import atomic_write_text
+
+DONE, FAILED = "DONE", "FAILED"
+PRUNED = "PRUNED"
+"""Beside DONE: an Optuna pruner ended the training early, for the reason it holds."""
+EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
+TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
+EVAL_CURVE = "eval_curve.csv"
+EVAL_CURVE_COLUMNS = ("step", "wall_time", "mean_return", "std_return", "mean_length", "episodes")
+STRENGTH, STRENGTH_CURVE = "strength.csv", "strength_curve.csv"
+STRENGTH_COLUMNS = ("opponent", "games", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate")
+"""A two-player agent's results per fixed opponent (AlphaZero; hpcrl.rl.strength): eval stage, and during training (with step and wall_time first)."""
+LADDER = "ladder.csv"
+LADDER_COLUMNS = ("player_a", "player_b", "games", "a_wins", "draws", "b_wins")
+"""The eval stage's round robin between `random` and a run's own policies (named by their step)."""
+TENSORBOARD = "tensorboard"
+LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
+STALLED = "stalled_requeues"
+
+LOCKED_EXIT = 75
+"""Exit code of a trainer that found its run locked by another (EX_TEMPFAIL): neither 0, which would
+pass for a finished run, nor the requeue code, which would have the scheduler retry it forever."""
+
+_OPPOSITE = {
+    DONE: (FAILED,), FAILED: (DONE, PRUNED), PRUNED: (FAILED,),
+    EVAL_DONE: (EVAL_FAILED, EVAL_SKIPPED), EVAL_FAILED: (EVAL_DONE, EVAL_SKIPPED), EVAL_SKIPPED: (EVAL_DONE, EVAL_FAILED),
+}  # fmt: skip
+
+
+class RunError(Exception):
+    """A run failed for a reason its one-line message tells whole (a full disk, unreadable
+    checkpoints): the FAILED marker and the log get that line, not a traceback."""
+
+
+class RunLocked(Exception):
+    """Another live process trains this run."""
+
+
+# --------------------------------------------------------------------------------------------
+# Markers.
+
+
+def mark(run_dir: Path, name: str, reason: str = "") -> None:
+    """Write one marker and clear the markers it contradicts."""
+    for other in _OPPOSITE[name]:
+        (run_dir / other).unlink(missing_ok=True)
+    atomic_write_text(run_dir / name, reason.strip() + "\n")
+
+
+def clear(run_dir: Path, *names: str) -> None:
+    for name in names:
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def reason(run_dir: Path, name: str) -> str:
+    try:
+        return (run_dir / name).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def first_line(run_dir: Path, name: str) -> str:
+    """A marker's headline, printable: FAILED may carry a traceback below it, and what a program
+    wrote may hold colour codes or a carriage return (see `printable`)."""
+    return printable((reason(run_dir, name).splitlines() or [""])[0])
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """Text from a run's files as status, collect and the job log print it: control characters
+    escaped (ESC as `\\x1b`), so that nothing a program wrote moves the cursor, clears the line or
+    recolours the user's terminal."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def failed_line(stage: str, reason: str) -> str:
+    """The one wording of a run's failed stage, as the job's log (when it fails), `hpcrl status`
+    and `hpcrl collect` print it: `train failed: <the reason's first line>`."""
+    head = printable((reason.strip().splitlines() or [""])[0])
+    return f"{stage} failed: {head or f'no reason recorded (see the {stage} log under jobs/logs)'}"
+
+
+def failure(run_dir: Path, stage: str = "train") -> str:
+    """`failed_line` of a run's train (FAILED) or eval (EVAL_FAILED) marker."""
+    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED))
+
+
+def is_done(run_dir: Path) -> bool:
+    return (run_dir / DONE).exists()
+
+
+def is_failed(run_dir: Path) -> bool:
+    return (run_dir / FAILED).exists()
+
+
+def listing(run_dir: Path) -> frozenset[str]:
+    """The names in a run directory that exist, as ``(run_dir / name).exists()`` says (a symlink
+    counts when its target exists), from one read of the directory: what the state functions
+    below take as `names` when many runs are looked at (collect), instead of a stat per marker.
+    A missing run directory has none."""
+    try:
+        with os.scandir(run_dir) as entries:
+            return frozenset(e.name for e in entries if not e.is_symlink() or os.path.exists(e.path))
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+
+
+def _exists(run_dir: Path, names: frozenset[str] | None, name: str) -> bool:
+    return name in names if names is not None else (run_dir / name).exists()
+
+
+def run_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
+    """Training state from markers: done, failed, started (checkpoints or logs exist) or new.
+    `names`: the run directory's `listing`, when the caller has it."""
+    if _exists(run_dir, names, DONE):
+        return "done"
+    if _exists(run_dir, names, FAILED):
+        return "failed"
+    if _exists(run_dir, names, TRAIN_LOG) or _exists(run_dir, names, LIFETIMES) or ((names is None or CHECKPOINTS in names) and any((run_dir / CHECKPOINTS).glob("*.pt"))):
+        return "started"
+    return "new"
+
+
+def eval_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
+    for name, state in ((EVAL_DONE, "done"), (EVAL_SKIPPED, "skipped"), (EVAL_FAILED, "failed")):
+        if _exists(run_dir, names, name):
+            return state
+    return "new"
+
+
+def stage_marker(stage: str, where: Path, names: frozenset[str] | None = None) -> str:
+    """What a stage left on disk: done, failed, skipped (an evaluation) or new. `where` is the run
+    directory, or the experiment directory for the aggregate (done once results/summary.csv holds a score).
+    With the scheduler's state, `schedulers.base.shown_state` makes the state status shows."""
+    if stage == "aggregate":
+        return _aggregate_marker(where / "results" / "summary.csv")
+    if stage == "eval":
+        return eval_state(where, names)
+    return "done" if _exists(where, names, DONE) else "failed" if _exists(where, names, FAILED) else "new"
+
+
+def _aggregate_marker(summary: Path) -> str:
+    """done once the aggregate wrote a summary with a score in it; failed for a summary of runs that
+    all lack one (collect writes it, naming them, and exits 1): the results are not there, whatever
+    the scheduler remembers of the task (Grid Engine forgets its exit code)."""
+    try:
+        with summary.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except FileNotFoundError:
+        return "new"
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return "failed"
+    return "done" if any((row.get("n") or "0").strip() not in ("", "0") for row in rows) else "failed"
+
+
+def mark_done(run_dir: Path, steps: int) -> None:
+    """DONE with the number of environment steps really trained, which `status` shows."""
+    mark(run_dir, DONE, f"step {steps}")
+
+
+def begin_lifetime(run_dir: Path) -> int:
+    """Record one more start of a user's program and return its number (1 for the first): the
+    program is told (HPCRL_LIFETIME), and from the second on its `resume_args` are added."""
+    path = run_dir / LIFETIMES
+    try:
+        earlier = len(_complete_lines(path.read_bytes()))
+    except FileNotFoundError:
+        earlier = 0
+    with path.open("a") as f:  # one short line per write: a kill cannot tear it
+        f.write(f"{earlier + 1} {datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')} {socket.gethostname()} {os.getpid()}\n")
+    return earlier + 1
+
+
+def lifetime_starts(run_dir: Path) -> list[float]:
+    """When each recorded start of a user's program began (epoch seconds, in order; to the millisecond,
+    to the second in files written before 2026-11); empty without a `lifetimes` file. The metrics
+    readers tell a resumed program's files from the earlier lifetime's by it: a program's own files
+    do not say which start wrote them, and a requeue can follow a short lifetime within a second."""
+    try:
+        lines = _complete_lines((run_dir / LIFETIMES).read_bytes())
+    except OSError:
+        return []
+    starts = []
+    for line in lines:
+        words = line.decode(errors="replace").split()
+        try:
+            starts.append(datetime.datetime.fromisoformat(words[1]).timestamp())
+        except (IndexError, ValueError):
+            continue  # a line another version wrote: its start is unknown
+    return sorted(starts)
+
+
+def progress_mark(run_dir: Path) -> tuple[int, int, int]:
+    """What the run's own output looks like now (files, bytes, newest mtime), hpcrl's bookkeeping
+    (markers, the lock, the program's console logs, the lifetimes) left out: it changes when a
+    lifetime writes a checkpoint, a train.csv row or any metric file under the run directory."""
+    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
+    files = size = newest = 0
+    for path in run_dir.rglob("*"):
+        if path.parent == run_dir and path.name in bookkeeping:
+            continue
+        try:
+            stat = path.stat()
+        except OSError:  # went while we looked
+            continue
+        if path.is_file():
+            files, size, newest = files + 1, size + stat.st_size, max(newest, stat.st_mtime_ns)
+    return files, size, newest
+
+
+def count_stalled_requeue(run_dir: Path, stalled: bool) -> int:
+    """One more requeue without progress (`stalled`), or none (the count starts again); the count."""
+    path = run_dir / STALLED
+    try:
+        count = int(path.read_text().split()[0]) + 1 if stalled else 0
+    except (FileNotFoundError, ValueError, IndexError):
+        count = 1 if stalled else 0
+    if count or path.exists():
+        atomic_write_text(path, f"{count}\n")
+    return count
+
+
+def done_step(run_dir: Path) -> int | None:
+    """The steps a finished run trained, from its DONE marker (None when it does not say)."""
+    head = first_line(run_dir, DONE).split()
+    return int(head[1]) if len(head) == 2 and head[0] == "step" and head[1].isdigit() else None
+
+
+# --------------------------------------------------------------------------------------------
+# train.csv: written by TrainLog only; every reader drops a torn last line.
+#
+# A kill -9 cannot tear a line (each row is one write), but a node that dies on a network
+# filesystem can leave half a line or a run of NUL bytes at the end. Readers therefore use only
+# lines that end in a newline and parse, and the writer cuts the file back before appending.
+
+
+def _complete_lines(data: bytes) -> list[bytes]:
+    """Lines that end in a newline; what follows the last newline is a torn tail."""
+    return data.split(b"\n")[:-1]
+
+
+def _step_of(line: bytes) -> int | None:
+    try:
+        return int(float(line.split(b",", 1)[0]))
+    except ValueError:
+        return None
+
+
+class AppendLog:
+    """An append-only CSV log: one whole line per row, flushed at once.
+
+    Opened at the step the run resumes from, it first cuts the file back to its header and the
+    complete rows that step covers: rows logged after the checkpoint will be produced again, and a
+    torn tail (half a line, NUL bytes) would otherwise sit in the middle of the log for good.
+    """
+
+    def __init__(self, path: Path, columns: Sequence[str], resume_step: int) -> None:
+        self.path = path
+        has_header = _cut_back(self.path, resume_step)
+        self._file = self.path.open("a")
+        if not has_header:
+            self.write(columns)
+
+    def write(self, values: Sequence[object]) -> None:
+        self._file.write(",".join(map(str, values)) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> AppendLog:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class TrainLog(AppendLog):
+    """The one writer of train.csv."""
+
+    def __init__(self, run_dir: Path, columns: Sequence[str], resume_step: int) -> None:
+        super().__init__(run_dir / TRAIN_LOG, columns, resume_step)
+
+
+def _cut_back(path: Path, max_step: int) -> bool:
+    """Truncate a log after its last complete row with step <= max_step; False: no header kept."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    end = data.find(b"\n")
+    if end < 0 or b"\0" in data[:end] or not data[:end].strip():
+        keep, header = 0, False
+    else:
+        keep, header = end + 1, True
+        while (nxt := data.find(b"\n", keep)) >= 0:
+            step = _step_of(data[keep:nxt])
+            if step is None or step > max_step:
+                break
+            keep = nxt + 1
+    if keep < len(data):
+        os.truncate(path, keep)
+    return header
+
+
+def read_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(step, episodic return) of each logged iteration that finished an episode.
+
+    Raises ValueError when a complete line in the middle of the file does not parse: that is
+    damage, not a torn tail, and collect reports it by run.
+    """
+    return _read_columns(run_dir / TRAIN_LOG, "episodic_return")
+
+
+def read_curves(run_dirs: Sequence[Path]) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
+    """`read_curve` of many runs: each run's curve, or the exception `read_curve` raises for it.
+
+    The same arrays, read faster: the logs that share a layout are parsed together, a few
+    megabytes per numpy pass, because parsing 400 lines at a time is mostly numpy's overhead per
+    call. A batch that is not plain throughout is read run by run, as `read_curve` reads it.
+    """
+    out: list = [None] * len(run_dirs)
+    batches: dict[tuple[int, int, int], list[tuple[int, bytes]]] = {}  # layout -> (run, its rows)
+
+    def parse(columns: tuple[int, int], batch: list[tuple[int, bytes]]) -> None:
+        parsed = _plain_columns(b"".join(body for _, body in batch), columns)
+        if parsed is None:
+            for i, body in batch:
+                try:
+                    out[i] = _parse_body(body, columns)
+                except Exception as exc:  # noqa: BLE001 - handed back, as read_curve would raise it
+                    out[i] = exc
+            return
+        steps, values, kept, row_ends = parsed
+        rows = np.diff(np.searchsorted(row_ends, np.cumsum([0] + [len(body) for _, body in batch])))  # each run's rows
+        counts = rows if kept is None else np.add.reduceat(kept, np.concatenate([[0], np.cumsum(rows)[:-1]]))
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        for (i, _), lo, hi in zip(batch, bounds[:-1], bounds[1:]):
+            out[i] = (steps[lo:hi].copy(), values[lo:hi].copy())
+
+    for i, rd in enumerate(run_dirs):
+        try:
+            split = _split_log(rd / TRAIN_LOG, "episodic_return")
+        except Exception as exc:  # noqa: BLE001 - handed back, as read_curve would raise it
+            out[i] = exc
+            continue
+        if not isinstance(split, _Body):
+            out[i] = split
+            continue
+        layout = (*split.columns, split.body[: split.body.find(b"\n")].count(b",") + 1)
+        batch = batches.setdefault(layout, [])
+        batch.append((i, split.body))
+        if len(batch) == _BATCH_RUNS:
+            parse(split.columns, batches.pop(layout))
+    for (step, value, _), batch in batches.items():
+        parse((step, value), batch)
+    return out
+
+
+_BATCH_RUNS = 256
+"""Logs parsed together by `read_curves`: ~5 MB of a 400-row train.csv each."""
+
+
+@dataclass
+class _Body:
+    body: bytes
+    """The complete data lines, each ending in a newline (at least one)."""
+    columns: tuple[int, int]
+
+
+def _split_log(path: Path, value_column: str) -> tuple[np.ndarray, np.ndarray] | _Body:
+    """What `_read_columns` does before it parses rows: read, find the columns (raising as it
+    raises); the empty answer, or the rows to parse."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return np.empty(0), np.empty(0)
+    first = data.find(b"\n")
+    header = data[:first].decode().strip().split(",")
+    s, r = header.index("step"), header.index(value_column)
+    if first == end:
+        return np.empty(0, dtype=float), np.empty(0, dtype=float)
+    return _Body(data[first + 1 : end + 1], (s, r))
+
+
+def _read_columns(path: Path, value_column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(step, value) of each complete row with a value; a torn last line is dropped, a complete
+    line that does not parse (or a header without the columns) is a ValueError."""
+    split = _split_log(path, value_column)
+    if not isinstance(split, _Body):
+        return split
+    return _parse_body(split.body, split.columns)
+
+
+def _parse_body(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    fast = _plain_columns(body, columns)
+    if fast is not None:
+        return fast[0], fast[1]
+    s, r = columns
+    steps, values = [], []
+    for line in body[:-1].split(b"\n"):
+        row = line.split(b",")
+        if len(row) > r and row[r].strip():
+            steps.append(row[s])
+            values.append(row[r])
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+_POW10 = np.array([1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15])
+"""Powers of ten, each an exact double (as far as 1e22)."""
+_PLACE = 10 ** np.arange(16, -1, -1, dtype=np.int64)
+"""The place value of each byte of a field right-aligned in 17 bytes."""
+
+
+def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray] | None:
+    """`_read_columns`' rows, parsed in a few numpy passes over the bytes; None unless every row
+    has as many fields as the first, the two columns hold plain decimals (an optional sign, at most
+    15 digits, at most one point, no exponent or blank) and no value is empty; then the answer is
+    the line-by-line parser's, float for float, and otherwise that parser runs (and words the errors).
+
+    Same floats: a plain decimal of at most 15 digits is an integer m < 2**53 over a power of ten
+    10**d <= 1e15, both exact doubles, so the one IEEE division m / 10**d is the correctly rounded
+    value of the decimal, which is what Python's float() (and numpy's, after it) return. `body` is
+    the complete data lines, each ending in a newline. A row whose value is empty is skipped, as
+    there; an empty step is an error there, so it leaves this path.
+    """
+    a = np.frombuffer(body, dtype=np.uint8)
+    ends = np.flatnonzero((a == 44) | (a == 10))  # the byte after each field: ',' or a newline
+    width = body[: body.find(b"\n")].count(b",") + 1
+    rows = ends.size // width
+    row_ends = ends[width - 1 :: width]
+    if rows * width != ends.size or max(columns) >= width or body.count(b"\n") != rows or not (a[row_ends] == 10).all():
+        return None  # rows of different lengths: the newlines are not exactly every width-th field end
+    step, value = columns
+    end = np.concatenate([ends[step::width], ends[value::width]])
+    length = end - np.concatenate([_field_starts(ends, step, width), _field_starts(ends, value, width)])
+    kept = None
+    if not length[rows:].all():  # rows without a value are skipped
+        kept = length[rows:] > 0
+        both = np.concatenate([kept, kept])
+        end, length = end[both], length[both]
+    n = end.size // 2
+    if n == 0:
+        return np.empty(0, dtype=float), np.empty(0, dtype=float), kept, row_ends
+    longest = int(length.max())
+    if longest > 17 or not length.min():
+        return None
+    # Each field right-aligned in `longest` bytes, one field per column of `chars`; bytes before
+    # the field's start (and a leading sign) read as '0', which adds nothing.
+    offsets = np.arange(-longest, 0)[:, None]
+    chars = a[np.maximum(end + offsets, 0)]
+    chars[offsets < -length] = 48
+    first = a[end - length]
+    signed = (first == 45) | (first == 43)
+    if signed.any():
+        chars[longest - length[signed], np.flatnonzero(signed)] = 48
+    digits = chars - 48  # uint8: a point becomes 254, anything else but a digit > 9
+    point = digits == 254
+    points = point.sum(axis=0)
+    n_digits = length - signed - points
+    if ((digits > 9) & ~point).any() or points.max() > 1 or n_digits.max() > 15 or n_digits.min() < 1:
+        return None
+    digits[point] = 0
+    decimals = np.arange(longest - 1, -1, -1) @ point  # the places right of the point (0 without one)
+    total = _PLACE[17 - longest :] @ digits.astype(np.int64)  # every byte at its place, the point included
+    tail = 10 ** (decimals + 1)  # what lies right of the point stays; what lies left moves one place down
+    low = total % tail
+    mantissa = np.where(points > 0, (total - low) // 10 + low, total)
+    numbers = mantissa.astype(np.float64) / _POW10[decimals]
+    negative = first == 45
+    numbers[negative] = -numbers[negative]
+    return numbers[:n], numbers[n:], kept, row_ends
+
+
+def _field_starts(ends: np.ndarray, column: int, width: int) -> np.ndarray:
+    """Where each row's field `column` starts: after the field end before it (the previous row's
+    newline for the first column; the first row's first field starts at 0)."""
+    if column:
+        return ends[column - 1 :: width] + 1
+    starts = np.empty(ends.size // width, dtype=ends.dtype)
+    starts[0] = 0
+    starts[1:] = ends[width - 1 : -1 : width] + 1
+    return starts
+
+
+def write_curve(run_dir: Path, steps: Sequence[float], returns: Sequence[float]) -> None:
+    """train.csv of a user's program, converted whole from the metrics it wrote (hpcrl.runtime.metrics):
+    one row per episode, which `read_curve` and the rest read as they read hpcrl's own log."""
+    rows = "".join(f"{int(s)},{r:.6g}\n" for s, r in zip(steps, returns))
+    atomic_write_text(run_dir / TRAIN_LOG, "step,episodic_return\n" + rows)
+
+
+def final_return(run_dir: Path, last: int = 10) -> float:
+    """Mean episodic return over the last `last` logged iterations that finished episodes (NaN if none)."""
+    try:
+        _, returns = read_curve(run_dir)
+    except FileNotFoundError:
+        return math.nan
+    return float(np.mean(returns[-last:])) if len(returns) else math.nan
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The step of train.csv's last complete row, read from the end (logs can be long)."""
+    try:
+        with (run_dir / TRAIN_LOG).open("rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - 4096)
+            f.seek(start)
+            lines = _complete_lines(f.read())
+    except FileNotFoundError:
+        return 0
+    if start > 0:
+        lines = lines[1:]  # begins mid-line
+    for line in reversed(lines):
+        step = _step_of(line)
+        if step is not None:
+            return step
+    return 0
+
+
+def train_columns(run_dir: Path) -> list[str] | None:
+    """train.csv's header, or None when there is no complete one (a resumed user program keeps it)."""
+    try:
+        with (run_dir / TRAIN_LOG).open("rb") as f:
+            lines = _complete_lines(f.readline())
+    except FileNotFoundError:
+        return None
+    if not lines or b"\0" in lines[0] or not lines[0].strip():
+        return None
+    return lines[0].decode(errors="replace").strip().split(",")
+
+
+def has_train_log(run_dir: Path, names: frozenset[str] | None = None) -> bool:
+    return _exists(run_dir, names, TRAIN_LOG)
+
+
+# --------------------------------------------------------------------------------------------
+# eval.csv
+
+
+def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, float]]]) -> None:
+    """One row per episode: return, length and the task metrics the env reported (Habitat: success, SPL)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    metric_names = sorted({name for *_, metrics in results for name in metrics})
+    writer.writerow(["episode", "return", "length", *metric_names])
+    for i, (ret, length, metrics) in enumerate(results):
+        writer.writerow([i, f"{ret:.6g}", length, *(f"{metrics[k]:.6g}" if k in metrics else "" for k in metric_names)])
+    atomic_write_text(run_dir / EVAL_LOG, buf.getvalue())
+
+
+def has_eval(run_dir: Path, names: frozenset[str] | None = None) -> bool:
+    return _exists(run_dir, names, EVAL_LOG)
+
+
+def read_eval_returns(run_dir: Path) -> list[float]:
+    """Each evaluation episode's return; ValueError/KeyError/TypeError/csv.Error for a damaged file."""
+    try:
+        with (run_dir / EVAL_LOG).open(newline="") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        text = None  # read as DictReader reads it, so that the error says what it said
+    returns = _plain_returns(text) if text is not None else None
+    if returns is None:
+        with (run_dir / EVAL_LOG).open(newline="") if text is None else io.StringIO(text, newline="") as f:
+            returns = [float(row["return"]) for row in csv.DictReader(f)]
+    if not returns:
+        raise ValueError("no episodes")
+    return returns
+
+
+def _plain_returns(text: str) -> list[float] | None:
+    """The `return` column as csv.DictReader reads it, when the file is plain (no quotes, carriage
+    returns, NUL bytes or blank lines; one `return` column; every row as wide as the header), which
+    splitting on commas reads the same; else None, and DictReader reads it."""
+    if '"' in text or "\r" in text or "\0" in text:
+        return None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) < 2 or "" in lines:
+        return None
+    header = lines[0].split(",")
+    if header.count("return") != 1:
+        return None
+    commas, column = len(header) - 1, header.index("return")
+    rows = lines[1:]
+    if any(line.count(",") != commas for line in rows):
+        return None
+    return [float(line.split(",")[column]) for line in rows]
+
+
+def read_eval(run_dir: Path) -> float:
+    """Mean evaluation return; ValueError/KeyError/TypeError/csv.Error for a damaged file."""
+    return float(np.mean(read_eval_returns(run_dir)))
+
+
+# --------------------------------------------------------------------------------------------
+# eval_curve.csv and the TensorBoard directory: what training writes about itself besides train.csv
+
+
+class EvalCurveLog(AppendLog):
+    """The one writer of eval_curve.csv: one row per evaluation during training, cut back on resume
+    like train.csv (an evaluation after the checkpoint is run again)."""
+
+    def __init__(self, run_dir: Path, resume_step: int) -> None:
+        super().__init__(run_dir / EVAL_CURVE, EVAL_CURVE_COLUMNS, resume_step)
+
+
+class StrengthCurveLog(AppendLog):
+    """The one writer of strength_curve.csv: per evaluation during training, a row per opponent."""
+
+    def __init__(self, run_dir: Path, resume_step: int) -> None:
+        super().__init__(run_dir / STRENGTH_CURVE, ("step", "wall_time", *STRENGTH_COLUMNS), resume_step)
+
+
+def write_strength(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
+    """strength.csv of the eval stage: a row per opponent (STRENGTH_COLUMNS)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(STRENGTH_COLUMNS)
+    writer.writerows(rows)
+    atomic_write_text(run_dir / STRENGTH, buf.getvalue())
+
+
+def write_ladder(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
+    """ladder.csv of the eval stage: a row per pair of players (LADDER_COLUMNS)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(LADDER_COLUMNS)
+    writer.writerows(rows)
+    atomic_write_text(run_dir / LADDER, buf.getvalue())
+
+
+def read_table(path: Path, columns: Sequence[str], numeric: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of strength.csv, strength_curve.csv or ladder.csv, `numeric` columns as floats.
+    FileNotFoundError when absent; ValueError for a missing column or a cell that does not parse
+    (a torn last line of a log being written is dropped)."""
+    text = path.read_text()
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # torn (or empty file)
+    rows = list(csv.DictReader(lines))
+    missing = [c for c in columns if not rows or c not in rows[0]] if rows else list(columns)
+    if missing:
+        raise ValueError(f"no rows with the columns {', '.join(columns)}" if not rows else f"no column {missing[0]}")
+    out = []
+    for n, row in enumerate(rows, start=2):
+        try:
+            out.append({c: float(row[c]) if c in numeric else str(row[c]) for c in columns})
+        except (TypeError, ValueError):
+            raise ValueError(f"line {n} does not parse: {','.join(str(row.get(c)) for c in columns)}") from None
+    return out
+
+
+def read_eval_curve(run_dir: Path, names: frozenset[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(step, mean return) of each evaluation during training; empty arrays when the run has none.
+    A torn last line is dropped; ValueError for damage, as `read_curve`. `names`: as `run_state`'s."""
+    if names is not None and EVAL_CURVE not in names:
+        return np.empty(0), np.empty(0)
+    try:
+        return _read_columns(run_dir / EVAL_CURVE, "mean_return")
+    except FileNotFoundError:
+        return np.empty(0), np.empty(0)
+
+
+def tensorboard_dir(experiment_dir: Path, setting_label: str, run_id: str) -> Path:
+    """Where a run's TensorBoard event files go: `<experiment>/tensorboard/<setting>/<run_id>/`.
+
+    Outside runs/ so that `tensorboard --logdir logs/<experiment>` shows one group per setting with
+    one line per seed (the run id ends in `-s<seed>`). A label's `/` (an env id like `ALE/Pong-v5`)
+    would split the group in two directories, so it becomes `_`."""
+    return experiment_dir / TENSORBOARD / setting_label.replace("/", "_") / run_id
+
+
+# --------------------------------------------------------------------------------------------
+# Task manifests: how an array task finds its run on every scheduler.
+
+
+def write_manifest(experiment_dir: Path, manifest: str, runs: Sequence[int]) -> None:
+    atomic_write_text(experiment_dir / manifest, "".join(f"{i}\n" for i in runs))
+
+
+def read_manifest(experiment_dir: Path, manifest: str) -> list[int]:
+    """Run indices of a job's array tasks, in task order (line i is task i)."""
+    path = experiment_dir / manifest
+    try:
+        return [int(word) for word in path.read_text().split()]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"{path}: unreadable task manifest ({why})") from None
+
+
+def task_run(experiment_dir: Path, manifest: str, task: int) -> int:
+    """The run index of array task `task` (counted from 1, as every scheduler's array is mapped)."""
+    runs = read_manifest(experiment_dir, manifest)
+    if not 1 <= task <= len(runs):
+        raise ConfigError(f"--task {task}: the manifest {manifest} has {len(runs)} tasks")
+    return runs[task - 1]
+
+
+def actor_of_task(experiment_dir: Path, manifest: str, task: int) -> tuple[int, int]:
+    """(run index, actor index) of an actors-array task: the k-th line naming run r is actor k."""
+    run = task_run(experiment_dir, manifest, task)
+    return run, read_manifest(experiment_dir, manifest)[: task - 1].count(run)
+
+
+# --------------------------------------------------------------------------------------------
+# The run lock.
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run's lock, as it wrote itself into the lock file."""
+
+    pid: int
+    host: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+@contextmanager
+def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[None]:
+    """Hold the run's lock while training it; RunLocked if another live process holds it.
+
+    An flock on `runs/<id>/.lock` belongs to the open file, so the kernel drops it when its holder
+    dies, however it dies (kill -9, out of memory): a lock can never outlive a trainer, and a stale
+    lock file means nothing. The file is never removed (removing it would let a second trainer lock
+    a new inode while the first still holds the old one). `wait_s` rides out a `status` that
+    probes the lock at that moment.
+
+    Network filesystems: Linux clients (NFS v3 with lockd, v4) turn flock into a lock on the server,
+    so it holds across nodes; when a whole node dies, the server frees its locks only after its
+    lease (NFSv4: 90 s by default), and a run requeued sooner refuses to start until then. A mount
+    with `nolock` or `local_lock=flock` keeps locks on one node only: there the lock guards against
+    a second trainer on the same node, not on another.
+    """
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunLocked(f"{run_dir.name} is being trained by {holder or 'another process'} (lock {run_dir / LOCK}); not starting a second trainer") from None
+            time.sleep(0.05)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock_holder(run_dir: Path) -> Holder | None:
+    """The live process that holds the run's lock, or None: how `status` tells a running trainer
+    from a task the scheduler lost. It takes a shared lock for an instant, never blocking."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd) or Holder(0, "?")
+    finally:
+        os.close(fd)
+    return None
+
+
+def _read_holder(fd: int) -> Holder | None:
+    words = os.pread(fd, 256, 0).decode(errors="replace").split()
+    return Holder(int(words[0]), words[1]) if len(words) == 2 and words[0].isdigit() else None
+
+
+# --------------------------------------------------------------------------------------------
+# Failures that need one line, not a traceback.
+
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+"""OSErrors about the filesystem rather than the code: the user must act, a traceback does not help."""
+
+
+def one_line_reason(exc: BaseException) -> str | None:
+    """The whole story of a failure in one line, or None when it is a bug that needs its traceback."""
+    if isinstance(exc, (RunError, FloatingPointError)):  # a non-finite loss says where and what to change
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or os.strerror(exc.errno)}{where}"
+    return None

@@ -1,0 +1,360 @@
+"""`hpcrl sweep`: the stage graph train -> eval -> aggregate, planned (jobplan.py), written and submitted.
+
+Eval task i waits for train task i; the aggregate waits for every eval task whatever its outcome.
+One sweep of an experiment runs at a time (a lock on jobs/sweep.lock, held from reading jobs.json
+to writing it); a second one refuses with one line and exit 1, since nothing is wrong with its
+input. Every script is rendered before anything is written, so a value a directive cannot carry
+(jobplan's templates refuse it) leaves nothing behind; and when the scheduler refuses the first
+job, what this sweep wrote is rolled back, so a typo in a partition leaves no half experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from hpcrl.config.experiment import ConfigError, Experiment, check_output_writable
+from hpcrl.image.build import image_path_for
+from hpcrl.io import atomic_write_text
+from hpcrl.runtime import tracking
+from hpcrl.schedulers import check_choice, debug, detect_with_reason, get_scheduler
+from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
+from hpcrl.store import rundir
+from hpcrl.submit.distributed import plan_distributed
+from hpcrl.submit.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
+from hpcrl.sweep import runs as sweep
+from hpcrl.sweep import study
+
+
+def resolved_image(exp: Experiment) -> str | None:
+    """`container.image`, or, when the config has an `image:` section and no explicit path, the SIF
+    that `hpcrl build-image` makes for it: one config then names and uses its image."""
+    if exp.container.image:
+        return exp.container.image
+    if exp.image is not None:
+        return str(image_path_for(exp))
+    return None
+
+
+def image_provenance(exp: Experiment) -> dict[str, Any]:
+    """Refuse to submit jobs that would fail on a missing image; record the image's hash."""
+    image = exp.container.image
+    if not image:
+        return {"image": None}
+    path = Path(image)
+    if not path.exists():
+        raise ConfigError(f"container.image: {image} does not exist; build it with `hpcrl build-image {exp.source or 'CONFIG'}`")
+    digest = hashlib.sha256()
+    if path.is_file():
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return {"image": str(path.resolve()), "image_sha256": digest.hexdigest() if path.is_file() else None}
+
+
+# --------------------------------------------------------------------------------------------
+# jobs/jobs.json
+
+
+def jobs_path(experiment_dir: Path) -> Path:
+    return experiment_dir / "jobs" / "jobs.json"
+
+
+def read_jobs(experiment_dir: Path) -> list[Job]:
+    """The jobs submitted so far; a damaged file is a one-line ConfigError naming it, never a traceback."""
+    path = jobs_path(experiment_dir)
+    if not path.exists():
+        return []
+    try:
+        jobs = []
+        for item in json.loads(path.read_text()):
+            item["after"] = [Dependency(**d) for d in item.get("after", [])]
+            jobs.append(Job(**item))
+        return jobs
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"{path}: damaged ({type(exc).__name__}: {str(exc)[:80]}); restore it, or move it away to forget the jobs it lists") from None
+
+
+def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
+    atomic_write_text(jobs_path(experiment_dir), json.dumps([dataclasses.asdict(j) for j in jobs], indent=1))
+
+
+def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> dict[str, set[int]]:
+    """Stage -> runs whose task of that stage is still pending or running: they must not be submitted twice."""
+    relevant = [j for j in jobs if j.manifest and j.scheduler == scheduler.name]
+    active: dict[str, set[int]] = {}
+    if not relevant:
+        return active
+    states = scheduler.query([j.job_id for j in relevant])
+    for job in relevant:
+        tasks = states.get(job.job_id, {})
+        for task, run_index in enumerate(rundir.read_manifest(experiment_dir, job.manifest), start=1):
+            if tasks.get(task) in ("pending", "running"):
+                active.setdefault(job.stage, set()).add(run_index)
+    return active
+
+
+@contextmanager
+def sweep_lock(experiment_dir: Path) -> Iterator[None]:
+    """One `hpcrl sweep` of an experiment at a time: two would submit everything twice and jobs.json
+    would keep one set only. Held until jobs.json is written; the second sweep refuses at once."""
+    path = experiment_dir / "jobs" / "sweep.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SchedulerError(f"{experiment_dir}: another `hpcrl sweep` of this experiment is submitting; run this one when it has finished") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------------------------
+# Submission.
+
+
+def plan_scripts(
+    exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None,
+    eval_todo: list[int] | None = None, *, runs: list[sweep.Run] | None = None, workers: int = 0,
+) -> list[PlannedJob]:
+    """Every script of one submission: training (or learner and actors) with its evals, eval-only
+    work for trained runs whose evaluation is missing, and the aggregate after all of them.
+    A user's program needs the `runs` (their command lines are in the train scripts); an Optuna
+    study has `workers` instead, which train and evaluate its trials."""
+    if workers:
+        out, evals = plan_study(exp, scheduler, workers, attempt, cwd)
+    elif not todo:
+        out, evals = [], []
+    elif exp.distributed is not None:
+        out, evals = plan_distributed(exp, scheduler, todo, attempt, cwd)
+    else:
+        out, evals = plan_train(exp, scheduler, todo, attempt, cwd, {r.index: r for r in runs or []})
+    if eval_todo:
+        extra, more = plan_eval_only(exp, scheduler, eval_todo, attempt, cwd, {r.index: r for r in runs or []})
+        out, evals = out + extra, evals + more
+    return [*out, plan_aggregate(exp, scheduler, attempt, evals, cwd)]
+
+
+class _Rollback:
+    """What a sweep writes before its first job is accepted, and how to take it back."""
+
+    FILES = ("experiment.yaml", "runs.csv")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.created = not root.exists()
+        self.files = {name: (root / name).read_bytes() if (root / name).exists() else None for name in self.FILES}
+        runs = root / "runs"
+        self.run_dirs = {p.name for p in runs.iterdir()} if runs.is_dir() else set()
+        self.written: list[Path] = []
+
+    def undo(self) -> None:
+        if self.created:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        for name, data in self.files.items():
+            if data is None:
+                (self.root / name).unlink(missing_ok=True)
+            else:
+                atomic_write_text(self.root / name, data.decode())
+        runs = self.root / "runs"
+        for path in runs.iterdir() if runs.is_dir() else []:
+            if path.name not in self.run_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+        for path in self.written:
+            path.unlink(missing_ok=True)
+
+
+def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], out: IO[str] | None, cwd: Path | None) -> int:
+    n_runs = len(runs)
+    workers = _first_workers(exp)
+    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs, workers=workers):
+        size = planned.tasks
+        print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
+        print(planned.text, file=out)
+    if exp.program is not None and runs:
+        first = program_tasks(exp, {runs[0].index: runs[0]}, [runs[0].index], "train")[0]
+        where = f" (in the image {exp.container.image})" if program_in_container(exp) else ""
+        print(f"# first run's command line{where}: {shlex.join(first)}", file=out)
+    what = f"an Optuna study of {exp.sweep.search.n_trials} trials, {workers} workers" if workers and exp.sweep.search else f"{n_runs} runs"
+    print(f"# dry run: {what}, nothing written, nothing submitted", file=out)
+    return 0
+
+
+def _first_workers(exp: Experiment) -> int:
+    """Workers of a new study (none for a grid or random search)."""
+    if not study.is_study(exp):
+        return 0
+    assert exp.sweep.search is not None and exp.sweep.search.n_trials is not None
+    return min(exp.sweep.search.n_trials, exp.resources.max_concurrent or study.WORKERS)
+
+
+def submit_experiment(
+    exp: Experiment,
+    scheduler_name: str = "auto",
+    *,
+    dry_run: bool = False,
+    detach: bool = False,
+    out: IO[str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
+    root = exp.dir
+    check_choice(scheduler_name)
+    study.resolve_storage(exp)  # before anything is written: a bad URL is refused in one line
+    if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
+        debug.check(exp)
+        exp.container.image = None  # the work runs here, in this Python, not in a container
+        if dry_run:
+            what = "an Optuna study's trials" if study.is_study(exp) else f"{len(sweep.expand(exp))} runs"
+            print(f"# dry run (--scheduler debug): {what} would train, be evaluated and collected in this process; nothing written", file=out)
+            return 0
+        check_output_writable(exp)
+        with sweep_lock(root):
+            return debug.run(exp, sweep.expand(exp), {"scheduler": debug.NAME}, out)
+    if scheduler_name == "auto":
+        scheduler_name, why = detect_with_reason()
+        print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
+    scheduler = get_scheduler(scheduler_name, root)
+    exp.container.image = resolved_image(exp)
+    if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
+        if problems := tracking.missing_packages(exp.tracking):
+            raise ConfigError("; ".join(problems))
+    runs = sweep.expand(exp)
+    if dry_run:
+        return print_dry_run(exp, scheduler, runs, out, cwd)
+    check_output_writable(exp)
+    # Every template renders before anything is written: a refused directive value leaves nothing.
+    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs, workers=_first_workers(exp))
+    if study.is_study(exp):
+        study.require_optuna()
+    provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
+    rollback = _Rollback(root)
+    try:
+        return _sweep_locked(exp, scheduler, runs, provenance, rollback, detach, out, cwd)
+    except ConfigError:
+        if rollback.created:  # a damaged file found on the way: a new experiment leaves nothing behind
+            rollback.undo()
+        raise
+
+
+def _listings(root: Path, runs: list[sweep.Run]) -> dict[int, frozenset[str]]:
+    """Each run's `rundir.listing`, reading only the run directories that exist (one scandir of
+    runs/): a first sweep of 10,000 runs makes no call per run."""
+    try:
+        with os.scandir(root / "runs") as entries:
+            present = {e.name for e in entries}
+    except (FileNotFoundError, NotADirectoryError):
+        present = set()
+    return {r.index: rundir.listing(sweep.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
+
+
+def _sweep_locked(
+    exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], provenance: dict[str, Any], rollback: _Rollback,
+    detach: bool, out: IO[str] | None, cwd: Path | None,
+) -> int:
+    """The part of a sweep that holds the experiment's sweep lock: from reading jobs.json to writing it."""
+    root = exp.dir
+    with sweep_lock(root):
+        scheduler.recover()
+        if study.is_study(exp):
+            return _sweep_study(exp, scheduler, provenance, rollback, detach, out, cwd)
+        runs = sweep.merge_runs(root, runs)
+        jobs = read_jobs(root)
+        active = active_runs(root, scheduler, jobs)
+        in_flight = set().union(*active.values()) if active else set()
+        listings = _listings(root, runs)
+        states = {r.index: rundir.run_state(sweep.run_dir(root, r.run_id), listings[r.index]) for r in runs}
+        todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
+        # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
+        eval_todo = [
+            r.index for r in runs
+            if states[r.index] == "done" and rundir.eval_state(sweep.run_dir(root, r.run_id), listings[r.index]) in ("new", "failed") and r.index not in in_flight
+        ]
+        skipped_done = sum(1 for s in states.values() if s == "done")
+        sweep.write_experiment(exp, runs, provenance)
+        if not todo and not eval_todo:
+            print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
+            if scheduler.name != "local" or not in_flight:
+                return 0
+        else:
+            attempt = max((j.attempt for j in jobs), default=-1) + 1
+            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo, runs=runs), attempt, jobs, rollback)
+            what = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
+            print(
+                f"{root}: submitted {what} to {scheduler.name} ({skipped_done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: "
+                + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs),
+                file=out,
+            )
+        if detach:  # inside the lock: the next sweep must find the runner alive, not its jobs to settle
+            return scheduler.start(root, detach)
+    return scheduler.start(root, detach)
+
+
+def _sweep_study(
+    exp: Experiment, scheduler: Scheduler, provenance: dict[str, Any], rollback: _Rollback, detach: bool, out: IO[str] | None, cwd: Path | None,
+) -> int:
+    """An Optuna study's sweep (under the sweep lock): workers for the trials still to run, unless
+    workers of an earlier sweep are still pending or running; a trial left RUNNING by a worker
+    that died is resumed by the task of the same id."""
+    root = exp.dir
+    jobs = read_jobs(root)
+    the_study = study.open_study(exp, root, out=out)
+    state = study.study_state(exp, the_study)
+    sweep.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
+    workers_jobs = [j for j in jobs if j.stage == "study" and j.scheduler == scheduler.name]
+    answer = scheduler.query([j.job_id for j in workers_jobs]) if workers_jobs else {}
+    if any(s in ("pending", "running") for tasks in answer.values() for s in tasks.values()):
+        print(f"{root}: workers of this study are still in flight ({state.finished}/{state.n_trials} trials finished); nothing submitted", file=out)
+        return scheduler.start(root, detach) if scheduler.name == "local" else 0
+    workers = study.workers_to_start(exp, root, state)
+    if not workers:
+        print(f"{root}: the study has all {state.n_trials} trials ({state.finished} finished); nothing submitted", file=out)
+        return 0
+    attempt = max((j.attempt for j in jobs), default=-1) + 1
+    new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, [], attempt, cwd, workers=workers), attempt, jobs, rollback)
+    print(
+        f"{root}: submitted an Optuna study ({state.finished} of {state.n_trials} trials finished) to {scheduler.name} as {len(new_jobs)} jobs: "
+        + ", ".join(f"{j.stage} {j.job_id}" + (f" ({workers} workers)" if j.stage == "study" else "") for j in new_jobs),
+        file=out,
+    )
+    return scheduler.start(root, detach)
+
+
+def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob], attempt: int, jobs: list[Job], rollback: _Rollback) -> list[Job]:
+    """Write and submit each planned job in order; jobs.json is rewritten after every accepted one."""
+    root = exp.dir
+    (root / "jobs" / "logs").mkdir(parents=True, exist_ok=True)
+    script_ids: dict[str, str] = {}
+    new_jobs: list[Job] = []
+    for planned in planned_jobs:
+        script = root / planned.script
+        if planned.manifest:
+            rundir.write_manifest(root, planned.manifest, planned.runs)
+            rollback.written.append(root / planned.manifest)
+        atomic_write_text(script, planned.text)
+        rollback.written.append(script)
+        script.chmod(0o755)
+        after = [Dependency(script_ids[s], kind) for s, kind in planned.after]  # type: ignore[arg-type]
+        try:
+            job_id = scheduler.submit(script, planned.tasks, after)
+        except SchedulerError:
+            if not new_jobs:  # nothing accepted: leave the experiment as it was before this sweep
+                rollback.undo()
+            raise
+        script_ids[planned.script] = job_id
+        new_jobs.append(Job(planned.stage, job_id, scheduler.name, planned.script, planned.tasks, planned.manifest, after, attempt, planned.resources.as_dict()))
+        write_jobs(root, jobs + new_jobs)  # after every submission: a crash half-way still leaves a record
+    return new_jobs
