@@ -42,8 +42,8 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tictactoe_alphaze
 CONNECT_FOUR = CONFIG.parent / "connect4_alphazero.yaml"
 
 
-def one_seed(config: Path, seed: int, n_games: int, root: Path) -> tuple[float, float, dict[str, int]]:
-    exp = load_experiment(config, [f"output={root}", f"sweep.seeds=[{seed}]", "eval.every_steps=null", "tracking.tensorboard=false"])
+def one_seed(config: Path, seed: int, n_games: int, root: Path, overrides: list[str]) -> tuple[float, float, dict[str, int]]:
+    exp = load_experiment(config, [f"output={root}", f"sweep.seeds=[{seed}]", "eval.every_steps=null", "tracking.tensorboard=false", *overrides])
     (run,) = expand(exp)
     write_experiment(exp, [run], {})
     start, cpu = time.monotonic(), time.process_time()
@@ -68,9 +68,9 @@ def one_seed(config: Path, seed: int, n_games: int, root: Path) -> tuple[float, 
     return train_s, train_cpu, counts
 
 
-def connect_four(config: Path, seed: int, minutes: float, n_games: int) -> None:
+def connect_four(config: Path, seed: int, minutes: float, n_games: int, overrides: list[str]) -> None:
     """Train for `minutes` of wall time, then play OpenSpiel's MCTS at 100 and 1,000 simulations."""
-    exp = load_experiment(config, [f"sweep.seeds=[{seed}]", "train.total_steps=100000000"])
+    exp = load_experiment(config, [f"sweep.seeds=[{seed}]", "train.total_steps=100000000", *overrides])
     spec = games.load(exp.env)
     torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
     agent = AlphaZero(exp.train, spec, torch.device("cpu"), seed)  # type: ignore[arg-type]
@@ -97,17 +97,18 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--games", type=int, default=200)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, as `hpcrl sweep` takes them")
     parser.add_argument("--connect-four", type=float, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.connect_four:
         for seed in args.seeds:
-            connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games)
+            connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games, args.set)
         return
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             start = time.monotonic()
-            train_s, train_cpu, counts = one_seed(args.config, seed, args.games, Path(tmp) / f"s{seed}")
+            train_s, train_cpu, counts = one_seed(args.config, seed, args.games, Path(tmp) / f"s{seed}", args.set)
             total = time.monotonic() - start
             print(f"seed {seed}: {counts['loss']} losses, {counts['draw']} draws, {counts['win']} wins in {args.games} games against perfect play; "
                   f"training {train_s:.0f} s ({train_cpu:.0f} s CPU), with the games {total:.0f} s", flush=True)

@@ -5,7 +5,9 @@ missing or damaged, named and left out."""
 from __future__ import annotations
 
 import csv
+import html
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -82,7 +84,7 @@ def nim_experiment(tmp_path: Path, seeds: list[int]):
     return exp.dir, [exp.dir / "runs" / run.run_id for run in runs]
 
 
-def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_path, capsys):
+def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_path, capsys, chromium):
     exp_dir, run_dirs = nim_experiment(tmp_path, [0, 1])
     snaps = [s for s, _ in checkpoint.snapshots(run_dirs[0] / "checkpoints")]
     assert len(snaps) >= 3  # an evaluation every 20 of 60 positions: the ladder's players
@@ -110,9 +112,11 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
         assert (results / "plots" / png).read_bytes()[:4] == b"\x89PNG"
     for words in ("Against perfect:", "Elo ladder of the run's policies:", "policy 1"):
         assert words in out
-    page = (results / "report.html").read_text()
-    for words in ("Strength against fixed opponents", "Against random", "Strength during training", "Elo ladder of the run&#x27;s policies", "Win rate during training"):
-        assert words in page
+    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (results / "report.html").as_uri()]
+    dom = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout  # the page as a browser shows it
+    for words in ("Strength against fixed opponents", "Against random", "Strength during training", "Elo ladder of the run's policies", "Win rate during training", "policy 1"):
+        assert words in html.unescape(dom)
+    assert dom.count("data:image/png;base64,") >= 3 + 2  # the strength curves and the Elo curve, besides collect's own
 
 
 def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_path, capsys):
