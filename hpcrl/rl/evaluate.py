@@ -136,8 +136,9 @@ Elo ladder's round robin (`weights_step` names the evaluated policy in it) in la
 
 def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg: Any, device: torch.device, seed: int) -> list[list[Any]]:
     """The Elo ladder's round robin: `random`, the snapshots of the evaluations during training (at
-    most strength.LADDER_PLAYERS) and the evaluated policy, each named by its step."""
-    sims = cfg.eval_simulations or cfg.simulations
+    most strength.LADDER_PLAYERS) and the evaluated policy, each named by its step. They search
+    train.simulations, self-play's, not eval_simulations: a round robin is players^2 / 2 matches."""
+    sims = cfg.simulations
     saved = dict(checkpoint.snapshots(rd / rundir.CHECKPOINTS))
     agents = {}
     for at in strength.ladder_players([s for s in saved if s != step]):
