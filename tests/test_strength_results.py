@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from factories import write_config
 from trainruns import train
@@ -136,3 +137,14 @@ def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_p
     assert all(r["seeds"] == "1" for r in table)  # seed 2 alone
     assert {r["seed"] for r in read_csv(exp_dir / "results" / "elo.csv")} == {"0", "1"}
     assert "corrupt ladder.csv" in (exp_dir / "results" / "report.md").read_text()
+
+
+def test_a_resumed_run_drops_the_snapshots_of_the_steps_it_redoes(tmp_path):
+    weights = {"w": torch.zeros(2)}
+    for step in (100, 200, 300):
+        checkpoint.snapshot(tmp_path, step, weights)
+    (tmp_path / checkpoint.LADDER / ".step-000000000400.pt.tmp").write_bytes(b"torn")  # a write killed midway
+    checkpoint.drop_snapshots_after(tmp_path, 200)
+    assert [s for s, _ in checkpoint.snapshots(tmp_path)] == [100, 200]
+    assert sorted(p.name for p in (tmp_path / checkpoint.LADDER).iterdir()) == ["step-000000000100.pt", "step-000000000200.pt"]
+    assert checkpoint.load(checkpoint.snapshots(tmp_path)[0][1])["step"] == 100

@@ -93,7 +93,10 @@ def snapshots(directory: Path) -> list[tuple[int, Path]]:
 
 
 def drop_snapshots_after(directory: Path, step: int) -> None:
-    """A resumed run redoes the steps after its checkpoint: their snapshots go (they are written again)."""
+    """A resumed run redoes the steps after its checkpoint: their snapshots go (they are written
+    again), and so do the temporary files of a snapshot write that was killed (the trainer holds
+    the run lock)."""
+    remove_stale_temp(directory / LADDER)
     for at, path in snapshots(directory):
         if at > step:
             path.unlink(missing_ok=True)
