@@ -14,6 +14,13 @@ simulations, each colour half of them. Issue 28's target: >= 90% wins against 10
 over 3 seeds in 60 minutes on this 2-core machine, >= 50% against 1,000 as a goal.
 
     python benchmarks/alphazero.py --connect-four 20 --seeds 0 --games 50
+
+OpenSpiel's own AlphaZero (its example, JAX/Flax) is not in hpcrl's environment; in a venv of its own
+(`pip install open_spiel==2.0.2 jax jaxlib flax optax chex orbax-checkpoint`: wheels exist for
+Python 3.11 x86-64) it runs here on the same game and network size:
+
+    python -m open_spiel.python.examples.alpha_zero --game connect_four --nn_model resnet \
+        --nn_width 32 --nn_depth 3 --max_simulations 50 --actors 1 --evaluators 1 --path DIR
 """
 
 from __future__ import annotations
