@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from hpcrl.io import atomic_open
-from hpcrl.store.rundir import RunError
+from hpcrl.store.rundir import RunError, remove_stale_temp
 
 _NAME = re.compile(r"^step-(\d+)(?:-(\d+))?\.pt$")
 """`step-000000004096-000007.pt`; files from before the sequence (`step-N.pt`) count as sequence 0."""
