@@ -35,8 +35,8 @@ from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Job, SchedulerError, shown_state
 from hpcrl.store import rundir
 from hpcrl.submit.pipeline import read_jobs
+from hpcrl.sweep import modes, study
 from hpcrl.sweep import runs as sweep
-from hpcrl.sweep import study
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""
@@ -265,7 +265,7 @@ def _trial_holders(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[tup
         exp, generation = study.load_experiment_config(experiment_dir)
     except ConfigError:
         return {}
-    return {(str(generation), str(number)): task for task, number in study.held_trials(experiment_dir, study.study_name(exp)).items()} if study.is_study(exp) else {}
+    return modes.of(exp).holders(experiment_dir, exp, generation)
 
 
 def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> str | None:

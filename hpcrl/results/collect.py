@@ -25,6 +25,7 @@ from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
 from hpcrl.results.tables import RunResult, Scoring, write_results
 from hpcrl.store import rundir
+from hpcrl.sweep import modes
 from hpcrl.sweep import runs as sweep
 
 
@@ -178,11 +179,6 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
         evaluate_missing(experiment_dir, out)
         results = gather(experiment_dir, tasks.experiment_task(config))
     notes = [note] if (note := sweep.left_out_note(experiment_dir)) else []
-    extra_plots = None
-    if ((config.get("sweep") or {}).get("search") or {}).get("method") == "optuna":
-        from hpcrl.sweep.study_results import write_study_results
-
-        (experiment_dir / "results" / "plots").mkdir(parents=True, exist_ok=True)
-        study_lines, extra_plots = write_study_results(experiment_dir, experiment_dir / "results")
-        notes += study_lines
+    mode_notes, extra_plots = modes.of_config(config).collect(experiment_dir, experiment_dir / "results")
+    notes += mode_notes
     return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots)
