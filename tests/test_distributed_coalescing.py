@@ -131,9 +131,8 @@ def _actor(tmp_path: Path, distributed: dict):
     import torch
 
     from hpcrl.config.experiment import load_experiment
-    from hpcrl.distributed.actor import Actor
+    from hpcrl.distributed.actor import Actor, acting_half
     from hpcrl.distributed.apex import ApexLearner, param_arrays
-    from hpcrl.rl.envs import make_vec_env
     from hpcrl.sweep.runs import expand
 
     config = {
@@ -145,8 +144,8 @@ def _actor(tmp_path: Path, distributed: dict):
     path = tmp_path / "apex.yaml"
     path.write_text(yaml.safe_dump(config))
     (run,) = expand(load_experiment(path))
-    envs = make_vec_env(run.config.env, run.config.distributed.envs_per_actor)
-    actor = Actor(tmp_path, run, 0, _NoSignal(), envs, None)
+    actor = Actor(tmp_path, run, 0, _NoSignal(), acting_half(run, 0), None)
+    envs = actor.policy.envs
     learner = ApexLearner(run.config.train, run.config.distributed, envs.single_observation_space, envs.single_action_space, torch.device("cpu"))
     return actor, envs, param_arrays(actor.policy.net), learner.validate
 

@@ -71,6 +71,20 @@ def test_stop_ends_the_server() -> None:
         os.kill(pid, 0)
 
 
+def test_server_outlives_the_schedulers_warning_signals() -> None:
+    """Grid Engine sends USR1/USR2 to every process of a job; the learner's board must survive the
+    warning that makes the learner checkpoint (it writes `stopping` and counts the queue after it)."""
+    server = RedisServer("127.0.0.1").start()
+    try:
+        assert server.proc is not None
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            server.proc.send_signal(sig)
+        time.sleep(0.5)
+        assert server.proc.poll() is None and server.client().ping()
+    finally:
+        server.stop()
+
+
 def test_heartbeats_expire_so_a_silent_actor_is_dead(board: Board) -> None:
     board.register(0, {"steps": 10}, ttl=0.3)
     board.register(1, {"steps": 20}, ttl=30)

@@ -535,13 +535,15 @@ class DistributedConfig:
     """Ape-X style: per run, one learner job and an array of actor jobs talking through Redis.
 
     Only off-policy learning is correct when actors act with parameters a few versions old, so
-    this section requires `algo: dqn` (the learner keeps DQN's replay; train.* still applies).
+    this section requires `algo: dqn` (the learner keeps DQN's replay; train.* still applies) or
+    `algo: alphazero` (a trainer job and `actors` self-play jobs; hpcrl/distributed/selfplay.py).
     """
 
     actors: int = setting(2, ge=1, le=10_000)
     envs_per_actor: int = setting(4, ge=1, le=MAX_ENVS)
+    """Envs per actor; for AlphaZero, the games a self-play job plays in lockstep (one forward pass for all their leaves)."""
     batch_transitions: int = setting(64, ge=1, le=1_000_000)
-    """Transitions per message an actor sends (rounded up to whole vector steps)."""
+    """Transitions per message an actor sends (rounded up to whole vector steps; AlphaZero: positions, rounded up to whole games)."""
     batches_per_send: int = setting(8, ge=1, le=1024, learned=False)
     """Batches an actor coalesces into one round trip at most (each stays its own message on the queue)."""
     send_delay_s: float = setting(0.002, ge=0, le=60, learned=False)
@@ -651,13 +653,13 @@ class Experiment:
                 return [("env.backend", f"algo alphazero plays two-player games: expected 'openspiel' or 'game', got {self.env.backend!r}")]
             if self.algo != "program":
                 return [("env.backend", f"{self.env.backend!r} is a two-player game, for algo alphazero (algo is {self.algo!r})")]
-        if self.distributed is not None and self.algo == "alphazero":
-            return [("distributed", "not available with algo alphazero yet: self-play and training alternate in one process")]
-        if self.distributed is not None and self.algo != "dqn":
-            return [("distributed", f"needs algo 'dqn' (Ape-X): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
+        if self.distributed is not None and self.algo not in ("dqn", "alphazero"):
+            return [("distributed", f"needs algo 'dqn' (Ape-X) or 'alphazero' (self-play jobs): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
+        if self.distributed is not None and self.algo == "alphazero" and self.distributed.prioritized:
+            return [("distributed.prioritized", "not available with algo alphazero: its trainer samples the replay window uniformly")]
         if self.resources.ranks > 1:
             if self.algo in ("dqn", "alphazero", "program"):
-                why = {"dqn": "DQN runs in one process, or as Ape-X (distributed:)", "alphazero": "AlphaZero's self-play and training run in one process"}.get(self.algo, "your program starts its own processes (torchrun inside program.command)")
+                why = {"dqn": "DQN runs in one process, or as Ape-X (distributed:)", "alphazero": "AlphaZero's self-play and training run in one process, or as jobs (distributed:)"}.get(self.algo, "your program starts its own processes (torchrun inside program.command)")
                 return [("resources.ranks", f"more than one rank is DD-PPO, for ppo and a2c: {why}")]
             if self.sweep.search is not None and self.sweep.search.method == "optuna":
                 return [("resources.ranks", "an Optuna study's workers train one rank each")]

@@ -15,6 +15,8 @@ Nothing that crosses the network is pickled: batches and parameters are raw nump
 a fixed header (`wire.py`), heartbeats are small JSON objects.
 
 Modules: wire (format), rendezvous, redis_server, board (status, heartbeats, parameters),
-queue (producer/consumer), apex (the DQN learner and acting policy), learner and actor (the job
-entry points), runstats (the stats file and status line), jobs (what the pipeline renders).
+queue (producer/consumer), apex (the DQN learner and acting policy), selfplay (AlphaZero's
+trainer and self-play halves: the same jobs run AlphaZero decoupled), learner and actor (the job
+entry points, which take either half), runstats (the stats file and status line); the job plan is
+hpcrl.submit.distributed.
 """

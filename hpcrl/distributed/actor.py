@@ -1,7 +1,8 @@
-"""`hpcrl actor`: one actor job of a distributed run.
+"""`hpcrl actor`: one actor job of a distributed run (an Ape-X actor, or an AlphaZero self-play job).
 
 An actor holds no state worth saving: it finds the learner through the rendezvous file, fetches
-parameters when their version changes, steps its envs and pushes batches. What it must get right
+parameters when their version changes, steps its envs (or plays its games: `acting_half`) and
+pushes batches. What it must get right
 is the learner's absence:
 
 - at start, and whenever the learner goes away (killed, requeued, node lost), it waits for a
@@ -30,6 +31,8 @@ from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
 from hpcrl.distributed.queue import NotRunning, Outbox, Producer
+from hpcrl.distributed.selfplay import SelfPlayActor
+from hpcrl.rl import games
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import setup_torch
 from hpcrl.runtime.guard import StopFlag
@@ -60,19 +63,28 @@ def run_actor(experiment_dir: Path, run: Run, actor: int, out: TextIO | None = N
         return 0
     stop = StopFlag()
     setup_torch(1)
-    envs = make_vec_env(run.config.env, d.envs_per_actor)
+    policy = acting_half(run, actor)
     try:
-        return Actor(rd, run, actor, stop, envs, out).run()
+        return Actor(rd, run, actor, stop, policy, out).run()
     finally:
-        envs.close()
+        policy.close()
+
+
+def acting_half(run: Run, actor: int) -> ApexActor | SelfPlayActor:
+    """What an actor job runs between round trips: Ape-X's epsilon-greedy envs, or AlphaZero's self-play games."""
+    cfg, d = run.config, run.config.distributed
+    assert d is not None
+    if cfg.algo == "alphazero":
+        return SelfPlayActor(cfg.train, d, games.load(cfg.env), actor, run.seed)  # type: ignore[arg-type]  # the run's AlphaZeroConfig
+    return ApexActor(cfg.train, d, make_vec_env(cfg.env, d.envs_per_actor), actor, run.seed)  # type: ignore[arg-type]
 
 
 class Actor:
-    def __init__(self, rd: Path, run: Run, actor: int, stop: StopFlag, envs, out: TextIO | None) -> None:
+    def __init__(self, rd: Path, run: Run, actor: int, stop: StopFlag, policy: ApexActor | SelfPlayActor, out: TextIO | None) -> None:
         self.rd, self.run_id, self.actor, self.stop, self.out = rd, run.run_id, actor, stop, out
         assert run.config.distributed is not None
         self.d = run.config.distributed
-        self.policy = ApexActor(run.config.train, self.d, envs, actor, run.seed)
+        self.policy = policy
         self.instance: str | None = None
         self.version = -1
         self.batch_version: int | None = None
@@ -87,6 +99,7 @@ class Actor:
         """Parameter blobs downloaded: one per new version, never one per batch."""
         self.blocked = 0
         self.blocked_s = 0.0
+        self.blocked_max_s = 0.0
         self.producer: Producer | None = None
         self.connected_once = False
         self.last_heartbeat = 0.0
@@ -167,6 +180,7 @@ class Actor:
                 self.sent += producer.sent
                 self.blocked += producer.blocked
                 self.blocked_s += producer.blocked_s
+                self.blocked_max_s = max(self.blocked_max_s, producer.blocked_max_s)
                 self.producer = None
         finally:
             client.close()
@@ -274,4 +288,5 @@ class Actor:
             "pid": os.getpid(), "host": socket.gethostname(), "steps": self.policy.steps, "sps": round(sps, 1), "version": self.version,
             "param_fetches": self.param_fetches, "batches": self.sent + (p.sent if p else 0), "blocked": self.blocked + (p.blocked if p else 0),
             "blocked_s": round(self.blocked_s + (p.blocked_s if p else 0.0), 3),
+            "blocked_max_s": round(max(self.blocked_max_s, p.blocked_max_s if p else 0.0), 3),
         }

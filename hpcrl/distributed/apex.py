@@ -140,6 +140,9 @@ class ApexActor:
     def ready(self) -> int:
         return len(self.nstep.out)
 
+    def close(self) -> None:
+        self.envs.close()
+
     def take_batch(self) -> dict[str, np.ndarray]:
         """Everything built so far as the fields of one wire.BATCH message."""
         out, self.nstep.out = self.nstep.out, []
@@ -258,6 +261,7 @@ class ApexLearner:
     """The learning half: ingest accepted batches, decide when to update, update, export parameters."""
 
     metric_names = ("loss", "q_mean", "replay_size", "param_version", "lr")
+    units = ("env steps", "episodes")
 
     def __init__(self, cfg: DQNConfig, dcfg: DistributedConfig, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> None:
         self.cfg, self.dcfg, self.device = cfg, dcfg, device
@@ -315,7 +319,8 @@ class ApexLearner:
         return len(action)
 
     def ingest(self, fields: Mapping[str, np.ndarray], n: int) -> None:
-        self.replay.add({k: fields[k] for k in self.schema}, self.cfg.reward_scale)
+        """Add the first `n` transitions of a batch (the learner cuts the batch that crosses total_steps)."""
+        self.replay.add({k: fields[k][:n] for k in self.schema}, self.cfg.reward_scale)
         self.credit += max(0, min(n, self.accepted + n - self.starts_at)) * self.ratio
         self.accepted += n
         self.global_step += n

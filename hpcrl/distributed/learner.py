@@ -1,4 +1,4 @@
-"""`hpcrl learner`: the learner job of a distributed run.
+"""`hpcrl learner`: the learner job of a distributed run (Ape-X's learner, or AlphaZero's trainer).
 
 It owns the run: starts the Redis (or uses the external one), publishes the rendezvous and the
 parameters, learns from what the actors send, and is the only writer of the run's checkpoints,
@@ -8,8 +8,13 @@ replay, counters, parameter version, RNG states). On the scheduler's warning sig
 taking batches, counts the ones still queued as lost, checkpoints and exits with REQUEUE_EXIT;
 its actors keep running and reconnect to the next start, which writes a new rendezvous.
 Its train.csv rows go through the run's one sink (hpcrl.runtime.runlog), to the optional trackers too,
-and with `eval.every_steps` it evaluates its Q-network as `hpcrl train` does (periodic_eval.py): it
-is the one that has it.
+and with `eval.every_steps` it evaluates its network as `hpcrl train` does (periodic_eval.py): it is
+the one that has it.
+
+What is learned is the algorithm's half (`learning_half`): apex.ApexLearner for DQN,
+selfplay.AlphaZeroLearner for AlphaZero; this module is the job around it. Its stats file also
+says how busy it was: time in updates (`busy_s`) since its first update (`learning_s`), and the
+stretches it waited for data after that (`wait_s`, the longest `wait_max_s`).
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import redis
+import torch
 
 from hpcrl.distributed import rendezvous, runstats
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
 from hpcrl.distributed.queue import Consumer
 from hpcrl.distributed.redis_server import RedisServer
-from hpcrl.rl import checkpoint, periodic_eval
+from hpcrl.distributed.selfplay import AlphaZeroLearner
+from hpcrl.rl import checkpoint, games, periodic_eval
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import seed_everything, setup_torch
 from hpcrl.runtime.guard import StopFlag, guarded_run
@@ -52,6 +59,20 @@ def run_learner(experiment_dir: Path, run: Run, out: TextIO | None = None) -> in
     return guarded_run(experiment_dir, run, lambda rd, stop: Learner(experiment_dir, rd, run, stop, out).run(), out)
 
 
+def learning_half(run: Run, device: torch.device) -> ApexLearner | AlphaZeroLearner:
+    """What the learner learns with: Ape-X's DQN on the env's spaces, or AlphaZero's trainer on the game."""
+    cfg, d = run.config, run.config.distributed
+    assert d is not None
+    if cfg.algo == "alphazero":
+        return AlphaZeroLearner(cfg.train, d, games.load(cfg.env), device)  # type: ignore[arg-type]  # the run's AlphaZeroConfig
+    probe = make_vec_env(cfg.env, 1)
+    try:
+        obs_space, action_space = probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
+    return ApexLearner(cfg.train, d, obs_space, action_space, device)  # type: ignore[arg-type]  # the run's DQNConfig
+
+
 def connect_external(address: str, password_env: str) -> redis.Redis:
     host, _, port = address.rpartition(":")
     return redis.Redis(host=host, port=int(port), password=os.environ.get(password_env) or None, socket_timeout=30, socket_connect_timeout=10)
@@ -69,6 +90,10 @@ class Learner:
         self.dead: set[int] = set()
         self.episodes: list[tuple[float, int]] = []
         self.metrics: dict[str, float] = {}
+        self.busy_s = self.wait_s = self.wait_max_s = 0.0
+        self.first_update: float | None = None
+        """time.monotonic() of this lifetime's first update."""
+        self.waiting_since: float | None = None
 
     def log(self, text: str) -> None:
         print(f"{self.run_.run_id}: {text}", file=self.out, flush=True)
@@ -81,12 +106,7 @@ class Learner:
         state, problems = checkpoint.load_latest(self.rd / "checkpoints")
         for problem in problems:
             self.log(f"skipped checkpoint {problem}")
-        probe = make_vec_env(self.cfg.env, 1)
-        try:
-            obs_space, action_space = probe.single_observation_space, probe.single_action_space
-        finally:
-            probe.close()
-        self.algo = ApexLearner(tcfg, self.d, obs_space, action_space, device)
+        self.algo = learning_half(self.run_, device)
         self.device = device
         self.saved_eval = state.get("periodic_eval") if state else None
         self.elapsed = 0.0
@@ -146,14 +166,18 @@ class Learner:
             next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
             while not algo.finished(self.total_steps):
                 self._check_actors_came()
+                polled = time.monotonic()
                 self._poll()
+                self._note_wait(polled)
                 for _ in range(UPDATES_PER_POLL):
                     if not algo.can_update():
                         break
+                    began = time.monotonic()
                     self.metrics = algo.update(self.total_steps)
                     if algo.updates % d.publish_every == 0:
                         algo.version += 1
                         self.board.publish(algo.version, algo.params())
+                    self.busy_s += time.monotonic() - began
                 if time.monotonic() - self.last_report >= d.heartbeat_s:
                     self._report(RUNNING)
                 self._maybe_evaluate(final=False)
@@ -176,6 +200,21 @@ class Learner:
         self.board.retire()
         self.log(f"done at step {algo.global_step} after {algo.updates} updates")
         return 0
+
+    def _note_wait(self, polled: float) -> None:
+        """Time the learner could not update for want of data, once it had begun to learn (the fill
+        before the first update, and the end of the budget, are not waits)."""
+        now = time.monotonic()
+        if self.algo.can_update():
+            if self.first_update is None:
+                self.first_update = now
+            if self.waiting_since is not None:
+                waited = now - self.waiting_since
+                self.wait_s += waited
+                self.wait_max_s = max(self.wait_max_s, waited)
+                self.waiting_since = None
+        elif self.first_update is not None and self.waiting_since is None and self.algo.global_step < self.total_steps:
+            self.waiting_since = polled
 
     def _maybe_evaluate(self, final: bool) -> None:
         """An evaluation during training when one is due (eval.every_steps); the actors keep playing meanwhile."""
@@ -211,7 +250,7 @@ class Learner:
         for message, n in batches:
             take = min(n, self.total_steps - algo.global_step)
             if take > 0:
-                algo.ingest({k: message.fields[k][:take] for k in algo.schema}, take)
+                algo.ingest(message.fields, take)
             self.episodes.extend(zip(message.fields["ep_return"].tolist(), message.fields["ep_length"].tolist()))
 
     def _save(self) -> None:
@@ -244,13 +283,18 @@ class Learner:
                 self.log(f"actor {i}: no heartbeat for {self.d.dead_after_s:g} s, counted dead; learning goes on")
         alive = sorted(i for i, s in heartbeats.items() if s is not None)
         sps = (algo.global_step - self.last_report_step) / max(now - self.last_report, 1e-9)
+        report_start = self.last_report
         self.last_report, self.last_report_step = now, algo.global_step
         lag_mean, lag_max = self.consumer.take_lag_window()
         counters = self._counters()
         depth = self.board.queue_depth() if status == RUNNING else 0
+        episodes, self.episodes = self.episodes, []
         stats = {
             "time": time.time(), "status": status, "instance": self.instance, "learner_host": socket.gethostname(),
             "env_steps": algo.global_step, "total_steps": self.total_steps, "env_sps": sps, "updates": algo.updates,
+            "units": list(algo.units), "episodes_per_s": len(episodes) / max(now - report_start, 1e-9), "batches": self.consumer.batches,
+            "busy_s": self.busy_s, "learning_s": now - self.first_update if self.first_update is not None else 0.0,
+            "wait_s": self.wait_s, "wait_max_s": self.wait_max_s,
             "param_version": algo.version, "replay_size": algo.replay.size, "queue_depth": depth, "queue_bound": self.d.queue_bound,
             "actors_expected": self.d.actors, "actors_alive": len(alive), "actors_dead": sorted(self.dead),
             "actors": {str(i): {"alive": i in alive, **s} for i, s in sorted(self.actor_stats.items())},
@@ -260,7 +304,6 @@ class Learner:
             **counters,
         }
         runstats.write(self.rd, stats)
-        episodes, self.episodes = self.episodes, []
         metrics = {**self.metrics, "replay_size": algo.replay.size, "param_version": algo.version, "lr": algo.lr,
             "actors_alive": len(alive), "queue_depth": depth, "lag_mean": lag_mean, "dropped_stale": counters["dropped_stale"],
             "malformed": counters["malformed"], "backpressure_waits": stats["backpressure_waits"],

@@ -72,6 +72,8 @@ class Producer:
         """Round trips that queued them (fewer than `sent` when the caller coalesces)."""
         self.blocked = 0
         self.blocked_s = 0.0
+        self.blocked_max_s = 0.0
+        """The longest single wait for room (the benchmark's "how long did acting wait for learning")."""
 
     def put(self, blob: bytes, piggyback: Callable[[redis.client.Pipeline], None] | None = None) -> list:
         """Push one message, waiting while the queue is full; return the results of `piggyback`'s commands.
@@ -113,7 +115,9 @@ class Producer:
                 self._wait_for_room()
         finally:
             if waited_since is not None:
-                self.blocked_s += time.monotonic() - waited_since
+                waited = time.monotonic() - waited_since
+                self.blocked_s += waited
+                self.blocked_max_s = max(self.blocked_max_s, waited)
 
     def _wait_for_room(self) -> None:
         """Poll (with backoff) until the queue is below its bound: the learner is the bottleneck, so acting slows down."""

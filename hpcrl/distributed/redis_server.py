@@ -50,9 +50,14 @@ def free_port(host: str) -> int:
 
 
 def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGTERM it when the learner dies."""
+    """Runs in the child between fork and exec: SIGTERM it when the learner dies, and ignore the
+    scheduler's warnings. Grid Engine sends USR1 (and USR2) to every process of a job, and a
+    redis-server killed by it (the default action; Redis sets no handler) took the learner's board
+    away just as the learner was checkpointing for its requeue; an ignored signal stays ignored across exec."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 class RedisServer:

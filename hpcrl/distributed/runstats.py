@@ -38,16 +38,19 @@ def _si(value: float) -> str:
 
 
 def status_line(run_dir: Path, now: float | None = None) -> str | None:
-    """`actors 2/2 alive, 8.1k env steps/s, queue 3/64, lag 0.4 (max 2), dropped 0 stale + 0 malformed, ...`."""
+    """`actors 2/2 alive, 8.1k env steps/s, queue 3/64, lag 0.4 (max 2), dropped 0 stale + 0 malformed, ...`;
+    for AlphaZero's self-play jobs `actors 2/2 alive, 12 games/s, 98 positions/s, queue ...`."""
     s = read(run_dir)
     if s is None:
         return None
     age = (now if now is not None else time.time()) - float(s.get("time", 0))
     alive, expected = s.get("actors_alive", 0), s.get("actors_expected", 0)
     lag = s.get("lag_mean")
+    steps, episodes = s.get("units") or ("env steps", "episodes")
     parts = [
         f"actors {alive}/{expected} alive" + (f" (dead: {', '.join(map(str, s['actors_dead']))})" if s.get("actors_dead") else ""),
-        f"{_si(s.get('env_sps', 0.0))} env steps/s",
+        *([f"{_si(s.get('episodes_per_s', 0.0))} {episodes}/s"] if episodes == "games" else []),
+        f"{_si(s.get('env_sps', 0.0))} {steps}/s",
         f"queue {s.get('queue_depth', 0)}/{s.get('queue_bound', 0)}",
         f"lag {lag:.1f} (max {s.get('lag_max', 0)})" if lag is not None else "lag -",
         f"dropped {s.get('dropped_stale', 0)} stale + {s.get('malformed', 0)} malformed + {s.get('lost', 0)} lost",

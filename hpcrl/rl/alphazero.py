@@ -11,9 +11,11 @@ One iteration:
    `replay_window` positions), loss = cross-entropy(visit distribution, policy over the legal
    actions) + (z - v)^2, AdamW with `weight_decay`.
 
-The two halves meet only through `Positions` (what self-play produces, what the trainer consumes)
-and the network weights stamped with `version` (the number of gradient steps so far), so the
-decoupled mode of issue 28 can run them as separate jobs with the records on a queue.
+The pieces, each used by both modes: `SelfPlay` (games in lockstep, one MCTS move per step),
+`Positions` (what self-play produces and the trainer consumes), `ReplayWindow`, and `Training`
+(network, optimiser, window, gradient-step count). The simple mode (`AlphaZero`) alternates them
+in one process; with a `distributed:` section a trainer job and self-play jobs run them apart,
+with the positions on a queue and the weights stamped with versions (hpcrl.distributed.selfplay).
 
 `global_step` counts self-play positions (moves); `episodes` are the self-play games, with player
 0's return. Resume: the checkpoint holds the network, the optimiser, the replay window, the
@@ -124,33 +126,85 @@ class Positions:
         return len(self.value)
 
 
-def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int) -> tuple[Positions, list[tuple[float, int]]]:
-    """Play `n_games` games in lockstep; their positions, and each game's (player 0's return, length)."""
-    states = [spec.new_initial_state() for _ in range(n_games)]
-    records: list[list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]] = [[] for _ in range(n_games)]
-    noise = (cfg.dirichlet_alpha, cfg.dirichlet_fraction) if cfg.dirichlet_fraction > 0 else None
-    active = [i for i in range(n_games) if not states[i].is_terminal()]
-    while active:
-        counts = mcts.search([states[i] for i in active], evaluate, spec.num_actions, cfg.simulations, cfg.c_puct, noise)
+Record = tuple[np.ndarray, np.ndarray, np.ndarray, int]
+"""One move of a game being played: observation, legal actions, visit distribution, player to move."""
+
+
+class SelfPlay:
+    """Games in lockstep, one MCTS move in each per `step` (the leaves of all games share each forward pass).
+
+    The simple mode plays a fixed set of games to their ends (`self_play`); a self-play job
+    (hpcrl.distributed.selfplay) plays on forever (`continuous`: a finished game's slot starts a new
+    one) and takes the finished games from time to time. Either way, the positions of a finished
+    game get its outcome z for the player who moved there, and only finished games are taken.
+    """
+
+    def __init__(self, spec: GameSpec, cfg: AlphaZeroConfig, n_games: int, continuous: bool) -> None:
+        self.spec, self.cfg, self.continuous = spec, cfg, continuous
+        self.noise = (cfg.dirichlet_alpha, cfg.dirichlet_fraction) if cfg.dirichlet_fraction > 0 else None
+        self.states = [spec.new_initial_state() for _ in range(n_games)]
+        self.records: list[list[Record]] = [[] for _ in range(n_games)]
+        self.finished: list[tuple[int, list[Record], tuple[float, float]]] = []
+        """(slot, its records, the game's returns) of each game finished and not taken yet, in the order they ended."""
+        self.ready = 0
+        """Positions in `finished`."""
+        self.moves = 0
+        for i, state in enumerate(self.states):
+            if state.is_terminal():  # a game over before its first move: an episode without positions
+                self._finish(i)
+
+    def active(self) -> list[int]:
+        return [i for i, state in enumerate(self.states) if not state.is_terminal()]
+
+    def step(self, evaluate: mcts.Evaluator) -> int:
+        """One move in every game still going; returns how many moves were made."""
+        active = self.active()
+        if not active:
+            return 0
+        spec, cfg = self.spec, self.cfg
+        counts = mcts.search([self.states[i] for i in active], evaluate, spec.num_actions, cfg.simulations, cfg.c_puct, self.noise)
         for i, visits in zip(active, counts):
-            state = states[i]
+            state, record = self.states[i], self.records[i]
             legal = np.zeros(spec.num_actions, dtype=bool)
             legal[games.legal_actions(state, spec.num_actions)] = True
             pi = visits / visits.sum()
-            records[i].append((np.asarray(state.observation(), dtype=np.float32), legal, pi.astype(np.float32), games.current_player(state)))
-            explore = len(records[i]) <= cfg.temperature_moves
+            record.append((np.asarray(state.observation(), dtype=np.float32), legal, pi.astype(np.float32), games.current_player(state)))
+            explore = len(record) <= cfg.temperature_moves
             games.apply(state, int(np.random.choice(spec.num_actions, p=pi)) if explore else greedy(visits))
-        active = [i for i in active if not states[i].is_terminal()]
-    episodes, rows = [], []
-    for state, game in zip(states, records):
-        outcome = games.returns(state)
-        episodes.append((outcome[0], len(game)))
-        rows += [(obs, legal, pi, outcome[player]) for obs, legal, pi, player in game]
-    if not rows:
-        empty = np.zeros((0, spec.num_actions), dtype=np.float32)
-        return Positions(np.zeros((0, *spec.observation_shape), np.float32), empty.astype(bool), empty, np.zeros(0, np.float32)), episodes
-    obs, legal, pi, z = zip(*rows)
-    return Positions(np.stack(obs), np.stack(legal), np.stack(pi), np.array(z, dtype=np.float32)), episodes
+        for i in active:
+            if self.states[i].is_terminal():
+                self._finish(i)
+        self.moves += len(active)
+        return len(active)
+
+    def _finish(self, i: int) -> None:
+        self.finished.append((i, self.records[i], games.returns(self.states[i])))
+        self.ready += len(self.records[i])
+        self.records[i] = []
+        if self.continuous:
+            self.states[i] = self.spec.new_initial_state()
+
+    def take(self, by_slot: bool = False) -> tuple[Positions, list[tuple[float, int]]]:
+        """The finished games' positions (game after game) and each game's (player 0's return, length)."""
+        finished, self.finished, self.ready = self.finished, [], 0
+        if by_slot:
+            finished.sort(key=lambda f: f[0])
+        episodes = [(outcome[0], len(game)) for _, game, outcome in finished]
+        rows = [(obs, legal, pi, outcome[player]) for _, game, outcome in finished for obs, legal, pi, player in game]
+        spec = self.spec
+        if not rows:
+            empty = np.zeros((0, spec.num_actions), dtype=np.float32)
+            return Positions(np.zeros((0, *spec.observation_shape), np.float32), empty.astype(bool), empty, np.zeros(0, np.float32)), episodes
+        obs, legal, pi, z = zip(*rows)
+        return Positions(np.stack(obs), np.stack(legal), np.stack(pi), np.array(z, dtype=np.float32)), episodes
+
+
+def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int) -> tuple[Positions, list[tuple[float, int]]]:
+    """Play `n_games` games in lockstep to their ends; their positions, and each game's (player 0's return, length)."""
+    play = SelfPlay(spec, cfg, n_games, continuous=False)
+    while play.step(evaluate):
+        pass
+    return play.take(by_slot=True)
 
 
 class ReplayWindow:
@@ -195,35 +249,28 @@ class ReplayWindow:
         self.add(Positions(**torch_to_numpy({name: state[name] for name in self.FIELDS})))
 
 
-class AlphaZero:
-    """The trainer's agent (hpcrl.rl.train): `seed` is not used, self-play draws from numpy's global
-    RNG, which the trainer seeds and checkpoints."""
+class Training:
+    """The training half: the network, its optimiser, the replay window, and the count of gradient
+    steps so far (`updates`). The simple mode (AlphaZero below) and the trainer job of the decoupled
+    mode (hpcrl.distributed.selfplay) both learn through it."""
 
-    metric_names = ("policy_loss", "value_loss", "policy_entropy", "positions", "replay", "version", "lr")
-
-    def __init__(self, cfg: AlphaZeroConfig, spec: GameSpec, device: torch.device, seed: int) -> None:
-        self.cfg, self.spec, self.device = cfg, spec, device
+    def __init__(self, cfg: AlphaZeroConfig, spec: GameSpec, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
         self.policy = make_network(cfg, spec).to(device)
         self.gradient_step = GradientStep(
             self.policy.parameters(), lambda params: torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), cfg.max_grad_norm, "none", device,
         )
         self.replay = ReplayWindow(cfg.replay_window, spec.observation_shape, spec.num_actions)
-        self.evaluate = network_evaluator(self.policy, device)
-        self.planned_steps = cfg.total_steps
-        """Positions to play; the last iteration's games are finished, so a run may play a few more."""
-        self.num_iterations = math.ceil(cfg.total_steps / cfg.games_per_iteration)
-        self.global_step = 0
-        self.iteration = 0
-        self.version = 0
-        """Gradient steps so far: the stamp of the weights self-play uses."""
-        self.episodes: list[tuple[float, int]] = []
+        self.updates = 0
 
-    @property
-    def finished(self) -> bool:
-        return self.global_step >= self.cfg.total_steps
+    def lr(self, played: int) -> float:
+        """The learning rate after `played` of train.total_steps positions (train.anneal_lr: linearly to 0)."""
+        cfg = self.cfg
+        return cfg.lr * max(0.0, 1.0 - played / cfg.total_steps) if cfg.anneal_lr else cfg.lr
 
-    def learn(self, steps: int, lr: float) -> dict[str, float]:
-        """`steps` minibatch updates on the replay window; the last one's losses."""
+    def learn(self, steps: int, lr: float, step: int) -> dict[str, float]:
+        """`steps` minibatch updates on the replay window; the last one's losses. `step` (positions
+        played) only names the place in the error a diverging loss raises."""
         cfg = self.cfg
         self.gradient_step.set_lr(lr)
         self.policy.train()
@@ -235,11 +282,49 @@ class AlphaZero:
             value_loss = F.mse_loss(value, b["value"])
             loss = policy_loss + value_loss
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss at step {self.global_step} (iteration {self.iteration + 1}): lower train.lr")
+                raise FloatingPointError(f"non-finite loss at step {step} (update {self.updates + 1}): lower train.lr")
             self.gradient_step(loss)
-            self.version += 1
+            self.updates += 1
         entropy = -(logp.exp() * logp).sum(-1).mean()
         return {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "policy_entropy": entropy.item()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.state_dict(), **self.gradient_step.state_dict(), "version": self.updates, "replay": self.replay.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.gradient_step.load_state_dict(state)
+        self.updates = int(state["version"])
+        self.replay.load_state_dict(state["replay"])
+
+
+class AlphaZero:
+    """The simple mode's agent (hpcrl.rl.train): self-play, then training, in turn. `seed` is not used,
+    self-play draws from numpy's global RNG, which the trainer seeds and checkpoints."""
+
+    metric_names = ("policy_loss", "value_loss", "policy_entropy", "positions", "replay", "version", "lr")
+
+    def __init__(self, cfg: AlphaZeroConfig, spec: GameSpec, device: torch.device, seed: int) -> None:
+        self.cfg, self.spec, self.device = cfg, spec, device
+        self.training = Training(cfg, spec, device)
+        self.policy = self.training.policy
+        self.replay = self.training.replay
+        self.evaluate = network_evaluator(self.policy, device)
+        self.planned_steps = cfg.total_steps
+        """Positions to play; the last iteration's games are finished, so a run may play a few more."""
+        self.num_iterations = math.ceil(cfg.total_steps / cfg.games_per_iteration)
+        self.global_step = 0
+        self.iteration = 0
+        self.episodes: list[tuple[float, int]] = []
+
+    @property
+    def version(self) -> int:
+        """Gradient steps so far: the stamp of the weights self-play uses."""
+        return self.training.updates
+
+    @property
+    def finished(self) -> bool:
+        return self.global_step >= self.cfg.total_steps
 
     def train_iteration(self) -> dict[str, float]:
         cfg = self.cfg
@@ -248,26 +333,17 @@ class AlphaZero:
         self.replay.add(positions)
         self.episodes.extend(episodes)
         self.global_step += len(positions)
-        lr = cfg.lr * max(0.0, 1.0 - self.global_step / cfg.total_steps) if cfg.anneal_lr else cfg.lr
+        lr = self.training.lr(self.global_step)
         metrics = {"positions": float(len(positions)), "replay": float(len(self.replay)), "lr": lr}
         if len(self.replay):
-            metrics.update(self.learn(cfg.train_steps_per_iteration, lr))
+            metrics.update(self.training.learn(cfg.train_steps_per_iteration, lr, self.global_step))
         metrics["version"] = float(self.version)
         self.iteration += 1
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy.state_dict(),
-            **self.gradient_step.state_dict(),
-            "global_step": self.global_step,
-            "iteration": self.iteration,
-            "version": self.version,
-            "replay": self.replay.state_dict(),
-        }
+        return {**self.training.state_dict(), "global_step": self.global_step, "iteration": self.iteration}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.gradient_step.load_state_dict(state)
-        self.global_step, self.iteration, self.version = int(state["global_step"]), int(state["iteration"]), int(state["version"])
-        self.replay.load_state_dict(state["replay"])
+        self.training.load_state_dict(state)
+        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])

@@ -14,7 +14,9 @@
 set -euo pipefail
 
 HOST=$(hostname)
-NSLOTS=$(nproc)
+# Two slots per core, as Slurm's OverSubscribe=FORCE:2 in slurm.sh: a distributed run needs its learner
+# and its actors (AlphaZero: trainer and self-play jobs) running at once, 3+ on a 2-CPU machine.
+NSLOTS=$((2 * $(nproc)))
 GPUS=2                                  # consumable `gpu` on the exec host, so `qsub -l gpu=1` is accepted
 
 export SGE_ROOT=/var/lib/gridengine
@@ -271,7 +273,12 @@ cmd_start() {
     t0_ns=$(date +%s%N)
 
     if running "$QMASTER_PID" sge_qmaster && execd_pid >/dev/null && queue_ready; then
-        log "already running (all.q@$HOST ready); nothing to do"
+        if [[ $(qconf -sq all.q | awk '$1 == "slots" { print $2 }') != "$NSLOTS" ]]; then
+            configure_cluster  # a cluster started by an older version of this script: its queue, as configured now
+            log "already running; all.q reconfigured to $NSLOTS slots"
+        else
+            log "already running (all.q@$HOST ready); nothing to do"
+        fi
         return 0
     fi
 
