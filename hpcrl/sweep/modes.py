@@ -50,9 +50,9 @@ class Round:
     runs: list[sweep.Run]
     """The runs the sweep writes to runs.csv and experiment.yaml."""
     idle: str
-    """The line printed when there is nothing to submit (the experiment directory follows it)."""
+    """The line when there is nothing to submit (printed after the experiment directory)."""
     what: Callable[[str, Sequence[JobRecord]], str]
-    """The line after a submission (the experiment directory before it), given the scheduler's name and the new jobs."""
+    """The line after a submission (printed after the experiment directory), given the scheduler's name and the new jobs."""
     todo: list[int] = field(default_factory=list)
     """Runs to train, a task each."""
     eval_todo: list[int] = field(default_factory=list)
