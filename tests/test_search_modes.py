@@ -3,25 +3,17 @@ job plan holds, what is in flight and what collect adds, so no caller tests whic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from test_search import config, random_search
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.store import rundir
+from hpcrl.store.expdir import Job, run_dir
 from hpcrl.sweep import modes
-from hpcrl.sweep.runs import expand, run_dir
+from hpcrl.sweep.runs import expand
 
 OPTUNA = "    method: optuna\n    n_trials: 6\n    space:\n      train.lr: {type: loguniform, low: 1.0e-4, high: 1.0e-2}\n"
-
-
-@dataclass
-class FakeJob:
-    stage: str
-    job_id: str
-    scheduler: str
-    manifest: str | None
 
 
 def test_the_mode_follows_sweep_search_method(tmp_path: Path) -> None:
@@ -45,7 +37,7 @@ def test_a_grid_round_trains_what_is_neither_done_nor_in_flight_and_evaluates_wh
         rundir.mark_done(run_dir(exp.dir, run.run_id), 1024)
     rundir.mark(run_dir(exp.dir, evaluated.run_id), rundir.EVAL_DONE)
     rundir.write_manifest(exp.dir, "jobs/train-0.tasks", [running.index, runs[3].index])
-    jobs = [FakeJob("train", "7", "slurm", "jobs/train-0.tasks"), FakeJob("train", "8", "sge", "jobs/train-0.tasks")]
+    jobs = [Job("train", "7", "slurm", "jobs/train-0.sh", 2, "jobs/train-0.tasks"), Job("train", "8", "sge", "jobs/train-0.sh", 2, "jobs/train-0.tasks")]
     asked: list[list[str]] = []
 
     def query(ids: list[str]) -> dict[str, dict[int, str]]:
@@ -56,7 +48,7 @@ def test_a_grid_round_trains_what_is_neither_done_nor_in_flight_and_evaluates_wh
     assert asked == [["7"]]  # only this scheduler's jobs are asked about
     assert [r.run_id for r in plan.runs] == [r.run_id for r in runs]
     assert plan.todo == [runs[3].index] and plan.eval_todo == [done.index] and plan.workers == 0 and plan.in_flight and plan.submits
-    assert plan.what("slurm", [FakeJob("train", "9", "slurm", None)]) == "submitted 1 of 4 runs and 1 evaluations to slurm (2 done, 1 in flight) as 1 jobs: train 9"
+    assert plan.what("slurm", [Job("train", "9", "slurm", "jobs/train-1.sh", 1)]) == "submitted 1 of 4 runs and 1 evaluations to slurm (2 done, 1 in flight) as 1 jobs: train 9"
 
 
 def test_grid_and_random_add_nothing_to_collect_and_hold_no_trials(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from hpcrl.runtime import tracking
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run
+from hpcrl.store.expdir import Run
 
 BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
 """The first columns of every trainer's train.csv; the algorithm's metrics (and the learner's

@@ -22,36 +22,27 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from hpcrl.config.experiment import Experiment
-from hpcrl.store import rundir
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir, rundir
+from hpcrl.store.states import State
 from hpcrl.sweep import study
 
 Query = Callable[[list[str]], dict[str, dict[int, str]]]
 """A scheduler's `query`: job ids -> {task id -> state}."""
-ACTIVE = ("pending", "running")
-
-
-class JobRecord(Protocol):
-    """What a mode reads of a jobs.json entry (schedulers.base.Job)."""
-
-    stage: str
-    job_id: str
-    scheduler: str
-    manifest: str | None
+ACTIVE = (State.PENDING, State.RUNNING)
 
 
 @dataclass
 class Round:
     """What one sweep of the experiment does, as its mode decides it."""
 
-    runs: list[sweep.Run]
+    runs: list[expdir.Run]
     """The runs the sweep writes to runs.csv and experiment.yaml."""
     idle: str
     """The line when there is nothing to submit (printed after the experiment directory)."""
-    what: Callable[[str, Sequence[JobRecord]], str]
+    what: Callable[[str, Sequence[expdir.Job]], str]
     """The line after a submission (printed after the experiment directory), given the scheduler's name and the new jobs."""
     todo: list[int] = field(default_factory=list)
     """Runs to train, a task each."""
@@ -86,21 +77,21 @@ class SearchMode:
         """What an in-process (debug) sweep would train."""
         return f"{n_runs} runs"
 
-    def round(self, exp: Experiment, runs: list[sweep.Run], jobs: Sequence[JobRecord], scheduler: str, query: Query, out: Any = None) -> Round:
+    def round(self, exp: Experiment, runs: list[expdir.Run], jobs: Sequence[expdir.Job], scheduler: str, query: Query, out: Any = None) -> Round:
         """Every run not done and not in flight is trained; done runs without an evaluation get one."""
         root = exp.dir
-        runs = sweep.merge_runs(root, runs)
+        runs = expdir.merge_runs(root, runs)
         in_flight = set().union(*in_flight_runs(root, scheduler, query, jobs).values())
         listings = _listings(root, runs)
-        states = {r.index: rundir.run_state(sweep.run_dir(root, r.run_id), listings[r.index]) for r in runs}
-        todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
+        states = {r.index: rundir.run_state(expdir.run_dir(root, r.run_id), listings[r.index]) for r in runs}
+        todo = [r.index for r in runs if states[r.index] != State.DONE and r.index not in in_flight]
         eval_todo = [
             r.index for r in runs
-            if states[r.index] == "done" and rundir.eval_state(sweep.run_dir(root, r.run_id), listings[r.index]) in ("new", "failed") and r.index not in in_flight
+            if states[r.index] == State.DONE and rundir.eval_state(expdir.run_dir(root, r.run_id), listings[r.index]) in (State.NEW, State.FAILED) and r.index not in in_flight
         ]  # fmt: skip
-        done = sum(1 for s in states.values() if s == "done")
+        done = sum(1 for s in states.values() if s == State.DONE)
 
-        def what(scheduler_name: str, new_jobs: Sequence[JobRecord]) -> str:
+        def what(scheduler_name: str, new_jobs: Sequence[expdir.Job]) -> str:
             work = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
             return f"submitted {work} to {scheduler_name} ({done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: " + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs)
 
@@ -133,7 +124,7 @@ class Optuna(SearchMode):
     def trained_here(self, exp: Experiment, n_runs: int) -> str:
         return "an Optuna study's trials"
 
-    def round(self, exp: Experiment, runs: list[sweep.Run], jobs: Sequence[JobRecord], scheduler: str, query: Query, out: Any = None) -> Round:
+    def round(self, exp: Experiment, runs: list[expdir.Run], jobs: Sequence[expdir.Job], scheduler: str, query: Query, out: Any = None) -> Round:
         """Workers for the trials still to run, unless workers of an earlier sweep are still pending
         or running; a trial left RUNNING by a worker that died is resumed by the task of the same id."""
         root = exp.dir
@@ -146,7 +137,7 @@ class Optuna(SearchMode):
             return Round(trial_runs, idle, _never, in_flight=True)
         workers = study.workers_to_start(exp, root, state)
 
-        def what(scheduler_name: str, new_jobs: Sequence[JobRecord]) -> str:
+        def what(scheduler_name: str, new_jobs: Sequence[expdir.Job]) -> str:
             return f"submitted an Optuna study ({state.finished} of {state.n_trials} trials finished) to {scheduler_name} as {len(new_jobs)} jobs: " + ", ".join(
                 f"{j.stage} {j.job_id}" + (f" ({workers} workers)" if j.stage == "study" else "") for j in new_jobs
             )
@@ -182,7 +173,7 @@ def of_config(config: Mapping[str, Any]) -> SearchMode:
     return MODES.get(method or "grid", MODES["grid"])
 
 
-def in_flight_runs(experiment_dir: Path, scheduler: str, query: Query, jobs: Sequence[JobRecord]) -> dict[str, set[int]]:
+def in_flight_runs(experiment_dir: Path, scheduler: str, query: Query, jobs: Sequence[expdir.Job]) -> dict[str, set[int]]:
     """Stage -> runs whose task of that stage is still pending or running: they must not be submitted twice."""
     relevant = [j for j in jobs if j.manifest and j.scheduler == scheduler]
     active: dict[str, set[int]] = {}
@@ -198,16 +189,16 @@ def in_flight_runs(experiment_dir: Path, scheduler: str, query: Query, jobs: Seq
     return active
 
 
-def _listings(root: Path, runs: list[sweep.Run]) -> dict[int, frozenset[str]]:
+def _listings(root: Path, runs: list[expdir.Run]) -> dict[int, frozenset[str]]:
     """Each run's `rundir.listing`, reading only the run directories that exist (one scandir of
     runs/): a first sweep of 10,000 runs makes no call per run."""
     try:
-        with os.scandir(root / "runs") as entries:
+        with os.scandir(expdir.runs_dir(root)) as entries:
             present = {e.name for e in entries}
     except (FileNotFoundError, NotADirectoryError):
         present = set()
-    return {r.index: rundir.listing(sweep.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
+    return {r.index: rundir.listing(expdir.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
 
 
-def _never(scheduler_name: str, new_jobs: Sequence[JobRecord]) -> str:
+def _never(scheduler_name: str, new_jobs: Sequence[expdir.Job]) -> str:
     raise AssertionError("a round that submits nothing has no submission line")
