@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcrl"
 
 
@@ -177,6 +179,7 @@ sys.exit(1 if failed else 0)
 """
 
 
+@pytest.mark.slow
 def test_each_module_imports_on_its_own() -> None:
     """One interpreter, hpcrl's modules cleared from sys.modules before each import (third-party ones
     stay cached, so torch is imported once): an import that works only after another hpcrl module

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
+from hpcrl.results.strength import write_strength
 from hpcrl.results.tables import RunResult, Scoring, write_results
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import read_meta
@@ -172,4 +173,8 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     notes = [note] if (note := expdir.left_out_note(experiment_dir)) else []
     mode_notes, extra_plots = modes.of_config(config).collect(experiment_dir, experiment_dir / "results")
     notes += mode_notes
-    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots)
+    sections = []
+    if config.get("algo") == "alphazero":  # a two-player agent's strength: tables per opponent, curves, the Elo ladder
+        sections, strength_notes = write_strength(results, experiment_dir / "results", agg)
+        notes += strength_notes
+    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots, sections)
