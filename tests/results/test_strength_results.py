@@ -22,7 +22,8 @@ from hpcrl.results.strength import fit_elo
 from hpcrl.rl import checkpoint, strength
 from hpcrl.rl.evaluate import evaluate_run
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import expand, write_experiment
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand
 
 TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16],
            "checkpoint_every": 1, "opponents": ["random", "perfect"], "ladder_games": 4}  # fmt: skip
