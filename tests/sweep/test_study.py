@@ -215,14 +215,16 @@ def test_a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_th
     trial failed (not running) and names the failed worker; worker 1 finishes its trial and then the
     study's other trial is worker 2's, so only 1 trial is left: the next sweep must still start task 2."""
     since = time.time()
-    args = (search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=4096", "train.checkpoint_every=1")
+    args = (search(2, pruner="none"), "resources.max_concurrent=2", "train.total_steps=8192", "train.checkpoint_every=1")
     exp_dir, _ = study_sweep(tmp_path, "local", *args)
 
     def both_training() -> bool:
+        # Worker 2 must still hold its trial: on a loaded machine it could finish before worker 1's
+        # first checkpoint (then its record is gone and there is nothing to kill mid-trial).
         rows = read_runs_csv(exp_dir)
-        return len(rows) == 2 and all(any(run_dir(exp_dir, r["run_id"]).glob("checkpoints/*.pt")) for r in rows)
+        return len(rows) == 2 and all(any(run_dir(exp_dir, r["run_id"]).glob("checkpoints/*.pt")) for r in rows) and 2 in study.held_trials(exp_dir)
 
-    wait_until("both workers' trials past their first checkpoint", both_training, 120)
+    wait_until("both workers' trials past their first checkpoint, worker 2's unfinished", both_training, 120)
     killed = study.held_trials(exp_dir)[2]
     os.kill(worker_pid(exp_dir, 2), signal.SIGKILL)
     local = get_scheduler("local", exp_dir)
