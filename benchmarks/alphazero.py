@@ -26,7 +26,8 @@ from hpcrl.rl import checkpoint, games  # noqa: E402
 from hpcrl.rl.alphazero import make_network  # noqa: E402
 from hpcrl.rl.strength import evaluate_strength  # noqa: E402
 from hpcrl.rl.train import train_run  # noqa: E402
-from hpcrl.sweep.runs import expand, write_experiment  # noqa: E402
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tictactoe_alphazero.yaml"
 

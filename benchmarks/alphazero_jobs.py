@@ -39,8 +39,8 @@ from pathlib import Path
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.distributed import runstats
+from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
-from hpcrl.sweep.runs import load_runs, run_dir
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tictactoe_alphazero_jobs.yaml"
 

@@ -121,7 +121,7 @@ TARGETS = [
     Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
     Target("rundir", "hpcrl/store/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
                                            *LIFETIMES, COLLECT, RESUME)),
-    Target("manifest:cli", "hpcrl/cli.py", (*TASKS, STATUS), ("_task_run",)),
+    Target("manifest:stages", "hpcrl/stages.py", (*TASKS, STATUS), ("task_run",)),
     # issue 25's audit: a user's program, its metrics, Optuna, DD-PPO's collectives, status selections
     Target("program", "hpcrl/runtime/program.py", PROGRAM),
     Target("program_spec", "hpcrl/config/program_spec.py", ("tests/test_program_config.py", "tests/test_program_container.py")),

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hpcrl.config.experiment import load_experiment  # noqa: E402
 from hpcrl.rl.train import train_run  # noqa: E402
 from hpcrl.store import rundir  # noqa: E402
-from hpcrl.sweep.runs import expand, write_experiment  # noqa: E402
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cartpole_ppo.yaml"
 

@@ -57,11 +57,10 @@ def make_experiment(root: Path, runs: int, settings: int) -> Path:
     """Write the synthetic experiment of `runs` runs (`settings` values of train.lr x runs/settings seeds)."""
     sys.path.insert(0, str(REPO))
     from hpcrl.config.experiment import load_experiment
-    from hpcrl.schedulers.base import Dependency, Job
     from hpcrl.schedulers.local import write_state
     from hpcrl.store import rundir
-    from hpcrl.submit.pipeline import write_jobs
-    from hpcrl.sweep.runs import expand, run_dir, write_experiment
+    from hpcrl.store.expdir import Dependency, Job, run_dir, write_experiment, write_jobs
+    from hpcrl.sweep.runs import expand
 
     seeds = max(1, runs // settings)
     lrs = [round(1e-3 * (1 + k / settings), 8) for k in range(settings)]
@@ -177,8 +176,8 @@ def bench_cluster(name: str, runs: int, settings: int) -> None:
     from hpcrl.config.experiment import load_experiment
     from hpcrl.schedulers import get_scheduler
     from hpcrl.status import cancel_experiment, experiment_status, print_status
-    from hpcrl.submit.pipeline import read_jobs, submit_experiment
-    from hpcrl.sweep.runs import load_runs
+    from hpcrl.store.expdir import load_runs, read_jobs
+    from hpcrl.submit.pipeline import submit_experiment
 
     tool = {"slurm": "sbatch", "sge": "qsub"}[name]
     if shutil.which(tool) is None:

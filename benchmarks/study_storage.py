@@ -15,7 +15,7 @@ experiment.yaml / runs.csv written as `hpcrl sweep` does), then each worker proc
 - suggest: `study_worker.suggest` of each searched key (TPE draws here);
 - trial_run: `study_worker.trial_run` (the trial's resolved config and run id);
 - user_attr: `trial.set_user_attr("run_id", ...)`;
-- add_run: `sweep.add_run` (runs.csv rewritten under its flock, the run's config.yaml written);
+- add_run: `expdir.add_run` (runs.csv rewritten under its flock, the run's config.yaml written);
 - reports: `trial.report` + `trial.should_prune()` at every 100/K percent of the budget, as
   `study_worker.Reporter` does, stopping at the first prune;
 - tell: `study.tell` (PRUNED, or COMPLETE with a synthetic value of the params) and the record removed.
@@ -46,9 +46,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcrl.config.experiment import load_experiment  # noqa: E402
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir
+from hpcrl.store.expdir import load_experiment_config  # noqa: E402
 from hpcrl.sweep import study  # noqa: E402
-from hpcrl.sweep.study import load_experiment_config  # noqa: E402
 from hpcrl.sweep.study_worker import Worker, suggest, trial_run  # noqa: E402
 
 TARGET_MS = 50.0
@@ -114,7 +114,7 @@ def hpcrl_worker(exp_dir: str, task: int, reports: int, start: Any, results: Any
         t.append(time.perf_counter())
         trial.set_user_attr("run_id", run.run_id)
         t.append(time.perf_counter())
-        sweep.add_run(worker.root, run, worker.generation)
+        expdir.add_run(worker.root, run, worker.generation)
         t.append(time.perf_counter())
         pruned = report_all(trial, params, reports)
         t.append(time.perf_counter())
@@ -135,7 +135,7 @@ def run_hpcrl(root: Path, trials: int, reports: int, workers: int) -> tuple[Path
     path.write_text(yaml.safe_dump(config(trials), sort_keys=False))
     exp = load_experiment(path, [f"output={root}"])
     study.open_study(exp, exp.dir)  # the study exists before its workers start, as after `hpcrl sweep`
-    sweep.write_experiment(exp, [], {"scheduler": "local"})
+    expdir.write_experiment(exp, [], {"scheduler": "local"})
     ctx = mp.get_context("spawn")
     start, results = ctx.Barrier(workers), ctx.Queue()
     procs = [ctx.Process(target=hpcrl_worker, args=(str(exp.dir), task, reports, start, results)) for task in range(workers)]
@@ -190,7 +190,7 @@ def check(exp_dir: Path, rows: list[Row], trials: int) -> list[str]:
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     if bad := [f"{t.number}:{t.state.name}" for t in finished if t.state not in done]:
         problems.append(f"trials neither COMPLETE nor PRUNED: {', '.join(bad)}")
-    listed = [row["run_id"] for row in sweep.read_runs_csv(exp_dir)]
+    listed = [row["run_id"] for row in expdir.read_runs_csv(exp_dir)]
     told = {t.user_attrs.get("run_id") for t in finished}
     if len(listed) != trials or set(listed) != told:
         problems.append(f"runs.csv has {len(listed)} rows ({len(set(listed))} distinct, {len(set(listed) & told)} of the trials' runs), not {trials}")

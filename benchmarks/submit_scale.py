@@ -28,10 +28,11 @@ from pathlib import Path
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import Dependency, Scheduler
+from hpcrl.schedulers.base import Scheduler
 from hpcrl.status import experiment_status
+from hpcrl.store.expdir import Dependency, read_jobs
 from hpcrl.submit.jobplan import job_context
-from hpcrl.submit.pipeline import read_jobs, submit_experiment
+from hpcrl.submit.pipeline import submit_experiment
 from hpcrl.sweep.runs import expand
 
 CONFIG = Path(__file__).resolve().parent.parent / "tests" / "data" / "conformance.yaml"

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
 from hpcrl.schedulers.base import SchedulerError
+from hpcrl.store import expdir
 
 __all__ = ["ConfigError", "SchedulerError", "SweepFailed", "cancel", "collect", "load", "status", "sweep"]
 
@@ -48,6 +49,7 @@ def sweep(
     """`hpcrl sweep CONFIG key=value ... --scheduler S`: the experiment directory. Raises SweepFailed
     where the command would exit non-zero without an error of the call (a local run that failed)."""
     from hpcrl.rl.envcheck import check_environment
+    from hpcrl.stages import STAGES
     from hpcrl.submit.pipeline import submit_experiment
 
     exp = load(config, *overrides, name=name)
@@ -56,7 +58,7 @@ def sweep(
         from hpcrl.submit.program_help import warn_unlisted_flags
 
         warn_unlisted_flags(exp)
-    code = submit_experiment(exp, scheduler, dry_run=dry_run, detach=detach, out=out or sys.stdout)
+    code = submit_experiment(exp, scheduler, dry_run=dry_run, detach=detach, out=out or sys.stdout, stages=STAGES)
     if code != 0:
         raise SweepFailed(exp.dir, code)
     return exp.dir
@@ -90,6 +92,6 @@ def cancel(experiment: str | Path, *, states: Iterable[str] = (), settings: Iter
 def experiment_dir(experiment: str | Path) -> Path:
     """An experiment directory (it has runs.csv), as the commands check it."""
     path = Path(experiment)
-    if not (path / "runs.csv").exists():
+    if not expdir.is_experiment(path):
         raise ConfigError(f"{path}: not an experiment directory (no runs.csv); give logs/<experiment>")
     return path

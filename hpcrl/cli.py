@@ -31,16 +31,14 @@ def _sweep(args: argparse.Namespace) -> int:
         from hpcrl.submit.program_help import warn_unlisted_flags
 
         warn_unlisted_flags(exp)
-    return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach)
+    return submit_experiment(exp, args.scheduler, dry_run=args.dry_run, detach=args.detach, stages=_stages())
 
 
-def _task_run(args: argparse.Namespace):
-    from hpcrl.store import rundir
-    from hpcrl.sweep.runs import load_run
+def _stages() -> dict[str, Callable[..., int]]:
+    """The in-job entry points, for a backend that runs tasks in this process (debug)."""
+    from hpcrl.stages import STAGES
 
-    experiment_dir = Path(args.experiment).resolve()
-    index = rundir.task_run(experiment_dir, args.manifest, args.task) if args.manifest else args.task
-    return experiment_dir, load_run(experiment_dir, index)
+    return STAGES
 
 
 def _job_entry(entry: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -63,67 +61,36 @@ def _job_entry(entry: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
 @_job_entry
 def _train(args: argparse.Namespace) -> int:
-    experiment_dir, run = _task_run(args)
-    if args.ranks is not None:  # the single-host launcher of a multi-rank run (local, Grid Engine)
-        if args.ranks != run.config.resources.ranks:
-            raise ConfigError(f"--ranks {args.ranks}: run {run.run_id} has resources.ranks {run.config.resources.ranks}")
-        if args.ranks > 1:
-            from hpcrl.runtime.launch import launch
-            from hpcrl.sweep.runs import run_dir
+    from hpcrl import stages
 
-            child = [sys.executable, "-m", "hpcrl", "train", args.experiment, "--task", str(args.task), *(["--manifest", args.manifest] if args.manifest else [])]
-            return launch(child, args.ranks, run_dir(experiment_dir, run.run_id), out=sys.stdout)
-    if run.config.algo == "program":
-        from hpcrl.runtime.program import train_program
-
-        return train_program(experiment_dir, run, args.program, out=sys.stdout)
-    if args.program:
-        raise ConfigError(f"{run.run_id}: a command after -- is for algo 'program'; this run's algo is {run.config.algo!r}")
-    from hpcrl.rl.train import train_run
-
-    return train_run(experiment_dir, run, out=sys.stdout)
+    return stages.train(Path(args.experiment).resolve(), args.task, args.manifest, ranks=args.ranks, program=args.program)
 
 
 @_job_entry
 def _learner(args: argparse.Namespace) -> int:
-    from hpcrl.distributed.learner import run_learner
+    from hpcrl import stages
 
-    experiment_dir, run = _task_run(args)
-    return run_learner(experiment_dir, run, out=sys.stdout)
+    return stages.learner(Path(args.experiment).resolve(), args.task, args.manifest)
 
 
 @_job_entry
 def _actor(args: argparse.Namespace) -> int:
-    from hpcrl.distributed.actor import run_actor
-    from hpcrl.store import rundir
-    from hpcrl.sweep.runs import load_run
+    from hpcrl import stages
 
-    experiment_dir = Path(args.experiment).resolve()
-    if args.manifest:
-        index, actor = rundir.actor_of_task(experiment_dir, args.manifest, args.task)
-    else:
-        index, actor = args.task, args.actor
-    return run_actor(experiment_dir, load_run(experiment_dir, index), actor, out=sys.stdout)
+    return stages.actor(Path(args.experiment).resolve(), args.task, args.manifest, actor=args.actor)
 
 
 @_job_entry
 def _search_worker(args: argparse.Namespace) -> int:
-    from hpcrl.sweep.study_worker import run_worker
+    from hpcrl import stages
 
-    return run_worker(Path(args.experiment).resolve(), args.task, out=sys.stdout)
+    return stages.search_worker(Path(args.experiment).resolve(), args.task)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    experiment_dir, run = _task_run(args)
-    if run.config.algo == "program":
-        from hpcrl.runtime.program import evaluate_program
+    from hpcrl import stages
 
-        return evaluate_program(experiment_dir, run, args.program, out=sys.stdout)
-    if args.program:
-        raise ConfigError(f"{run.run_id}: a command after -- is for algo 'program'; this run's algo is {run.config.algo!r}")
-    from hpcrl.rl.evaluate import evaluate_run
-
-    return evaluate_run(experiment_dir, run, out=sys.stdout)
+    return stages.evaluate(Path(args.experiment).resolve(), args.task, args.manifest, program=args.program)
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -217,7 +184,7 @@ class _Version(argparse.Action):
 
 def version_text() -> str:
     """`hpcrl 0.1.0`, and `(git <commit>)` when hpcrl runs from a source checkout rather than a wheel."""
-    from hpcrl.sweep.runs import git_commit
+    from hpcrl.store.expdir import git_commit
 
     checkout = Path(__file__).resolve().parent.parent
     commit = git_commit(checkout) if (checkout / ".git").exists() else None

@@ -30,19 +30,17 @@ from pathlib import Path
 
 from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.distributed import runstats
-from hpcrl.io import atomic_write_text
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Job, SchedulerError, shown_state
-from hpcrl.store import rundir
-from hpcrl.submit.pipeline import read_jobs
-from hpcrl.sweep import runs as sweep
+from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, SchedulerError, shown_state
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Job, read_jobs
+from hpcrl.store.states import State
 from hpcrl.sweep import study
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""
 FAILURES_SHOWN = 10
 """Failed runs named in the per-setting view; the rest are counted (`--runs --state failed` lists them)."""
-WATCH_DEFAULT_S = 5.0
 WATCH_MIN_S = 1.0
 """The shortest `--watch` interval: every refresh is one scheduler query, and slurmctld is shared."""
 
@@ -50,16 +48,16 @@ STATE_WORDS = {
     "pending": (PENDING,),
     "running": (RUNNING, ORPHANED),
     "orphaned": (ORPHANED,),
-    "done": ("done",),
-    "failed": ("failed",),
+    "done": (State.DONE,),
+    "failed": (State.FAILED,),
     "cancelled": (CANCELLED,),
-    "skipped": ("skipped",),
+    "skipped": (State.SKIPPED,),
     "not-submitted": (NOT_SUBMITTED,),
 }
 """`--state` words and the states each selects (`running` includes a local runner's orphans)."""
 CANCELLABLE = ("pending", "running", "orphaned")
 ACTIVE = (PENDING, RUNNING, ORPHANED)
-ORDER = ("done", RUNNING, ORPHANED, PENDING, "failed", CANCELLED, "skipped", NOT_SUBMITTED)
+ORDER = (State.DONE, RUNNING, ORPHANED, PENDING, State.FAILED, CANCELLED, State.SKIPPED, NOT_SUBMITTED)
 """Column order of the per-setting view."""
 TOKENS = {ORPHANED: "orphaned", NOT_SUBMITTED: "not-submitted"}
 """A state as `--json` writes it: one word, as `--state` takes it."""
@@ -85,12 +83,12 @@ class RunStatus:
     @property
     def state(self) -> str:
         """The run's state as one word: its training's until that is done, then its evaluation's."""
-        return self.train if self.train != "done" else self.eval
+        return self.train if self.train != State.DONE else self.eval
 
     @property
     def failed(self) -> bool:
         """Whether its training or its evaluation failed (the views name these runs)."""
-        return self.state == "failed" or self.eval == "failed"
+        return self.state == State.FAILED or self.eval == State.FAILED
 
 
 @dataclass
@@ -142,30 +140,11 @@ class Selection:
 # ------------------------------------------------------------------------------------ the scheduler
 
 
-def cancelled_path(experiment_dir: Path) -> Path:
-    """What `hpcrl cancel` cancelled, one a line: a job id (the whole job) or `JOB_ID TASK` (one array
-    task). Grid Engine forgets them at once and Slurm drops cancelled pending tasks; this file does not."""
-    return experiment_dir / "jobs" / "cancelled"
-
-
-def read_cancelled(experiment_dir: Path) -> tuple[set[str], set[tuple[str, int]]]:
-    path = cancelled_path(experiment_dir)
-    jobs: set[str] = set()
-    tasks: set[tuple[str, int]] = set()
-    for line in path.read_text().splitlines() if path.exists() else []:
-        job, _, task = line.strip().partition(" ")
-        if job and task.isdigit():
-            tasks.add((job, int(task)))
-        elif job:
-            jobs.add(job)
-    return jobs, tasks
-
-
 def scheduler_view(experiment_dir: Path) -> SchedulerView:
     """Every task's state from one query per scheduler (one in practice: all jobs of a sweep are
     submitted to the same one), mapped to runs through the manifests."""
     jobs = read_jobs(experiment_dir)
-    cancelled_jobs, cancelled_tasks = read_cancelled(experiment_dir)
+    cancelled_jobs, cancelled_tasks = expdir.read_cancelled(experiment_dir)
     states: dict[tuple[str, int], str] = {}
     active: dict[int, list[tuple[Job, int]]] = {}
     workers: dict[int, tuple[Job, str]] = {}
@@ -212,14 +191,14 @@ def _configs(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[str, Expe
     for row in rows:
         key = row["run_id"].rpartition("-s")[0]
         if key not in configs:
-            configs[key] = sweep.read_run(experiment_dir, row["run_id"], parsed).config
+            configs[key] = expdir.read_run(experiment_dir, row["run_id"], parsed).config
     return configs
 
 
 def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
     """Every run's state per stage, the aggregate's, and the jobs. `detail`: also what only the per-run
     view and --json show (see add_detail); the reasons of failures are always read."""
-    rows_csv = sweep.read_runs_csv(experiment_dir)
+    rows_csv = expdir.read_runs_csv(experiment_dir)
     configs = _configs(experiment_dir, rows_csv)
     view = scheduler_view(experiment_dir)
     states = view.states
@@ -228,27 +207,27 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
     for row in rows_csv:
         run_id, index = row["run_id"], int(row["index"])
         config = configs[run_id.rpartition("-s")[0]]
-        swept = sweep.swept_values(row)
+        swept = expdir.swept_values(row)
         trial = "trial" in swept
-        rd = sweep.run_dir(experiment_dir, run_id)
+        rd = expdir.run_dir(experiment_dir, run_id)
         # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
         trainer = ("study", -1) if trial else ("learner" if config.distributed else "train", index)
         marker = rundir.stage_marker("train", rd)
         # A trial is as alive as the worker that holds it, not as the study's other workers.
-        task = holders.get((row.get(sweep.GENERATION, "0"), swept["trial"])) if trial else None
+        task = holders.get((row.get(expdir.GENERATION, "0"), swept["trial"])) if trial else None
         holder = view.workers.get(task) if task is not None else None
         train = shown_state(marker, holder[1] if holder else states.get(trainer))
         evaluation = shown_state(rundir.stage_marker("eval", rd), states.get(("eval", index)))
         note = ""
-        if train == "failed" and holder and marker == "new":
+        if train == State.FAILED and holder and marker == State.NEW:
             note = f"worker {task} (job {holder[0].job_id}) ended{'' if holder[1] == 'gone' else f' ({holder[1]})'} holding it; the next sweep resumes it"
-        elif train == "failed":
+        elif train == State.FAILED:
             note = rundir.failure(rd, "train")[:80]
-        elif evaluation == "failed":
+        elif evaluation == State.FAILED:
             note = rundir.failure(rd, "eval")[:80]
         total = None if config.program else config.train.total_steps
-        report = runstats.status_line(rd) if config.distributed and train != "done" else None
-        out.append(RunStatus(index, run_id, sweep.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
+        report = runstats.status_line(rd) if config.distributed and train != State.DONE else None
+        out.append(RunStatus(index, run_id, expdir.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
     aggregate = shown_state(rundir.stage_marker("aggregate", experiment_dir), states.get(("aggregate", -1)))
     status = Status(out, aggregate, view.problem, view.jobs, view.active, _failed_workers(view.workers, set(holders.values())))
     if detail:
@@ -262,7 +241,7 @@ def _trial_holders(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[tup
     if not any(row.get("trial") for row in rows):
         return {}
     try:
-        exp, generation = study.load_experiment_config(experiment_dir)
+        exp, generation = expdir.load_experiment_config(experiment_dir)
     except ConfigError:
         return {}
     return {(str(generation), str(number)): task for task, number in study.held_trials(experiment_dir, study.study_name(exp)).items()} if study.is_study(exp) else {}
@@ -271,7 +250,7 @@ def _trial_holders(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[tup
 def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> str | None:
     """`study job J: workers 1, 2 of 2 failed ...`: the study's worker tasks that failed, or ended holding
     a trial (Grid Engine forgets how a task ended), each under the newest study job that has its task id."""
-    failed = sorted(task for task, (_, state) in workers.items() if state == "failed" or (state == "gone" and task in holding))
+    failed = sorted(task for task, (_, state) in workers.items() if state == State.FAILED or (state == "gone" and task in holding))
     if not failed:
         return None
     by_job: dict[str, list[int]] = {}
@@ -285,13 +264,13 @@ def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> s
 def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
     """Each run's step (from DONE, else train.csv's last row) and the reason of a skipped evaluation or a pruned trial."""
     for r in rows:
-        rd = sweep.run_dir(experiment_dir, r.run_id)
-        r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == "done" else rundir.last_logged_step(rd)
+        rd = expdir.run_dir(experiment_dir, r.run_id)
+        r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == State.DONE else rundir.last_logged_step(rd)
         if r.note:
             continue
-        if r.eval == "skipped":
+        if r.eval == State.SKIPPED:
             r.note = ("eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED))[:80]
-        elif r.train == "done" and (rd / rundir.PRUNED).exists():
+        elif r.train == State.DONE and (rd / rundir.PRUNED).exists():
             r.note = rundir.first_line(rd, rundir.PRUNED)[:80]
 
 
@@ -322,8 +301,8 @@ def selection(experiment_dir: Path, states: Iterable[str] = (), settings: Iterab
             raise ConfigError(f"--state {word}: expected one of {', '.join(words)}")
         if word not in words:
             raise ConfigError(f"--state {word}: only {', '.join(words)} runs can be cancelled")
-    rows = sweep.read_runs_csv(experiment_dir) if settings or run_ids else []
-    labels = {sweep.row_label(row) for row in rows}
+    rows = expdir.read_runs_csv(experiment_dir) if settings or run_ids else []
+    labels = {expdir.row_label(row) for row in rows}
     for text in settings:
         if not _labels_for(text, labels):
             shown = sorted(labels)
@@ -345,7 +324,7 @@ def _progress(r: RunStatus) -> str:
     """Percent of the budget; a user's program has no budget hpcrl knows: the step it logged."""
     if r.total_steps:
         return f"{min(100, 100 * r.step // r.total_steps):3d}%"
-    return f"step {r.step}" if r.step else ("done" if r.train == "done" else "-")
+    return f"step {r.step}" if r.step else ("done" if r.train == State.DONE else "-")
 
 
 def _table(table: list[tuple[str, ...]], right: int = 0) -> list[str]:
@@ -585,12 +564,6 @@ def _watch(experiment_dir: Path, out, interval: float, runs: bool, summary: bool
 # ------------------------------------------------------------------------------------------ cancel
 
 
-def _record_cancelled(experiment_dir: Path, lines: Iterable[str]) -> None:
-    path = cancelled_path(experiment_dir)
-    old = path.read_text().splitlines() if path.exists() else []
-    atomic_write_text(path, "".join(f"{line}\n" for line in dict.fromkeys([*old, *lines])))
-
-
 def cancel_experiment(experiment_dir: Path, out=None, *, states: Iterable[str] = (), settings: Iterable[str] = (), run_ids: Iterable[str] = ()) -> int:
     """`hpcrl cancel`: every job (one cancel call per scheduler), or with `--state`, `--setting` or
     `--run` only the pending and running tasks of the selected runs (the same: one call per scheduler)."""
@@ -607,7 +580,7 @@ def cancel_experiment(experiment_dir: Path, out=None, *, states: Iterable[str] =
         get_scheduler(name, experiment_dir).cancel(ids)
         print(f"{experiment_dir}: cancelled {len(ids)} {name} jobs", file=out)
     if jobs:
-        _record_cancelled(experiment_dir, [job.job_id for job in jobs])
+        expdir.record_cancelled(experiment_dir, [job.job_id for job in jobs])
     return 0
 
 
@@ -630,5 +603,5 @@ def _cancel_runs(experiment_dir: Path, selected: Selection, out) -> int:
         get_scheduler(name, experiment_dir).cancel_tasks(asked)
         n_runs = len({r.index for r in rows if any(j.scheduler == name for j, _ in status.active.get(r.index, []))})
         print(f"{experiment_dir}: cancelled {sum(map(len, asked.values()))} {name} tasks of {n_runs} runs in {len(asked)} jobs", file=out)
-    _record_cancelled(experiment_dir, [f"{job.job_id} {task}" for job, task in tasks])
+    expdir.record_cancelled(experiment_dir, [f"{job.job_id} {task}" for job, task in tasks])
     return 0

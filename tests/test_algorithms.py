@@ -392,7 +392,7 @@ def test_the_budget_is_trained_in_full_to_whole_iterations(algo: str, total: int
 def diverging_run(tmp_path: Path, changes: dict) -> tuple[Path, Any]:
     from factories import deep_update
 
-    from hpcrl.sweep.runs import write_experiment
+    from hpcrl.store.expdir import write_experiment
 
     base = {"name": "nan", "algo": "ppo", "output": str(tmp_path), "env": {"id": "CartPole-v1", "num_envs": 2},
             "train": {"total_steps": 2048, "hidden_sizes": [8]}}  # fmt: skip

@@ -25,7 +25,8 @@ from hpcrl.rl.evaluate import evaluate_run
 from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import expand, write_experiment
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
 TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16], "checkpoint_every": 1, "opponents": ["random", "perfect"]}

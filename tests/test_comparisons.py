@@ -20,7 +20,8 @@ from hpcrl.config import tasks
 from hpcrl.config.experiment import load_experiment
 from hpcrl.results import stats
 from hpcrl.results.collect import collect
-from hpcrl.sweep.runs import expand, run_dir, write_experiment
+from hpcrl.store.expdir import run_dir, write_experiment
+from hpcrl.sweep.runs import expand
 
 A2C_TRAIN = {"total_steps": 1024, "hidden_sizes": [16], "checkpoint_every": 2}
 """A train section every algorithm accepts (PPO's minibatch keys go in sweep.when)."""

@@ -30,11 +30,12 @@ import pytest
 from hpcrl.config.experiment import load_experiment
 from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import PENDING, RUNNING, Dependency, Job
+from hpcrl.schedulers.base import PENDING, RUNNING
 from hpcrl.status import cancel_experiment, experiment_status, print_status
+from hpcrl.store.expdir import Dependency, Job, load_runs, read_jobs, run_dir
 from hpcrl.store.rundir import read_manifest
-from hpcrl.submit.pipeline import read_jobs, submit_experiment
-from hpcrl.sweep.runs import expand, load_runs, run_dir
+from hpcrl.submit.pipeline import submit_experiment
+from hpcrl.sweep.runs import expand
 
 CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
 Times = dict[tuple[str, int], tuple[float, float]]

@@ -28,7 +28,8 @@ from hpcrl.cli import main
 from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.io import append_line, atomic_open, atomic_write_text
 from hpcrl.rl import checkpoint
-from hpcrl.sweep.runs import expand, load_run, load_runs, merge_runs, read_runs_csv, run_dir, write_experiment
+from hpcrl.store.expdir import load_run, load_runs, merge_runs, read_runs_csv, run_dir, write_experiment
+from hpcrl.sweep.runs import expand
 from hpcrl.templates import render, shquote
 
 GRID = {"sweep": {"seeds": [0, 1], "grid": {"train.lr": [1e-3, 3e-4]}}}

@@ -36,8 +36,7 @@ from hpcrl.rl.a2c import A2C
 from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.ppo import PPO
 from hpcrl.store import rundir
-from hpcrl.submit.pipeline import read_jobs
-from hpcrl.sweep.runs import load_runs, run_dir
+from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 ALGOS = {"ppo": (PPO, PPOConfig), "a2c": (A2C, A2CConfig)}

@@ -51,7 +51,8 @@ def make_experiment(tmp_path: Path, changes: dict | None = None) -> tuple[Path, 
     from factories import deep_update
 
     from hpcrl.config.experiment import load_experiment
-    from hpcrl.sweep.runs import expand, write_experiment
+    from hpcrl.store.expdir import write_experiment
+    from hpcrl.sweep.runs import expand
 
     path = tmp_path / "apex.yaml"
     path.write_text(yaml.safe_dump(deep_update({**CONFIG, "output": str(tmp_path / "logs")}, changes or {})))
@@ -233,7 +234,7 @@ def test_apex_learns_cartpole_beyond_its_untrained_start(tmp_path: Path) -> None
     from hpcrl.rl import checkpoint
     from hpcrl.rl.evaluate import play
     from hpcrl.rl.train import seed_everything
-    from hpcrl.sweep.runs import load_runs
+    from hpcrl.store.expdir import load_runs
 
     total = 8_000
     exp, rd = make_experiment(

@@ -29,8 +29,8 @@ from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor
 from hpcrl.rl import checkpoint, games
-from hpcrl.submit.pipeline import read_jobs, submit_experiment
-from hpcrl.sweep.runs import load_runs, run_dir
+from hpcrl.store.expdir import load_runs, read_jobs, run_dir
+from hpcrl.submit.pipeline import submit_experiment
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
 CPU = torch.device("cpu")

@@ -204,7 +204,25 @@ def test_debug_runs_every_stage_in_this_process(tmp_path: Path, monkeypatch: pyt
     assert out.count("[debug] train") == 2 and out.count("[debug] eval") == 2
     # The same run directories a scheduler's jobs would use: a second sweep finds everything done.
     assert main(["sweep", str(config), "--scheduler", "debug"]) == 0
-    assert "[debug] train" in capsys.readouterr().out and pids == [os.getpid()] * 2  # `already done`: not trained again
+    assert "nothing submitted" in capsys.readouterr().out and pids == [os.getpid()] * 2  # done: not trained again
+
+
+def test_debug_evaluates_what_the_other_backends_would(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A debug sweep plans the same jobs as the others: of the trained runs, only those whose
+    evaluation failed or never ran are evaluated again; a skipped evaluation stays skipped (the
+    debug sweep used to evaluate it, a second copy of the stage graph with its own rule)."""
+    from hpcrl.store import rundir
+
+    config = write_config(tmp_path)
+    assert main(["sweep", str(config), "--scheduler", "debug"]) == 0
+    skipped, failed = sorted((tmp_path / "logs" / "tiny" / "runs").iterdir())
+    rundir.mark(skipped, rundir.EVAL_SKIPPED, "train unfinished")
+    rundir.mark(failed, rundir.EVAL_FAILED, "evaluation failed")
+    capsys.readouterr()
+    assert main(["sweep", str(config), "--scheduler", "debug"]) == 0
+    out = capsys.readouterr().out
+    assert f"[debug] eval {failed.name}" in out and f"[debug] eval {skipped.name}" not in out and "[debug] train" not in out
+    assert rundir.eval_state(failed) == "done" and rundir.eval_state(skipped) == "skipped"
 
 
 def test_a_debugger_stops_inside_the_training_of_a_debug_sweep(tmp_path: Path) -> None:

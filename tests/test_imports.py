@@ -11,19 +11,19 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcrl"
 
 
-def module_names() -> list[str]:
+def module_names(package: Path = PACKAGE) -> list[str]:
     names = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
 
 
-def imports_of(module: str) -> set[str]:
+def imports_of(module: str, package: Path = PACKAGE) -> set[str]:
     """hpcrl modules that `module` imports anywhere in its body (top level or inside functions)."""
-    path = PACKAGE.parent / Path(*module.split("."))
+    path = package.parent / Path(*module.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-    known = set(module_names())
+    known = set(module_names(package))
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -72,6 +72,87 @@ def test_the_import_graph_has_no_cycle() -> None:
     assert graph["hpcrl.submit.pipeline"] >= {"hpcrl.submit.jobplan"}, "the graph builder lost pipeline's imports"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+# The rooms of the layout, foundations first: a module imports only modules of its own room or of a
+# room above it in this list, so the list reads as the order in which the layers are built on each
+# other (config -> the run directory -> what to try -> where it runs -> inside a job -> results ->
+# the commands). Top-level modules are rooms of their own.
+ROOMS = (
+    "hpcrl", "hpcrl.io", "hpcrl.config", "hpcrl.templates", "hpcrl.store", "hpcrl.sweep", "hpcrl.schedulers", "hpcrl.job",
+    "hpcrl.runtime", "hpcrl.image", "hpcrl.submit", "hpcrl.games", "hpcrl.rl", "hpcrl.distributed", "hpcrl.results",
+    "hpcrl.status", "hpcrl.starters", "hpcrl.stages", "hpcrl.api", "hpcrl.cli", "hpcrl.__main__",
+)
+# Rooms that a login node's commands load (status, collect, the scheduler backends): never the
+# training stack, not even through a function-level import.
+NO_TRAINING_STACK = ("hpcrl.schedulers", "hpcrl.store", "hpcrl.results")
+TRAINING_STACK = ("hpcrl.rl", "hpcrl.distributed")
+# Arrows that still point back up, each named; the list only shrinks.
+KNOWN_BACK_ARROWS: set[tuple[str, str]] = {
+    ("hpcrl.image.build", "hpcrl.submit.jobplan"),  # the --submit build job's script context
+    ("hpcrl.sweep.study_worker", "hpcrl.runtime.guard"),  # StopFlag between trials
+    ("hpcrl.sweep.study_worker", "hpcrl.schedulers.base"),  # REQUEUE_EXIT
+}
+
+
+def room_of(module: str) -> str:
+    """The room of a module: its folder under hpcrl/, or the module itself at the top level."""
+    return ".".join(module.split(".")[:2])
+
+
+def back_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports from a room to a room below it in ROOMS (or to a room ROOMS does not name)."""
+    rank = {room: i for i, room in enumerate(ROOMS)}
+    return {(m, i) for m, deps in graph.items() for i in deps if rank.get(room_of(i), len(ROOMS)) > rank.get(room_of(m), -1)}
+
+
+def reaches(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every hpcrl module that importing `module` may load, function-level imports included."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def imports_torch(module: str, package: Path = PACKAGE) -> bool:
+    path = package.parent / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(name == "torch" or name.startswith("torch.") for name in names):
+            return True
+    return False
+
+
+def test_every_module_lives_in_a_named_room() -> None:
+    assert {room_of(m) for m in module_names()} <= set(ROOMS)
+
+
+def test_imports_point_up_the_rooms_never_down() -> None:
+    """A room imports only the rooms it is built on (ROOMS), so the tree reads as the pipeline does."""
+    graph = {module: imports_of(module) for module in module_names()}
+    assert back_arrows(graph) == KNOWN_BACK_ARROWS
+
+
+def test_login_node_rooms_never_load_the_training_stack() -> None:
+    """`hpcrl status`, `collect` and the backends run on a login node: neither torch nor rl/ nor distributed/."""
+    graph = {module: imports_of(module) for module in module_names()}
+    for module in graph:
+        if room_of(module) in NO_TRAINING_STACK:
+            loaded = reaches(graph, module) | {module}
+            assert not {m for m in loaded if room_of(m) in TRAINING_STACK}, module
+            assert not [m for m in loaded if imports_torch(m)], module
+
+
+def test_the_room_checks_see_a_back_arrow_and_torch() -> None:
+    assert back_arrows({"hpcrl.config.schema": {"hpcrl.store.rundir"}}) == {("hpcrl.config.schema", "hpcrl.store.rundir")}
+    assert back_arrows({"hpcrl.store.rundir": {"hpcrl.config.schema"}}) == set()
+    assert imports_torch("hpcrl.rl.checkpoint") and not imports_torch("hpcrl.store.rundir")
+    assert reaches({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}
 
 
 def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import() -> None:

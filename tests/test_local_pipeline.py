@@ -95,7 +95,8 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert hpcrl("sweep", str(config), "--scheduler", "local", "--dry-run", cwd=tmp_path).returncode == 0
     # Write the experiment without running it, then drive `hpcrl train` directly as a job would.
     from hpcrl.config.experiment import load_experiment
-    from hpcrl.sweep.runs import expand, write_experiment
+    from hpcrl.store.expdir import write_experiment
+    from hpcrl.sweep.runs import expand
 
     runs = expand(load_experiment(config))
     write_experiment(load_experiment(config), runs, {})
@@ -119,7 +120,8 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 def test_warning_signal_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"train": {"total_steps": 10_000_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
     from hpcrl.config.experiment import load_experiment
-    from hpcrl.sweep.runs import expand, write_experiment
+    from hpcrl.store.expdir import write_experiment
+    from hpcrl.sweep.runs import expand
 
     runs = expand(load_experiment(config))
     write_experiment(load_experiment(config), runs, {})

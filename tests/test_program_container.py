@@ -30,10 +30,10 @@ import yaml
 from hpcrl.cli import main
 from hpcrl.config.experiment import experiment_from_dict, load_experiment
 from hpcrl.schedulers import get_scheduler
-from hpcrl.store import rundir
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import plan_scripts
 from hpcrl.sweep import runs as sweep
-from hpcrl.sweep.runs import load_runs, run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "apptainer"
@@ -224,7 +224,7 @@ def test_workdir_takes_run_placeholders_and_each_run_gets_its_own(tmp_path: Path
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     exp = load_experiment(tmp_path / "c.yaml")
     assert exp.program.workdir == "{run_dir}/work"  # absolute once filled: not made relative to here
-    sweep.write_experiment(exp, sweep.expand(exp), {})
+    expdir.write_experiment(exp, sweep.expand(exp), {})
     for run in load_runs(exp.dir):  # as `hpcrl train` runs each task
         assert train_program(exp.dir, run, out=io.StringIO()) == 0
         rd = run_dir(exp.dir, run.run_id)

@@ -16,7 +16,8 @@ from factories import deep_update
 from hpcrl.cli import main
 from hpcrl.config.experiment import experiment_from_dict
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import expand, run_dir, write_experiment
+from hpcrl.store.expdir import run_dir, write_experiment
+from hpcrl.sweep.runs import expand
 
 ARGV = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(' '.join(sys.argv[2:]))"
 

@@ -31,8 +31,8 @@ from hpcrl.cli import main
 from hpcrl.config.experiment import load_experiment
 from hpcrl.results.collect import collect
 from hpcrl.status import experiment_status
-from hpcrl.submit.pipeline import read_jobs, submit_experiment
-from hpcrl.sweep.runs import load_runs, run_dir
+from hpcrl.store.expdir import load_runs, read_jobs, run_dir
+from hpcrl.submit.pipeline import submit_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"

@@ -26,7 +26,7 @@ from test_program_wrapper import ENV, experiment, start, the_run, wait_for
 
 from hpcrl.status import experiment_status
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import load_runs, run_dir
+from hpcrl.store.expdir import load_runs, run_dir
 
 LEAVER = r"""
 import subprocess, sys, time

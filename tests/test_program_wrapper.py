@@ -18,7 +18,8 @@ from factories import deep_update
 from hpcrl.config.experiment import experiment_from_dict
 from hpcrl.status import experiment_status
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import expand, run_dir, write_experiment
+from hpcrl.store.expdir import run_dir, write_experiment
+from hpcrl.sweep.runs import expand
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}, "PYTHONPATH": str(REPO)}

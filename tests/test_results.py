@@ -13,7 +13,8 @@ from factories import write_config
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.results.collect import collect
-from hpcrl.sweep.runs import expand, run_dir, write_experiment
+from hpcrl.store.expdir import run_dir, write_experiment
+from hpcrl.sweep.runs import expand
 
 
 def fake_finished_run(rd: Path, final: float) -> None:

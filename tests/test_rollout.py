@@ -163,8 +163,7 @@ def test_warned_two_rank_async_run_resumes_on_both_ranks(tmp_path: Path) -> None
 
     from test_conformance import Local, csv_rows, sweep, wait_finished, wait_until
 
-    from hpcrl.submit.pipeline import read_jobs
-    from hpcrl.sweep.runs import load_runs, run_dir
+    from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 
     since = time.time()
     backend = Local()

@@ -20,7 +20,8 @@ from factories import TINY, deep_update
 from hpcrl.config.experiment import ConfigError, experiment_from_dict
 from hpcrl.io import atomic_open, atomic_write_text
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import expand, load_runs, read_runs_csv, write_experiment
+from hpcrl.store.expdir import load_runs, read_runs_csv, write_experiment
+from hpcrl.sweep.runs import expand
 
 
 def written(tmp_path: Path) -> Path:

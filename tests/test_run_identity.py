@@ -22,7 +22,8 @@ import yaml
 from factories import deep_update, write_config
 
 from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment
-from hpcrl.sweep.runs import expand, generation, read_runs_csv, split_generations, write_experiment
+from hpcrl.store.expdir import generation, read_runs_csv, split_generations, write_experiment
+from hpcrl.sweep.runs import expand
 
 PY = sys.executable
 BASE: dict[str, Any] = {"name": "ids", "algo": "ppo", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 10_000, "lr": 0.001}, "sweep": {"seeds": [0, 1]}}

@@ -22,7 +22,8 @@ from hpcrl.config.experiment import load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.status import experiment_status
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import expand, write_experiment
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand
 
 TRAIN = {"total_steps": 1024, "num_steps": 64, "num_minibatches": 2, "update_epochs": 2, "hidden_sizes": [16], "checkpoint_every": 3}
 """8 iterations of 128 steps; checkpoints after iterations 3 and 6 and at the end: 768 and 1024 are kept."""

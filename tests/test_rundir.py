@@ -298,5 +298,5 @@ def test_a_full_disk_says_so_instead_of_torchs_message(tmp_path: Path, monkeypat
 def test_stale_temp_files_are_removed(tmp_path: Path) -> None:
     kept = checkpoint.save(tmp_path, 100, state(1.0))
     (tmp_path / f".{kept.name}.k3j4.tmp").write_bytes(b"half")
-    assert [p.name for p in checkpoint.remove_stale_temp(tmp_path)] == [f".{kept.name}.k3j4.tmp"]
+    assert [p.name for p in rundir.remove_stale_temp(tmp_path)] == [f".{kept.name}.k3j4.tmp"]
     assert os.listdir(tmp_path) == [kept.name]

@@ -7,17 +7,10 @@ Engine task list with a step. These lines are in the formats the tools print.
 
 from __future__ import annotations
 
-from hpcrl.schedulers.base import (
-    CANCELLED,
-    DONE,
-    FAILED,
-    PENDING,
-    RUNNING,
-    UNKNOWN,
-    Dependency,
-)
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN
 from hpcrl.schedulers.sge import parse_qstat_xml, qdel_refusals
 from hpcrl.schedulers.slurm import dependency_argv, parse_sacct, parse_squeue
+from hpcrl.store.expdir import Dependency
 
 
 def test_squeue_folded_pending_tasks_and_plain_jobs() -> None:

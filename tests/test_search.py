@@ -19,8 +19,9 @@ from test_conformance import Local, wait_finished
 
 from hpcrl.cli import main
 from hpcrl.config.experiment import load_experiment
+from hpcrl.store.expdir import read_runs_csv
 from hpcrl.submit.pipeline import submit_experiment
-from hpcrl.sweep.runs import expand, read_runs_csv
+from hpcrl.sweep.runs import expand
 
 SPACE = """
       train.lr: {type: loguniform, low: 1.0e-4, high: 1.0e-2}

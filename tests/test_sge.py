@@ -18,8 +18,8 @@ from test_program_runs import COUNTER, sweep
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.status import cancel_experiment, experiment_status
+from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
-from hpcrl.sweep.runs import load_runs, run_dir
 
 CONFIG = Path(__file__).resolve().parent / "data" / "conformance.yaml"
 

@@ -24,12 +24,12 @@ from test_conformance import CONFIG, Backend, backend, sweep, wait_until  # noqa
 
 from hpcrl.cli import main
 from hpcrl.config.experiment import load_experiment
-from hpcrl.schedulers.base import Dependency, Job, Scheduler, compress_ranges
+from hpcrl.schedulers.base import Scheduler, compress_ranges
 from hpcrl.schedulers.local import LocalScheduler, lock_path, read_state, write_state
 from hpcrl.status import FAILURES_SHOWN, SUMMARY_THRESHOLD, collect_status, experiment_status, print_status
 from hpcrl.store import rundir
-from hpcrl.submit.pipeline import read_jobs, write_jobs
-from hpcrl.sweep.runs import expand, load_runs, run_dir, write_experiment
+from hpcrl.store.expdir import Dependency, Job, load_runs, read_jobs, run_dir, write_experiment, write_jobs
+from hpcrl.sweep.runs import expand
 
 REASONS = ("RuntimeError: CUDA out of memory", "FileExistsError: [Errno 17] File exists: 'checkpoints'")
 

@@ -14,7 +14,7 @@ import pytest
 from test_status_scale import live_runner, run_cli, state_of, synthetic
 
 from hpcrl.status import STATE_WORDS
-from hpcrl.sweep.runs import load_runs
+from hpcrl.store.expdir import load_runs
 
 RUNS = 50
 

@@ -31,14 +31,13 @@ from hpcrl.cli import main
 from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
+from hpcrl.stages import search_worker
 from hpcrl.status import experiment_status
-from hpcrl.store import rundir
-from hpcrl.submit.pipeline import read_jobs, submit_experiment
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import current_rows, load_experiment_config, read_jobs, read_runs_csv, run_dir
+from hpcrl.submit.pipeline import submit_experiment
 from hpcrl.sweep import study
-from hpcrl.sweep.runs import current_rows, read_runs_csv, run_dir
-from hpcrl.sweep.study import load_experiment_config
-from hpcrl.sweep.study_worker import Reporter, Worker, run_worker
+from hpcrl.sweep.study_worker import Reporter, Worker
 
 optuna = pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
 
@@ -278,7 +277,7 @@ def test_a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new
     study, whose trial 0 worker 2 now trains). Task 1 of the new study must ask for a trial of its
     own, not "resume" the new trial 0 beside worker 2."""
     exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(3)])
-    sweep.write_experiment(exp, [], {"scheduler": "local"})
+    expdir.write_experiment(exp, [], {"scheduler": "local"})
     second = Worker(exp.dir, 2, io.StringIO()).claim()
     assert second.number == 0 and study.held_trials(exp.dir) == {2: 0}
     (exp.dir / study.STUDY_DIR / "workers" / "1").write_text("0 conformance-0ld5tudy\n")
@@ -287,27 +286,25 @@ def test_a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new
     assert first.number == 1 and "resumed" not in out.getvalue()
 
 
-def test_a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_it_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_it_logged(tmp_path: Path) -> None:
     """A trial's run that fails after logging good episodes is a FAIL in the study: not evaluated,
     and its logged return is not told as the trial's value (TPE would model a crash as a score)."""
-    from hpcrl.sweep import study_worker
-
     exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(1, metric="train", pruner="none")])
-    sweep.write_experiment(exp, [], {"scheduler": "local"})
+    expdir.write_experiment(exp, [], {"scheduler": "local"})
 
-    def crashes_after_logging(root: Path, run: sweep.Run, out: object, progress: object) -> int:
+    def crashes_after_logging(root: Path, run: expdir.Run, out: object, progress: object) -> int:
         rd = run_dir(root, run.run_id)
         rd.mkdir(parents=True, exist_ok=True)
         rundir.write_curve(rd, np.array([100.0, 200.0]), np.array([150.0, 200.0]))
         rundir.mark(rd, rundir.FAILED, "RuntimeError: CUDA error: an illegal memory access")
         return 1
 
-    monkeypatch.setattr(study_worker, "train_run", crashes_after_logging)
-    worker = Worker(exp.dir, 1, io.StringIO())
+    evaluated: list[str] = []
+    worker = Worker(exp.dir, 1, io.StringIO(), train=crashes_after_logging, evaluate=lambda root, run, out: evaluated.append(run.run_id) or 0)
     assert worker.run_trial(worker.claim()) is None
     (trial,) = trials(exp.dir)
     assert trial.state == optuna.trial.TrialState.FAIL and trial.value is None
-    assert rundir.eval_state(run_dir(exp.dir, trial.user_attrs["run_id"])) == "new"  # never evaluated
+    assert evaluated == []
 
 
 # ------------------------------------------------------------------------------------ storage
@@ -351,7 +348,7 @@ def test_a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep(tmp_pat
     out = io.StringIO()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
-        assert run_worker(exp_dir, 1, out) == 0  # a worker, in this process
+        assert search_worker(exp_dir, 1, out=out) == 0  # a worker, in this process
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)

@@ -21,9 +21,10 @@ from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import SchedulerError
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
+from hpcrl.store.expdir import load_runs, merge_runs, read_jobs, run_dir, write_experiment
 from hpcrl.submit.jobplan import stage_resources
-from hpcrl.submit.pipeline import plan_scripts, read_jobs, submit_experiment
-from hpcrl.sweep.runs import expand, load_runs, merge_runs, run_dir, write_experiment
+from hpcrl.submit.pipeline import plan_scripts, submit_experiment
+from hpcrl.sweep.runs import expand
 
 PY = sys.executable
 CONFORMANCE = Path(__file__).resolve().parent / "data" / "conformance.yaml"

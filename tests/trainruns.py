@@ -16,7 +16,8 @@ from factories import write_config
 from hpcrl.config.experiment import load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.rl.train import train_run
-from hpcrl.sweep.runs import Run, expand, write_experiment
+from hpcrl.store.expdir import Run, write_experiment
+from hpcrl.sweep.runs import expand
 
 TRAIN = {"total_steps": 1024, "num_steps": 64, "num_minibatches": 2, "update_epochs": 2, "hidden_sizes": [16], "checkpoint_every": 3}
 """PPO/A2C: 8 iterations of 128 steps; checkpoints after iterations 3 and 6 and at the end (768 and 1024 kept)."""

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from hpcrl.config.schema import Verbatim, YamlFloat, YamlInt, one_line_problem, setting
-from hpcrl.store import rundir
 
 PLACEHOLDERS = ("run_dir", "checkpoint_dir", "seed", "run_id", "experiment_dir")
 ABSOLUTE_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "experiment_dir")
@@ -43,7 +42,6 @@ ABSOLUTE_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "experiment_dir")
 RESUME_PLACEHOLDERS = (*PLACEHOLDERS, "latest_checkpoint")
 _FIELD = re.compile(r"\{\{|\}\}|(?<!\$)\{([^{}]*)\}")
 _PARAM_KEY = re.compile(r"[+~]?[A-Za-z_][A-Za-z0-9_-]*")
-STOP_SIGNALS = ("USR1", "USR2", "TERM", "INT")
 
 
 def _placeholder_problem(text: str, allowed: tuple[str, ...]) -> str | None:
@@ -253,11 +251,7 @@ def argv(program: ProgramConfig, values: dict[str, str]) -> list[str]:
     return words
 
 
-def run_values(experiment_dir: Path, run_id: str, seed: int) -> dict[str, str]:
-    """What `{run_dir}`, `{checkpoint_dir}`, `{seed}`, `{run_id}` and `{experiment_dir}` stand for in one run."""
-    root = experiment_dir.resolve()
-    rd = root / "runs" / run_id
-    return {"run_dir": str(rd), "checkpoint_dir": str(rd / rundir.CHECKPOINTS), "seed": str(seed), "run_id": run_id, "experiment_dir": str(root)}
+
 
 
 def resume_words(program: ProgramConfig, values: dict[str, str]) -> list[str]:

@@ -38,7 +38,7 @@ from hpcrl.rl.train import setup_torch
 from hpcrl.runtime.guard import StopFlag
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run, run_dir
+from hpcrl.store.expdir import Run, run_dir
 
 ORPHANED_EXIT = 75
 """The learner has been gone longer than the timeout, or failed (EX_TEMPFAIL: submit the run again)."""

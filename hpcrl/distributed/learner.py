@@ -44,7 +44,7 @@ from hpcrl.runtime import tracking
 from hpcrl.runtime.guard import StopFlag, guarded_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run
+from hpcrl.store.expdir import Run
 
 UPDATES_PER_POLL = 8
 """Updates between two looks at the queue: the queue is drained often, yet a poll costs little."""

@@ -37,7 +37,7 @@ from hpcrl import templates
 from hpcrl.config.experiment import ConfigError, Experiment, ImageConfig, load_experiment
 from hpcrl.image.defcheck import check_def, files_entries
 from hpcrl.io import atomic_write_text
-from hpcrl.schedulers import detect, get_scheduler
+from hpcrl.schedulers import backend_class, get_scheduler
 from hpcrl.schedulers.base import SchedulerError
 from hpcrl.submit.jobplan import job_context
 
@@ -443,7 +443,7 @@ def submit_build(exp: Experiment, p: Plan, job_argv: list[str], scheduler_name: 
     section's build_time and build_mem, in the directory this command ran in (Slurm's default,
     SGE's -cwd), so relative paths and ./singularity/ resolve the same there.
     """
-    if (detect() if scheduler_name == "auto" else scheduler_name) == "local":
+    if backend_class(scheduler_name).runs_here:
         raise ConfigError("--submit: no cluster scheduler here (no sbatch or qsub on PATH); without --submit the image builds on this machine")
     jobs_dir = p.image.parent / "jobs"
     scheduler = get_scheduler(scheduler_name, jobs_dir)

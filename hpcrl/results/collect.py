@@ -19,31 +19,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
-
 from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
 from hpcrl.results.tables import RunResult, Scoring, write_results
-from hpcrl.store import rundir
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import read_meta
+from hpcrl.store.states import State
 
 
 def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     state = rundir.run_state(rd, names)
-    if state == "new":
+    if state == State.NEW:
         return "missing: never trained" if rd.is_dir() else "missing: no run directory"
-    if state == "failed":
+    if state == State.FAILED:
         return rundir.failure(rd, "train")[:120]
-    if state == "started":
+    if state == State.STARTED:
         return "train unfinished"
     return ""
 
 
 def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     evaluation = rundir.eval_state(rd, names)
-    if evaluation == "skipped":
+    if evaluation == State.SKIPPED:
         return "eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED)[:120]
-    if evaluation == "failed":
+    if evaluation == State.FAILED:
         return rundir.failure(rd, "eval")[:120]
     if not rundir.has_eval(rd, names):
         return "not evaluated"
@@ -55,14 +54,14 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     `env.id`, else `default_task` (see hpcrl.config.tasks). Each run directory is listed once, and the
     training logs are read together (rundir.read_curves): 10,000 runs gather in about a second."""
     results = []
-    rows = sweep.current_rows(experiment_dir)  # never pooled with runs of an earlier config
-    dirs = [sweep.run_dir(experiment_dir, row["run_id"]) for row in rows]
+    rows = expdir.current_rows(experiment_dir)  # never pooled with runs of an earlier config
+    dirs = [expdir.run_dir(experiment_dir, row["run_id"]) for row in rows]
     listings = [rundir.listing(rd) for rd in dirs]
     logged = [rundir.has_train_log(rd, names) for rd, names in zip(dirs, listings)]
     curves = iter(rundir.read_curves([rd for rd, has in zip(dirs, logged) if has]))  # read_curve of each
     for row, rd, names, has_log in zip(rows, dirs, listings, logged):
-        task, swept = tasks.split_row(sweep.swept_values(row), default_task)
-        r = RunResult(int(row["index"]), row["run_id"], int(row["seed"]), sweep.setting_label(swept), task or "?", rd)
+        task, swept = tasks.split_row(expdir.swept_values(row), default_task)
+        r = RunResult(int(row["index"]), row["run_id"], int(row["seed"]), expdir.setting_label(swept), task or "?", rd)
         if has_log:
             curve = next(curves)
             try:
@@ -91,9 +90,9 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
 def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None) -> None:
     """Evaluate, in parallel local processes, every trained run that has no evaluation yet."""
     todo = []
-    for row in sweep.current_rows(experiment_dir):
-        rd = sweep.run_dir(experiment_dir, row["run_id"])
-        if rundir.run_state(rd) == "done" and rundir.eval_state(rd) == "new":
+    for row in expdir.current_rows(experiment_dir):
+        rd = expdir.run_dir(experiment_dir, row["run_id"])
+        if rundir.run_state(rd) == State.DONE and rundir.eval_state(rd) == State.NEW:
             todo.append(int(row["index"]))
     if not todo:
         return
@@ -109,14 +108,6 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
         for done, _ in enumerate(pool.map(one, todo), start=1):
             print(f"\r  {done}/{len(todo)} evaluated", end="", file=out, flush=True)
     print(file=out)
-
-
-def read_meta(experiment_dir: Path) -> dict:
-    try:
-        meta = yaml.safe_load((experiment_dir / "experiment.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        meta = {}
-    return meta if isinstance(meta, dict) else {}
 
 
 def score_name(config: dict) -> str:
@@ -162,7 +153,7 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     """`hpcrl collect`: 0 when any run has a score, 1 when none has, 2 for a directory or a request
     that cannot be served (normalisation without reference scores), before anything is written."""
     experiment_dir = Path(experiment_dir)
-    if not (experiment_dir / "runs.csv").exists():
+    if not expdir.is_experiment(experiment_dir):
         print(f"hpcrl: error: {experiment_dir}: not an experiment directory (no runs.csv)", file=sys.stderr)
         return 2
     meta = read_meta(experiment_dir)
@@ -177,7 +168,7 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     if evaluate:
         evaluate_missing(experiment_dir, out)
         results = gather(experiment_dir, tasks.experiment_task(config))
-    notes = [note] if (note := sweep.left_out_note(experiment_dir)) else []
+    notes = [note] if (note := expdir.left_out_note(experiment_dir)) else []
     extra_plots = None
     if ((config.get("sweep") or {}).get("search") or {}).get("method") == "optuna":
         from hpcrl.sweep.study_results import write_study_results

@@ -15,8 +15,10 @@ from typing import TextIO
 
 from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
-from hpcrl.results.collect import facts_of, gather, read_meta, score_name
+from hpcrl.results.collect import facts_of, gather, score_name
 from hpcrl.results.tables import RunResult, Scoring, write_results
+from hpcrl.store import expdir
+from hpcrl.store.expdir import read_meta
 
 
 def _label(name: str, setting: str, single: bool) -> str:
@@ -35,7 +37,7 @@ def compare(experiment_dirs: list[Path], output: Path | None = None, agg: str = 
     if len(dirs) < 2:
         raise ConfigError("compare: give at least two experiment directories (`hpcrl collect` reports one)")
     for d in dirs:
-        if not (d / "runs.csv").exists():
+        if not expdir.is_experiment(d):
             raise ConfigError(f"{d}: not an experiment directory (no runs.csv)")
     if len({d.resolve() for d in dirs}) < len(dirs):
         raise ConfigError("compare: an experiment directory is given twice")

@@ -121,19 +121,6 @@ def _save_to(state: dict[str, Any], f: IO[bytes]) -> None:
         raise recorder.error from None
 
 
-def remove_stale_temp(directory: Path) -> list[Path]:
-    """Remove the temporary files of checkpoint writes that were killed (kill -9, a node crash).
-
-    Only safe while holding the run lock: then no live writer owns one.
-    """
-    if not directory.is_dir():
-        return []
-    stale = [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
-
-
 def load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
     return torch.load(path, map_location=device, weights_only=True)
 

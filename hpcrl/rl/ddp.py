@@ -38,10 +38,9 @@ import torch.distributed as dist
 
 from hpcrl.io import atomic_write_text
 from hpcrl.runtime.guard import ignore_warnings
+from hpcrl.runtime.launch import LAUNCH_ID
 from hpcrl.store.rundir import RunError
 
-LAUNCH_ID = "HPCRL_LAUNCH_ID"
-"""Names one start of a multi-rank job (the job id and its requeue count): its rendezvous file."""
 RENDEZVOUS = ".rendezvous-{}.json"
 
 

@@ -20,7 +20,7 @@ from hpcrl.rl.networks import obs_to_tensor
 from hpcrl.rl.video import record_episodes
 from hpcrl.runtime.guard import guarded_eval
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run
+from hpcrl.store.expdir import Run
 
 EVAL_SEED_OFFSET = 1_000_003
 """Evaluation episodes use seeds no training env used."""

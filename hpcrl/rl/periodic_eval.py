@@ -38,7 +38,7 @@ import torch
 from hpcrl.rl import checkpoint, games, strength
 from hpcrl.rl.evaluate import EVAL_SEED_OFFSET, play, play_envs
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run
+from hpcrl.store.expdir import Run
 
 PERIODIC_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
 """Seeds of the evaluations during training: held out from training and from the eval stage."""

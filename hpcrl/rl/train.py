@@ -39,9 +39,8 @@ from hpcrl.rl.ppo import OnPolicyAgent
 from hpcrl.runtime import tracking
 from hpcrl.runtime.guard import StopFlag, guarded_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.store import rundir
-from hpcrl.sweep import runs as sweep
-from hpcrl.sweep.runs import Run
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Run
 
 Progress = Callable[[int, dict[str, float]], "str | None"]
 """Called with the step and the scalars of each train.csv row and of each evaluation during
@@ -96,7 +95,7 @@ def train_run(experiment_dir: Path, run: Run, out=None, progress: Progress | Non
 def _other_rank(experiment_dir: Path, run: Run, ranks: Ranks, body: Callable[[Path, StopFlag], int]) -> int:
     """A rank other than 0: no lock and no markers of its own (rank 0 holds and writes them), but
     a failure it alone saw (a peer that left) is the run's reason, once the ranks had met."""
-    rd = sweep.run_dir(experiment_dir, run.run_id)
+    rd = expdir.run_dir(experiment_dir, run.run_id)
     if rundir.is_done(rd):
         return 0
     try:

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run, run_dir
+from hpcrl.store.expdir import Run, run_dir
 
 WARNINGS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 """What a scheduler's warning arrives as: the job script forwards it as USR1, Slurm's scancel and
@@ -83,9 +83,8 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
                 print(f"{run.run_id}: already done", file=out)
                 return 0
             rundir.clear(rd, rundir.FAILED)
-            from hpcrl.rl.checkpoint import remove_stale_temp  # torch: not before the warnings are caught
 
-            for stale in remove_stale_temp(rd / rundir.CHECKPOINTS):
+            for stale in rundir.remove_stale_temp(rd / rundir.CHECKPOINTS):
                 print(f"{run.run_id}: removed {stale.name}, left by a checkpoint write that was killed", file=out)
             return _guarded(rd, run, body, out)
     except rundir.RunLocked as exc:

@@ -27,9 +27,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpcrl.rl.ddp import LAUNCH_ID
 from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
+
+LAUNCH_ID = "HPCRL_LAUNCH_ID"
+"""Names one start of a multi-rank job (the job id and its requeue count): its rendezvous file."""
 
 GRACE_S = 10.0
 """How long the other ranks get to exit after one died, before SIGKILL."""

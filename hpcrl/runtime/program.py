@@ -44,8 +44,8 @@ from hpcrl.config import program_spec
 from hpcrl.config.program_spec import MetricsConfig, ProgramConfig
 from hpcrl.runtime.guard import StopFlag, guarded_eval, guarded_run
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Run
 
 TAIL_LINES = 20
 """Lines of the program's output kept in a FAILED marker."""
@@ -62,7 +62,7 @@ POLL_S = 0.1
 
 
 def placeholder_values(experiment_dir: Path, run: Run) -> dict[str, str]:
-    return program_spec.run_values(experiment_dir, run.run_id, run.seed)
+    return expdir.run_values(experiment_dir, run.run_id, run.seed)
 
 
 def command(experiment_dir: Path, run: Run) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TextIO
 
 from hpcrl.config.experiment import TrackingConfig
 from hpcrl.store import rundir
-from hpcrl.sweep.runs import Run
+from hpcrl.store.expdir import Run
 
 TAGS = {
     "episodic_return": "charts/episodic_return",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
 from hpcrl.config.schema import ConfigError, choice_problem
 from hpcrl.schedulers.base import Scheduler
@@ -11,7 +13,7 @@ from hpcrl.schedulers.base import Scheduler
 BACKENDS = ("local", "slurm", "sge")
 """The schedulers with a backend class (`get_scheduler`): the one list of them."""
 DEBUG = "debug"
-"""Not a backend: every stage in the sweep's own process (hpcrl.schedulers.debug)."""
+"""Every task in the sweep's own process (hpcrl.schedulers.debug): a sweep's choice, not a build job's."""
 SWEEP_CHOICES = ("auto", *BACKENDS, DEBUG)
 """What `hpcrl sweep --scheduler` and `hpcrl.api.sweep(scheduler=...)` take."""
 
@@ -36,19 +38,31 @@ def detect() -> str:
     return detect_with_reason()[0]
 
 
-def get_scheduler(name: str, experiment_dir: Path) -> Scheduler:
-    """A backend by name (`auto` detects one); the local backend keeps its state in the experiment."""
-    check_choice(name, ("auto", *BACKENDS))
+def backend_class(name: str) -> type[Scheduler]:
+    """The backend class of a name (`auto` detects one), for its capabilities before one is made."""
+    check_choice(name)
     if name == "auto":
         name = detect()
+    if name == DEBUG:
+        from hpcrl.schedulers.debug import DebugScheduler
+
+        return DebugScheduler
     if name == "local":
         from hpcrl.schedulers.local import LocalScheduler
 
-        return LocalScheduler(experiment_dir)
+        return LocalScheduler
     if name == "slurm":
         from hpcrl.schedulers.slurm import SlurmScheduler
 
-        return SlurmScheduler()
+        return SlurmScheduler
     from hpcrl.schedulers.sge import SGEScheduler
 
-    return SGEScheduler()
+    return SGEScheduler
+
+
+def get_scheduler(
+    name: str, experiment_dir: Path, *, stages: Mapping[str, Callable[..., int]] | None = None, out: IO[str] | None = None
+) -> Scheduler:
+    """A backend by name (`auto` detects one); the local backend keeps its state in the experiment.
+    The debug backend runs tasks through `stages` (hpcrl.stages.STAGES, handed in by the caller)."""
+    return backend_class(name).create(experiment_dir, stages, out)

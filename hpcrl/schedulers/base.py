@@ -10,60 +10,35 @@ from __future__ import annotations
 import re
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import IO, Any, ClassVar
 
 from hpcrl import templates
+from hpcrl.store.expdir import Dependency
+from hpcrl.store.states import State
 
 REQUEUE_EXIT = 99
 """A task that exits with this code asks to run again (SGE's reschedule code; Slurm and local map it)."""
 
-# The states `hpcrl status` shows, from any scheduler.
-PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = "pending", "running", "done", "failed", "cancelled", "unknown"
-ORPHANED = "running (orphaned)"
-"""A local task still running after its runner died: `hpcrl cancel` or the next sweep ends it."""
-NOT_SUBMITTED = "not submitted"
+# The states `hpcrl status` shows, from any scheduler: the members of store.states.State.
+PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = State.PENDING, State.RUNNING, State.DONE, State.FAILED, State.CANCELLED, State.UNKNOWN
+ORPHANED, NOT_SUBMITTED = State.ORPHANED, State.NOT_SUBMITTED
 
 
-def shown_state(marker: str, sched: str | None) -> str:
+def shown_state(marker: str, sched: str | None) -> State:
     """A stage's state of a run (or of the experiment, for the aggregate), by the one rule that
     `hpcrl status` and the local runner's progress line and exit code apply: what the stage left on
     disk (`rundir.stage_marker`) is the truth for finished work, so a skipped evaluation is skipped
     and an aggregate that wrote a summary with a score is done whatever the task's exit code; the scheduler
     knows about waiting and running."""
-    if marker in ("done", "failed", "skipped"):
-        return marker
+    if marker in (State.DONE, State.FAILED, State.SKIPPED):
+        return State(marker)
     if sched in (PENDING, RUNNING, ORPHANED, CANCELLED):
         return sched
     if sched is None:
         return NOT_SUBMITTED
-    return "failed"  # the task ended (or the scheduler forgot it) without writing its marker
-
-
-@dataclass
-class Dependency:
-    job_id: str
-    kind: Literal["each", "all"]
-    """`each`: task i waits for task i (aftercorr / -hold_jid_ad); `all`: waits for the whole job, any outcome."""
-
-
-@dataclass
-class Job:
-    """One submitted array job (or single job), as recorded in jobs/jobs.json."""
-
-    stage: str
-    job_id: str
-    scheduler: str
-    script: str
-    size: int
-    """Number of array tasks; 0 for a plain (non-array) job."""
-    manifest: str | None = None
-    """File whose line i (1-based) is the run index of array task i."""
-    after: list[Dependency] = field(default_factory=list)
-    attempt: int = 0
-    resources: dict[str, Any] = field(default_factory=dict)
-    """The stage's resources as planned (jobplan.StageResources); the local executor sizes tasks by them."""
+    return State.FAILED  # the task ended (or the scheduler forgot it) without writing its marker
 
 
 def expand_ranges(text: str) -> list[int]:
@@ -97,6 +72,27 @@ class Scheduler(ABC):
     one_host: ClassVar[str | None] = "runs a run's ranks on one host"
     """Why a run's ranks cannot span nodes here (the one-line refusal of resources.nodes > 1);
     None where they can (Slurm's srun)."""
+
+    runs_here: ClassVar[bool] = False
+    """`start` runs the submitted tasks on this machine (local, debug), so a sweep with tasks still in
+    flight starts it again; a cluster runs its jobs on its own, and cannot build an image in one here."""
+    in_process: ClassVar[bool] = False
+    """The tasks run in the calling Python process (debug): no container, no job script written."""
+
+    @classmethod
+    def create(cls, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None, out: IO[str] | None) -> Scheduler:
+        """The backend for one experiment (get_scheduler): a cluster's needs neither; local keeps
+        its state in the experiment; debug runs tasks through `stages` and prints to `out`."""
+        return cls()
+
+    def refuse(self, exp: Any) -> str | None:
+        """Why this backend cannot run the experiment at all (one line), before anything is written; None where it can."""
+        return None
+
+    def task_slots(self, max_concurrent: int | None, cpus: int) -> int | None:
+        """How many tasks of `cpus` CPUs each run at once, where this backend decides it (local's
+        pool); None where the cluster does."""
+        return None
 
     def machine_gpus(self) -> int | None:
         """The GPUs of the one machine every task runs on, where the scheduler knows it (local);

@@ -1,91 +1,86 @@
-"""`hpcrl sweep --scheduler debug`: every stage's work in the calling process, one after the other.
+"""`hpcrl sweep --scheduler debug`: the planned jobs, run in the calling process one after the other.
 
 As submitit's DebugExecutor and SEML's `--debug` do, so that `breakpoint()`, pdb and a debugger's
-breakpoints work in hpcrl's code and a traceback reaches the terminal. It writes the same run
-directories a scheduler's jobs would (experiment.yaml, runs.csv, each run's train.csv, checkpoints,
-eval.csv, the results), so a debugged run is an ordinary run of the experiment: a later sweep on a
-cluster skips what is done. There are no job scripts, no array, no requeue and no parallelism:
-runs train one at a time, then each is evaluated, then `collect` runs. What needs several
-processes is refused in one line: Ape-X actors, and more than one rank per run.
+breakpoints work in hpcrl's code and a traceback reaches the terminal. It is a backend like the
+others: the sweep plans the jobs by the same rules (a done run is skipped; a done run's evaluation
+runs again only where it failed or never ran) and records them in jobs.json, so a debugged run is
+an ordinary run of the experiment and a later sweep on a cluster skips what is done. `start` then
+runs every task of those jobs in the order they were submitted (each job after the jobs it depends
+on) through the in-job entry points that job scripts call (hpcrl.stages, handed in by the caller:
+nothing here imports the training stack). There are no job scripts, no requeue and no
+parallelism. What needs several processes is refused in one line: Ape-X actors, and more than one
+rank per run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
-from hpcrl.config.experiment import ConfigError, Experiment
-from hpcrl.schedulers import DEBUG
+from hpcrl.config.experiment import Experiment
+from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import rundir
-from hpcrl.sweep import runs as sweep
-from hpcrl.sweep import study
-
-NAME = DEBUG
+from hpcrl.store.expdir import Dependency, load_run, read_jobs
 
 
-def check(exp: Experiment) -> None:
-    """What cannot run in one process, refused before anything is written."""
-    if exp.distributed is not None:
-        raise ConfigError("--scheduler debug: distributed (Ape-X) runs a learner beside actor jobs, which one process cannot; debug the learner on a cluster or locally")
-    if exp.resources.ranks > 1:
-        raise ConfigError(f"--scheduler debug: resources.ranks is {exp.resources.ranks}; one process is one rank (use -p resources.ranks=1 to debug the algorithm)")
+class DebugScheduler(Scheduler):
+    name: ClassVar[str] = "debug"
+    template: ClassVar[str] = "local.sh.j2"
+    runs_here: ClassVar[bool] = True
+    in_process: ClassVar[bool] = True
 
+    def __init__(self, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None = None, out: IO[str] | None = None) -> None:
+        super().__init__()
+        self.dir = experiment_dir
+        self.stages = stages
+        self.out = out
+        self.submitted: list[str] = []
+        """The job ids this sweep submitted, in order: what `start` runs."""
 
-def run(exp: Experiment, runs: list[sweep.Run], provenance: dict[str, Any], out: IO[str] | None) -> int:
-    """Train, evaluate and collect every run in this process (the caller holds the sweep lock); the
-    exit code of the first failure, else 0.
+    @classmethod
+    def create(cls, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None, out: IO[str] | None) -> DebugScheduler:
+        return cls(experiment_dir, stages, out)
 
-    An exception is not caught beyond what a job would do (the run's FAILED marker): it reaches
-    the caller with its traceback, where a debugger stops."""
-    from hpcrl.results.collect import collect  # deferred: collect imports matplotlib
+    def refuse(self, exp: Experiment) -> str | None:
+        if exp.distributed is not None:
+            return "--scheduler debug: distributed (Ape-X) runs a learner beside actor jobs, which one process cannot; debug the learner on a cluster or locally"
+        if exp.resources.ranks > 1:
+            return f"--scheduler debug: resources.ranks is {exp.resources.ranks}; one process is one rank (use -p resources.ranks=1 to debug the algorithm)"
+        return None
 
-    root = exp.dir
-    check(exp)
-    if study.is_study(exp):
-        from hpcrl.sweep.study_worker import Worker
+    def render(self, context: dict[str, Any], cwd: Path | None = None) -> str:
+        return ""  # no script is written or run: the tasks are calls in this process
 
-        state = study.study_state(exp, study.open_study(exp, root))
-        sweep.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
-        code = Worker(root, 0, out).run()
-    else:
-        runs = sweep.merge_runs(root, runs)
-        sweep.write_experiment(exp, runs, provenance)
-        code = _train_and_evaluate(exp, runs, out)
-    collect(root, out=out)
-    return code
+    def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
+        self.submitted.append(f"debug-{script.stem}")
+        return self.submitted[-1]
 
+    def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:
+        return {}  # no task outlives the sweep that ran it: the markers on disk say how each ended
 
-def _train_and_evaluate(exp: Experiment, runs: list[sweep.Run], out: IO[str] | None) -> int:
-    root = exp.dir
-    first_failure = 0
-    for run in runs:
-        print(f"[debug] train {run.run_id} ({run.setting_label}, seed {run.seed})", file=out)
-        code = _train(root, run, out)
-        first_failure = first_failure or code
-    for run in runs:
-        rd = sweep.run_dir(root, run.run_id)
-        if rundir.eval_state(rd) == "done":
-            continue
-        print(f"[debug] eval {run.run_id}", file=out)
-        first_failure = first_failure or _evaluate(root, run, out)
-    return first_failure
+    def cancel(self, job_ids: list[str]) -> None:
+        return None
 
+    def start(self, experiment_dir: Path, detach: bool) -> int:
+        """Every task of this sweep's jobs, here: the exit code of the first failure, else 0. An
+        exception is not caught beyond what a job would do: it reaches the caller, where a debugger stops."""
+        if self.stages is None:
+            raise SchedulerError("--scheduler debug: no in-job entry points to run the tasks with (hpcrl.api.sweep and the CLI pass hpcrl.stages)")
+        mine = {job.job_id: job for job in read_jobs(experiment_dir) if job.scheduler == self.name}
+        first_failure = 0
+        for job in (mine[job_id] for job_id in self.submitted if job_id in mine):
+            for task in range(1, job.size + 1) if job.size else [0]:
+                print(self._what(experiment_dir, job.stage, task, job.manifest), file=self.out)
+                code = self.stages[job.stage](experiment_dir, task, job.manifest, out=self.out)
+                first_failure = first_failure or code
+        self.submitted = []
+        return first_failure
 
-def _train(root: Path, run: sweep.Run, out: IO[str] | None) -> int:
-    if run.config.algo == "program":
-        from hpcrl.runtime.program import train_program
-
-        return train_program(root, run, None, out=out)
-    from hpcrl.rl.train import train_run
-
-    return train_run(root, run, out=out)
-
-
-def _evaluate(root: Path, run: sweep.Run, out: IO[str] | None) -> int:
-    if run.config.algo == "program":
-        from hpcrl.runtime.program import evaluate_program
-
-        return evaluate_program(root, run, out=out)
-    from hpcrl.rl.evaluate import evaluate_run
-
-    return evaluate_run(root, run, out=out)
+    @staticmethod
+    def _what(experiment_dir: Path, stage: str, task: int, manifest: str | None) -> str:
+        """The line printed before a task: the run of a train or eval task, else the stage and task."""
+        if manifest and stage in ("train", "eval"):
+            run = load_run(experiment_dir, rundir.task_run(experiment_dir, manifest, task))
+            return f"[debug] {stage} {run.run_id}" + (f" ({run.setting_label}, seed {run.seed})" if stage == "train" else "")
+        return f"[debug] {stage}" + (f" task {task}" if task else "")

@@ -20,22 +20,29 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from hpcrl.config.experiment import ConfigError
 from hpcrl.io import atomic_write_text
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Dependency, Scheduler, SchedulerError, shown_state
-from hpcrl.store import rundir
-from hpcrl.submit.jobplan import local_slots
-from hpcrl.sweep.runs import read_runs_csv
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Scheduler, SchedulerError, shown_state
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Dependency, read_runs_csv
+from hpcrl.store.states import State
 
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
 STAGE_ORDER = {"train": 0, "study": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
-SKIPPED = "skipped"
+
+
+def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
+    """The one rule for the local executor's pool: `max_concurrent` tasks, else as many as the CPUs
+    hold at `cpus` each. GPUs do not size the pool: a task that asks for GPUs waits for free ones on
+    its own, so CPU tasks (a learner's actors) still start beside a GPU task holding the only GPU."""
+    return max_concurrent or max(1, cpu_count // max(1, cpus))
 
 
 def state_path(experiment_dir: Path) -> Path:
@@ -197,6 +204,14 @@ class LocalScheduler(Scheduler):
     name = "local"
     template = "local.sh.j2"
     one_host = "runs on this machine alone"
+    runs_here = True
+
+    @classmethod
+    def create(cls, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None, out: IO[str] | None) -> LocalScheduler:
+        return cls(experiment_dir)
+
+    def task_slots(self, max_concurrent: int | None, cpus: int) -> int:
+        return local_slots(max_concurrent, cpus, os.cpu_count() or 1)
 
     def machine_gpus(self) -> int:
         return gpu_count()
@@ -369,14 +384,14 @@ class Progress:
         if job_id.startswith("aggregate"):
             return self.dir
         if job_id not in self._records:
-            records = json.loads((self.dir / "jobs" / "jobs.json").read_text())
+            records = json.loads(expdir.jobs_path(self.dir).read_text())
             self._records = {r["job_id"]: r for r in records}
         manifest = self._records.get(job_id, {}).get("manifest")
         runs = rundir.read_manifest(self.dir, manifest) if manifest else []
         index = runs[task - 1] if 0 < task <= len(runs) else None
         if index is not None and index not in self._run_ids:
             self._run_ids = {int(r["index"]): r["run_id"] for r in read_runs_csv(self.dir)}
-        return self.dir / "runs" / self._run_ids[index] if index in self._run_ids else None
+        return expdir.run_dir(self.dir, self._run_ids[index]) if index in self._run_ids else None
 
     def counts(self, jobs: dict) -> dict[str, dict[str, int]]:
         """Stage -> shown state -> tasks."""
@@ -396,7 +411,7 @@ class Progress:
             if stage in counts:
                 c = counts[stage]
                 total = sum(c.values())
-                extra = "".join(f", {c[k]} {k}" for k in (RUNNING, FAILED, SKIPPED, CANCELLED) if c.get(k))
+                extra = "".join(f", {c[k]} {k}" for k in (RUNNING, FAILED, State.SKIPPED, CANCELLED) if c.get(k))
                 parts.append(f"{stage} {c.get(DONE, 0)}/{total} done{extra}")
         return " | ".join(parts)
 
@@ -419,7 +434,7 @@ class Progress:
 
 
 def pool_size(jobs: list[dict], cpu_count: int) -> int:
-    """The pool of the newest training stage's resources (jobplan.local_slots, the one rule)."""
+    """The pool of the newest training stage's resources (local_slots, the one rule)."""
     work = [j for j in jobs if j["stage"] in ("train", "study", "learner") and j.get("resources")] or [j for j in jobs if j.get("resources")]
     if not work:
         return max(1, cpu_count)
@@ -431,7 +446,7 @@ class LocalRunner:
     """Runs an experiment's local jobs to completion, honouring the stage dependencies.
 
     Each task's resources come from its job's record in jobs.json (jobplan.py declared them); the
-    pool follows jobplan.local_slots, and a task that asks for GPUs also waits for free ones.
+    pool follows local_slots, and a task that asks for GPUs also waits for free ones.
     """
 
     def __init__(self, experiment_dir: Path, progress: IO | None = None) -> None:
@@ -451,7 +466,7 @@ class LocalRunner:
         self.progress.show({j: t for j, t in self.state["jobs"].items() if j in self.mine})
 
     def _load_jobs(self) -> list[dict]:
-        path = self.dir / "jobs" / "jobs.json"
+        path = expdir.jobs_path(self.dir)
         try:
             jobs = [j for j in json.loads(path.read_text()) if j["scheduler"] == "local"] if path.exists() else []
         except (ValueError, TypeError, KeyError) as exc:

@@ -19,7 +19,8 @@ import getpass
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Dependency, Scheduler, SchedulerError, compress_ranges, expand_ranges
+from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Scheduler, SchedulerError, compress_ranges, expand_ranges
+from hpcrl.store.expdir import Dependency
 
 DEFAULT_MAX_AJ_TASKS = 75000
 """Grid Engine's default for max_aj_tasks, used when `qconf -sconf` does not list it."""

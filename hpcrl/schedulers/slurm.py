@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Dependency, Scheduler, SchedulerError, compress_ranges, expand_ranges
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Scheduler, SchedulerError, compress_ranges, expand_ranges
+from hpcrl.store.expdir import Dependency
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's own default for MaxArraySize, used when `scontrol show config` does not list it."""

@@ -50,6 +50,7 @@ import numpy as np
 
 from hpcrl.config.schema import ConfigError
 from hpcrl.io import atomic_write_text
+from hpcrl.store.states import State
 
 DONE, FAILED = "DONE", "FAILED"
 PRUNED = "PRUNED"
@@ -159,26 +160,26 @@ def _exists(run_dir: Path, names: frozenset[str] | None, name: str) -> bool:
     return name in names if names is not None else (run_dir / name).exists()
 
 
-def run_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
+def run_state(run_dir: Path, names: frozenset[str] | None = None) -> State:
     """Training state from markers: done, failed, started (checkpoints or logs exist) or new.
     `names`: the run directory's `listing`, when the caller has it."""
     if _exists(run_dir, names, DONE):
-        return "done"
+        return State.DONE
     if _exists(run_dir, names, FAILED):
-        return "failed"
+        return State.FAILED
     if _exists(run_dir, names, TRAIN_LOG) or _exists(run_dir, names, LIFETIMES) or ((names is None or CHECKPOINTS in names) and any((run_dir / CHECKPOINTS).glob("*.pt"))):
-        return "started"
-    return "new"
+        return State.STARTED
+    return State.NEW
 
 
-def eval_state(run_dir: Path, names: frozenset[str] | None = None) -> str:
-    for name, state in ((EVAL_DONE, "done"), (EVAL_SKIPPED, "skipped"), (EVAL_FAILED, "failed")):
+def eval_state(run_dir: Path, names: frozenset[str] | None = None) -> State:
+    for name, state in ((EVAL_DONE, State.DONE), (EVAL_SKIPPED, State.SKIPPED), (EVAL_FAILED, State.FAILED)):
         if _exists(run_dir, names, name):
             return state
-    return "new"
+    return State.NEW
 
 
-def stage_marker(stage: str, where: Path, names: frozenset[str] | None = None) -> str:
+def stage_marker(stage: str, where: Path, names: frozenset[str] | None = None) -> State:
     """What a stage left on disk: done, failed, skipped (an evaluation) or new. `where` is the run
     directory, or the experiment directory for the aggregate (done once results/summary.csv holds a score).
     With the scheduler's state, `schedulers.base.shown_state` makes the state status shows."""
@@ -186,10 +187,10 @@ def stage_marker(stage: str, where: Path, names: frozenset[str] | None = None) -
         return _aggregate_marker(where / "results" / "summary.csv")
     if stage == "eval":
         return eval_state(where, names)
-    return "done" if _exists(where, names, DONE) else "failed" if _exists(where, names, FAILED) else "new"
+    return State.DONE if _exists(where, names, DONE) else State.FAILED if _exists(where, names, FAILED) else State.NEW
 
 
-def _aggregate_marker(summary: Path) -> str:
+def _aggregate_marker(summary: Path) -> State:
     """done once the aggregate wrote a summary with a score in it; failed for a summary of runs that
     all lack one (collect writes it, naming them, and exits 1): the results are not there, whatever
     the scheduler remembers of the task (Grid Engine forgets its exit code)."""
@@ -197,10 +198,10 @@ def _aggregate_marker(summary: Path) -> str:
         with summary.open(newline="") as f:
             rows = list(csv.DictReader(f))
     except FileNotFoundError:
-        return "new"
+        return State.NEW
     except (OSError, csv.Error, UnicodeDecodeError):
-        return "failed"
-    return "done" if any((row.get("n") or "0").strip() not in ("", "0") for row in rows) else "failed"
+        return State.FAILED
+    return State.DONE if any((row.get("n") or "0").strip() not in ("", "0") for row in rows) else State.FAILED
 
 
 def mark_done(run_dir: Path, steps: int) -> None:
@@ -811,3 +812,16 @@ def one_line_reason(exc: BaseException) -> str | None:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror or os.strerror(exc.errno)}{where}"
     return None
+
+
+def remove_stale_temp(directory: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes that were killed (kill -9, a node crash).
+
+    Only safe while holding the run lock: then no live writer owns one.
+    """
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale

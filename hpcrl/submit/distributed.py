@@ -11,19 +11,18 @@ manifests (status, retries) still sees one run index per line.
 
 A learner without its actors only waits, so a run's learner and actors must be able to run at
 the same time. Chunks are therefore sized to what can: `distributed.parallel_runs`, and on the
-local executor its pool (`jobplan.local_slots`) divided by 1 + actors. Chunk c's learner
+local executor its pool (`Scheduler.task_slots`) divided by 1 + actors. Chunk c's learner
 and actors start after chunk c-1's learner array has ended (dependency `all`), so the runs go
 through the machine a gang at a time instead of deadlocking a full pool with learners.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.schedulers.base import Scheduler
-from hpcrl.submit.jobplan import PlannedJob, chunks, local_slots, plan_eval, plan_stage, stage_resources
+from hpcrl.submit.jobplan import PlannedJob, chunks, plan_eval, plan_stage, stage_resources
 
 
 def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
@@ -32,9 +31,9 @@ def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
     size = max(1, scheduler.max_array_size() // d.actors)
     if d.parallel_runs:
         size = min(size, d.parallel_runs)
-    if scheduler.name == "local":
-        learner = stage_resources(exp, "learner")
-        pool = local_slots(learner.max_concurrent, learner.cpus, os.cpu_count() or 1)
+    learner = stage_resources(exp, "learner")
+    pool = scheduler.task_slots(learner.max_concurrent, learner.cpus)
+    if pool is not None:
         if pool < 1 + d.actors:
             raise ConfigError(
                 f"distributed.actors: a run needs its learner and {d.actors} actors running at once, but the local executor "

@@ -36,7 +36,8 @@ import hpcrl
 from hpcrl.config import program_spec
 from hpcrl.config.experiment import ConfigError, Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
 from hpcrl.schedulers.base import REQUEUE_EXIT, Scheduler
-from hpcrl.sweep.runs import Run
+from hpcrl.store import expdir
+from hpcrl.store.expdir import Run
 
 AGGREGATE_MEM = "2G"
 """Memory of the aggregate job: `collect` reads CSVs and draws a few plots."""
@@ -116,13 +117,6 @@ def _check_counts(counts: dict[str, Any]) -> None:
     for key, value in counts.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"resources.{key}: expected an integer, got {value!r}")
-
-
-def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
-    """The one rule for the local executor's pool: `max_concurrent` tasks, else as many as the CPUs
-    hold at `cpus` each. GPUs do not size the pool: a task that asks for GPUs waits for free ones on
-    its own, so CPU tasks (a learner's actors) still start beside a GPU task holding the only GPU."""
-    return max_concurrent or max(1, cpu_count // max(1, cpus))
 
 
 def job_context(
@@ -271,7 +265,7 @@ def program_tasks(exp: Experiment, runs: dict[int, Run] | None, part: list[int],
         raise ValueError(f"planning a program's {stage} jobs needs its runs")
     root = exp.dir.resolve()
     render = program_spec.argv if stage == "train" else program_spec.eval_argv
-    return [located(exp, render(runs[i].config.program, program_spec.run_values(root, runs[i].run_id, runs[i].seed))) for i in part]
+    return [located(exp, render(runs[i].config.program, expdir.run_values(root, runs[i].run_id, runs[i].seed))) for i in part]
 
 
 def plan_aggregate(exp: Experiment, scheduler: Scheduler, attempt: int, evals: list[str], cwd: Path | None) -> PlannedJob:

@@ -10,15 +10,12 @@ job, what this sweep wrote is rolled back, so a typo in a partition leaves no ha
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import hashlib
-import json
 import os
 import shlex
-import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -27,9 +24,11 @@ from hpcrl.config.experiment import ConfigError, Experiment, check_output_writab
 from hpcrl.image.build import image_path_for
 from hpcrl.io import atomic_write_text
 from hpcrl.runtime import tracking
-from hpcrl.schedulers import check_choice, debug, detect_with_reason, get_scheduler
-from hpcrl.schedulers.base import Dependency, Job, Scheduler, SchedulerError
-from hpcrl.store import rundir
+from hpcrl.schedulers import check_choice, detect_with_reason, get_scheduler
+from hpcrl.schedulers.base import Scheduler, SchedulerError
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
+from hpcrl.store.states import State
 from hpcrl.submit.distributed import plan_distributed
 from hpcrl.submit.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
 from hpcrl.sweep import runs as sweep
@@ -60,33 +59,6 @@ def image_provenance(exp: Experiment) -> dict[str, Any]:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return {"image": str(path.resolve()), "image_sha256": digest.hexdigest() if path.is_file() else None}
-
-
-# --------------------------------------------------------------------------------------------
-# jobs/jobs.json
-
-
-def jobs_path(experiment_dir: Path) -> Path:
-    return experiment_dir / "jobs" / "jobs.json"
-
-
-def read_jobs(experiment_dir: Path) -> list[Job]:
-    """The jobs submitted so far; a damaged file is a one-line ConfigError naming it, never a traceback."""
-    path = jobs_path(experiment_dir)
-    if not path.exists():
-        return []
-    try:
-        jobs = []
-        for item in json.loads(path.read_text()):
-            item["after"] = [Dependency(**d) for d in item.get("after", [])]
-            jobs.append(Job(**item))
-        return jobs
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ConfigError(f"{path}: damaged ({type(exc).__name__}: {str(exc)[:80]}); restore it, or move it away to forget the jobs it lists") from None
-
-
-def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
-    atomic_write_text(jobs_path(experiment_dir), json.dumps([dataclasses.asdict(j) for j in jobs], indent=1))
 
 
 def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> dict[str, set[int]]:
@@ -127,7 +99,7 @@ def sweep_lock(experiment_dir: Path) -> Iterator[None]:
 
 def plan_scripts(
     exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None,
-    eval_todo: list[int] | None = None, *, runs: list[sweep.Run] | None = None, workers: int = 0,
+    eval_todo: list[int] | None = None, *, runs: list[expdir.Run] | None = None, workers: int = 0,
 ) -> list[PlannedJob]:
     """Every script of one submission: training (or learner and actors) with its evals, eval-only
     work for trained runs whose evaluation is missing, and the aggregate after all of them.
@@ -147,37 +119,7 @@ def plan_scripts(
     return [*out, plan_aggregate(exp, scheduler, attempt, evals, cwd)]
 
 
-class _Rollback:
-    """What a sweep writes before its first job is accepted, and how to take it back."""
-
-    FILES = ("experiment.yaml", "runs.csv")
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.created = not root.exists()
-        self.files = {name: (root / name).read_bytes() if (root / name).exists() else None for name in self.FILES}
-        runs = root / "runs"
-        self.run_dirs = {p.name for p in runs.iterdir()} if runs.is_dir() else set()
-        self.written: list[Path] = []
-
-    def undo(self) -> None:
-        if self.created:
-            shutil.rmtree(self.root, ignore_errors=True)
-            return
-        for name, data in self.files.items():
-            if data is None:
-                (self.root / name).unlink(missing_ok=True)
-            else:
-                atomic_write_text(self.root / name, data.decode())
-        runs = self.root / "runs"
-        for path in runs.iterdir() if runs.is_dir() else []:
-            if path.name not in self.run_dirs:
-                shutil.rmtree(path, ignore_errors=True)
-        for path in self.written:
-            path.unlink(missing_ok=True)
-
-
-def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], out: IO[str] | None, cwd: Path | None) -> int:
+def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[expdir.Run], out: IO[str] | None, cwd: Path | None) -> int:
     n_runs = len(runs)
     workers = _first_workers(exp)
     for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs, workers=workers):
@@ -209,30 +151,29 @@ def submit_experiment(
     detach: bool = False,
     out: IO[str] | None = None,
     cwd: Path | None = None,
+    stages: Mapping[str, Callable[..., int]] | None = None,
 ) -> int:
-    """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor."""
+    """`hpcrl sweep`: expand, write the experiment, submit what is not done, start the local executor
+    (or, with the debug backend, run every task here through `stages`, hpcrl.stages.STAGES)."""
     root = exp.dir
     check_choice(scheduler_name)
     study.resolve_storage(exp)  # before anything is written: a bad URL is refused in one line
-    if scheduler_name == debug.NAME:  # no scheduler at all: every stage in this process, for a debugger
-        debug.check(exp)
-        exp.container.image = None  # the work runs here, in this Python, not in a container
-        if dry_run:
-            what = "an Optuna study's trials" if study.is_study(exp) else f"{len(sweep.expand(exp))} runs"
-            print(f"# dry run (--scheduler debug): {what} would train, be evaluated and collected in this process; nothing written", file=out)
-            return 0
-        check_output_writable(exp)
-        with sweep_lock(root):
-            return debug.run(exp, sweep.expand(exp), {"scheduler": debug.NAME}, out)
     if scheduler_name == "auto":
         scheduler_name, why = detect_with_reason()
         print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
-    scheduler = get_scheduler(scheduler_name, root)
-    exp.container.image = resolved_image(exp)
+    scheduler = get_scheduler(scheduler_name, root, stages=stages, out=out)
+    if refused := scheduler.refuse(exp):
+        raise ConfigError(refused)
+    # In-process tasks run in this Python, not in a container.
+    exp.container.image = None if scheduler.in_process else resolved_image(exp)
     if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
         if problems := tracking.missing_packages(exp.tracking):
             raise ConfigError("; ".join(problems))
     runs = sweep.expand(exp)
+    if dry_run and scheduler.in_process:
+        what = "an Optuna study's trials" if study.is_study(exp) else f"{len(runs)} runs"
+        print(f"# dry run (--scheduler {scheduler.name}): {what} would train, be evaluated and collected in this process; nothing written", file=out)
+        return 0
     if dry_run:
         return print_dry_run(exp, scheduler, runs, out, cwd)
     check_output_writable(exp)
@@ -241,7 +182,7 @@ def submit_experiment(
     if study.is_study(exp):
         study.require_optuna()
     provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
-    rollback = _Rollback(root)
+    rollback = expdir.Rollback(root)
     try:
         return _sweep_locked(exp, scheduler, runs, provenance, rollback, detach, out, cwd)
     except ConfigError:
@@ -250,19 +191,19 @@ def submit_experiment(
         raise
 
 
-def _listings(root: Path, runs: list[sweep.Run]) -> dict[int, frozenset[str]]:
+def _listings(root: Path, runs: list[expdir.Run]) -> dict[int, frozenset[str]]:
     """Each run's `rundir.listing`, reading only the run directories that exist (one scandir of
     runs/): a first sweep of 10,000 runs makes no call per run."""
     try:
-        with os.scandir(root / "runs") as entries:
+        with os.scandir(expdir.runs_dir(root)) as entries:
             present = {e.name for e in entries}
     except (FileNotFoundError, NotADirectoryError):
         present = set()
-    return {r.index: rundir.listing(sweep.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
+    return {r.index: rundir.listing(expdir.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
 
 
 def _sweep_locked(
-    exp: Experiment, scheduler: Scheduler, runs: list[sweep.Run], provenance: dict[str, Any], rollback: _Rollback,
+    exp: Experiment, scheduler: Scheduler, runs: list[expdir.Run], provenance: dict[str, Any], rollback: expdir.Rollback,
     detach: bool, out: IO[str] | None, cwd: Path | None,
 ) -> int:
     """The part of a sweep that holds the experiment's sweep lock: from reading jobs.json to writing it."""
@@ -271,23 +212,23 @@ def _sweep_locked(
         scheduler.recover()
         if study.is_study(exp):
             return _sweep_study(exp, scheduler, provenance, rollback, detach, out, cwd)
-        runs = sweep.merge_runs(root, runs)
+        runs = expdir.merge_runs(root, runs)
         jobs = read_jobs(root)
         active = active_runs(root, scheduler, jobs)
         in_flight = set().union(*active.values()) if active else set()
         listings = _listings(root, runs)
-        states = {r.index: rundir.run_state(sweep.run_dir(root, r.run_id), listings[r.index]) for r in runs}
-        todo = [r.index for r in runs if states[r.index] != "done" and r.index not in in_flight]
+        states = {r.index: rundir.run_state(expdir.run_dir(root, r.run_id), listings[r.index]) for r in runs}
+        todo = [r.index for r in runs if states[r.index] != State.DONE and r.index not in in_flight]
         # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
         eval_todo = [
             r.index for r in runs
-            if states[r.index] == "done" and rundir.eval_state(sweep.run_dir(root, r.run_id), listings[r.index]) in ("new", "failed") and r.index not in in_flight
+            if states[r.index] == State.DONE and rundir.eval_state(expdir.run_dir(root, r.run_id), listings[r.index]) in (State.NEW, State.FAILED) and r.index not in in_flight
         ]
-        skipped_done = sum(1 for s in states.values() if s == "done")
-        sweep.write_experiment(exp, runs, provenance)
+        skipped_done = sum(1 for s in states.values() if s == State.DONE)
+        expdir.write_experiment(exp, runs, provenance)
         if not todo and not eval_todo:
             print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
-            if scheduler.name != "local" or not in_flight:
+            if not scheduler.runs_here or not in_flight:
                 return 0
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
@@ -304,7 +245,7 @@ def _sweep_locked(
 
 
 def _sweep_study(
-    exp: Experiment, scheduler: Scheduler, provenance: dict[str, Any], rollback: _Rollback, detach: bool, out: IO[str] | None, cwd: Path | None,
+    exp: Experiment, scheduler: Scheduler, provenance: dict[str, Any], rollback: expdir.Rollback, detach: bool, out: IO[str] | None, cwd: Path | None,
 ) -> int:
     """An Optuna study's sweep (under the sweep lock): workers for the trials still to run, unless
     workers of an earlier sweep are still pending or running; a trial left RUNNING by a worker
@@ -313,12 +254,12 @@ def _sweep_study(
     jobs = read_jobs(root)
     the_study = study.open_study(exp, root, out=out)
     state = study.study_state(exp, the_study)
-    sweep.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
+    expdir.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
     workers_jobs = [j for j in jobs if j.stage == "study" and j.scheduler == scheduler.name]
     answer = scheduler.query([j.job_id for j in workers_jobs]) if workers_jobs else {}
     if any(s in ("pending", "running") for tasks in answer.values() for s in tasks.values()):
         print(f"{root}: workers of this study are still in flight ({state.finished}/{state.n_trials} trials finished); nothing submitted", file=out)
-        return scheduler.start(root, detach) if scheduler.name == "local" else 0
+        return scheduler.start(root, detach) if scheduler.runs_here else 0
     workers = study.workers_to_start(exp, root, state)
     if not workers:
         print(f"{root}: the study has all {state.n_trials} trials ({state.finished} finished); nothing submitted", file=out)
@@ -333,7 +274,7 @@ def _sweep_study(
     return scheduler.start(root, detach)
 
 
-def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob], attempt: int, jobs: list[Job], rollback: _Rollback) -> list[Job]:
+def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob], attempt: int, jobs: list[Job], rollback: expdir.Rollback) -> list[Job]:
     """Write and submit each planned job in order; jobs.json is rewritten after every accepted one."""
     root = exp.dir
     (root / "jobs" / "logs").mkdir(parents=True, exist_ok=True)
@@ -344,9 +285,10 @@ def _submit(exp: Experiment, scheduler: Scheduler, planned_jobs: list[PlannedJob
         if planned.manifest:
             rundir.write_manifest(root, planned.manifest, planned.runs)
             rollback.written.append(root / planned.manifest)
-        atomic_write_text(script, planned.text)
-        rollback.written.append(script)
-        script.chmod(0o755)
+        if not scheduler.in_process:  # a task in this process needs no script
+            atomic_write_text(script, planned.text)
+            rollback.written.append(script)
+            script.chmod(0o755)
         after = [Dependency(script_ids[s], kind) for s, kind in planned.after]  # type: ignore[arg-type]
         try:
             job_id = scheduler.submit(script, planned.tasks, after)

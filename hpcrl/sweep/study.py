@@ -24,27 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
-from hpcrl.config.experiment import ConfigError, Experiment, experiment_from_dict, learned_settings
+from hpcrl.config.experiment import ConfigError, Experiment, learned_settings
 from hpcrl.config.schema import plain
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir
 
 STUDY_DIR = "optuna"
 JOURNAL = "journal.log"
 WORKERS = 4
 """Workers of a study when `resources.max_concurrent` does not say."""
-
-
-def load_experiment_config(experiment_dir: Path) -> tuple[Experiment, int]:
-    """The experiment as its last sweep wrote it (experiment.yaml), validated again, and the
-    generation of that config (the runs.csv rows its trials get)."""
-    path = experiment_dir / "experiment.yaml"
-    try:
-        meta = yaml.safe_load(path.read_text())
-        return experiment_from_dict(meta["config"]), int(meta["provenance"].get(sweep.GENERATION, 0))
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the experiment ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def is_study(exp: Experiment) -> bool:
@@ -224,13 +211,21 @@ def workers_to_start(exp: Experiment, experiment_dir: Path, state: StudyState) -
     return max([want, *held_trials(experiment_dir, study_name(exp))]) if state.remaining > 0 else 0
 
 
-def trial_runs(experiment_dir: Path, run_ids: list[str]) -> list[sweep.Run]:
+def trial_runs(experiment_dir: Path, run_ids: list[str]) -> list[expdir.Run]:
     """The runs of a study's trials that runs.csv lists (a worker killed between asking and
     writing its row has none yet)."""
-    listed = {row["run_id"] for row in sweep.read_runs_csv(experiment_dir)}
+    listed = {row["run_id"] for row in expdir.read_runs_csv(experiment_dir)}
     parsed: dict[str, Experiment] = {}
-    return [sweep.read_run(experiment_dir, run_id, parsed) for run_id in run_ids if run_id in listed]
+    return [expdir.read_run(experiment_dir, run_id, parsed) for run_id in run_ids if run_id in listed]
 
 
 def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def metric_key(exp: Experiment) -> str:
+    """The scalar a trial reports: the evaluations during training, or the training episodes' return."""
+    search = exp.sweep.search
+    assert search is not None
+    use_eval = search.metric == "eval" or (search.metric == "auto" and exp.eval.every_steps is not None)
+    return "eval/mean_return" if use_eval else "episodic_return"

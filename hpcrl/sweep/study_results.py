@@ -15,8 +15,7 @@ from typing import Any
 
 from hpcrl.config.experiment import ConfigError
 from hpcrl.io import atomic_open
-from hpcrl.store import rundir
-from hpcrl.sweep import runs as sweep
+from hpcrl.store import expdir, rundir
 from hpcrl.sweep import study
 
 
@@ -39,10 +38,10 @@ def _save(ax: Any, path: Path, xlabel: str | None = None, ylabel: str | None = N
 
 def write_study_results(experiment_dir: Path, results_dir: Path) -> tuple[list[str], dict[str, Path]]:
     """(lines for the terminal and the report, plots by title). Writes results/trials.csv."""
-    from hpcrl.sweep.study_worker import metric_key
+    from hpcrl.sweep.study import metric_key
 
     try:
-        exp, _ = study.load_experiment_config(experiment_dir)
+        exp, _ = expdir.load_experiment_config(experiment_dir)
         optuna = study.require_optuna()
         the_study = study.open_study(exp, experiment_dir)
     except ConfigError as exc:
@@ -63,7 +62,7 @@ def write_study_results(experiment_dir: Path, results_dir: Path) -> tuple[list[s
         writer.writerow(["trial", "state", "value", "run_id", "final_eval", *keys, "pruned"])
         for t in trials:
             run_id = t.user_attrs.get("run_id", "")
-            rd = sweep.run_dir(experiment_dir, run_id) if run_id else None
+            rd = expdir.run_dir(experiment_dir, run_id) if run_id else None
             writer.writerow([
                 t.number, t.state.name.lower(), "" if t.value is None else f"{t.value:.6g}", run_id, _final_eval(rd),
                 *[t.params.get(k, "") for k in keys], rundir.first_line(rd, rundir.PRUNED) if rd else "",
@@ -72,7 +71,7 @@ def write_study_results(experiment_dir: Path, results_dir: Path) -> tuple[list[s
     plots: dict[str, Path] = {}
     if complete:
         best = the_study.best_trial
-        rd = sweep.run_dir(experiment_dir, best.user_attrs.get("run_id", "-"))
+        rd = expdir.run_dir(experiment_dir, best.user_attrs.get("run_id", "-"))
         lines.append(
             f"best trial {best.number}: {metric_key(exp)} {best.value:.4g}, final eval {_final_eval(rd) or '-'}, run {best.user_attrs.get('run_id', '?')}: "
             + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(best.params.items()))

@@ -24,20 +24,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from hpcrl.config.experiment import ConfigError, Distribution, Experiment, apply_settings, learned_settings
 from hpcrl.config.schema import plain
 from hpcrl.io import atomic_write_text
-from hpcrl.rl.evaluate import evaluate_run
-from hpcrl.rl.train import train_run
 from hpcrl.runtime.guard import StopFlag
 from hpcrl.schedulers.base import REQUEUE_EXIT
-from hpcrl.store import rundir
+from hpcrl.store import expdir, rundir
+from hpcrl.store.expdir import Run
 from hpcrl.sweep import runs as sweep
 from hpcrl.sweep import study
-from hpcrl.sweep.runs import Run
+from hpcrl.sweep.study import metric_key
 
 _SCALAR = (str, int, float, bool, type(None))
 
@@ -94,14 +94,6 @@ class Reporter:
         return None
 
 
-def metric_key(exp: Experiment) -> str:
-    """The scalar a trial reports: the evaluations during training, or the training episodes' return."""
-    search = exp.sweep.search
-    assert search is not None
-    use_eval = search.metric == "eval" or (search.metric == "auto" and exp.eval.every_steps is not None)
-    return "eval/mean_return" if use_eval else "episodic_return"
-
-
 def final_value(exp: Experiment, rd: Path) -> float:
     """A finished trial's value: its last evaluation during training (the one at the end), or the
     mean return of its last training rows."""
@@ -111,10 +103,21 @@ def final_value(exp: Experiment, rd: Path) -> float:
     return rundir.final_return(rd)
 
 
+Train = Callable[..., int]
+"""rl.train.train_run's shape: (experiment_dir, run, out, progress=...) -> exit code."""
+Evaluate = Callable[[Path, Run, TextIO | None], int]
+"""rl.evaluate.evaluate_run's shape."""
+
+
 class Worker:
-    def __init__(self, experiment_dir: Path, task: int, out: TextIO | None) -> None:
+    """One worker task. `train` and `evaluate` are the in-job entry points of a run (hpcrl.stages
+    hands in hpcrl's own; a worker that only claims trials needs none): a study decides what to
+    try, and never imports the training stack."""
+
+    def __init__(self, experiment_dir: Path, task: int, out: TextIO | None, *, train: Train | None = None, evaluate: Evaluate | None = None) -> None:
         self.root, self.task, self.out = experiment_dir, task, out
-        self.exp, self.generation = study.load_experiment_config(experiment_dir)
+        self.train, self.evaluate = train, evaluate
+        self.exp, self.generation = expdir.load_experiment_config(experiment_dir)
         if not study.is_study(self.exp):
             raise ConfigError(f"{experiment_dir}: not an Optuna study (sweep.search.method is not optuna)")
         self.optuna = study.require_optuna()
@@ -188,11 +191,12 @@ class Worker:
             self.study.tell(trial, state=State.FAIL)
             return None
         trial.set_user_attr("run_id", run.run_id)
-        run = sweep.add_run(self.root, run, self.generation)
-        rd = sweep.run_dir(self.root, run.run_id)
+        run = expdir.add_run(self.root, run, self.generation)
+        rd = expdir.run_dir(self.root, run.run_id)
         print(f"trial {trial.number}: run {run.run_id} ({run.setting_label})", file=self.out)
+        assert self.train is not None and self.evaluate is not None, "a worker that trains is given train and evaluate"
         try:
-            code = train_run(self.root, run, self.out, progress=Reporter(trial, self.exp, run.config.train.total_steps, rundir.last_logged_step(rd)))
+            code = self.train(self.root, run, self.out, progress=Reporter(trial, self.exp, run.config.train.total_steps, rundir.last_logged_step(rd)))
         except Exception as exc:  # the FAILED marker has the traceback; the other trials go on
             print(f"trial {trial.number}: training failed: {type(exc).__name__}: {exc}", file=self.out)
             code = 1
@@ -204,7 +208,7 @@ class Worker:
             self.study.tell(trial, state=State.FAIL)
             return None
         if rundir.eval_state(rd) == "new":
-            evaluate_run(self.root, run, self.out)
+            self.evaluate(self.root, run, self.out)
         if (rd / rundir.PRUNED).exists():
             self.study.tell(trial, state=State.PRUNED)
             return None
@@ -218,5 +222,5 @@ class Worker:
         return None
 
 
-def run_worker(experiment_dir: Path, task: int, out: TextIO | None = None) -> int:
-    return Worker(experiment_dir, task, out).run()
+def run_worker(experiment_dir: Path, task: int, out: TextIO | None = None, *, train: Train, evaluate: Evaluate) -> int:
+    return Worker(experiment_dir, task, out, train=train, evaluate=evaluate).run()
