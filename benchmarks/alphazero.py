@@ -6,44 +6,62 @@ does not assert.
 
     python benchmarks/alphazero.py                    # seed 0, 200 games
     python benchmarks/alphazero.py --seeds 0 1 2 --games 200
+
+Connect four (`--connect-four MINUTES`): train configs/connect4_alphazero.yaml's agent for that long
+(self-play and training alternating in this process, the same AlphaZero class `hpcrl train`
+runs), then play `--games` games against OpenSpiel's MCTS with random rollouts at 100 and 1,000
+simulations, each colour half of them. Issue 28's target: >= 90% wins against 100 simulations
+over 3 seeds in 60 minutes on this 2-core machine, >= 50% against 1,000 as a goal.
+
+    python benchmarks/alphazero.py --connect-four 20 --seeds 0 --games 50
+
+OpenSpiel's own AlphaZero (its example, JAX/Flax) is not in hpcrl's environment; in a venv of its own
+(`pip install open_spiel==2.0.2 jax jaxlib flax optax chex orbax-checkpoint`: wheels exist for
+Python 3.11 x86-64) it runs here on the same game and network size:
+
+    python -m open_spiel.python.examples.alpha_zero --game connect_four --nn_model resnet \
+        --nn_width 32 --nn_depth 3 --max_simulations 50 --actors 1 --evaluators 1 --path DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcrl.config.experiment import load_experiment  # noqa: E402
 from hpcrl.rl import checkpoint, games  # noqa: E402
-from hpcrl.rl.alphazero import make_network  # noqa: E402
+from hpcrl.rl.alphazero import AlphaZero, make_network  # noqa: E402
 from hpcrl.rl.strength import evaluate_strength  # noqa: E402
 from hpcrl.rl.train import train_run  # noqa: E402
 from hpcrl.store.expdir import write_experiment
 from hpcrl.sweep.runs import expand  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tictactoe_alphazero.yaml"
+CONNECT_FOUR = CONFIG.parent / "connect4_alphazero.yaml"
 
 
-def one_seed(config: Path, seed: int, n_games: int, root: Path) -> tuple[float, dict[str, int]]:
-    exp = load_experiment(config, [f"output={root}", f"sweep.seeds=[{seed}]", "eval.every_steps=null", "tracking.tensorboard=false"])
+def one_seed(config: Path, seed: int, n_games: int, root: Path, overrides: list[str]) -> tuple[float, float, dict[str, int]]:
+    exp = load_experiment(config, [f"output={root}", f"sweep.seeds=[{seed}]", "eval.every_steps=null", "tracking.tensorboard=false", *overrides])
     (run,) = expand(exp)
     write_experiment(exp, [run], {})
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
         code = train_run(exp.dir, run, out=open("/dev/null", "w"))  # noqa: SIM115
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
-    train_s = time.monotonic() - start
+    train_s, train_cpu = time.monotonic() - start, time.process_time() - cpu
     if code != 0:
         raise SystemExit(f"seed {seed}: hpcrl train exited {code}")
     state, _ = checkpoint.load_latest(exp.dir / "runs" / run.run_id / "checkpoints")
@@ -55,7 +73,31 @@ def one_seed(config: Path, seed: int, n_games: int, root: Path) -> tuple[float, 
     exp.train.opponents = ["perfect"]  # type: ignore[attr-defined]
     results = evaluate_strength(spec, net, torch.device("cpu"), exp.train, n_games, 1_000_003 + seed)["perfect"]
     counts = {k: int(sum(m[k] for *_, m in results)) for k in ("win", "draw", "loss")}
-    return train_s, counts
+    return train_s, train_cpu, counts
+
+
+def connect_four(config: Path, seed: int, minutes: float, n_games: int, overrides: list[str]) -> None:
+    """Train for `minutes` of wall time, then play OpenSpiel's MCTS at 100 and 1,000 simulations."""
+    exp = load_experiment(config, [f"sweep.seeds=[{seed}]", "train.total_steps=100000000", *overrides])
+    spec = games.load(exp.env)
+    torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+    agent = AlphaZero(exp.train, spec, torch.device("cpu"), seed)  # type: ignore[arg-type]
+    start, cpu = time.monotonic(), time.process_time()
+    while time.monotonic() - start < minutes * 60:
+        metrics = agent.train_iteration()
+        print(f"seed {seed}: {agent.global_step} positions, {agent.version} gradient steps, value loss {metrics.get('value_loss', float('nan')):.3f}, "
+              f"{time.monotonic() - start:.0f} s", flush=True)
+    train_s, train_cpu = time.monotonic() - start, time.process_time() - cpu
+    agent.policy.eval()
+    exp.train.opponents = ["mcts:100", "mcts:1000"]  # type: ignore[attr-defined]
+    by_opponent = evaluate_strength(spec, agent.policy, torch.device("cpu"), exp.train, n_games, 1_000_003 + seed)
+    for name, results in by_opponent.items():
+        wins = [m["win"] for *_, m in results]
+        first = [m["win"] for *_, m in results if m["first"]]
+        second = [m["win"] for *_, m in results if not m["first"]]
+        print(f"seed {seed}: {100 * sum(wins) / len(wins):.0f}% wins against {name} in {len(wins)} games (first {100 * sum(first) / len(first):.0f}%, "
+              f"second {100 * sum(second) / len(second):.0f}%); trained {train_s / 60:.1f} min ({train_cpu / 60:.1f} CPU min), "
+              f"{agent.global_step} positions, {time.monotonic() - start:.0f} s with the games", flush=True)
 
 
 def main() -> None:
@@ -63,15 +105,21 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--games", type=int, default=200)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, as `hpcrl sweep` takes them")
+    parser.add_argument("--connect-four", type=float, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.connect_four:
+        for seed in args.seeds:
+            connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games, args.set)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             start = time.monotonic()
-            train_s, counts = one_seed(args.config, seed, args.games, Path(tmp) / f"s{seed}")
+            train_s, train_cpu, counts = one_seed(args.config, seed, args.games, Path(tmp) / f"s{seed}", args.set)
             total = time.monotonic() - start
             print(f"seed {seed}: {counts['loss']} losses, {counts['draw']} draws, {counts['win']} wins in {args.games} games against perfect play; "
-                  f"training {train_s:.0f} s, with the games {total:.0f} s", flush=True)
+                  f"training {train_s:.0f} s ({train_cpu:.0f} s CPU), with the games {total:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

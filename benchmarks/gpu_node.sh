@@ -24,7 +24,7 @@ step() {  # step NAME SECONDS CMD...: run CMD in its own session, killed with it
 
 { nvidia-smi -L; $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; } >"$out/facts.txt" 2>&1
 
-step cuda_tests 240 "$py -m pytest -q -p no:cacheprovider -n 0 tests/test_graphs.py tests/test_networks.py tests/test_optim.py tests/test_periodic_eval.py -k 'cuda or amp or fp16 or bf16 or graph or noise'" &
+step cuda_tests 240 "$py -m pytest -q -p no:cacheprovider -n 0 tests/rl/test_graphs.py tests/rl/test_networks.py tests/rl/test_optim.py tests/rl/test_periodic_eval.py -k 'cuda or amp or fp16 or bf16 or graph or noise'" &
 step dqn_cuda 300 "$hp sweep configs/cartpole_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=30000 -p 'sweep.seeds=[0]' --name dqn_cuda && $hp collect $logs/dqn_cuda && cat $logs/dqn_cuda/results/summary.csv; $hp sweep configs/vizdoom_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=6000 -p 'sweep.seeds=[0]' --name vizdoom_dqn_cuda && tail -n 2 $logs/vizdoom_dqn_cuda/runs/*/train.csv" &
 step ranks_one_gpu 200 "$hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2; echo rc=\$?; $hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p resources.gpus=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2g; echo rc=\$?; cat $logs/ranks2*/runs/*/FAILED 2>/dev/null; tail -n 5 $logs/ranks2*/runs/*/*.log 2>/dev/null | tail -n 40"
 wait

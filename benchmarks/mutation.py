@@ -96,54 +96,54 @@ CHECKPOINTS = contracts(
 )
 QUOTING = contracts("a_quoted_value_reaches_the_shell_as_one_literal_word", "booleans_and_none_reach_the_shell_as_yaml_reads_them_back", "a_template_typo_is_an_error_not_an_empty_string")
 TASKS = contracts("eval_task_i_reads_the_run_on_manifest_line_i", "a_task_outside_its_manifest_is_one_line_and_exit_2", "status_reads_done_and_failed_from_the_markers")
-COLLECT = "tests/test_results.py::test_collect_reports_bad_runs_by_name_and_aggregates_the_rest"
-DRY_RUN = "tests/test_job_scripts.py::test_dry_run_prints_and_writes_nothing"
-RESTORE = "tests/test_algorithms.py::test_checkpoint_restores_everything_a_run_continues_from"
-RESUME = "tests/test_algorithms.py::test_interrupted_dqn_run_resumes_with_its_replay_and_logs_each_step_once"
-IDENTITY_UNITS = tuple(f"tests/test_run_identity.py::test_{name}" for name in (
+COLLECT = "tests/results/test_results.py::test_collect_reports_bad_runs_by_name_and_aggregates_the_rest"
+DRY_RUN = "tests/submit/test_job_scripts.py::test_dry_run_prints_and_writes_nothing"
+RESTORE = "tests/rl/test_algorithms.py::test_checkpoint_restores_everything_a_run_continues_from"
+RESUME = "tests/rl/test_algorithms.py::test_interrupted_dqn_run_resumes_with_its_replay_and_logs_each_step_once"
+IDENTITY_UNITS = tuple(f"tests/sweep/test_run_identity.py::test_{name}" for name in (
     "golden_run_id", "one_value_written_several_ways_is_one_run", "operational_keys_keep_the_ids", "learned_keys_change_the_ids",
     "a_grid_over_a_key_that_is_not_learned_still_makes_distinct_runs", "expand_refuses_two_grid_points_that_are_one_run",
     "a_damaged_runs_csv_is_a_config_error_naming_it", "runs_csv_damage_names_the_line", "the_same_config_swept_again_stays_one_generation",
     "only_the_newest_generation_is_current_whatever_the_row_order",
 ))  # fmt: skip
-LIFETIMES = ("tests/test_rundir.py", "tests/test_run_lifetimes.py", "tests/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
-PROGRAM = ("tests/test_program_supervision.py", "tests/test_program_metrics.py")  # the local program tests of issue 25: seconds each
+LIFETIMES = ("tests/store/test_rundir.py", "tests/store/test_run_lifetimes.py", "tests/store/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
+PROGRAM = ("tests/runtime/test_program_supervision.py", "tests/runtime/test_program_metrics.py")  # the local program tests of issue 25: seconds each
 # The fast in-process tests first: pytest -x stops at the first failure, so most mutants cost seconds.
-STUDY_UNITS = (*(f"tests/test_study.py::test_{name}" for name in (
+STUDY_UNITS = (*(f"tests/sweep/test_study.py::test_{name}" for name in (
     "each_pruner_name_is_its_optuna_pruner_and_judges_from_the_end_of_the_warm_up", "a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_it_logged",
     "a_journal_damaged_mid_file_is_refused_in_one_line", "reporter_reports_percent_of_budget_and_prunes_a_poor_trial",
-)), "tests/test_search.py::test_a_random_search_is_runs_not_an_optuna_study")  # fmt: skip
-STUDY = STUDY_UNITS + tuple(f"tests/test_study.py::test_{name}" for name in (
+)), "tests/sweep/test_search.py::test_a_random_search_is_runs_not_an_optuna_study")  # fmt: skip
+STUDY = STUDY_UNITS + tuple(f"tests/sweep/test_study.py::test_{name}" for name in (
     "a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_the_next_sweep", "a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new_one",
     "an_rdb_storage_works_and_a_relative_sqlite_file_is_in_the_experiment", "a_storage_that_cannot_be_a_study_is_refused_in_one_line_and_nothing_is_written",
     "a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep", "an_append_after_a_torn_record_sets_it_aside_first_and_a_changed_config_opens",
 ))  # fmt: skip
-SELFPLAY = tuple(f"tests/test_distributed_selfplay.py::test_{name}" for name in (
+SELFPLAY = tuple(f"tests/distributed/test_distributed_selfplay.py::test_{name}" for name in (
     "self_play_sends_whole_games_and_the_trainer_learns_at_the_simple_modes_ratio", "the_budget_cuts_the_last_batch_and_counts_the_part_of_a_game_that_came_in",
     "the_trainer_refuses_batches_that_would_poison_training", "a_requeued_trainer_resumes_weights_optimizer_window_version_and_credit",
     "status_line_shows_games_and_positions_per_second", "bad_decoupled_settings_are_refused_in_one_line",
 ))  # fmt: skip
-STATUS = "tests/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
+STATUS = "tests/schedulers/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
-    Target("sweep", "hpcrl/sweep/runs.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/test_config.py", "tests/test_run_files_edges.py", DRY_RUN, COLLECT)),
+    Target("sweep", "hpcrl/sweep/runs.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/config/test_config.py", "tests/store/test_run_files_edges.py", DRY_RUN, COLLECT)),
     Target("checkpoint", "hpcrl/rl/checkpoint.py", (*CHECKPOINTS, *LIFETIMES, RESTORE, RESUME)),
-    Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], "tests/test_run_files_edges.py", RESTORE, COLLECT, DRY_RUN)),
-    Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/test_job_scripts.py")),
+    Target("io", "hpcrl/io.py", (*ATOMIC, *CHECKPOINTS[:1], "tests/store/test_run_files_edges.py", RESTORE, COLLECT, DRY_RUN)),
+    Target("templates", "hpcrl/templates.py", (*QUOTING, "tests/submit/test_job_scripts.py")),
     Target("rundir", "hpcrl/store/rundir.py", (*TASKS, *contracts("a_retried_run_is_not_left_marked_failed_while_it_trains_again", "actor_tasks_outside_their_manifest_are_refused"),
                                            *LIFETIMES, COLLECT, RESUME)),
     Target("manifest:stages", "hpcrl/stages.py", (*TASKS, STATUS), ("task_run",)),
     # issue 25's audit: a user's program, its metrics, Optuna, DD-PPO's collectives, status selections
     Target("program", "hpcrl/runtime/program.py", PROGRAM),
-    Target("program_spec", "hpcrl/config/program_spec.py", ("tests/test_program_config.py", "tests/test_program_container.py")),
-    Target("metrics", "hpcrl/runtime/metrics.py", ("tests/test_metrics_readers.py", "tests/test_program_metrics.py")),
+    Target("program_spec", "hpcrl/config/program_spec.py", ("tests/config/test_program_config.py", "tests/image/test_program_container.py")),
+    Target("metrics", "hpcrl/runtime/metrics.py", ("tests/runtime/test_metrics_readers.py", "tests/runtime/test_program_metrics.py")),
     Target("study", "hpcrl/sweep/study.py", STUDY),
     Target("study_worker", "hpcrl/sweep/study_worker.py", STUDY),
-    Target("ddp", "hpcrl/rl/ddp.py", ("tests/test_ddppo.py::test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_episodes",
-                                    "tests/test_ddppo.py::test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8")),
+    Target("ddp", "hpcrl/rl/ddp.py", ("tests/rl/test_ddppo.py::test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_episodes",
+                                    "tests/rl/test_ddppo.py::test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8")),
     Target("status", "hpcrl/status.py", ("tests/test_status_selection.py", "tests/test_status_scale.py")),
-    # the self-play trainer's units (tests/test_distributed_selfplay.py's cluster test is not one), the experiment directory
+    # the self-play trainer's units (tests/distributed/test_distributed_selfplay.py's cluster test is not one), the experiment directory
     Target("selfplay", "hpcrl/distributed/selfplay.py", SELFPLAY),
-    Target("expdir", "hpcrl/store/expdir.py", (*IDENTITY_UNITS, *TASKS, "tests/test_run_files_edges.py", COLLECT)),
+    Target("expdir", "hpcrl/store/expdir.py", (*IDENTITY_UNITS, *TASKS, "tests/store/test_run_files_edges.py", COLLECT)),
 ]
 
 

@@ -121,7 +121,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _build_image(args: argparse.Namespace) -> int:
-    from hpcrl.image.build import build_image_command
+    from hpcrl.submit.image_job import build_image_command
 
     return build_image_command(
         args.config, args.param + args.overrides, dry_run=args.dry_run, force=args.force, sandbox=args.sandbox,

@@ -42,8 +42,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
+from hpcrl.store.states import REQUEUE_EXIT
 
 RUN_DIR, CHECKPOINT_DIR, SEED, RUN_ID = "HPCRL_RUN_DIR", "HPCRL_CHECKPOINT_DIR", "HPCRL_SEED", "HPCRL_RUN_ID"
 REQUEUE_EXIT_VAR, STOP_SIGNAL, LIFETIME = "HPCRL_REQUEUE_EXIT", "HPCRL_STOP_SIGNAL", "HPCRL_LIFETIME"

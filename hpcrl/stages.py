@@ -82,9 +82,10 @@ def search_worker(experiment_dir: Path, task: int, manifest: str | None = None, 
     """`hpcrl search-worker`: one worker of an Optuna study, trials until n_trials."""
     from hpcrl.rl.evaluate import evaluate_run
     from hpcrl.rl.train import train_run
+    from hpcrl.runtime.guard import StopFlag
     from hpcrl.sweep.study_worker import run_worker
 
-    return run_worker(experiment_dir, task, out or sys.stdout, train=train_run, evaluate=evaluate_run)
+    return run_worker(experiment_dir, task, out or sys.stdout, train=train_run, evaluate=evaluate_run, stop_flag=StopFlag)
 
 
 def aggregate(experiment_dir: Path, task: int = 0, manifest: str | None = None, *, out: IO[str] | None = None) -> int:

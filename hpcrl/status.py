@@ -35,7 +35,7 @@ from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, R
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Job, read_jobs
 from hpcrl.store.states import State
-from hpcrl.sweep import study
+from hpcrl.sweep import modes
 
 SUMMARY_THRESHOLD = 50
 """More runs than this and `hpcrl status` shows one line per setting unless `--runs` is given."""
@@ -244,7 +244,7 @@ def _trial_holders(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[tup
         exp, generation = expdir.load_experiment_config(experiment_dir)
     except ConfigError:
         return {}
-    return {(str(generation), str(number)): task for task, number in study.held_trials(experiment_dir, study.study_name(exp)).items()} if study.is_study(exp) else {}
+    return modes.of(exp).holders(experiment_dir, exp, generation)
 
 
 def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from test_imports import back_arrows, module_names, imports_of, room_of  # noqa: E402
+from test_imports import back_arrows, imports_of, module_names, room_of  # noqa: E402
 
 
 def levels(graph: dict[str, set[str]]) -> tuple[int, list[str]]:

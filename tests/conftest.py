@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -21,6 +22,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTERS = REPO / "tests" / "clusters"
+
+# The tests mirror hpcrl/'s rooms (tests/config/, tests/rl/, ..., tests/e2e/) and share helpers by bare name,
+# across rooms too (`from test_conformance import Local`, `from factories import write_config`): tests/ is on
+# sys.path through this file (pytest's prepend import mode), and so is every room.
+sys.path.extend(str(room) for room in sorted(Path(__file__).parent.iterdir()) if room.is_dir() and any(room.glob("test_*.py")))
 
 _started: list[str] = []
 """One line per cluster brought up in this session, printed in pytest's summary."""
@@ -105,12 +111,6 @@ def redis_installed() -> None:
     _installed("redis-server", "redis")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("redis") and "redis_installed" not in item.fixturenames:
-            item.fixturenames.insert(0, "redis_installed")  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="session")
 def redis_server(redis_installed):
     from hpcrl.distributed.redis_server import RedisServer
@@ -141,7 +141,7 @@ def board(redis_client, request):
 
 
 # ------------------------------------------------------------------------------------------- chromium
-# tests/test_report.py looks at report.html in a real browser: headless Chromium, Debian's package. As root on
+# tests/results/test_report.py looks at report.html in a real browser: headless Chromium, Debian's package. As root on
 # Debian it is installed when missing (tests/clusters/chromium.sh); elsewhere without it that test skips.
 
 
@@ -177,3 +177,75 @@ def _signal_handlers_back_after_each_test():
     for sig, handler in saved.items():
         if handler is not None:
             signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------------- tiers
+# Every test is a unit test unless a marker says otherwise (pyproject's `markers`): `slow` computes for tens of
+# seconds (learning runs, reference cross-checks), `e2e` runs processes as a user would (sweeps, jobs, programs,
+# rank or env-worker groups, a browser), `slurm`/`sge`/`redis` need those daemons. `--fast` (`scripts/test
+# --fast`) runs the unit tier only and holds it to being one: an unmarked test that uses more than
+# --unit-seconds of CPU fails there, so a slow test cannot slip into the edit-test loop unmarked.
+
+TIERS = ("slow", "e2e", "slurm", "sge", "redis")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hpcrl tiers")
+    group.addoption("--fast", action="store_true", help=f"the unit tier: deselect the tests marked {'/'.join(TIERS)}")
+    group.addoption("--unit-seconds", type=float, default=5.0, help="with --fast, fail an unmarked test whose setup and call use more CPU seconds, or 10x that in wall time (default 5)")
+
+
+def _tier(item: pytest.Item) -> str | None:
+    return next((name for name in TIERS if item.get_closest_marker(name)), None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`redis` tests get the server installed; --fast keeps the unit tier; otherwise the marked tests go
+    first. The suite's wall time under xdist is bounded below by its longest test, and xdist deals the
+    first tests out round-robin: a long learning run that started last would finish alone, minutes after
+    the others."""
+    for item in items:
+        if item.get_closest_marker("redis") and "redis_installed" not in item.fixturenames:
+            item.fixturenames.insert(0, "redis_installed")  # type: ignore[attr-defined]
+    if config.getoption("fast"):
+        deselected = [item for item in items if _tier(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if not _tier(item)]
+        return
+    rank = {"slow": 0, None: 2}
+    items.sort(key=lambda item: rank.get(_tier(item), 1))
+
+
+_START = pytest.StashKey[tuple[float, float]]()
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the children it has waited for (the `hpcrl` subprocesses a test runs)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_START] = (time.monotonic(), _cpu_seconds())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under --fast, an unmarked test that used more than --unit-seconds of CPU (setup and call), or ten
+    times that in wall time, fails. CPU rather than wall time: on a machine shared with other work the
+    wall time says more about the neighbours than about the test; the wall cap catches a test that sleeps."""
+    report = (yield).get_result()
+    limit = item.config.getoption("unit_seconds") if item.config.getoption("fast") else 0.0
+    if not limit or report.when != "call" or not report.passed or _tier(item) or _START not in item.stash:
+        return
+    began, cpu_began = item.stash[_START]
+    wall, cpu = time.monotonic() - began, _cpu_seconds() - cpu_began
+    if cpu > limit or wall > 10 * limit:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"a unit test took {cpu:.1f} CPU seconds and {wall:.1f} s (--unit-seconds {limit:g}: CPU, and 10x in wall time): "
+            f"make it faster, or mark it {' or '.join(TIERS[:2])} (pyproject's markers)"
+        )

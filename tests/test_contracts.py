@@ -275,6 +275,7 @@ def test_eval_task_i_reads_the_run_on_manifest_line_i(tmp_path: Path, capsys: py
     assert capsys.readouterr().out.startswith(f"{runs[1].run_id}: eval skipped")
 
 
+@pytest.mark.e2e
 def test_a_retried_run_is_not_left_marked_failed_while_it_trains_again(tmp_path: Path) -> None:
     """A retry clears the earlier FAILED as it starts: `status` must not call a run failed while it trains,
     nor after a requeue (exit 99 leaves no marker of its own)."""

@@ -185,6 +185,7 @@ def test_the_schema_is_the_config_s_own_fields_with_their_docs() -> None:
 # ------------------------------------------------------------------------------------ --scheduler debug
 
 
+@pytest.mark.e2e
 def test_debug_runs_every_stage_in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import os
 
@@ -225,6 +226,7 @@ def test_debug_evaluates_what_the_other_backends_would(tmp_path: Path, capsys: p
     assert rundir.eval_state(failed) == "done" and rundir.eval_state(skipped) == "skipped"
 
 
+@pytest.mark.e2e
 def test_a_debugger_stops_inside_the_training_of_a_debug_sweep(tmp_path: Path) -> None:
     import inspect
     import subprocess
@@ -369,6 +371,7 @@ def test_version_names_the_commit_of_a_checkout(capsys: pytest.CaptureFixture[st
 # ------------------------------------------------------------------------------------ the Python API
 
 
+@pytest.mark.e2e
 def test_a_whole_local_sweep_through_the_python_api(tmp_path: Path) -> None:
     import io
 

@@ -8,6 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -52,6 +54,7 @@ def test_installed_wheel_renders_job_scripts_outside_the_checkout(tmp_path: Path
     assert not (elsewhere / "logs").exists()
 
 
+@pytest.mark.e2e
 def test_a_new_user_inits_sweeps_and_collects_with_the_installed_wheel(tmp_path: Path) -> None:
     """Issue 18: from an empty directory, with the wheel installed (not the checkout): `hpcrl init`,
     then `hpcrl sweep` of that file with Hydra-style overrides, then `collect`."""

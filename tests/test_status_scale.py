@@ -301,6 +301,7 @@ def test_task_lists_and_what_qdel_says_of_tasks_that_ended() -> None:
 # ------------------------------------------------------------------------- cancel a subset, every backend
 
 
+@pytest.mark.e2e
 def test_cancel_of_a_setting_cancels_its_tasks_in_one_call_and_a_resweep_retries_them(backend: Backend, tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: F811 (the fixture)
     # Two settings x one seed, one task at a time: while run 0 trains, run 1 (the other setting) waits.
     overrides = ("sweep.grid.train.lr=[0.001, 0.002]", "sweep.seeds=[0]", "resources.max_concurrent=1")
@@ -353,6 +354,7 @@ def test_status_queries_the_scheduler_once_whatever_the_runs(backend: Backend, t
     assert sum(r.train == "cancelled" for r in rows) >= 50, [r.train for r in rows]
 
 
+@pytest.mark.e2e
 def test_cancel_of_a_running_run_stops_it_for_good_and_the_next_one_starts(backend: Backend, tmp_path: Path, capsys) -> None:  # noqa: F811 (the fixture)
     exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0, 1]", "train.total_steps=10000000", "resources.max_concurrent=1")
     first, second = load_runs(exp_dir)

@@ -1,4 +1,4 @@
-"""Users' game classes for tests/test_alphazero.py: a working one, and ones that break the protocol."""
+"""Users' game classes for tests/rl/test_alphazero.py: a working one, and ones that break the protocol."""
 
 from __future__ import annotations
 

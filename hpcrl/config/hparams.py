@@ -209,6 +209,9 @@ class AlphaZeroConfig(TrainConfig):
     weight_decay: float = setting(1e-4, ge=0, le=1)
     opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponent_problem, min_items=1, learned=False)
     """Whom the evaluations play (eval.episodes / eval.periodic_episodes games each, both colours)."""
+    ladder_games: int = setting(10, ge=0, le=10_000, learned=False)
+    """Games per pair in the eval stage's Elo ladder (a round robin of `random`, the snapshots of the
+    evaluations during training and the evaluated checkpoint, each colour half); 0: no ladder."""
     checkpoint_every: int = 5
 
     def check(self) -> list[tuple[str, str]]:

@@ -36,9 +36,9 @@ from hpcrl.rl import games
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import setup_torch
 from hpcrl.runtime.guard import StopFlag
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run, run_dir
+from hpcrl.store.states import REQUEUE_EXIT
 
 ORPHANED_EXIT = 75
 """The learner has been gone longer than the timeout, or failed (EX_TEMPFAIL: submit the run again)."""

@@ -7,8 +7,9 @@ DONE exits at once; otherwise it resumes from the newest checkpoint (network, ta
 replay, counters, parameter version, RNG states). On the scheduler's warning signal it stops
 taking batches, counts the ones still queued as lost, checkpoints and exits with REQUEUE_EXIT;
 its actors keep running and reconnect to the next start, which writes a new rendezvous.
-Its train.csv rows go to the optional trackers too (hpcrl.runtime.tracking), and with `eval.every_steps`
-it evaluates its network as `hpcrl train` does (periodic_eval.py): it is the one that has it.
+Its train.csv rows go through the run's one sink (hpcrl.runtime.runlog), to the optional trackers too,
+and with `eval.every_steps` it evaluates its network as `hpcrl train` does (periodic_eval.py): it is
+the one that has it.
 
 What is learned is the algorithm's half (`learning_half`): apex.ApexLearner for DQN,
 selfplay.AlphaZeroLearner for AlphaZero; this module is the job around it. Its stats file also
@@ -18,7 +19,6 @@ stretches it waited for data after that (`wait_s`, the longest `wait_max_s`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import secrets
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
 import redis
 import torch
 
@@ -39,16 +38,18 @@ from hpcrl.distributed.redis_server import RedisServer
 from hpcrl.distributed.selfplay import AlphaZeroLearner
 from hpcrl.rl import checkpoint, games, periodic_eval
 from hpcrl.rl.envs import make_vec_env
-from hpcrl.rl.train import BASE_COLUMNS, seed_everything, setup_torch
-from hpcrl.runtime import tracking
+from hpcrl.rl.train import seed_everything, setup_torch
 from hpcrl.runtime.guard import StopFlag, guarded_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.runtime.runlog import open_runlog
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run
+from hpcrl.store.states import REQUEUE_EXIT
 
 UPDATES_PER_POLL = 8
 """Updates between two looks at the queue: the queue is drained often, yet a poll costs little."""
 DIST_COLUMNS = ("actors_alive", "queue_depth", "lag_mean", "dropped_stale", "malformed", "backpressure_waits")
+COUNT_COLUMNS = frozenset(DIST_COLUMNS) - {"lag_mean"}
+"""Integers written to train.csv as they are (the other cells have 6 significant digits)."""
 COUNTERS = ("dropped_stale", "dropped_stale_transitions", "malformed", "lost")
 """Counters carried across learner restarts in the checkpoint (the consumer's restart at zero)."""
 
@@ -158,12 +159,8 @@ class Learner:
     def _loop(self) -> int:
         algo, d = self.algo, self.d
         resume_step = algo.global_step
-        with contextlib.ExitStack() as stack:
-            self.log_file = stack.enter_context(rundir.TrainLog(self.rd, BASE_COLUMNS + algo.metric_names + DIST_COLUMNS, resume_step))
-            self.trackers = stack.enter_context(tracking.open_trackers(self.experiment_dir, self.run_, self.rd, resume_step, self.out))
-            self.evaluator = periodic_eval.start(self.run_, self.rd, algo.policy, self.device, resume_step, self.saved_eval, self.out)
-            if self.evaluator is not None:
-                stack.callback(self.evaluator.close)
+        evaluator = lambda: periodic_eval.start(self.run_, self.rd, algo.policy, self.device, resume_step, self.saved_eval, self.out)  # noqa: E731
+        with open_runlog(self.experiment_dir, self.run_, self.rd, algo.metric_names + DIST_COLUMNS, resume_step, self.out, counts=COUNT_COLUMNS, evaluator=evaluator) as self.runlog:
             self.start, self.start_step = time.monotonic(), algo.global_step
             self.last_report, self.last_report_step = self.start, algo.global_step
             next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
@@ -221,9 +218,7 @@ class Learner:
 
     def _maybe_evaluate(self, final: bool) -> None:
         """An evaluation during training when one is due (eval.every_steps); the actors keep playing meanwhile."""
-        step = self.algo.global_step
-        if self.evaluator is not None and self.evaluator.due(step, final):
-            self.trackers.log(step, self.evaluator.evaluate(step, self.elapsed + time.monotonic() - self.start))
+        self.runlog.evaluate(self.algo.global_step, final, lambda: self.elapsed + time.monotonic() - self.start)
 
     def _check_actors_came(self) -> None:
         """Fail when no actor has shown up for learner_timeout_s in this lifetime (a heartbeat or a
@@ -261,10 +256,8 @@ class Learner:
     def _save(self) -> None:
         payload = {
             "agent": self.algo.state_dict(), "rng": checkpoint.rng_state(), "counters": self._counters(),
-            "wall_time": self.elapsed + time.monotonic() - self.start,
+            "wall_time": self.elapsed + time.monotonic() - self.start, **self.runlog.state_dict(),
         }
-        if self.evaluator is not None:
-            payload["periodic_eval"] = self.evaluator.state_dict()
         checkpoint.save(self.rd / "checkpoints", self.algo.global_step, payload, keep=self.cfg.train.keep_checkpoints)
 
     def _counters(self) -> dict[str, int]:
@@ -311,18 +304,11 @@ class Learner:
             **counters,
         }
         runstats.write(self.rd, stats)
-        ret = float(np.mean([e[0] for e in episodes])) if episodes else math.nan
-        length = float(np.mean([e[1] for e in episodes])) if episodes else math.nan
-        wall = self.elapsed + now - self.start
-        metrics = {**self.metrics, "replay_size": algo.replay.size, "param_version": algo.version, "lr": algo.lr}
-        row = [algo.global_step, algo.updates, f"{wall:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
-        row += [_fmt(metrics.get(k, math.nan)) for k in algo.metric_names]
-        row += [len(alive), depth, _fmt(lag_mean if lag_mean is not None else math.nan), counters["dropped_stale"], counters["malformed"], stats["backpressure_waits"]]
-        self.log_file.write(row)
-        self.trackers.log(algo.global_step, {"sps": sps, "episodes": len(episodes), "episodic_return": ret, "episodic_length": length, **metrics,
+        metrics = {**self.metrics, "replay_size": algo.replay.size, "param_version": algo.version, "lr": algo.lr,
             "actors_alive": len(alive), "queue_depth": depth, "lag_mean": lag_mean, "dropped_stale": counters["dropped_stale"],
             "malformed": counters["malformed"], "backpressure_waits": stats["backpressure_waits"],
-        })  # fmt: skip
+        }  # fmt: skip
+        self.runlog.row(algo.global_step, algo.updates, self.elapsed + now - self.start, sps, episodes, metrics)
 
     def _wait_for_actors_to_leave(self) -> None:
         """Give actors a moment to read `done` from the board (they exit 0 then) before Redis goes away."""
@@ -331,7 +317,3 @@ class Learner:
             if not any(s is not None for s in self.board.heartbeats().values()):
                 return
             time.sleep(0.1)
-
-
-def _fmt(value: float) -> str:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"

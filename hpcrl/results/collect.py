@@ -21,10 +21,12 @@ from pathlib import Path
 
 from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
+from hpcrl.results.strength import write_strength
 from hpcrl.results.tables import RunResult, Scoring, write_results
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import read_meta
 from hpcrl.store.states import State
+from hpcrl.sweep import modes
 
 
 def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
@@ -169,11 +171,10 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
         evaluate_missing(experiment_dir, out)
         results = gather(experiment_dir, tasks.experiment_task(config))
     notes = [note] if (note := expdir.left_out_note(experiment_dir)) else []
-    extra_plots = None
-    if ((config.get("sweep") or {}).get("search") or {}).get("method") == "optuna":
-        from hpcrl.sweep.study_results import write_study_results
-
-        (experiment_dir / "results" / "plots").mkdir(parents=True, exist_ok=True)
-        study_lines, extra_plots = write_study_results(experiment_dir, experiment_dir / "results")
-        notes += study_lines
-    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots)
+    mode_notes, extra_plots = modes.of_config(config).collect(experiment_dir, experiment_dir / "results")
+    notes += mode_notes
+    sections = []
+    if config.get("algo") == "alphazero":  # a two-player agent's strength: tables per opponent, curves, the Elo ladder
+        sections, strength_notes = write_strength(results, experiment_dir / "results", agg)
+        notes += strength_notes
+    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots, sections)

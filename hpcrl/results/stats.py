@@ -485,7 +485,7 @@ def aggregate_curves_many(
     10 s on 2 busy cores, and 0.5 s in one thread. So they run in one BLAS thread (`_one_blas_thread`).
     That changes no number: for products of this shape OpenBLAS gives the same bits whatever its
     threads (1, 2, 4, 8 and 32 threads agreed on every product of 1,000 to 5,000 reps, 1 to 300
-    seeds and 1 to 100 points; tests/test_stats.py holds this function to `aggregate_curves`).
+    seeds and 1 to 100 points; tests/results/test_stats.py holds this function to `aggregate_curves`).
     Wider products, which collect does not make (its grids have 100 points), can differ in the
     last bit between thread counts, as they did in the code before, from one machine to another.
     """

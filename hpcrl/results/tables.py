@@ -222,9 +222,12 @@ def write_results(
     notes: Sequence[str] = (),
     out: TextIO | None = None,
     extra_plots: dict[str, Path] | None = None,
+    sections: Sequence[report.Section] = (),
 ) -> int:
     """Every results file, the report, and the tables on `out`. 0 when any run had a score, else 1.
-    `extra_plots` (title -> PNG, an Optuna study's) join the report after hpcrl's own."""
+    `extra_plots` (title -> PNG, an Optuna study's) join the report after hpcrl's own. `sections`
+    (a two-player agent's strength: hpcrl.results.strength) follow the summary, their tables
+    printed after it on `out`."""
     agg = scoring.agg
     groups, task_names = _group(results)
     multi = len(task_names) > 1
@@ -312,6 +315,8 @@ def write_results(
     for task in task_names:
         print(f"{scoring.name}" + (f", {task}:" if multi else ":"), file=out)
         print(text_table(*summary_table(per_task[task], {s: n_expected[s, task] for s, by in groups.items() if task in by})), file=out)
+    for section in sections:
+        _print_section(section, out)
     if aggregate:
         print(f"\nAcross {len(task_names)} tasks ({_scale_note(scoring)}):", file=out)
         print(text_table(*_aggregate_cells(aggregate)), file=out)
@@ -326,10 +331,22 @@ def write_results(
         print(f"run {r.run_id} ({r.setting}{', ' + r.task if multi else ''}, seed {r.seed}): {problem}", file=out)
 
     doc = _document(title, facts, results_dir, scoring, task_names, per_task, n_expected, groups, aggregate, improvement, shown, made, lines, problems, results)
+    at = next((i for i, sec in enumerate(doc.sections) if not sec.title.startswith(scoring.name)), len(doc.sections))
+    doc.sections[at:at] = list(sections)
     report.write(doc, results_dir)
     extra = "aggregate.csv, " if aggregate else ""
     print(f"wrote {results_dir}/summary.csv, {extra}curves.csv, improvement.csv, report.md, report.html and {len(made)} plots in {results_dir}/plots", file=out)
     return 0 if matrices or any(len(_scores(rs)) for by in groups.values() for rs in by.values()) else 1
+
+
+def _print_section(section: report.Section, out: TextIO | None) -> None:
+    """A report section's tables on the terminal, under their (sub)section's heading."""
+    for block in section.blocks:
+        if isinstance(block, report.Table):
+            print(f"\n{section.title}:", file=out)
+            print(text_table(block.header, block.rows), file=out)
+        elif isinstance(block, report.Section):
+            _print_section(block, out)
 
 
 def _file_part(text: str) -> str:

@@ -14,6 +14,10 @@ rescued).
 `best.pt` beside them holds the policy that scored highest in the evaluations during training
 (`eval.every_steps`). Its name is outside the step-file pattern on purpose: resuming, pruning and
 "newest" never see it, so a run never resumes from its best policy and `keep` never deletes it.
+
+`ladder/step-<step>.pt` holds the policy of a two-player agent at each evaluation during training
+(`snapshot`): the eval stage plays them against each other for the Elo ladder (hpcrl.rl.strength).
+Pruning keeps only the last two checkpoints, so the ladder's players need files of their own.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 
 from hpcrl.io import atomic_open
-from hpcrl.store.rundir import RunError
+from hpcrl.store.rundir import RunError, remove_stale_temp
 
 _NAME = re.compile(r"^step-(\d+)(?:-(\d+))?\.pt$")
 """`step-000000004096-000007.pt`; files from before the sequence (`step-N.pt`) count as sequence 0."""
@@ -66,6 +70,36 @@ def load_best(directory: Path, device: str | torch.device = "cpu") -> dict[str, 
     """The best policy's checkpoint, or None when the run has none."""
     path = directory / BEST
     return load(path, device) if path.exists() else None
+
+
+LADDER = "ladder"
+_SNAPSHOT = re.compile(r"^step-(\d+)\.pt$")
+
+
+def snapshot(directory: Path, step: int, weights: dict[str, Any]) -> Path:
+    """Write `ladder/step-<step>.pt` atomically: the policy at this step, as `best.pt` holds one."""
+    (directory / LADDER).mkdir(parents=True, exist_ok=True)
+    path = directory / LADDER / f"step-{step:012d}.pt"
+    _write(path, {"agent": {"policy": weights}, "step": step})
+    return path
+
+
+def snapshots(directory: Path) -> list[tuple[int, Path]]:
+    """(step, file) of each ladder snapshot, by step."""
+    ladder = directory / LADDER
+    if not ladder.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in ladder.iterdir() if (m := _SNAPSHOT.match(p.name)))
+
+
+def drop_snapshots_after(directory: Path, step: int) -> None:
+    """A resumed run redoes the steps after its checkpoint: their snapshots go (they are written
+    again), and so do the temporary files of a snapshot write that was killed (the trainer holds
+    the run lock)."""
+    remove_stale_temp(directory / LADDER)
+    for at, path in snapshots(directory):
+        if at > step:
+            path.unlink(missing_ok=True)
 
 
 def _write(path: Path, state: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ the run's markers whether there is anything to evaluate, and records a failure.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -90,7 +91,8 @@ def _evaluate(rd: Path, run: Run, out) -> int:
     if run.config.train.device.startswith("cuda") and device.type == "cpu":
         print(f"{run.run_id}: train.device is {run.config.train.device}, but this eval task has no GPU (eval.gpus: {ecfg.gpus}): evaluating on the CPU", file=out)
     if games.is_game_env(run.config.env):
-        return _evaluate_game(rd, run, state_dict["agent"]["policy"], which, device, out)
+        step = int(state_dict["step"] if "step" in state_dict else state_dict["agent"].get("global_step", 0))
+        return _evaluate_game(rd, run, state_dict["agent"]["policy"], step, which, device, out)
     probe = make_vec_env(run.config.env, 1)
     try:
         cls = algorithm_class(run.config.algo)
@@ -110,9 +112,10 @@ def _evaluate(rd: Path, run: Run, out) -> int:
     return 0
 
 
-def _evaluate_game(rd: Path, run: Run, weights: dict, which: str, device: torch.device, out) -> int:
+def _evaluate_game(rd: Path, run: Run, weights: dict, weights_step: int, which: str, device: torch.device, out) -> int:
     """A two-player agent: eval.episodes games against each of train.opponents, both colours;
-    every game in eval.csv (return +1 / 0 / -1), the counts per opponent in strength.csv."""
+    every game in eval.csv (return +1 / 0 / -1), the counts per opponent in strength.csv; and the
+Elo ladder's round robin (`weights_step` names the evaluated policy in it) in ladder.csv."""
     cfg = run.config.train
     spec = games.load(run.config.env)
     net = make_network(cfg, spec).to(device)  # type: ignore[arg-type]  # cfg is the run's AlphaZeroConfig
@@ -123,10 +126,28 @@ def _evaluate_game(rd: Path, run: Run, weights: dict, which: str, device: torch.
     rundir.write_eval(rd, results)
     rows = [strength.summary(name, rs) for name, rs in by_opponent.items()]
     rundir.write_strength(rd, rows)
+    if cfg.ladder_games:
+        rundir.write_ladder(rd, _ladder(rd, spec, net, weights_step, cfg, device, EVAL_SEED_OFFSET + run.seed))
     text = ", ".join(f"{name}: {w}/{d}/{lost}" for name, _, w, d, lost, *_ in rows)
     rundir.mark(rd, rundir.EVAL_DONE, f"wins/draws/losses {text} ({run.config.eval.episodes} games each) of the {which}")
     print(f"{run.run_id}: eval wins/draws/losses {text} of the {which}", file=out)
     return 0
+
+
+def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg: Any, device: torch.device, seed: int) -> list[list[Any]]:
+    """The Elo ladder's round robin: `random`, the snapshots of the evaluations during training (at
+    most strength.LADDER_PLAYERS) and the evaluated policy, each named by its step. They search
+    train.simulations, self-play's, not eval_simulations: a round robin is players^2 / 2 matches."""
+    sims = cfg.simulations
+    saved = dict(checkpoint.snapshots(rd / rundir.CHECKPOINTS))
+    agents = {}
+    for at in strength.ladder_players([s for s in saved if s != step]):
+        snap = make_network(cfg, spec).to(device)
+        snap.load_state_dict(checkpoint.load(saved[at], device)["agent"]["policy"])
+        snap.eval()
+        agents[str(at)] = strength.mcts_agent(snap, device, spec, sims, cfg.c_puct)
+    agents[str(step)] = strength.mcts_agent(net, device, spec, sims, cfg.c_puct)
+    return strength.ladder(spec, agents, cfg.ladder_games, seed)
 
 
 def _checkpoint_to_evaluate(rd: Path, which: str) -> tuple[dict, str]:

@@ -14,7 +14,9 @@ them each time would be most of the cost for cheap envs.
 
 A two-player game (AlphaZero) plays `periodic_episodes` games against each of `train.opponents`
 instead (hpcrl.rl.strength), a row per opponent in strength_curve.csv; each game is an episode of
-return +1 / 0 / -1 in eval_curve.csv's mean.
+return +1 / 0 / -1 in eval_curve.csv's mean. Each such evaluation also keeps the policy as a ladder
+snapshot (checkpoints/ladder/), the players of the eval stage's Elo ladder; a resumed run drops the
+snapshots of the steps it redoes.
 
 Seeds: every evaluation replays the same held-out episodes (PERIODIC_SEED_OFFSET + the run's seed,
 one env each from there). Successive evaluations then differ only in the policy, so `best` is the
@@ -62,6 +64,8 @@ class PeriodicEval:
         self.game = games.load(run.config.env) if games.is_game_env(run.config.env) else None
         """A two-player game (AlphaZero): each evaluation plays train.opponents instead of episodes."""
         self.strength_log = rundir.StrengthCurveLog(rd, resume_step) if self.game is not None else None
+        if self.game is not None:
+            checkpoint.drop_snapshots_after(self.ckpt_dir, resume_step)
         self._restore_best_file()
 
     def _restore_best_file(self) -> None:
@@ -114,6 +118,7 @@ class PeriodicEval:
         by_opponent = strength.evaluate_strength(self.game, self.policy, self.device, self.run.config.train, self.episodes, seed)
         for name, results in by_opponent.items():
             self.strength_log.write([step, f"{wall_time:.3f}", *strength.summary(name, results)])
+        checkpoint.snapshot(self.ckpt_dir, step, {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()})
         return [r for results in by_opponent.values() for r in results]
 
     def _write_best(self) -> None:

@@ -13,6 +13,13 @@ Game k of a match has the agent move first when k is even. Each game's result is
 episode's, the return being +1 / 0 / -1 for the agent (the game's return for its side), so
 eval.csv, eval_curve.csv and collect's curves and intervals read it as they read returns; the
 counts per opponent go to strength.csv (eval stage) and strength_curve.csv (during training).
+
+The Elo ladder (`ladder`): the eval stage plays a round robin between `random` and the run's own
+policies (the snapshots of the evaluations during training, at most LADDER_PLAYERS of them, and the
+checkpoint it evaluates), `train.ladder_games` games per pair, each colour half of them. Two fixed
+networks searched without noise play the same game every time, so each pair of games (one with
+each colour) starts from its own LADDER_OPENING random moves. The counts go to ladder.csv; collect
+fits the ratings (hpcrl.results.strength).
 """
 
 from __future__ import annotations
@@ -35,6 +42,12 @@ ROLLOUT_C_PUCT = 2.0
 Opponent = Callable[[Game], int]
 Agent = Callable[[Sequence[Game]], list[int]]
 Result = tuple[float, int, dict[str, float]]
+
+LADDER_PLAYERS = 8
+"""Policies of a run in its ladder (evenly spaced snapshots, the last always in), besides `random`:
+a round robin costs players^2 / 2 matches."""
+LADDER_OPENING = 2
+"""Random moves that start each pair of ladder games."""
 
 
 def make_opponent(name: str, spec: GameSpec, seed: int) -> Opponent:
@@ -60,17 +73,32 @@ def mcts_agent(net: torch.nn.Module, device: torch.device, spec: GameSpec, simul
     return lambda states: [greedy(c) for c in mcts.search(states, evaluate, spec.num_actions, simulations, c_puct)]
 
 
-def play_match(spec: GameSpec, agent: Agent, opponent: Opponent, n_games: int) -> list[Result]:
-    """`n_games` games, the agent first in the even ones; each with the agent's return and the length."""
+def random_agent(spec: GameSpec, rng: random.Random) -> Agent:
+    return lambda states: [rng.choice(games.legal_actions(s, spec.num_actions)) for s in states]
+
+
+def play_match(spec: GameSpec, agent: Agent, opponent: Opponent | Agent, n_games: int, batched: bool = False, opening: Sequence[Sequence[int]] = ()) -> list[Result]:
+    """`n_games` games, the agent first in the even ones; each with the agent's return and the length.
+    `batched`: the opponent is an Agent too (all its moves of a turn at once). `opening`: moves
+    played first in game k (`opening[k // 2]`, the same for both colours)."""
     states = [spec.new_initial_state() for _ in range(n_games)]
     sides = [k % 2 for k in range(n_games)]
     lengths = [0] * n_games
+    for k, state in enumerate(states):
+        for action in opening[k // 2] if opening else ():
+            if state.is_terminal():
+                break
+            games.apply(state, action)
+            lengths[k] += 1
+    play: Agent = opponent if batched else lambda states: [opponent(s) for s in states]  # type: ignore[assignment,misc,arg-type]
     while active := [k for k in range(n_games) if not states[k].is_terminal()]:
         agent_turn = [k for k in active if games.current_player(states[k]) == sides[k]]
+        other_turn = [k for k in active if k not in set(agent_turn)]
         moves = dict(zip(agent_turn, agent([states[k] for k in agent_turn]))) if agent_turn else {}
+        moves.update(zip(other_turn, play([states[k] for k in other_turn])) if other_turn else {})
         for k in active:
-            action = moves[k] if k in moves else opponent(states[k])
-            if action not in games.legal_actions(states[k], spec.num_actions):
+            action = moves[k]
+            if k not in agent_turn and action not in games.legal_actions(states[k], spec.num_actions):
                 raise GameError(f"the opponent chose {action}, which is not legal in {spec.name}")
             games.apply(states[k], int(action))
             lengths[k] += 1
@@ -94,3 +122,39 @@ def summary(name: str, results: Sequence[Result]) -> list[Any]:
     n = len(results)
     wins, draws, losses = (sum(int(m[k]) for *_, m in results) for k in ("win", "draw", "loss"))
     return [name, n, wins, draws, losses, f"{wins / n:.4g}", f"{draws / n:.4g}", f"{losses / n:.4g}"]
+
+
+def random_openings(spec: GameSpec, n_pairs: int, plies: int, rng: random.Random) -> list[list[int]]:
+    """`n_pairs` sequences of up to `plies` uniformly random moves (shorter where a game ends)."""
+    openings = []
+    for _ in range(n_pairs):
+        state, moves = spec.new_initial_state(), []
+        while len(moves) < plies and not state.is_terminal():
+            moves.append(rng.choice(games.legal_actions(state, spec.num_actions)))
+            games.apply(state, moves[-1])
+        openings.append(moves)
+    return openings
+
+
+def ladder_players(steps: Sequence[int], limit: int = LADDER_PLAYERS) -> list[int]:
+    """At most `limit` of the snapshot steps, evenly spaced, the first and last always in."""
+    steps = sorted(set(steps))
+    if len(steps) <= limit:
+        return steps
+    return sorted({steps[round(i * (len(steps) - 1) / (limit - 1))] for i in range(limit)})
+
+
+def ladder(spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: int) -> list[list[Any]]:
+    """Round robin between `agents` (name -> agent; `random` plays uniformly); a ladder.csv row per
+    pair: player_a, player_b, games, a_wins, draws, b_wins (player a first in the even games)."""
+    rng = random.Random(seed)
+    players = {"random": random_agent(spec, rng), **agents}
+    names = list(players)
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            opening = random_openings(spec, (games_per_pair + 1) // 2, LADDER_OPENING, rng)
+            results = play_match(spec, players[a], players[b], games_per_pair, batched=True, opening=opening)
+            wins, draws, losses = (int(sum(m[k] for *_, m in results)) for k in ("win", "draw", "loss"))
+            rows.append([a, b, games_per_pair, wins, draws, losses])
+    return rows

@@ -3,8 +3,8 @@
 Idempotent by design, because schedulers rerun jobs: a run with DONE exits at once, a run with
 checkpoints resumes from the newest (model, optimiser, RNG, counters, algorithm extras), and
 train.csv is cut back to the checkpoint's step so the log never holds the same steps twice.
-Every train.csv row also goes to the optional trackers (hpcrl.runtime.tracking), and with
-`eval.every_steps` the policy is evaluated on held-out episodes as it trains (periodic_eval.py).
+Its rows go through the run's one sink (hpcrl.runtime.runlog): train.csv, the optional trackers,
+and with `eval.every_steps` the evaluations on held-out episodes as it trains (periodic_eval.py).
 On SIGUSR1/SIGTERM (the scheduler's warning before a time limit or preemption, or Ctrl-C's
 cleanup) it checkpoints at the next iteration boundary and exits with REQUEUE_EXIT.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import math
 import os
 import random
 import sys
@@ -36,17 +35,11 @@ from hpcrl.rl.algorithms import algorithm_class, pick_device
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.ppo import OnPolicyAgent
-from hpcrl.runtime import tracking
 from hpcrl.runtime.guard import StopFlag, guarded_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
+from hpcrl.runtime.runlog import Callback, open_runlog
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run
-
-Progress = Callable[[int, dict[str, float]], "str | None"]
-"""Called with the step and the scalars of each train.csv row and of each evaluation during
-training; a string it returns stops the training there, for that reason (an Optuna pruner)."""
-
-BASE_COLUMNS = ("step", "iteration", "wall_time", "sps", "episodes", "episodic_return", "episodic_length")
+from hpcrl.store.states import REQUEUE_EXIT
 
 
 def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> torch.device:
@@ -77,7 +70,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_run(experiment_dir: Path, run: Run, out=None, progress: Progress | None = None) -> int:
+def train_run(experiment_dir: Path, run: Run, out=None, progress: Callback | None = None) -> int:
     """Train one run to completion (or to the next preemption). Returns the process exit code.
 
     `progress` (an Optuna trial's reporter) may end the training early: the run is then DONE at
@@ -107,7 +100,7 @@ def _other_rank(experiment_dir: Path, run: Run, ranks: Ranks, body: Callable[[Pa
         return 1
 
 
-def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Progress | None = None, ranks: Ranks | None = None) -> int:
+def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Callback | None = None, ranks: Ranks | None = None) -> int:
     cfg = run.config
     tcfg = cfg.train
     ranks = ranks or Ranks.single()
@@ -119,7 +112,7 @@ def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progre
         ranks.close()
 
 
-def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Progress | None, ranks: Ranks, device: torch.device) -> int:
+def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progress: Callback | None, ranks: Ranks, device: torch.device) -> int:
     cfg = run.config
     tcfg = cfg.train
     seed_everything(run.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
@@ -149,21 +142,16 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
         if agent.planned_steps != tcfg.total_steps:
             print(f"{run.run_id}: train.total_steps {tcfg.total_steps} rounded up to {agent.planned_steps}, whole iterations of {agent.planned_steps // agent.num_iterations} steps", file=out)
         resume_step = agent.global_step
-        with contextlib.ExitStack() as stack:
-            main = ranks.is_main
-            log = stack.enter_context(rundir.TrainLog(rd, BASE_COLUMNS + tuple(agent.metric_names), resume_step)) if main else None
-            trackers = stack.enter_context(tracking.open_trackers(experiment_dir, run, rd, resume_step, out)) if main else None
-            evaluator = periodic_eval.start(run, rd, agent.policy, device, resume_step, state.get("periodic_eval") if state else None, out) if main else None
-            if evaluator is not None:
-                stack.callback(evaluator.close)
+        main = ranks.is_main  # rank 0 alone writes the run's rows (runtime/runlog.py)
+        saved_eval = state.get("periodic_eval") if state else None
+        evaluator = lambda: periodic_eval.start(run, rd, agent.policy, device, resume_step, saved_eval, out)  # noqa: E731
+        with open_runlog(experiment_dir, run, rd, agent.metric_names, resume_step, out, evaluator=evaluator, callbacks=[progress] if progress else []) if main else contextlib.nullcontext() as runlog:
             start, start_step = time.monotonic(), agent.global_step
 
             def save() -> None:
-                if not main:
+                if runlog is None:
                     return
-                payload = {"agent": agent.state_dict(), "rng": checkpoint.rng_state(), "wall_time": elapsed + time.monotonic() - start}
-                if evaluator is not None:
-                    payload["periodic_eval"] = evaluator.state_dict()
+                payload = {"agent": agent.state_dict(), "rng": checkpoint.rng_state(), "wall_time": elapsed + time.monotonic() - start, **runlog.state_dict()}
                 checkpoint.save(ckpt_dir, agent.global_step, payload, keep=tcfg.keep_checkpoints)
 
             while not agent.finished:
@@ -171,24 +159,15 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                 now = time.monotonic()
                 episodes, agent.episodes = ranks.gather(agent.episodes), []
                 warned = ranks.any(stop.signal is not None)  # every rank stops at this iteration
-                if not main:
+                if runlog is None:  # not rank 0
                     if warned:
                         ranks.leave_for_requeue()
                         return REQUEUE_EXIT
                     continue
-                assert log is not None and trackers is not None
-                ret = float(np.mean([e[0] for e in episodes])) if episodes else math.nan
-                length = float(np.mean([e[1] for e in episodes])) if episodes else math.nan
                 sps = (agent.global_step - start_step) / max(now - start, 1e-9)
-                row = [agent.global_step, agent.iteration, f"{elapsed + now - start:.3f}", f"{sps:.1f}", len(episodes), _fmt(ret), _fmt(length)]
-                log.write(row + [_fmt(metrics.get(k, math.nan)) for k in agent.metric_names])
-                scalars = {"sps": sps, "episodes": len(episodes), "episodic_return": ret, "episodic_length": length, **metrics}
-                trackers.log(agent.global_step, scalars)
-                if evaluator is not None and evaluator.due(agent.global_step, agent.finished):
-                    evaluated = evaluator.evaluate(agent.global_step, elapsed + time.monotonic() - start)
-                    trackers.log(agent.global_step, evaluated)
-                    scalars.update(evaluated)
-                if progress is not None and (why := progress(agent.global_step, scalars)) and not agent.finished:
+                scalars = runlog.row(agent.global_step, agent.iteration, elapsed + now - start, sps, episodes, metrics)
+                scalars.update(runlog.evaluate(agent.global_step, agent.finished, lambda: elapsed + time.monotonic() - start))
+                if (why := runlog.report(agent.global_step, scalars)) and not agent.finished:
                     save()
                     rundir.mark(rd, rundir.PRUNED, why)
                     break
@@ -210,8 +189,3 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
     rundir.mark_done(rd, agent.global_step)
     print(f"{run.run_id}: {rundir.first_line(rd, rundir.PRUNED) or 'done'} at step {agent.global_step}", file=out)
     return 0
-
-
-def _fmt(value: float) -> str:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"
-

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run, run_dir
+from hpcrl.store.states import REQUEUE_EXIT
 
 WARNINGS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 """What a scheduler's warning arrives as: the job script forwards it as USR1, Slurm's scancel and

@@ -27,8 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import rundir
+from hpcrl.store.states import REQUEUE_EXIT
 
 LAUNCH_ID = "HPCRL_LAUNCH_ID"
 """Names one start of a multi-rank job (the job id and its requeue count): its rendezvous file."""

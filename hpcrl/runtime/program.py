@@ -43,9 +43,9 @@ from hpcrl import job
 from hpcrl.config import program_spec
 from hpcrl.config.program_spec import MetricsConfig, ProgramConfig
 from hpcrl.runtime.guard import StopFlag, guarded_eval, guarded_run
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run
+from hpcrl.store.states import REQUEUE_EXIT
 
 TAIL_LINES = 20
 """Lines of the program's output kept in a FAILED marker."""

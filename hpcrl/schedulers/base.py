@@ -18,9 +18,6 @@ from hpcrl import templates
 from hpcrl.store.expdir import Dependency
 from hpcrl.store.states import State
 
-REQUEUE_EXIT = 99
-"""A task that exits with this code asks to run again (SGE's reschedule code; Slurm and local map it)."""
-
 # The states `hpcrl status` shows, from any scheduler: the members of store.states.State.
 PENDING, RUNNING, DONE, FAILED, CANCELLED, UNKNOWN = State.PENDING, State.RUNNING, State.DONE, State.FAILED, State.CANCELLED, State.UNKNOWN
 ORPHANED, NOT_SUBMITTED = State.ORPHANED, State.NOT_SUBMITTED

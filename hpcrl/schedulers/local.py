@@ -27,10 +27,10 @@ from typing import IO
 
 from hpcrl.config.experiment import ConfigError
 from hpcrl.io import atomic_write_text
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, REQUEUE_EXIT, RUNNING, Scheduler, SchedulerError, shown_state
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RUNNING, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, read_runs_csv
-from hpcrl.store.states import State
+from hpcrl.store.states import REQUEUE_EXIT, State
 
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""

@@ -45,6 +45,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,9 @@ EVAL_CURVE_COLUMNS = ("step", "wall_time", "mean_return", "std_return", "mean_le
 STRENGTH, STRENGTH_CURVE = "strength.csv", "strength_curve.csv"
 STRENGTH_COLUMNS = ("opponent", "games", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate")
 """A two-player agent's results per fixed opponent (AlphaZero; hpcrl.rl.strength): eval stage, and during training (with step and wall_time first)."""
+LADDER = "ladder.csv"
+LADDER_COLUMNS = ("player_a", "player_b", "games", "a_wins", "draws", "b_wins")
+"""The eval stage's round robin between `random` and a run's own policies (named by their step)."""
 TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
 STALLED = "stalled_requeues"
@@ -671,6 +675,36 @@ def write_strength(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
     writer.writerow(STRENGTH_COLUMNS)
     writer.writerows(rows)
     atomic_write_text(run_dir / STRENGTH, buf.getvalue())
+
+
+def write_ladder(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
+    """ladder.csv of the eval stage: a row per pair of players (LADDER_COLUMNS)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(LADDER_COLUMNS)
+    writer.writerows(rows)
+    atomic_write_text(run_dir / LADDER, buf.getvalue())
+
+
+def read_table(path: Path, columns: Sequence[str], numeric: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of strength.csv, strength_curve.csv or ladder.csv, `numeric` columns as floats.
+    FileNotFoundError when absent; ValueError for a missing column or a cell that does not parse
+    (a torn last line of a log being written is dropped)."""
+    text = path.read_text()
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # torn (or empty file)
+    rows = list(csv.DictReader(lines))
+    missing = [c for c in columns if not rows or c not in rows[0]] if rows else list(columns)
+    if missing:
+        raise ValueError(f"no rows with the columns {', '.join(columns)}" if not rows else f"no column {missing[0]}")
+    out = []
+    for n, row in enumerate(rows, start=2):
+        try:
+            out.append({c: float(row[c]) if c in numeric else str(row[c]) for c in columns})
+        except (TypeError, ValueError):
+            raise ValueError(f"line {n} does not parse: {','.join(str(row.get(c)) for c in columns)}") from None
+    return out
 
 
 def read_eval_curve(run_dir: Path, names: frozenset[str] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The states of a run's stages and of a scheduler's tasks: one Enum for rundir, status, collect and the backends.
+"""The states of a run's stages and of a scheduler's tasks: one Enum for rundir, status, collect and the backends;
+and the exit code by which a task asks for the state it cannot write itself, to run again.
 
 A stage's marker on disk (rundir) and a task's state at the scheduler (the backends) meet in
 `schedulers.base.shown_state`, whose result `hpcrl status` shows and `collect` reports; they are
@@ -9,6 +10,11 @@ as it (JSON, CSV, a status line) without conversion.
 from __future__ import annotations
 
 from enum import Enum
+
+REQUEUE_EXIT = 99
+"""A task that exits with this code asks to run again (SGE's reschedule code; Slurm and local map it).
+Every in-job entry point (sweep's study worker, runtime, rl, distributed), the job scripts (submit)
+and the backends agree on it, so it lives with the states, below all of them."""
 
 
 class State(str, Enum):

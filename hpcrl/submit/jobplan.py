@@ -35,9 +35,10 @@ from typing import Any
 import hpcrl
 from hpcrl.config import program_spec
 from hpcrl.config.experiment import ConfigError, Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
-from hpcrl.schedulers.base import REQUEUE_EXIT, Scheduler
+from hpcrl.schedulers.base import Scheduler
 from hpcrl.store import expdir
 from hpcrl.store.expdir import Run
+from hpcrl.store.states import REQUEUE_EXIT
 
 AGGREGATE_MEM = "2G"
 """Memory of the aggregate job: `collect` reads CSVs and draws a few plots."""

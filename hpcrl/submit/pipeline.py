@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
 import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -28,11 +27,10 @@ from hpcrl.schedulers import check_choice, detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
-from hpcrl.store.states import State
 from hpcrl.submit.distributed import plan_distributed
 from hpcrl.submit.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
+from hpcrl.sweep import modes, study
 from hpcrl.sweep import runs as sweep
-from hpcrl.sweep import study
 
 
 def resolved_image(exp: Experiment) -> str | None:
@@ -61,19 +59,6 @@ def image_provenance(exp: Experiment) -> dict[str, Any]:
     return {"image": str(path.resolve()), "image_sha256": digest.hexdigest() if path.is_file() else None}
 
 
-def active_runs(experiment_dir: Path, scheduler: Scheduler, jobs: list[Job]) -> dict[str, set[int]]:
-    """Stage -> runs whose task of that stage is still pending or running: they must not be submitted twice."""
-    relevant = [j for j in jobs if j.manifest and j.scheduler == scheduler.name]
-    active: dict[str, set[int]] = {}
-    if not relevant:
-        return active
-    states = scheduler.query([j.job_id for j in relevant])
-    for job in relevant:
-        tasks = states.get(job.job_id, {})
-        for task, run_index in enumerate(rundir.read_manifest(experiment_dir, job.manifest), start=1):
-            if tasks.get(task) in ("pending", "running"):
-                active.setdefault(job.stage, set()).add(run_index)
-    return active
 
 
 @contextmanager
@@ -121,7 +106,7 @@ def plan_scripts(
 
 def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[expdir.Run], out: IO[str] | None, cwd: Path | None) -> int:
     n_runs = len(runs)
-    workers = _first_workers(exp)
+    workers = modes.of(exp).first_workers(exp)
     for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs, workers=workers):
         size = planned.tasks
         print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
@@ -130,17 +115,8 @@ def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[expdir.Run],
         first = program_tasks(exp, {runs[0].index: runs[0]}, [runs[0].index], "train")[0]
         where = f" (in the image {exp.container.image})" if program_in_container(exp) else ""
         print(f"# first run's command line{where}: {shlex.join(first)}", file=out)
-    what = f"an Optuna study of {exp.sweep.search.n_trials} trials, {workers} workers" if workers and exp.sweep.search else f"{n_runs} runs"
-    print(f"# dry run: {what}, nothing written, nothing submitted", file=out)
+    print(f"# dry run: {modes.of(exp).planned(exp, n_runs, workers)}, nothing written, nothing submitted", file=out)
     return 0
-
-
-def _first_workers(exp: Experiment) -> int:
-    """Workers of a new study (none for a grid or random search)."""
-    if not study.is_study(exp):
-        return 0
-    assert exp.sweep.search is not None and exp.sweep.search.n_trials is not None
-    return min(exp.sweep.search.n_trials, exp.resources.max_concurrent or study.WORKERS)
 
 
 def submit_experiment(
@@ -171,16 +147,15 @@ def submit_experiment(
             raise ConfigError("; ".join(problems))
     runs = sweep.expand(exp)
     if dry_run and scheduler.in_process:
-        what = "an Optuna study's trials" if study.is_study(exp) else f"{len(runs)} runs"
+        what = modes.of(exp).trained_here(exp, len(runs))
         print(f"# dry run (--scheduler {scheduler.name}): {what} would train, be evaluated and collected in this process; nothing written", file=out)
         return 0
     if dry_run:
         return print_dry_run(exp, scheduler, runs, out, cwd)
     check_output_writable(exp)
     # Every template renders before anything is written: a refused directive value leaves nothing.
-    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs, workers=_first_workers(exp))
-    if study.is_study(exp):
-        study.require_optuna()
+    plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs, workers=modes.of(exp).first_workers(exp))
+    modes.of(exp).require()
     provenance = {"scheduler": scheduler.name, **image_provenance(exp)}
     rollback = expdir.Rollback(root)
     try:
@@ -191,86 +166,28 @@ def submit_experiment(
         raise
 
 
-def _listings(root: Path, runs: list[expdir.Run]) -> dict[int, frozenset[str]]:
-    """Each run's `rundir.listing`, reading only the run directories that exist (one scandir of
-    runs/): a first sweep of 10,000 runs makes no call per run."""
-    try:
-        with os.scandir(expdir.runs_dir(root)) as entries:
-            present = {e.name for e in entries}
-    except (FileNotFoundError, NotADirectoryError):
-        present = set()
-    return {r.index: rundir.listing(expdir.run_dir(root, r.run_id)) if r.run_id in present else frozenset() for r in runs}
-
-
 def _sweep_locked(
     exp: Experiment, scheduler: Scheduler, runs: list[expdir.Run], provenance: dict[str, Any], rollback: expdir.Rollback,
     detach: bool, out: IO[str] | None, cwd: Path | None,
 ) -> int:
-    """The part of a sweep that holds the experiment's sweep lock: from reading jobs.json to writing it."""
+    """The part of a sweep that holds the experiment's sweep lock: from reading jobs.json to writing
+    it. The search mode says which runs it writes, what it submits and what is still in flight."""
     root = exp.dir
     with sweep_lock(root):
         scheduler.recover()
-        if study.is_study(exp):
-            return _sweep_study(exp, scheduler, provenance, rollback, detach, out, cwd)
-        runs = expdir.merge_runs(root, runs)
         jobs = read_jobs(root)
-        active = active_runs(root, scheduler, jobs)
-        in_flight = set().union(*active.values()) if active else set()
-        listings = _listings(root, runs)
-        states = {r.index: rundir.run_state(expdir.run_dir(root, r.run_id), listings[r.index]) for r in runs}
-        todo = [r.index for r in runs if states[r.index] != State.DONE and r.index not in in_flight]
-        # Trained runs whose evaluation failed, was cancelled or never ran get eval-only jobs.
-        eval_todo = [
-            r.index for r in runs
-            if states[r.index] == State.DONE and rundir.eval_state(expdir.run_dir(root, r.run_id), listings[r.index]) in (State.NEW, State.FAILED) and r.index not in in_flight
-        ]
-        skipped_done = sum(1 for s in states.values() if s == State.DONE)
-        expdir.write_experiment(exp, runs, provenance)
-        if not todo and not eval_todo:
-            print(f"{root}: all {len(runs)} runs are done or in flight ({skipped_done} done); nothing submitted", file=out)
-            if not scheduler.runs_here or not in_flight:
+        plan = modes.of(exp).round(exp, runs, jobs, scheduler.name, scheduler.query, out)
+        expdir.write_experiment(exp, plan.runs, provenance)
+        if not plan.submits:
+            print(f"{root}: {plan.idle}", file=out)
+            if not scheduler.runs_here or not plan.in_flight:
                 return 0
         else:
             attempt = max((j.attempt for j in jobs), default=-1) + 1
-            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, todo, attempt, cwd, eval_todo, runs=runs), attempt, jobs, rollback)
-            what = f"{len(todo)} of {len(runs)} runs" + (f" and {len(eval_todo)} evaluations" if eval_todo else "")
-            print(
-                f"{root}: submitted {what} to {scheduler.name} ({skipped_done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: "
-                + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs),
-                file=out,
-            )
+            new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, plan.todo, attempt, cwd, plan.eval_todo, runs=plan.runs, workers=plan.workers), attempt, jobs, rollback)
+            print(f"{root}: {plan.what(scheduler.name, new_jobs)}", file=out)
         if detach:  # inside the lock: the next sweep must find the runner alive, not its jobs to settle
             return scheduler.start(root, detach)
-    return scheduler.start(root, detach)
-
-
-def _sweep_study(
-    exp: Experiment, scheduler: Scheduler, provenance: dict[str, Any], rollback: expdir.Rollback, detach: bool, out: IO[str] | None, cwd: Path | None,
-) -> int:
-    """An Optuna study's sweep (under the sweep lock): workers for the trials still to run, unless
-    workers of an earlier sweep are still pending or running; a trial left RUNNING by a worker
-    that died is resumed by the task of the same id."""
-    root = exp.dir
-    jobs = read_jobs(root)
-    the_study = study.open_study(exp, root, out=out)
-    state = study.study_state(exp, the_study)
-    expdir.write_experiment(exp, study.trial_runs(root, state.run_ids), provenance)
-    workers_jobs = [j for j in jobs if j.stage == "study" and j.scheduler == scheduler.name]
-    answer = scheduler.query([j.job_id for j in workers_jobs]) if workers_jobs else {}
-    if any(s in ("pending", "running") for tasks in answer.values() for s in tasks.values()):
-        print(f"{root}: workers of this study are still in flight ({state.finished}/{state.n_trials} trials finished); nothing submitted", file=out)
-        return scheduler.start(root, detach) if scheduler.runs_here else 0
-    workers = study.workers_to_start(exp, root, state)
-    if not workers:
-        print(f"{root}: the study has all {state.n_trials} trials ({state.finished} finished); nothing submitted", file=out)
-        return 0
-    attempt = max((j.attempt for j in jobs), default=-1) + 1
-    new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, [], attempt, cwd, workers=workers), attempt, jobs, rollback)
-    print(
-        f"{root}: submitted an Optuna study ({state.finished} of {state.n_trials} trials finished) to {scheduler.name} as {len(new_jobs)} jobs: "
-        + ", ".join(f"{j.stage} {j.job_id}" + (f" ({workers} workers)" if j.stage == "study" else "") for j in new_jobs),
-        file=out,
-    )
     return scheduler.start(root, detach)
 
 

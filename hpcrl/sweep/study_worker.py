@@ -26,15 +26,14 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from hpcrl.config.experiment import ConfigError, Distribution, Experiment, apply_settings, learned_settings
 from hpcrl.config.schema import plain
 from hpcrl.io import atomic_write_text
-from hpcrl.runtime.guard import StopFlag
-from hpcrl.schedulers.base import REQUEUE_EXIT
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run
+from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep import runs as sweep
 from hpcrl.sweep import study
 from hpcrl.sweep.study import metric_key
@@ -109,14 +108,32 @@ Evaluate = Callable[[Path, Run, TextIO | None], int]
 """rl.evaluate.evaluate_run's shape."""
 
 
-class Worker:
-    """One worker task. `train` and `evaluate` are the in-job entry points of a run (hpcrl.stages
-    hands in hpcrl's own; a worker that only claims trials needs none): a study decides what to
-    try, and never imports the training stack."""
+class Stop(Protocol):
+    """runtime.guard.StopFlag's shape: true once the scheduler's warning came, `signal` says which."""
 
-    def __init__(self, experiment_dir: Path, task: int, out: TextIO | None, *, train: Train | None = None, evaluate: Evaluate | None = None) -> None:
+    signal: int | None
+
+    def __bool__(self) -> bool: ...
+
+
+class Worker:
+    """One worker task. `train` and `evaluate` are the in-job entry points of a run, and `stop_flag`
+    catches the scheduler's warning between trials (hpcrl.stages hands in hpcrl's own: guard's
+    StopFlag; a worker that only claims trials needs none): a study decides what to try, and never
+    imports the training stack or the job's signal handling."""
+
+    def __init__(
+        self,
+        experiment_dir: Path,
+        task: int,
+        out: TextIO | None,
+        *,
+        train: Train | None = None,
+        evaluate: Evaluate | None = None,
+        stop_flag: Callable[[], Stop] | None = None,
+    ) -> None:
         self.root, self.task, self.out = experiment_dir, task, out
-        self.train, self.evaluate = train, evaluate
+        self.train, self.evaluate, self.stop_flag = train, evaluate, stop_flag
         self.exp, self.generation = expdir.load_experiment_config(experiment_dir)
         if not study.is_study(self.exp):
             raise ConfigError(f"{experiment_dir}: not an Optuna study (sweep.search.method is not optuna)")
@@ -124,7 +141,7 @@ class Worker:
         self.name = study.study_name(self.exp)
         self.study = study.open_study(self.exp, experiment_dir, out=out)
         self.study.sampler = study._sampler(self.optuna, self.exp, task * 100_003 + len(self.study.get_trials(deepcopy=False)))
-        self.stop: StopFlag | None = None
+        self.stop: Stop | None = None
         """The warning signal's flag between trials (the trainer has its own while it trains)."""
         self.record = experiment_dir / study.STUDY_DIR / "workers" / str(task)
         self.lock_path = experiment_dir / study.STUDY_DIR / "ask.lock"
@@ -194,14 +211,14 @@ class Worker:
         run = expdir.add_run(self.root, run, self.generation)
         rd = expdir.run_dir(self.root, run.run_id)
         print(f"trial {trial.number}: run {run.run_id} ({run.setting_label})", file=self.out)
-        assert self.train is not None and self.evaluate is not None, "a worker that trains is given train and evaluate"
+        assert self.train is not None and self.evaluate is not None and self.stop_flag is not None, "a worker that trains is given its entry points"
         try:
             code = self.train(self.root, run, self.out, progress=Reporter(trial, self.exp, run.config.train.total_steps, rundir.last_logged_step(rd)))
         except Exception as exc:  # the FAILED marker has the traceback; the other trials go on
             print(f"trial {trial.number}: training failed: {type(exc).__name__}: {exc}", file=self.out)
             code = 1
         finally:
-            self.stop = StopFlag()  # the warning may come while the trial is evaluated and told
+            self.stop = self.stop_flag()  # the warning may come while the trial is evaluated and told
         if code == REQUEUE_EXIT or code == rundir.LOCKED_EXIT:
             return code
         if rundir.run_state(rd) != "done":
@@ -222,5 +239,5 @@ class Worker:
         return None
 
 
-def run_worker(experiment_dir: Path, task: int, out: TextIO | None = None, *, train: Train, evaluate: Evaluate) -> int:
-    return Worker(experiment_dir, task, out, train=train, evaluate=evaluate).run()
+def run_worker(experiment_dir: Path, task: int, out: TextIO | None = None, *, train: Train, evaluate: Evaluate, stop_flag: Callable[[], Stop]) -> int:
+    return Worker(experiment_dir, task, out, train=train, evaluate=evaluate, stop_flag=stop_flag).run()

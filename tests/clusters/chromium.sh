@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure Debian's `chromium` is installed for the report test (headless screenshots); idempotent.
 #
-# Why Debian's package: tests/test_report.py looks at report.html the way a reader's browser does
+# Why Debian's package: tests/results/test_report.py looks at report.html the way a reader's browser does
 # (`chromium --headless --screenshot`, `--dump-dom`), and the distribution's build is the one a root
 # CI machine can install from the package mirror alone; nothing is downloaded from elsewhere.
 #

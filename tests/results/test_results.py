@@ -1,0 +1,101 @@
+"""collect: missing, failed and corrupt runs are reported by name while the rest aggregate; videos, threshold."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio.v3 as iio
+import pytest
+from factories import write_config
+
+from hpcrl.config.experiment import load_experiment
+from hpcrl.results.collect import collect
+from hpcrl.store.expdir import run_dir, write_experiment
+from hpcrl.sweep.runs import expand
+
+
+def fake_finished_run(rd: Path, final: float) -> None:
+    """What train and eval leave behind, without spending time on training."""
+    rows = ["step,iteration,wall_time,sps,episodes,episodic_return,episodic_length"]
+    rows += [f"{s * 100},{s},{s},100,1,{final * s / 10:.1f},20" for s in range(1, 11)]
+    (rd / "train.csv").write_text("\n".join(rows) + "\n")
+    (rd / "DONE").write_text("step 1000\n")
+    (rd / "eval.csv").write_text(f"episode,return,length\n0,{final - 1},20\n1,{final + 1},20\n")
+    (rd / "EVAL_DONE").write_text("ok\n")
+
+
+def test_collect_reports_bad_runs_by_name_and_aggregates_the_rest(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2], "grid": {"train.lr": [1e-3, 3e-4]}}})
+    exp = load_experiment(config)
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    root = exp.dir
+    for i, run in enumerate(runs):
+        fake_finished_run(run_dir(root, run.run_id), 100.0 + 10 * i)
+    corrupt, missing, failed = runs[0], runs[1], runs[3]
+    (run_dir(root, corrupt.run_id) / "eval.csv").write_text("garbage\x00\x01,\n1,2,3\n")
+    shutil.rmtree(run_dir(root, missing.run_id))
+    fd = run_dir(root, failed.run_id)
+    (fd / "DONE").unlink()
+    (fd / "FAILED").write_text("CUDA error: out of memory\n")
+
+    assert collect(root) == 0
+    out = capsys.readouterr().out
+    assert f"run {corrupt.run_id}" in out and "corrupt eval.csv" in out
+    assert f"run {missing.run_id}" in out and "missing" in out
+    assert f"run {failed.run_id}" in out and "CUDA error: out of memory" in out
+    summary = {row["setting"]: row for row in csv.DictReader((root / "results" / "summary.csv").open())}
+    first, second = summary["train.lr=0.001"], summary["train.lr=0.0003"]
+    assert (first["n"], first["n_expected"]) == ("1", "3") and set(first["missing_runs"].split()) == {corrupt.run_id, missing.run_id}
+    assert (second["n"], second["n_expected"]) == ("2", "3") and second["missing_runs"] == failed.run_id
+    assert float(second["mean"]) == 145.0  # runs 4 and 5: eval means 140 and 150
+    improvement = {(r["setting_x"], r["setting_y"]): float(r["p_x_better"]) for r in csv.DictReader((root / "results" / "improvement.csv").open())}
+    assert improvement == {("train.lr=0.0003", "train.lr=0.001"): 1.0, ("train.lr=0.001", "train.lr=0.0003"): 0.0}
+    report = (root / "results" / "report.md").read_text()
+    assert "plots/curves.png" in report and failed.run_id in report
+    for name in ("curves", "final", "profile"):
+        assert (root / "results" / "plots" / f"{name}.png").stat().st_size > 5000
+
+
+@pytest.mark.e2e
+def test_threshold_skips_and_videos_play(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"eval.threshold": [0.0, 1.0e6]}}, "eval": {"episodes": 2, "video": True}})
+    proc = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = tmp_path / "logs" / "tiny"
+    rows = list(csv.DictReader((root / "runs.csv").open()))
+    low, high = sorted(rows, key=lambda r: float(r["eval.threshold"]))
+    kept, skipped = root / "runs" / low["run_id"], root / "runs" / high["run_id"]
+    assert (kept / "EVAL_DONE").exists() and not (skipped / "eval.csv").exists()
+    assert "below threshold" in (skipped / "EVAL_SKIPPED").read_text()
+    frames = iio.imread(kept / "videos" / "episode-0.mp4")
+    assert frames.shape[0] > 5 and frames.shape[-1] == 3 and frames.std() > 0
+    assert not (skipped / "videos").exists()
+    out = subprocess.run([sys.executable, "-m", "hpcrl", "collect", str(root)], capture_output=True, text=True).stdout
+    assert f"run {high['run_id']}" in out and "below threshold" in out
+
+
+def test_a_finished_run_without_train_csv_is_named_and_curves_say_how_many_seeds(tmp_path: Path, capsys) -> None:
+    """Its eval score still counts; its curve cannot, and the curves must not pass for all seeds."""
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2]}}))
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    for run in runs:
+        fake_finished_run(run_dir(exp.dir, run.run_id), 100.0)
+    lost = runs[1]
+    (run_dir(exp.dir, lost.run_id) / "train.csv").unlink()
+    with (run_dir(exp.dir, runs[2].run_id) / "train.csv").open("ab") as f:
+        f.write(b"1100,11,11,10\0\0\0")  # a torn last line (a node crash) is not damage
+
+    assert collect(exp.dir) == 0
+    out = capsys.readouterr().out
+    assert f"run {lost.run_id} (default, seed 1): no training curve: train.csv is missing" in out
+    assert "default: training curve from 2 of 3 seeds" in out and "corrupt" not in out
+    assert f"`{lost.run_id}`" in (exp.dir / "results" / "report.md").read_text()
+    summary = next(csv.DictReader((exp.dir / "results" / "summary.csv").open()))
+    assert summary["n"] == "3"
+    assert {row["n_seeds"] for row in csv.DictReader((exp.dir / "results" / "curves.csv").open())} == {"2"}

@@ -1,0 +1,151 @@
+"""Strength across seeds (issue 28 item 4): the Elo fit, the per-opponent tables and curves and the
+Elo ladder that `hpcrl collect` makes from real eval rows, and runs whose strength files are
+missing or damaged, named and left out."""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from factories import write_config
+from trainruns import train
+
+from hpcrl.config.experiment import load_experiment
+from hpcrl.results.collect import collect
+from hpcrl.results.strength import fit_elo
+from hpcrl.rl import checkpoint, strength
+from hpcrl.rl.evaluate import evaluate_run
+from hpcrl.store import rundir
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand
+
+TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16],
+           "checkpoint_every": 1, "opponents": ["random", "perfect"], "ladder_games": 4}  # fmt: skip
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------- the Elo fit
+
+
+def test_a_player_who_scores_75_percent_is_rated_191_elo_above():
+    ratings = fit_elo([("A", "B", 300, 400)], anchor="B")
+    assert ratings["B"] == 0
+    assert ratings["A"] == pytest.approx(400 * math.log10(3), abs=1.0)  # 190.8; the prior's one virtual draw moves it 0.4
+
+
+def test_a_consistent_ladder_is_recovered_and_anchored_at_random():
+    truth = {"random": 0.0, "a": 200.0, "b": 500.0, "c": 650.0}
+    expected = lambda x, y: 1 / (1 + 10 ** ((truth[y] - truth[x]) / 400))
+    names = list(truth)
+    pairs = [(x, y, 10_000 * expected(x, y), 10_000) for i, x in enumerate(names) for y in names[i + 1 :]]
+    ratings = fit_elo(pairs)
+    assert ratings == pytest.approx(truth, abs=2.0)
+
+
+def test_a_player_who_won_every_game_gets_a_finite_rating():
+    ratings = fit_elo([("random", "p1", 0, 10), ("random", "p2", 0, 10), ("p1", "p2", 5, 10)])
+    assert ratings["random"] == 0 and all(math.isfinite(e) and e > 300 for e in ratings.values() if e)
+    assert ratings["p1"] == pytest.approx(ratings["p2"], abs=1e-6)
+    with pytest.raises(ValueError, match="a score of 12 in 10 games"):
+        fit_elo([("a", "b", 12, 10)])
+
+
+def test_ladder_players_are_evenly_spaced_with_first_and_last():
+    assert strength.ladder_players([5, 1, 3]) == [1, 3, 5]
+    picked = strength.ladder_players(list(range(100, 2100, 100)), limit=5)
+    assert picked[0] == 100 and picked[-1] == 2000 and len(picked) == 5
+
+
+# ---------------------------------------------------------------------------- collect on real runs
+
+
+def nim_experiment(tmp_path: Path, seeds: list[int]):
+    """Nim (tests/user_games.py) trained for a few iterations per seed, with evaluations during
+    training and the eval stage, as `hpcrl sweep` would run them."""
+    config = write_config(tmp_path, {"name": "nim", "algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}, "num_envs": 1},
+                                     "sweep": {"seeds": seeds}, "eval": {"episodes": 4, "every_steps": 20, "periodic_episodes": 2}})  # fmt: skip
+    data = yaml.safe_load(config.read_text())
+    data["train"] = TINY_AZ
+    config.write_text(yaml.safe_dump(data))
+    exp = load_experiment(config)
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    for run in runs:
+        assert train(exp.dir, run) == 0
+        assert evaluate_run(exp.dir, run) == 0
+    return exp.dir, [exp.dir / "runs" / run.run_id for run in runs]
+
+
+def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_path, capsys, chromium):
+    exp_dir, run_dirs = nim_experiment(tmp_path, [0, 1])
+    snaps = [s for s, _ in checkpoint.snapshots(run_dirs[0] / "checkpoints")]
+    assert len(snaps) >= 3  # an evaluation every 20 of 60 positions: the ladder's players
+    pairs = read_csv(run_dirs[0] / "ladder.csv")
+    players = {p for row in pairs for p in (row["player_a"], row["player_b"])}
+    assert "random" in players and {str(s) for s in snaps} <= players
+    assert len(pairs) == len(players) * (len(players) - 1) // 2 and all(int(r["games"]) == 4 for r in pairs)
+
+    assert collect(exp_dir) == 0
+    out = capsys.readouterr().out
+    results = exp_dir / "results"
+    table = read_csv(results / "strength.csv")
+    assert [r["opponent"] for r in table] == ["random", "perfect"] and all(r["seeds"] == "2" for r in table)
+    for row, opponent in zip(table, ["random", "perfect"]):
+        rates = [float(rundir.read_table(rd / "strength.csv", rundir.STRENGTH_COLUMNS, ("win_rate",))[["random", "perfect"].index(opponent)]["win_rate"]) for rd in run_dirs]
+        assert float(row["win_mean"]) == pytest.approx(sum(rates) / 2, abs=1e-5)
+        assert float(row["win_ci_low"]) <= float(row["win_mean"]) <= float(row["win_ci_high"])
+    curves = read_csv(results / "strength_curves.csv")
+    assert {(r["opponent"], r["rate"]) for r in curves} == {(o, k) for o in ("random", "perfect") for k in ("win_rate", "loss_rate")}
+    elo = read_csv(results / "elo.csv")
+    assert {r["seed"] for r in elo} == {"0", "1"} and all(float(r["elo"]) == 0 for r in elo if r["player"] == "random")
+    ladder = read_csv(results / "elo_ladder.csv")
+    assert ladder[0]["player"] == "random" and ladder[1]["player"] == "policy 1" and ladder[1]["seeds"] == "2"
+    for png in ("strength_win_rate.png", "strength_loss_rate.png", "elo.png"):
+        assert (results / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    for words in ("Against perfect:", "Elo ladder of the run's policies:", "policy 1"):
+        assert words in out
+    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", (results / "report.html").as_uri()]
+    dom = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout  # the page as a browser shows it
+    for words in ("Strength against fixed opponents", "Against random", "Strength during training", "Elo ladder of the run's policies", "Win rate during training", "policy 1"):
+        assert words in html.unescape(dom)
+    assert dom.count("data:image/png;base64,") >= 3 + 2  # the strength curves and the Elo curve, besides collect's own
+
+
+def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_path, capsys):
+    exp_dir, run_dirs = nim_experiment(tmp_path, [0, 1, 2])
+    (run_dirs[0] / "strength.csv").write_text("opponent,games,wins\nrandom,4,x\n")
+    (run_dirs[1] / "strength.csv").unlink()
+    (run_dirs[2] / "ladder.csv").write_text("player_a,player_b,games,a_wins,draws,b_wins\nrandom,40,4,9,0,0\n")
+    (run_dirs[1] / "strength_curve.csv").write_bytes(b"\xff\xfe")
+    assert collect(exp_dir) == 0
+    out = capsys.readouterr().out
+    ids = [rd.name for rd in run_dirs]
+    assert f"run {ids[0]} (default, seed 0): corrupt strength.csv (ValueError: no column draws)" in out
+    assert f"run {ids[1]} (default, seed 1): no strength.csv" in out
+    assert f"run {ids[1]} (default, seed 1): corrupt strength_curve.csv (UnicodeDecodeError: " in out
+    assert f"run {ids[2]} (default, seed 2): corrupt ladder.csv (random vs 40: a score of 9 in 4 games)" in out
+    table = read_csv(exp_dir / "results" / "strength.csv")
+    assert all(r["seeds"] == "1" for r in table)  # seed 2 alone
+    assert {r["seed"] for r in read_csv(exp_dir / "results" / "elo.csv")} == {"0", "1"}
+    assert "corrupt ladder.csv" in (exp_dir / "results" / "report.md").read_text()
+
+
+def test_a_resumed_run_drops_the_snapshots_of_the_steps_it_redoes(tmp_path):
+    weights = {"w": torch.zeros(2)}
+    for step in (100, 200, 300):
+        checkpoint.snapshot(tmp_path, step, weights)
+    (tmp_path / checkpoint.LADDER / ".step-000000000400.pt.tmp").write_bytes(b"torn")  # a write killed midway
+    checkpoint.drop_snapshots_after(tmp_path, 200)
+    assert [s for s, _ in checkpoint.snapshots(tmp_path)] == [100, 200]
+    assert sorted(p.name for p in (tmp_path / checkpoint.LADDER).iterdir()) == ["step-000000000100.pt", "step-000000000200.pt"]
+    assert checkpoint.load(checkpoint.snapshots(tmp_path)[0][1])["step"] == 100

@@ -1,0 +1,353 @@
+"""AlphaZero (issue 28, simple mode): the game protocol and its checks, MCTS, strength evaluation,
+checkpoint/resume, a user's class through `hpcrl train` and `hpcrl eval`, and learning tic-tac-toe."""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from factories import write_config
+from test_config_hostile import sweep
+from trainruns import train
+
+from hpcrl.config.experiment import EnvConfig, load_experiment
+from hpcrl.config.hparams import AlphaZeroConfig
+from hpcrl.games.tictactoe import TicTacToe
+from hpcrl.rl import checkpoint, games, mcts
+from hpcrl.rl.alphazero import AlphaZero, self_play
+from hpcrl.rl.evaluate import evaluate_run
+from hpcrl.rl.minimax import PerfectPlayer
+from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
+from hpcrl.store import rundir
+from hpcrl.store.expdir import write_experiment
+from hpcrl.sweep.runs import expand
+
+TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
+TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16], "checkpoint_every": 1, "opponents": ["random", "perfect"]}
+
+
+def position(cells: str) -> TicTacToe:
+    """A tic-tac-toe position from 9 characters (x: player 0, o: player 1, .: empty), x and o
+    moves interleaved from x so that the player to move is right."""
+    xs, os_ = [i for i, c in enumerate(cells) if c == "x"], [i for i, c in enumerate(cells) if c == "o"]
+    state = TicTacToe()
+    for k in range(len(xs) + len(os_)):
+        state.apply_action((xs if k % 2 == 0 else os_)[k // 2])
+    return state
+
+
+def blind(states):
+    """An evaluator that knows nothing: uniform priors, value 0. MCTS must find the moves from the game's ends."""
+    return np.ones((len(states), 9)), np.zeros(len(states))
+
+
+def mcts_move(state: TicTacToe, simulations: int = 300) -> int:
+    counts = mcts.search([state], blind, 9, simulations, c_puct=1.5)[0]
+    return int(counts.argmax())
+
+
+# ---------------------------------------------------------------------------- MCTS
+
+
+def test_mcts_takes_the_winning_move_for_either_player():
+    assert mcts_move(position("xx.oo....")) == 2  # x to move wins at 2
+    state = position("xx.oo.x..")  # o to move: o wins at 5 (and must, or x wins at 2)
+    assert state.current_player() == 1
+    assert mcts_move(state) == 5
+
+
+def test_mcts_blocks_the_only_threat():
+    state = position("oo..x...x")  # x to move; o threatens 2; x has no win
+    assert state.current_player() == 0
+    assert mcts_move(state) == 2
+
+
+def test_mcts_batches_many_games_and_masks_illegal_moves():
+    """One evaluator call per simulation for all trees (plus the roots'); visits only on legal moves."""
+    calls = []
+
+    def counting(states):
+        calls.append(len(states))
+        return np.full((len(states), 9), 1 / 9), np.zeros(len(states))
+
+    roots = [position("xx.oo...."), position("oo..x...x"), TicTacToe()]
+    counts = mcts.search(roots, counting, 9, 20, 1.5)
+    assert len(calls) <= 21 and calls[0] == 3
+    for root, row in zip(roots, counts):
+        assert row.sum() == 20
+        illegal = [a for a in range(9) if a not in root.legal_actions()]
+        assert (row[illegal] == 0).all()
+
+
+def test_mcts_backs_values_up_for_the_player_who_moves(monkeypatch):
+    """A leaf's value is for the player to move there, an edge's Q for the player who chooses it:
+    with every position worth +1 to x, x's root edges (o to move below, worth -1 to o) have Q = +1."""
+    def x_wins(states):
+        return np.ones((len(states), 9)), np.array([1.0 if s.current_player() == 0 else -1.0 for s in states])
+
+    trees = []
+
+    class Spy(mcts.Node):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trees.append(self)
+
+    monkeypatch.setattr(mcts, "Node", Spy)
+    mcts.search([TicTacToe()], x_wins, 9, 30, 1.5)
+    root = trees[0]
+    assert root.visits.sum() == 30 and (root.q[root.visits > 0] == 1.0).all()
+    child = next(node for node in root.children.values() if node.visits.sum() > 0)  # o to move: its edges lead to x, +1 for x = -1 for o
+    assert (child.q[child.visits > 0] == -1.0).all()
+
+
+# ---------------------------------------------------------------------------- the protocol
+
+
+def test_bundled_games_keep_the_protocol():
+    for env_id in ("hpcrl.games.tictactoe:TicTacToe", "hpcrl.games.connect_four:ConnectFour"):
+        games.check_game(games.load(EnvConfig(id=env_id, backend="game")))
+
+
+@pytest.mark.parametrize(("env_id", "words"), [
+    ("user_games:NoClone", "does not implement the game protocol (hpcrl.rl.games): missing clone"),
+    ("user_games:BothWin", "returned (1, 1): a two-player zero-sum game's returns sum to 0"),
+    ("user_games:Refuses", "Refuses.apply_action(1) raised ValueError: cannot take two now (the action was in legal_actions())"),
+    ("user_games:Missing", "'user_games' has no class 'Missing'"),
+    ("no_such_module:X", "cannot import 'no_such_module'"),
+])
+def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words):
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": env_id, "num_envs": 1}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {"total_steps": 100}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("hpcrl: error: ") and ": env.id: " in err and words in err, err
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(("train", "key"), [
+    ({"simulations": 0}, "train.simulations"),
+    ({"c_puct": -1}, "train.c_puct"),
+    ({"dirichlet_fraction": 1.5}, "train.dirichlet_fraction"),
+    ({"dirichlet_alpha": 0}, "train.dirichlet_alpha"),
+    ({"opponents": ["mcts:0"]}, "train.opponents[0]"),
+    ({"opponents": ["random", "random"]}, "train.opponents"),
+    ({"opponents": ["perfect", "minimax"]}, "train.opponents[1]"),
+    ({"network": "resnet"}, "train.network"),  # Nim's observation is a vector, not board planes
+])
+def test_mcts_settings_out_of_range_are_refused(tmp_path, train, key):
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = train
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and err.count("\n") == 1 and f": {key}" in err, err
+
+
+def test_a_game_backend_needs_alphazero_and_alphazero_a_game(tmp_path):
+    config = write_config(tmp_path, {"env": {"backend": "game", "id": "user_games:Nim"}})
+    code, err = sweep(config)
+    assert code == 2 and "env.backend: 'game' is a two-player game, for algo alphazero" in err, err
+    config = write_config(tmp_path, {"algo": "alphazero"})
+    data = yaml.safe_load(config.read_text())
+    data.pop("train")
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and "algo alphazero plays two-player games" in err, err
+
+
+def test_alphazero_runs_in_one_process(tmp_path):
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}, "resources": {"ranks": 2}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and "resources.ranks: more than one rank is DD-PPO, for ppo and a2c: AlphaZero's self-play and training run in one process" in err, err
+
+
+def test_perfect_play_for_a_game_too_large_to_solve_is_refused_at_sweep_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(PerfectPlayer.__init__, "__defaults__", (1000,))
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "hpcrl.games.tictactoe:TicTacToe", "num_envs": 1}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {"opponents": ["perfect"]}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and "train.opponents: hpcrl.games.tictactoe:TicTacToe has more than 1,000 positions" in err, err
+
+
+def test_an_illegal_action_from_the_game_during_play_is_one_line():
+    spec = games.load(EnvConfig(id="user_games:SometimesBad", backend="game", kwargs={"pile": 12}))
+    cfg = AlphaZeroConfig(simulations=4, games_per_iteration=2)
+    evaluate = lambda states: (np.ones((len(states), 2)), np.zeros(len(states)))  # noqa: E731
+    with pytest.raises(games.GameError) as err:
+        self_play(spec, evaluate, cfg, 2)
+    assert str(err.value) == "SometimesBad.legal_actions() returned [0, 1, 7] in a position that is not terminal: expected distinct ints in 0..1, at least one"
+    assert rundir.one_line_reason(err.value) == str(err.value)
+
+
+# ---------------------------------------------------------------------------- opponents
+
+
+def test_perfect_player_solves_tic_tac_toe_and_nim():
+    spec = games.load(TTT)
+    perfect = PerfectPlayer(spec, random.Random(0))
+    assert perfect.value(TicTacToe()) == 0
+    assert len(perfect.memo) < 6000  # 5,478 positions
+    nim = games.load(EnvConfig(id="user_games:Nim", backend="game", kwargs={"pile": 7}))
+    solver = PerfectPlayer(nim, random.Random(0))
+    assert solver.value(nim.new_initial_state()) == 1.0  # 7 is not a multiple of 3: the mover wins
+    rng = random.Random(0)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], perfect, 20)
+    assert all(r <= 0 for r, *_ in results)  # a random player never beats perfect play
+    assert [m["first"] for *_, m in results[:2]] == [1.0, 0.0]
+
+
+def test_rollout_mcts_opponent_beats_random():
+    spec = games.load(TTT)
+    rollout = make_opponent("mcts:50", spec, 0)
+    rng = random.Random(1)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], rollout, 10)
+    assert sum(r < 0 for r, *_ in results) >= 7  # the agent here is random: it loses most games
+
+
+# ---------------------------------------------------------------------------- checkpoint/resume
+
+
+def test_resume_from_a_checkpoint_continues_exactly(tmp_path):
+    """Two iterations in one go, or one, a checkpoint (network, optimiser, replay window, counters,
+    RNGs) through the checkpoint module and a fresh agent, then one more: the same weights."""
+    spec = games.load(TTT)
+    cfg = AlphaZeroConfig(**{**TINY_AZ, "total_steps": 10_000})
+
+    def fresh() -> AlphaZero:
+        return AlphaZero(cfg, spec, torch.device("cpu"), 0)
+
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    straight = fresh()
+    straight.train_iteration(), straight.train_iteration()
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    first = fresh()
+    first.train_iteration()
+    path = checkpoint.save(tmp_path, first.global_step, {"agent": first.state_dict(), "rng": checkpoint.rng_state()})
+    np.random.seed(99), torch.manual_seed(99)  # what a new process would have
+    state = checkpoint.load(path)
+    resumed = fresh()
+    resumed.load_state_dict(state["agent"])
+    checkpoint.set_rng_state(state["rng"])
+    assert len(resumed.replay) == len(first.replay) > 0 and resumed.version == first.version
+    resumed.train_iteration()
+    assert resumed.global_step == straight.global_step and resumed.iteration == 2 and resumed.version == straight.version
+    for a, b in zip(resumed.policy.state_dict().values(), straight.policy.state_dict().values()):
+        assert torch.equal(a, b)
+    assert np.array_equal(resumed.replay.obs[: len(resumed.replay)], straight.replay.obs[: len(straight.replay)])
+
+
+# ---------------------------------------------------------------------------- hpcrl train / eval on a user's class
+
+
+def make_game_run(tmp_path: Path, env: dict, train_cfg: dict, eval_cfg: dict):
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"num_envs": 1, **env}, "sweep": {"seeds": [0]}, "eval": eval_cfg})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = train_cfg
+    config.write_text(yaml.safe_dump(data))
+    exp = load_experiment(config)
+    (run,) = expand(exp)
+    write_experiment(exp, [run], {})
+    return exp.dir, run, exp.dir / "runs" / run.run_id
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_user_game_trains_resumes_and_is_evaluated(tmp_path):
+    exp_dir, run, rd = make_game_run(
+        tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}},
+        {**TINY_AZ, "opponents": ["random", "perfect", "mcts:8"]}, {"episodes": 4, "every_steps": 30, "periodic_episodes": 2},
+    )
+    assert train(exp_dir, run) == 0
+    assert rundir.is_done(rd)
+    rows = read_csv(rd / "train.csv")
+    assert int(rows[-1]["step"]) >= 60 and {"policy_loss", "value_loss", "version"} <= set(rows[0])
+    curve = read_csv(rd / "strength_curve.csv")
+    assert {r["opponent"] for r in curve} == {"random", "perfect", "mcts:8"}
+    assert all(int(r["wins"]) + int(r["draws"]) + int(r["losses"]) == int(r["games"]) == 2 for r in curve)
+    assert len(read_csv(rd / "eval_curve.csv")) == len(curve) // 3
+
+    # a crash after the second-newest checkpoint: the run resumes from it and finishes
+    (rd / "DONE").unlink()
+    newest, older = checkpoint.checkpoint_files(rd / "checkpoints")[:2]
+    newest.unlink()
+    resumed_from = int(checkpoint.load(older)["agent"]["global_step"])
+    assert train(exp_dir, run) == 0 and rundir.is_done(rd)
+    steps = [int(r["step"]) for r in read_csv(rd / "train.csv")]
+    assert steps == sorted(set(steps)) and resumed_from in steps  # no step logged twice
+
+    assert evaluate_run(exp_dir, run) == 0
+    games_played = read_csv(rd / "eval.csv")
+    assert len(games_played) == 12 and {float(g["return"]) for g in games_played} <= {-1.0, 0.0, 1.0}
+    table = read_csv(rd / "strength.csv")
+    assert [r["opponent"] for r in table] == ["random", "perfect", "mcts:8"]
+    perfect = table[1]  # Nim with a pile of 5: the first player wins with perfect play
+    assert int(perfect["games"]) == 4 and int(perfect["wins"]) + int(perfect["losses"]) == 4
+    assert "wins/draws/losses random:" in rundir.reason(rd, rundir.EVAL_DONE)
+    assert rundir.read_eval_returns(rd)  # collect's reader takes the games as episodes
+
+
+def test_an_illegal_move_fails_the_run_with_one_line(tmp_path):
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:SometimesBad", "kwargs": {"pile": 10}}, {**TINY_AZ, "opponents": ["random"]}, {"episodes": 2})
+    assert train(exp_dir, run) == 1
+    assert rundir.reason(rd, rundir.FAILED).strip() == "SometimesBad.legal_actions() returned [0, 1, 7] in a position that is not terminal: expected distinct ints in 0..1, at least one"
+
+
+# ---------------------------------------------------------------------------- OpenSpiel
+
+
+def test_openspiel_games_by_name():
+    pytest.importorskip("pyspiel")
+    spec = games.load(EnvConfig(id="tic_tac_toe", backend="openspiel"))
+    games.check_game(spec)
+    assert spec.num_actions == 9 and spec.observation_shape == (3, 3, 3)
+    bot = make_opponent("mcts:30", spec, 0)  # OpenSpiel's own MCTSBot
+    rng = random.Random(0)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6)
+    assert sum(r < 0 for r, *_ in results) >= 4
+    four = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 4, "columns": 5}))
+    assert four.num_actions == 5
+    for name, params, words in [("kuhn_poker", {}, "has chance events"), ("matrix_pd", {}, "is not zero-sum"), ("kuhn_poker", {"players": 3}, "has 3 players")]:
+        with pytest.raises(games.GameError, match=words):
+            games.load(EnvConfig(id=name, backend="openspiel", kwargs=params))
+    with pytest.raises(games.GameError, match="is not an OpenSpiel game"):
+        games.load(EnvConfig(id="tic_tac_toes", backend="openspiel"))
+
+
+# ---------------------------------------------------------------------------- learning
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tic_tac_toe_learns_to_never_lose_against_perfect_play(seed):
+    """configs/tictactoe_alphazero.yaml's budget (30,000 self-play positions, under a minute of CPU
+    per seed): 0 losses in 50 games against perfect play, both colours, for every seed the config
+    sweeps (benchmarks/alphazero.py plays 200)."""
+    cfg_file = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tictactoe_alphazero.yaml").read_text())
+    cfg = AlphaZeroConfig(**{**cfg_file["train"], "opponents": ["perfect"]})
+    spec = games.load(TTT)
+    torch.set_num_threads(1)
+    torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+    agent = AlphaZero(cfg, spec, torch.device("cpu"), seed)
+    start = time.monotonic()
+    while not agent.finished:
+        agent.train_iteration()
+    agent.policy.eval()
+    results = evaluate_strength(spec, agent.policy, torch.device("cpu"), cfg, 50, 123)["perfect"]
+    losses = sum(r < 0 for r, *_ in results)
+    assert losses == 0, f"{losses} losses in 50 games after {time.monotonic() - start:.0f} s"

@@ -1,0 +1,108 @@
+"""No wait on an env worker process is unbounded: a worker that hangs or dies in its start, a reset,
+a step or its close fails the run in one line naming the env, the worker and what it was doing,
+within `env.worker_timeout_s`, and no worker (or what it started) outlives it. The misbehaving env
+is a user's gymnasium env (`tests/standins/failing_env.py`, registered as `failing_env:FailingEnv-v0`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from factories import write_config
+
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.envs import EnvWorkerError, make_vec_env
+
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
+ENV_ID = "failing_env:FailingEnv-v0"
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, killed and waiting to be reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def worker_pids(pid_dir: Path) -> list[int]:
+    return [int(p.name) for p in pid_dir.iterdir()]
+
+
+@pytest.mark.parametrize(
+    ("fail_in", "how", "line"),
+    [
+        ("start", "hang", f"env {ENV_ID}: worker 0 did not answer start within 1 s"),
+        ("reset", "hang", f"env {ENV_ID}: worker 3 did not answer reset within 1 s"),
+        ("step", "hang", f"env {ENV_ID}: worker 3 did not answer step within 1 s"),
+        ("close", "hang", f"env {ENV_ID}: worker 3 did not answer close within 1 s"),
+        ("step", "exit", f"env {ENV_ID}: worker 3 exited with code 3 during step"),
+    ],
+)
+def test_a_worker_that_hangs_or_dies_is_named_and_killed(fail_in: str, how: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 envs in two worker groups (0-1, 2-3); env 3 (seed 3) or, at start, every worker fails."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "how": how, "seed": 3, "pid_dir": str(tmp_path)})
+    began = time.monotonic()
+    with pytest.raises(EnvWorkerError) as raised:
+        envs = make_vec_env(spec)
+        try:
+            envs.reset(seed=0)
+            for _ in range(5):
+                envs.step(envs.action_space.sample())
+        finally:
+            envs.close()
+    assert str(raised.value) == line
+    assert time.monotonic() - began < 20  # the 1 s bound and the workers' start, not a hang
+    pids = worker_pids(tmp_path)
+    assert len(pids) == (2 if fail_in == "start" else 4)  # at start, the second group is never made
+    assert not [pid for pid in pids if alive(pid)]
+
+
+def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(STANDINS))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=5.0, kwargs={"pid_dir": str(tmp_path)}))
+    envs.reset(seed=0)
+    for _ in range(30):  # past the 20-step episodes: autoreset inside the workers
+        envs.step(envs.action_space.sample())
+    envs.close()
+    assert len(worker_pids(tmp_path)) == 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
+
+
+@pytest.mark.e2e
+def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path: Path) -> None:
+    """`hpcrl sweep --scheduler local` of a user's env whose worker 3 sleeps for ever in `step`:
+    the run ends FAILED with that one line a few seconds after the 3 s bound, no worker left
+    (before worker waits were bounded, the run stayed "running" until killed)."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {"id": ENV_ID, "num_envs": 4, "vectorization": "async", "worker_timeout_s": 3, "kwargs": {"fail_in": "step", "seed": 3, "pid_dir": str(pid_dir)}}
+    config = write_config(tmp_path, {"env": env, "sweep": {"seeds": [0]}})
+    path = os.pathsep.join([str(STANDINS), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    began = time.monotonic()
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the local executor stops its jobs, the hung one included
+        try:
+            output, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        pytest.fail(f"the sweep still ran after 120 s:\n{output}")
+    took = time.monotonic() - began
+    line = f"env {ENV_ID}: worker 3 did not answer step within 3 s"
+    exp = tmp_path / "logs" / "tiny"
+    (run_dir,) = (exp / "runs").iterdir()
+    assert (run_dir / "FAILED").read_text() == line + "\n", output
+    (log,) = (exp / "jobs" / "logs").glob("train-*.out")
+    assert log.read_text() == f"hpcrl: error: {run_dir.name}: train failed: {line}\n"  # the job's whole output: no traceback
+    assert took < 90, output
+    assert len(worker_pids(pid_dir)) == 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]

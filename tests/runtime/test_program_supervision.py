@@ -1,0 +1,185 @@
+"""How `hpcrl train` supervises a user's program (issue 25), driven by hand the way a job script drives it:
+
+- the run ends when the program ends, whatever it left running (a `cmd &`, a logging service, DataLoader
+  workers hold the output pipe): those are ended, SIGTERM then SIGKILL, and named in the job log;
+- output without newlines (a tqdm bar) reaches the logs as it comes, and what a FAILED marker keeps of it
+  is bounded;
+- warnings sent to every process of the job (Grid Engine's USR1, and USR2 after a reschedule) reach the
+  program only as its stop signal, once, from hpcrl; repeated warnings while hpcrl exits do not turn its
+  requeue into a death by signal;
+- a run that asks for a requeue again and again without progress is failed instead of requeued forever.
+
+Every run is bounded: a supervisor that hangs fails its test within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_program_wrapper import ENV, experiment, start, the_run, wait_for
+
+from hpcrl.status import experiment_status
+from hpcrl.store import rundir
+from hpcrl.store.expdir import load_runs, run_dir
+
+LEAVER = r"""
+import subprocess, sys, time
+from pathlib import Path
+stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('stubborn up', flush=True); time.sleep(3600)"])
+sleeper = subprocess.Popen(["sleep", "3600"])  # inherits the output pipe, as `cmd &` does
+Path(sys.argv[1]).write_text(f"{stubborn.pid} {sleeper.pid}")
+time.sleep(1)  # the stubborn child has set its handler by now
+print("trained", flush=True)
+"""
+
+BAR = r"""
+import sys, time
+from pathlib import Path
+go = Path(sys.argv[1])
+sys.stdout.write("\r 50%|#####     | 5/10")
+sys.stdout.flush()
+deadline = time.time() + 30
+while not go.exists() and time.time() < deadline:
+    time.sleep(0.05)
+for i in range(300000):  # 12 MB of one line, as a tqdm bar writes it
+    sys.stdout.write(f"\r{i:>7}/300000 [00:01<00:00, 1000.00it/s]")
+sys.stdout.write("\n")
+sys.stdout.flush()
+sys.exit("RuntimeError: diverged at the last step")
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """The supervisor's output once it exits; one that is still running after `timeout` fails the test."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"hpcrl train still running after {timeout:g} s:\n{out}{err}")
+
+
+# ------------------------------------------------------------------------------------ what the program leaves
+
+
+@pytest.mark.e2e
+def test_the_run_ends_when_the_program_ends_and_what_it_left_is_ended_and_named(tmp_path: Path) -> None:
+    (tmp_path / "leaver.py").write_text(LEAVER)
+    pids_file = tmp_path / "pids"
+    root = experiment(tmp_path, "done", command=[sys.executable, str(tmp_path / "leaver.py"), str(pids_file)], args=[])
+    proc = start(root)
+    try:
+        out, err = finish(proc, timeout=40)
+    finally:
+        for pid in (pids_file.read_text().split() if pids_file.exists() else []):
+            if alive(int(pid)):
+                os.kill(int(pid), signal.SIGKILL)
+    stubborn, sleeper = (int(p) for p in pids_file.read_text().split())
+    assert proc.returncode == 0, out + err
+    assert rundir.is_done(the_run(root))
+    assert f"pid {sleeper} (sleep 3600)" in out and f"pid {stubborn} (" in out, out  # named in the job log
+    assert f"sent SIGKILL: pid {stubborn}" in out, out  # it ignored SIGTERM
+    assert not alive(stubborn) and not alive(sleeper)
+    assert "trained" in (the_run(root) / rundir.PROGRAM_LOG).read_text()
+
+
+# ------------------------------------------------------------------------------------ output without newlines
+
+
+def test_a_progress_bar_reaches_the_log_as_it_comes_and_the_failed_marker_keeps_its_last_state(tmp_path: Path) -> None:
+    (tmp_path / "bar.py").write_text(BAR)
+    go = tmp_path / "go"
+    root = experiment(tmp_path, "done", command=[sys.executable, str(tmp_path / "bar.py"), str(go)], args=[])
+    rd = run_dir(root, load_runs(root)[0].run_id)
+    proc = start(root)
+    try:
+        wait_for(rd / rundir.PROGRAM_LOG, "5/10", timeout=15)  # no newline yet: read in chunks, not lines
+    finally:
+        go.write_text("")
+    out, err = finish(proc, timeout=60)
+    assert proc.returncode == 1, err
+    assert rundir.first_line(rd, rundir.FAILED) == "program exited with 1: RuntimeError: diverged at the last step"
+    failed = (rd / rundir.FAILED).read_text()
+    assert " 299999/300000 [00:01<00:00, 1000.00it/s]" in failed and " 299998/300000" not in failed  # the bar's last state only
+    assert len(failed) < 25_000, len(failed)  # 12 MB of output, a bounded marker
+    assert (rd / rundir.PROGRAM_LOG).stat().st_size > 12_000_000  # the whole output is kept in the log
+
+
+# ------------------------------------------------------------------------------------ warnings to the whole job
+
+
+@pytest.mark.parametrize("warning", ["USR1", "USR2"])
+def test_a_warning_to_every_process_of_the_job_reaches_the_program_once_as_its_stop_signal(tmp_path: Path, warning: str) -> None:
+    # Grid Engine signals the job's whole process group: USR1 at s_rt or before a suspend (-notify),
+    # USR2 at s_rt after a reschedule. The program (stop_signal TERM) must get TERM, from hpcrl, once.
+    root = experiment(tmp_path, "stop", stop_signal="TERM")
+    proc = start(root)  # its own process group, as a job's
+    wait_for(tmp_path / "notes", "ready")
+    for _ in range(3):  # and again: hpcrl passes a stop on once
+        os.killpg(proc.pid, getattr(signal, f"SIG{warning}"))
+        time.sleep(0.1)
+    out, err = finish(proc, timeout=60)
+    assert proc.returncode == 99, out + err
+    notes = (tmp_path / "notes").read_text()
+    assert [line for line in notes.splitlines() if line.startswith("got")] == ["got SIGTERM"], notes
+    assert "asking for a requeue" in out
+    assert not rundir.is_failed(the_run(root))
+
+
+@pytest.mark.e2e
+def test_repeated_warnings_while_hpcrl_exits_leave_the_requeue_code(tmp_path: Path) -> None:
+    # `scancel --signal=USR1 --batch` repeats the warning every few seconds, Grid Engine sends USR1 then
+    # USR2: one that arrives while the interpreter shuts down (default handlers back) must not kill it.
+    for attempt in range(3):
+        here = tmp_path / str(attempt)
+        here.mkdir()
+        proc = start(experiment(here, "stop", stop_signal="TERM"))
+        wait_for(here / "notes", "ready")
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                break
+            time.sleep(0.001)
+        out, err = finish(proc, timeout=10)
+        assert proc.returncode == 99, f"attempt {attempt}: {proc.returncode}\n{out}{err}"
+
+
+# ------------------------------------------------------------------------------------ the requeue cap
+
+
+@pytest.mark.e2e
+def test_a_program_that_always_asks_for_a_requeue_is_failed_after_the_cap(tmp_path: Path) -> None:
+    root = experiment(tmp_path, "done", command=[sys.executable, "-c", "import sys; print('not today'); sys.exit(99)"], args=[], resume_args=[])
+    codes = [subprocess.run([sys.executable, "-m", "hpcrl", "train", str(root), "--task", "0"], env=ENV, capture_output=True, text=True, timeout=60) for _ in range(3)]
+    assert [c.returncode for c in codes] == [99, 99, 1], [c.stdout + c.stderr for c in codes]
+    rd = the_run(root)
+    reason = rundir.first_line(rd, rundir.FAILED)
+    assert reason.startswith("asked for a requeue 3 times in a row without progress") and "resources.max_stalled_requeues: 3" in reason, reason
+    assert codes[-1].stderr.count("\n") == 1, codes[-1].stderr  # one line, no traceback
+    rows, _, _ = experiment_status(root)
+    assert rows[0].train == "failed" and rows[0].note.startswith("train failed: asked for a requeue 3 times")
+
+
+@pytest.mark.e2e
+def test_a_program_that_checkpoints_before_each_requeue_is_never_capped(tmp_path: Path) -> None:
+    # A long run preempted often: each lifetime writes something new, so the count starts again each time.
+    script = "import os, sys, time; d = os.environ['HPCRL_CHECKPOINT_DIR']; open(os.path.join(d, 'ckpt-%d' % time.time_ns()), 'w').close(); sys.exit(99)"
+    root = experiment(tmp_path, "done", command=[sys.executable, "-c", script], args=[], resume_args=[])
+    codes = [subprocess.run([sys.executable, "-m", "hpcrl", "train", str(root), "--task", "0"], env=ENV, capture_output=True, text=True, timeout=60).returncode for _ in range(3)]
+    assert codes == [99] * 3
+    assert not rundir.is_failed(the_run(root))

@@ -1,0 +1,285 @@
+"""`hpcrl sweep` as a submitter (issue 12): one sweep per experiment at a time, which scheduler `auto`
+chose and why, no half-written experiment when the scheduler refuses the first job, damaged job
+records as one line, per-stage resources in jobs.json, eval-only retries, and task i running the
+run on manifest line i on every backend."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from factories import write_config
+
+from hpcrl.config.experiment import load_experiment
+from hpcrl.schedulers import detect_with_reason, get_scheduler
+from hpcrl.schedulers.base import SchedulerError
+from hpcrl.status import cancel_experiment
+from hpcrl.store import rundir
+from hpcrl.store.expdir import load_runs, merge_runs, read_jobs, run_dir, write_experiment
+from hpcrl.submit.jobplan import stage_resources
+from hpcrl.submit.pipeline import plan_scripts, submit_experiment
+from hpcrl.sweep.runs import expand
+
+PY = sys.executable
+CONFORMANCE = Path(__file__).resolve().parents[1] / "data" / "conformance.yaml"
+
+
+def hpcrl(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "hpcrl", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def standin(directory: Path, name: str, body: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+# ------------------------------------------------------------------------------------ item 5
+
+
+def test_two_sweeps_of_one_experiment_at_once_one_refuses(tmp_path: Path) -> None:
+    """Two real `hpcrl sweep` processes; a stand-in sbatch that takes a second per job keeps the first
+    one submitting while the second arrives. The second refuses in one line (exit 1); jobs.json
+    holds the first one's jobs, and sbatch was called for them only."""
+    bin_dir = tmp_path / "bin"
+    calls = tmp_path / "sbatch-calls"
+    standin(bin_dir, "sbatch", f'sleep 1\necho "$@" >> {calls}\nwc -l < {calls}\n')
+    config = write_config(tmp_path)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    procs = [subprocess.Popen([PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "slurm"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 1], results
+    (refusal,) = [err for rc, _, err in results if rc == 1]
+    assert refusal.count("\n") == 1 and "another `hpcrl sweep` of this experiment" in refusal and "Traceback" not in refusal
+    jobs = read_jobs(tmp_path / "logs" / "tiny")
+    assert [j.stage for j in jobs] == ["train", "eval", "aggregate"]
+    assert len(calls.read_text().splitlines()) == 3
+
+
+# ------------------------------------------------------------------------------------ item 20
+
+
+@pytest.mark.parametrize("tools,expected", [(("sbatch", "qsub"), "slurm"), (("qsub",), "sge"), ((), "local")])
+def test_auto_detection_follows_path_and_says_why(tools: tuple[str, ...], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        standin(bin_dir, tool, "exit 0\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    name, why = detect_with_reason()
+    assert name == expected and "--scheduler" in why
+    assert (tools[0] in why) if tools else ("neither sbatch nor qsub" in why)
+
+
+def test_sweep_prints_which_scheduler_auto_chose(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    standin(bin_dir, "sbatch", "exit 0\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    proc = hpcrl("sweep", str(write_config(tmp_path)), "--dry-run", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"hpcrl: --scheduler auto chose slurm: sbatch is on PATH ({bin_dir}/sbatch)" in proc.stderr
+    assert "#SBATCH" in proc.stdout
+
+
+@pytest.mark.slurm
+def test_a_refused_first_submission_leaves_no_experiment(slurm_cluster: None, tmp_path: Path) -> None:
+    """Real Slurm refuses a partition that does not exist: nothing of the experiment stays on disk."""
+    exp = load_experiment(CONFORMANCE, [f"output={tmp_path}", "resources.partition=no-such-partition"])
+    with pytest.raises(SchedulerError, match="invalid partition"):
+        submit_experiment(exp, "slurm", out=io.StringIO())
+    assert not exp.dir.exists()
+
+
+@pytest.mark.slurm
+def test_a_refused_resweep_restores_the_experiment_as_it_was(slurm_cluster: None, tmp_path: Path) -> None:
+    """An existing experiment: a new grid point refused by sbatch leaves runs.csv and the run dirs as before."""
+    exp = load_experiment(CONFORMANCE, [f"output={tmp_path}", "sweep.seeds=[0]"])
+    runs = merge_runs(exp.dir, expand(exp))
+    write_experiment(exp, runs, {})
+    before = {p.name: p.read_bytes() for p in (exp.dir / "runs.csv", exp.dir / "experiment.yaml")}
+    grown = load_experiment(CONFORMANCE, [f"output={tmp_path}", "sweep.seeds=[0,1]", "resources.partition=no-such-partition"])
+    with pytest.raises(SchedulerError):
+        submit_experiment(grown, "slurm", out=io.StringIO())
+    assert {p.name: p.read_bytes() for p in (exp.dir / "runs.csv", exp.dir / "experiment.yaml")} == before
+    assert sorted(p.name for p in (exp.dir / "runs").iterdir()) == [runs[0].run_id]
+    assert not list((exp.dir / "jobs").glob("*.sh")) and not (exp.dir / "jobs" / "jobs.json").exists()
+
+
+# ------------------------------------------------------------------------------------ item 16
+
+
+@pytest.mark.parametrize("damaged", ["jobs.json", "local-state.json"])
+def test_a_damaged_job_record_is_one_line_exit_2(damaged: str, tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    (exp / "jobs").mkdir(parents=True)
+    (exp / "runs.csv").write_text("index,run_id,seed\n")
+    job = {"stage": "train", "job_id": "train-0-0", "scheduler": "local", "script": "jobs/train-0-0.sh", "size": 1, "manifest": None}
+    (exp / "jobs" / "jobs.json").write_text(json.dumps([job]))
+    (exp / "jobs" / damaged).write_text('{"jobs": {"train-0-0": {"1": {"sta')  # torn by a full disk
+    for command in ("status", "cancel"):
+        proc = hpcrl(command, str(exp), cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.count("\n") == 1 and damaged in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ item 19
+
+
+def test_each_stage_asks_for_its_own_resources(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"resources": {"gpus": 2, "cpus": 8, "mem": "32G", "partition": "gpu", "extra": ["--constraint=a100"]}, "eval": {"gpus": 1}})
+    exp = load_experiment(config)
+    planned = {p.stage: p for p in plan_scripts(exp, get_scheduler("slurm", exp.dir), [0, 1], 0)}
+    train, evaluation, aggregate = planned["train"], planned["eval"], planned["aggregate"]
+    assert (train.resources.gpus, train.resources.cpus, train.resources.mem_mb) == (2, 8, 32768)
+    assert (evaluation.resources.gpus, evaluation.resources.partition) == (1, "gpu")
+    assert (aggregate.resources.gpus, aggregate.resources.cpus, aggregate.resources.mem_mb) == (0, 1, 2048)
+    assert aggregate.resources.partition is None and aggregate.resources.extra == []
+    for line in ("--partition=gpu", "--constraint=a100", "--gres", "--mem=32768M"):
+        assert line in train.text and line not in aggregate.text
+    assert "--cpus-per-task=1" in aggregate.text and "--mem=2048M" in aggregate.text
+    assert stage_resources(exp, "aggregate") == aggregate.resources
+
+
+def fake_experiment(directory: Path, jobs: list[dict], script: str) -> Path:
+    """An experiment directory holding only jobs.json and one script per job: what the runner reads."""
+    (directory / "jobs" / "logs").mkdir(parents=True)
+    for job in jobs:
+        (directory / job["script"]).write_text(script)
+    (directory / "jobs" / "jobs.json").write_text(json.dumps(jobs))
+    return directory
+
+
+def local_job(job_id: str, size: int, gpus: int, cpus: int = 1, after: list | None = None) -> dict:
+    resources = {"gpus": gpus, "cpus": cpus, "max_concurrent": None, "mem_mb": 100}
+    return {"stage": job_id.split("-")[0], "job_id": job_id, "scheduler": "local", "script": f"jobs/{job_id}.sh", "size": size,
+            "manifest": None, "after": after or [], "attempt": 0, "resources": resources}
+
+
+# Each task records the devices it was given, then waits until `expect` tasks have started: a task
+# the pool never starts beside the others makes them all time out and fail.
+GANG = """#!/bin/bash
+here=$(dirname "$0")
+echo "${CUDA_VISIBLE_DEVICES-unset}" > "$here/devices.$(basename "$0" .sh).$HPCRL_TASK_ID"
+for _ in $(seq 100); do
+  [ "$(ls "$here" | grep -c '^devices\\.')" -ge EXPECT ] && exit 0
+  sleep 0.1
+done
+exit 1
+"""
+
+
+def devices(exp: Path) -> dict[str, str]:
+    return {p.name.removeprefix("devices."): p.read_text().strip() for p in (exp / "jobs").glob("devices.*")}
+
+
+def test_local_pool_starts_actors_beside_a_learner_on_the_only_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 cores and one GPU: the learner takes the GPU, its two actors still start beside it."""
+    from hpcrl.schedulers import local
+
+    monkeypatch.setattr(local, "gpu_count", lambda: 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    exp = fake_experiment(tmp_path / "exp", [local_job("learner-0-0", 1, gpus=1), local_job("actors-0-0", 2, gpus=0)], GANG.replace("EXPECT", "3"))
+    assert local.LocalRunner(exp).run() == 0
+    assert devices(exp) == {"learner-0-0.1": "0", "actors-0-0.1": "", "actors-0-0.2": ""}
+
+
+def test_local_gpus_are_split_one_per_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two GPUs, three one-GPU tasks: two run at once on different devices, the third gets a freed one;
+    a CPU-only task sees no GPU at all."""
+    from hpcrl.schedulers import local
+
+    monkeypatch.setattr(local, "gpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    exp = fake_experiment(tmp_path / "exp", [local_job("train-0-0", 3, gpus=1), local_job("eval-0-0", 1, gpus=0)], GANG.replace("EXPECT", "2"))
+    assert local.LocalRunner(exp).run() == 0
+    seen = devices(exp)
+    gpu_tasks = [seen[f"train-0-0.{t}"] for t in (1, 2, 3)]
+    assert sorted(gpu_tasks[:2]) == ["0", "1"] and gpu_tasks[2] in ("0", "1")
+    assert seen["eval-0-0.1"] == ""
+
+
+# ------------------------------------------------------------------------------------ items 11 and 14
+
+
+@pytest.mark.e2e
+def test_a_successful_local_retry_exits_0_without_the_old_failures(tmp_path: Path) -> None:
+    real = sys.executable
+    failing = standin(tmp_path / "bin", "python", f'[ "$3" = train ] && {{ echo "node died" >&2; exit 3; }}\nexec {real} "$@"\n')
+    config = write_config(tmp_path, {"sweep": {"seeds": [0]}})
+    first = hpcrl("sweep", str(config), "--scheduler", "local", "-p", f"python={failing}", cwd=tmp_path)
+    assert first.returncode == 1 and "1 failed" in first.stdout, first.stdout + first.stderr
+    second = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "failed" not in second.stdout and "submitted 1 of 1 runs" in second.stdout
+
+
+@pytest.mark.e2e
+def test_sweep_retries_a_failed_evaluation_without_training_again(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"sweep": {"seeds": [0, 1]}})
+    exp = tmp_path / "logs" / "tiny"
+    assert hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path).returncode == 0
+    runs = load_runs(exp)
+    broken = run_dir(exp, runs[1].run_id)
+    rundir.mark(broken, rundir.EVAL_FAILED, "CUDA error: out of memory")
+    (broken / "eval.csv").unlink(missing_ok=True)
+    checkpoints = sorted(p.stat().st_mtime_ns for p in (broken / "checkpoints").glob("*"))
+    proc = hpcrl("sweep", str(config), "--scheduler", "local", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted 0 of 2 runs and 1 evaluations" in proc.stdout
+    newest = [j for j in read_jobs(exp) if j.attempt == 1]
+    assert [j.stage for j in newest] == ["eval", "aggregate"] and newest[0].after == []
+    assert (exp / newest[0].manifest).read_text().split() == [str(runs[1].index)]
+    assert rundir.eval_state(broken) == "done" and (broken / "eval.csv").exists()
+    assert sorted(p.stat().st_mtime_ns for p in (broken / "checkpoints").glob("*")) == checkpoints  # not retrained
+    assert newest[0].resources["gpus"] == 0 and newest[1].resources["cpus"] == 1
+
+
+# ------------------------------------------------------------------------------------ manifests
+
+
+def train_logs(exp: Path, scheduler: str, job_id: str, task: int) -> str:
+    pattern = {"local": f"{job_id}.{task}.out", "slurm": f"train-{job_id}_{task}.out", "sge": f"train-{job_id}.{task}.out"}[scheduler]
+    return "".join(p.read_text() for p in (exp / "jobs" / "logs").glob(pattern))
+
+
+@pytest.fixture(params=["local", pytest.param("slurm", marks=pytest.mark.slurm), pytest.param("sge", marks=pytest.mark.sge)])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param != "local":
+        request.getfixturevalue(f"{request.param}_cluster")
+    return request.param
+
+
+@pytest.mark.e2e
+def test_task_i_runs_the_run_on_manifest_line_i(backend: str, tmp_path: Path) -> None:
+    """With run 1 already done, the train array is runs [0, 2]: not the identity, so a reversed or
+    shifted task -> run mapping trains the wrong run (or run 1) and fails here."""
+    exp = load_experiment(CONFORMANCE, [f"output={tmp_path}", "train.total_steps=256"])
+    runs = merge_runs(exp.dir, expand(exp))
+    write_experiment(exp, runs, {})
+    for name in (rundir.DONE, rundir.EVAL_SKIPPED):  # run 1 needs nothing: no eval-only job either
+        rundir.mark(run_dir(exp.dir, runs[1].run_id), name, "done elsewhere")
+    assert submit_experiment(exp, backend, detach=True, out=io.StringIO()) == 0
+    (train,) = [j for j in read_jobs(exp.dir) if j.stage == "train"]
+    assert (exp.dir / train.manifest).read_text().split() == ["0", "2"]
+    deadline = time.monotonic() + 300
+    try:
+        while not all(rundir.eval_state(run_dir(exp.dir, runs[i].run_id)) != "new" for i in (0, 2)):
+            assert time.monotonic() < deadline, "the sweep did not finish"
+            time.sleep(1)
+    finally:
+        cancel_experiment(exp.dir, out=io.StringIO())
+    for task, index in ((1, 0), (2, 2)):
+        log = train_logs(exp.dir, backend, train.job_id, task)
+        assert f"{runs[index].run_id}: done at step" in log, log
+        assert all(r.run_id not in log for r in runs if r.index != index)
+        assert (run_dir(exp.dir, runs[index].run_id) / "train.csv").exists()
+    assert not (run_dir(exp.dir, runs[1].run_id) / "train.csv").exists()
