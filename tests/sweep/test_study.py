@@ -306,8 +306,14 @@ def test_a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_i
         rundir.mark(rd, rundir.FAILED, "RuntimeError: CUDA error: an illegal memory access")
         return 1
 
+    class NoWarning:
+        signal = None
+
+        def __bool__(self) -> bool:
+            return False
+
     evaluated: list[str] = []
-    worker = Worker(exp.dir, 1, io.StringIO(), train=crashes_after_logging, evaluate=lambda root, run, out: evaluated.append(run.run_id) or 0)
+    worker = Worker(exp.dir, 1, io.StringIO(), train=crashes_after_logging, evaluate=lambda root, run, out: evaluated.append(run.run_id) or 0, stop_flag=NoWarning)
     assert worker.run_trial(worker.claim()) is None
     (trial,) = trials(exp.dir)
     assert trial.state == optuna.trial.TrialState.FAIL and trial.value is None
