@@ -108,10 +108,20 @@ IDENTITY_UNITS = tuple(f"tests/sweep/test_run_identity.py::test_{name}" for name
 ))  # fmt: skip
 LIFETIMES = ("tests/store/test_rundir.py", "tests/store/test_run_lifetimes.py", "tests/store/test_run_files_edges.py")  # checkpoints, train.csv, the run lock: seconds
 PROGRAM = ("tests/runtime/test_program_supervision.py", "tests/runtime/test_program_metrics.py")  # the local program tests of issue 25: seconds each
-STUDY = tuple(f"tests/sweep/test_study.py::test_{name}" for name in (
+# The fast in-process tests first: pytest -x stops at the first failure, so most mutants cost seconds.
+STUDY_UNITS = (*(f"tests/sweep/test_study.py::test_{name}" for name in (
+    "each_pruner_name_is_its_optuna_pruner_and_judges_from_the_end_of_the_warm_up", "a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_it_logged",
+    "a_journal_damaged_mid_file_is_refused_in_one_line", "reporter_reports_percent_of_budget_and_prunes_a_poor_trial",
+)), "tests/sweep/test_search.py::test_a_random_search_is_runs_not_an_optuna_study")  # fmt: skip
+STUDY = STUDY_UNITS + tuple(f"tests/sweep/test_study.py::test_{name}" for name in (
     "a_worker_killed_while_another_works_is_shown_failed_and_restarted_by_the_next_sweep", "a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new_one",
     "an_rdb_storage_works_and_a_relative_sqlite_file_is_in_the_experiment", "a_storage_that_cannot_be_a_study_is_refused_in_one_line_and_nothing_is_written",
     "a_torn_journal_record_is_set_aside_by_a_worker_and_by_a_resweep", "an_append_after_a_torn_record_sets_it_aside_first_and_a_changed_config_opens",
+))  # fmt: skip
+SELFPLAY = tuple(f"tests/distributed/test_distributed_selfplay.py::test_{name}" for name in (
+    "self_play_sends_whole_games_and_the_trainer_learns_at_the_simple_modes_ratio", "the_budget_cuts_the_last_batch_and_counts_the_part_of_a_game_that_came_in",
+    "the_trainer_refuses_batches_that_would_poison_training", "a_requeued_trainer_resumes_weights_optimizer_window_version_and_credit",
+    "status_line_shows_games_and_positions_per_second", "bad_decoupled_settings_are_refused_in_one_line",
 ))  # fmt: skip
 STATUS = "tests/schedulers/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
@@ -128,8 +138,12 @@ TARGETS = [
     Target("metrics", "hpcrl/runtime/metrics.py", ("tests/runtime/test_metrics_readers.py", "tests/runtime/test_program_metrics.py")),
     Target("study", "hpcrl/sweep/study.py", STUDY),
     Target("study_worker", "hpcrl/sweep/study_worker.py", STUDY),
-    Target("ddp", "hpcrl/rl/ddp.py", ("tests/rl/test_ddppo.py::test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8",)),
+    Target("ddp", "hpcrl/rl/ddp.py", ("tests/rl/test_ddppo.py::test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_episodes",
+                                    "tests/rl/test_ddppo.py::test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8")),
     Target("status", "hpcrl/status.py", ("tests/test_status_selection.py", "tests/test_status_scale.py")),
+    # the self-play trainer's units (tests/distributed/test_distributed_selfplay.py's cluster test is not one), the experiment directory
+    Target("selfplay", "hpcrl/distributed/selfplay.py", SELFPLAY),
+    Target("expdir", "hpcrl/store/expdir.py", (*IDENTITY_UNITS, *TASKS, "tests/store/test_run_files_edges.py", COLLECT)),
 ]
 
 

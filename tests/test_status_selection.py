@@ -46,3 +46,5 @@ def test_each_state_word_selects_its_runs_and_json_counts_only_them(mixed: Path,
     assert rc == 0 and {line.split()[1] for line in lines[1:-2]} == expected
     counted = f": {len(expected)} {word}" if expected else ": none"
     assert lines[-1].startswith(f"{len(expected)} of {RUNS} runs selected{counted}"), lines[-1]
+    settings = len(doc["settings"])  # a selection of no run has "0 settings", as English counts
+    assert f"; {settings} setting{'' if settings == 1 else 's'}; aggregate: " in lines[-1], lines[-1]

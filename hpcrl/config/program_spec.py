@@ -246,7 +246,7 @@ def fill(text: str, values: dict[str, str], params: dict[str, Any]) -> str:
 def argv(program: ProgramConfig, values: dict[str, str]) -> list[str]:
     """The program's whole command line for one run: command, parameters, fixed arguments."""
     words = [fill(w, values, program.params) for w in program.command]
-    words += [fill(w, values, program.params) if isinstance(w, str) else w for w in param_words(program)]
+    words += [fill(w, values, program.params) for w in param_words(program)]
     words += [fill(w, values, program.params) for w in program.args]
     return words
 

@@ -79,6 +79,20 @@ def test_placeholders_fill_and_shell_or_hydra_interpolations_stay() -> None:
     assert words == ["t", "--lr", "1", "/e/runs/r/x", "--seed=3", "${oc.env:HOME}", "{literal}", "lr:1"]
 
 
+def test_placeholders_in_string_parameters_fill_like_in_args() -> None:
+    """README: placeholders work in string parameters too (`log_dir: "{run_dir}/tb"`), in every style."""
+    for style, expected in (("argparse", ["--log_dir", "/e/runs/r/tb"]), ("equals", ["--log_dir=/e/runs/r/tb"]), ("hydra", ["log_dir=/e/runs/r/tb"])):
+        assert argv({"command": ["t"], "style": style, "params": {"log_dir": "{run_dir}/tb"}})[1:] == expected, style
+
+
+def test_a_one_word_eval_command_is_accepted_and_an_empty_one_refused() -> None:
+    """`program.eval.command: [./eval.sh]` is a whole command, as `program.command` may be one word."""
+    exp = program_exp({"command": ["t"], "eval": {"command": ["./eval.sh"]}})
+    assert exp.program.eval.command == ["./eval.sh"]
+    with pytest.raises(ValueError, match="program.eval.command: expected at least 1 item"):
+        program_exp({"command": ["t"], "eval": {"command": []}})
+
+
 def test_grid_over_program_params_makes_distinct_runs_and_typed_values_hash_alike() -> None:
     base = {"name": "p", "algo": "program", "program": {"command": ["t"], "params": {"lr": 1e-3}}}
     grid = experiment_from_dict({**base, "sweep": {"seeds": [0, 1], "grid": {"program.params.lr": [1e-3, 3e-4]}}})

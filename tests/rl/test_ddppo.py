@@ -145,6 +145,34 @@ def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     assert (half.gradient_step.flat.detach() - expected).abs().max() > 1e-4
 
 
+def _collectives(rank: int, port: int, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
+    ranks = Ranks(rank, 2, rank, "env")
+    ranks.init(Path("."), torch.device("cpu"), 60)
+    results.put((rank, ranks.any(False), ranks.any(rank == 1), ranks.gather([f"episode {rank}.0", f"episode {rank}.1"])))
+    ranks.close()
+
+
+def test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_episodes() -> None:
+    """The ranks stop at the same iteration: a warning one rank saw stops all, no warning stops none;
+    rank 0 logs the episodes of every rank. One rank (no process group) answers alone."""
+    from torch.distributed import TCPStore
+
+    single = Ranks.single()
+    assert single.any(True) is True and single.any(False) is False and single.gather([1, 2]) == [1, 2]
+    store = TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_collectives, args=(r, store.port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert got == [(0, False, True, ["episode 0.0", "episode 0.1", "episode 1.0", "episode 1.1"]), (1, False, True, [])]
+
+
 # ------------------------------------------------------------------------------ runs on every backend
 
 

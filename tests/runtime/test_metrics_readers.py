@@ -185,6 +185,22 @@ def test_csv_and_jsonl_columns(tmp_path: Path) -> None:
         read_episodes(tmp_path, "jsonl", "bad.jsonl", value="r")
 
 
+def test_a_row_shorter_than_its_header_is_skipped_not_a_traceback(tmp_path: Path) -> None:
+    """A program that prints a line of its own into its CSV (a step without its return, a note) or
+    a row a crash left short: that row has no episode; the others are read."""
+    (tmp_path / "log.csv").write_text("global_step,ret\n10,1.5\n15\n20,2.5\n")
+    ep = read_episodes(tmp_path, "csv", "log.csv", step="global_step", value="ret")
+    assert list(ep.steps) == [10, 20] and list(ep.returns) == [1.5, 2.5]
+
+
+def test_an_unknown_source_is_refused_not_read_as_another_format(tmp_path: Path) -> None:
+    """The config's schema refuses an unknown `program.metrics.source`; a direct caller of
+    read_episodes gets a ValueError, never a CSV read of a file meant for another reader."""
+    (tmp_path / "log.csv").write_text("step,episodic_return\n10,1.5\n")
+    with pytest.raises(ValueError, match="unknown metrics source 'Monitor'"):
+        read_episodes(tmp_path, "Monitor", "log.csv")
+
+
 def test_hostile_files(tmp_path: Path) -> None:
     (tmp_path / "nul.csv").write_bytes(b"step,episodic_return\n1,\xff\xfe\n")
     with pytest.raises(MetricsError, match="not UTF-8"):

@@ -85,6 +85,13 @@ def test_a_search_beside_a_grid_and_seeds_is_their_product(tmp_path: Path) -> No
     assert {r.config.train.gamma for r in runs} == {0.9, 0.99}
 
 
+def test_a_random_search_is_runs_not_an_optuna_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`method: random` sweeps its samples as runs (a job array), never as study workers."""
+    assert main(["sweep", str(config(tmp_path, random_search(5))), "--scheduler", "local", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("# dry run: 5 runs, nothing written, nothing submitted") and "Optuna" not in out, out[-500:]
+
+
 def test_a_small_choice_space_adds_no_run_twice(tmp_path: Path) -> None:
     runs = expand(load_experiment(config(tmp_path, random_search(16, space="\n      train.activation: {type: choice, values: [tanh, relu]}\n"))))
     assert sorted(r.config.train.activation for r in runs) == ["relu", "tanh"]

@@ -23,6 +23,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_conformance import BACKENDS, CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
@@ -32,7 +33,7 @@ from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
 from hpcrl.stages import search_worker
 from hpcrl.status import experiment_status
-from hpcrl.store import expdir
+from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import current_rows, load_experiment_config, read_jobs, read_runs_csv, run_dir
 from hpcrl.submit.pipeline import submit_experiment
 from hpcrl.sweep import study
@@ -128,6 +129,20 @@ def test_reporter_reports_percent_of_budget_and_prunes_a_poor_trial() -> None:
 
     resumed = Reporter(second, exp, total_steps=2000, resume_step=400)  # a requeued trial does not report 20% again
     assert resumed(420, {"episodic_return": 50.0}) is None and resumed.last == 21
+
+
+@pytest.mark.parametrize(("name", "warmup", "kind", "first"), [
+    ("median", 20, "MedianPruner", 20), ("hyperband", 0, "HyperbandPruner", 1), ("hyperband", 20, "HyperbandPruner", 20),
+    ("asha", 0, "SuccessiveHalvingPruner", 1), ("asha", 30, "SuccessiveHalvingPruner", 30), ("none", 20, "NopPruner", None),
+])  # fmt: skip
+def test_each_pruner_name_is_its_optuna_pruner_and_judges_from_the_end_of_the_warm_up(tmp_path: Path, name: str, warmup: int, kind: str, first: int | None) -> None:
+    """README: `pruner: median | hyperband | asha | none`, `warmup_percent`: no pruning before that
+    percent of a trial's budget (and never at 0%: the first judged percent is at least 1)."""
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2, metric="train", pruner=name, warmup_percent=warmup)])
+    pruner = study.open_study(exp, exp.dir).pruner
+    assert type(pruner).__name__ == kind
+    if first is not None:
+        assert (pruner._n_warmup_steps if name == "median" else pruner._min_resource) == first
 
 
 # ------------------------------------------------------------------------------------ local, end to end
@@ -276,6 +291,33 @@ def test_a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new
     out = io.StringIO()
     first = Worker(exp.dir, 1, out).claim()
     assert first.number == 1 and "resumed" not in out.getvalue()
+
+
+def test_a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_it_logged(tmp_path: Path) -> None:
+    """A trial's run that fails after logging good episodes is a FAIL in the study: not evaluated,
+    and its logged return is not told as the trial's value (TPE would model a crash as a score)."""
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(1, metric="train", pruner="none")])
+    expdir.write_experiment(exp, [], {"scheduler": "local"})
+
+    def crashes_after_logging(root: Path, run: expdir.Run, out: object, progress: object) -> int:
+        rd = run_dir(root, run.run_id)
+        rd.mkdir(parents=True, exist_ok=True)
+        rundir.write_curve(rd, np.array([100.0, 200.0]), np.array([150.0, 200.0]))
+        rundir.mark(rd, rundir.FAILED, "RuntimeError: CUDA error: an illegal memory access")
+        return 1
+
+    class NoWarning:
+        signal = None
+
+        def __bool__(self) -> bool:
+            return False
+
+    evaluated: list[str] = []
+    worker = Worker(exp.dir, 1, io.StringIO(), train=crashes_after_logging, evaluate=lambda root, run, out: evaluated.append(run.run_id) or 0, stop_flag=NoWarning)
+    assert worker.run_trial(worker.claim()) is None
+    (trial,) = trials(exp.dir)
+    assert trial.state == optuna.trial.TrialState.FAIL and trial.value is None
+    assert evaluated == []
 
 
 # ------------------------------------------------------------------------------------ storage
