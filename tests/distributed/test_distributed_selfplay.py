@@ -118,6 +118,7 @@ def test_the_trainer_refuses_batches_that_would_poison_training() -> None:
         ({"policy": illegal}, "not a distribution over the legal moves"),
         ({"obs": nan_obs}, "non-finite"),
         ({"ep_length": good["ep_length"] + 1}, "whole games"),
+        ({"ep_length": np.maximum(good["ep_length"] - 1, 1)}, "whole games"),  # fewer positions than the batch claims
         ({"value": np.zeros(n - 1, np.float32)}, "disagree"),
         ({"obs": np.zeros((n, 3), np.float32)}, "'obs'"),
         ({"legal": np.ones((n, 9), np.uint8)}, "'legal'"),
