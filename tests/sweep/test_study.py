@@ -461,3 +461,18 @@ def test_bundled_study_prunes_and_finds_a_policy_that_solves_cartpole(tmp_path: 
         f"\n{local.name}: 12 trials in {time.time() - since:.0f} s, {states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned; "
         f"best trial {best['trial']}: value {best['value']}, final eval {best['final_eval']}"
     )
+
+
+def test_a_trial_is_scored_by_its_last_evaluation_during_training(tmp_path: Path) -> None:
+    """With evaluation during training a trial's value is its last evaluation (the one at the end),
+    not an earlier, better or worse one; a trial with none yet has no value (NaN), not a zero."""
+    from hpcrl.sweep.study_worker import final_value
+
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2), "eval.every_steps=100"])
+    rd = tmp_path / "run"
+    rd.mkdir()
+    with rundir.EvalCurveLog(rd, 0) as log:
+        for step, mean in [(100, 10.0), (200, 300.0), (300, 120.0)]:
+            log.write([step, 0.0, mean, 1.0, 20, 5])
+    assert final_value(exp, rd) == 120.0
+    assert np.isnan(final_value(exp, tmp_path / "no-evaluations-yet"))
