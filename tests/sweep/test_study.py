@@ -476,3 +476,17 @@ def test_a_trial_is_scored_by_its_last_evaluation_during_training(tmp_path: Path
             log.write([step, 0.0, mean, 1.0, 20, 5])
     assert final_value(exp, rd) == 120.0
     assert np.isnan(final_value(exp, tmp_path / "no-evaluations-yet"))
+
+
+def test_a_running_trial_is_still_to_finish_and_finished_ones_are_not(tmp_path: Path) -> None:
+    """What a re-sweep starts workers for: a RUNNING trial (its worker may be gone) still counts as
+    remaining; complete, pruned and failed trials do not."""
+    import optuna
+
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(5)])
+    s = optuna.create_study()
+    for state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL):
+        s.add_trial(optuna.trial.create_trial(state=state, value=1.0 if state == optuna.trial.TrialState.COMPLETE else None))
+    s.ask()  # RUNNING
+    got = study.study_state(exp, s)
+    assert (got.finished, got.running, got.remaining) == (3, 1, 2)
