@@ -490,3 +490,20 @@ def test_a_running_trial_is_still_to_finish_and_finished_ones_are_not(tmp_path: 
     s.ask()  # RUNNING
     got = study.study_state(exp, s)
     assert (got.finished, got.running, got.remaining) == (3, 1, 2)
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:study?mode=memory&uri=true"])
+def test_an_in_memory_sqlite_storage_is_refused_before_anything_is_written(tmp_path: Path, url: str) -> None:
+    """Every worker would open its own empty database: the study would never see another's trials."""
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2, storage=f"'{url}'")])
+    with pytest.raises(ConfigError, match="in-memory database is not shared by the workers"):
+        study.resolve_storage(exp)
+    assert not exp.dir.exists()
+
+
+def test_an_absolute_sqlite_file_in_an_existing_directory_is_kept_as_given(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/shared/study.db"
+    (tmp_path / "shared").mkdir()
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(2, storage=f"'{url}'")])
+    study.resolve_storage(exp)
+    assert exp.sweep.search.storage == url
