@@ -333,12 +333,12 @@ def test_openspiel_games_by_name():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0])
 def test_tic_tac_toe_learns_to_never_lose_against_perfect_play(seed):
-    """configs/tictactoe_alphazero.yaml's budget (30,000 self-play positions, under a minute of CPU
-    per seed): 0 losses in 50 games against perfect play, both colours, for every seed the config
-    sweeps (benchmarks/alphazero.py plays 200)."""
-    cfg_file = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tictactoe_alphazero.yaml").read_text())
+    """configs/tictactoe_alphazero.yaml's budget (30,000 self-play positions, under a minute of CPU):
+    0 losses in 50 games against perfect play, both colours. One seed here, to keep the suite's time;
+    `benchmarks/alphazero.py --seeds 0 1 2 --games 200` shows every seed the config sweeps."""
+    cfg_file = yaml.safe_load((Path(__file__).parents[2] / "configs" / "tictactoe_alphazero.yaml").read_text())
     cfg = AlphaZeroConfig(**{**cfg_file["train"], "opponents": ["perfect"]})
     spec = games.load(TTT)
     torch.set_num_threads(1)
