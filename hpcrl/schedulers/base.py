@@ -91,11 +91,6 @@ class Scheduler(ABC):
         pool); None where the cluster does."""
         return None
 
-    def machine_gpus(self) -> int | None:
-        """The GPUs of the one machine every task runs on, where the scheduler knows it (local);
-        None on a cluster, whose nodes differ."""
-        return None
-
     def __init__(self) -> None:
         self.calls = 0
         """Scheduler commands run so far (the submit benchmark counts them)."""

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from hpcrl.config.experiment import ConfigError
 from hpcrl.io import atomic_write_text
@@ -213,8 +213,16 @@ class LocalScheduler(Scheduler):
     def task_slots(self, max_concurrent: int | None, cpus: int) -> int:
         return local_slots(max_concurrent, cpus, os.cpu_count() or 1)
 
-    def machine_gpus(self) -> int:
-        return gpu_count()
+    def refuse(self, exp: Any) -> str | None:
+        """Training this machine cannot run: an explicit CUDA device, or ranks that each need a GPU,
+        asking for more GPUs than it has. (The executor gives a task at most the GPUs there are, so a
+        GPU config with `train.device: auto` still runs on a laptop's CPU.)"""
+        here, gpus = gpu_count(), exp.resources.gpus
+        device, ranks = getattr(exp.train, "device", "auto"), exp.resources.ranks_per_node
+        if gpus <= here or not (device.startswith("cuda") or (ranks > 1 and here > 0)):
+            return None
+        who = f"train.device {device!r}" if device.startswith("cuda") else f"{ranks} ranks, one GPU each,"
+        return f"resources.gpus: {who} needs {gpus} GPU{'s' if gpus > 1 else ''} per task; {self.name} runs its tasks on this machine, which has {here}"
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         return script.stem  # unique per experiment: <stage>-<attempt>-<chunk>

@@ -228,25 +228,9 @@ def plan_stage(
     res = stage_resources(exp, stage)
     if res.nodes > 1 and scheduler.one_host:
         raise ConfigError(f"resources.nodes: {res.nodes} nodes per run, but {scheduler.name} {scheduler.one_host}")
-    if stage in ("train", "learner"):
-        _check_gpus_here(exp, scheduler, res)
     size = len(runs) if array is None else array
     ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res, program_tasks=program_tasks)
     return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [], 0 if array is None else array)
-
-
-def _check_gpus_here(exp: Experiment, scheduler: Scheduler, res: StageResources) -> None:
-    """Where the scheduler knows the one machine its tasks run on (local), a training task that
-    cannot run there is refused at sweep time: an explicit CUDA device, or ranks that each need a
-    GPU, asking for more GPUs than the machine has. (The local executor gives a task at most the
-    GPUs there are, so that a GPU config with `train.device: auto` still runs on a laptop's CPU.)"""
-    here = scheduler.machine_gpus()
-    device = getattr(exp.train, "device", "auto")
-    ranks = exp.resources.ranks_per_node
-    if here is None or res.gpus <= here or not (device.startswith("cuda") or (ranks > 1 and here > 0)):
-        return
-    who = f"train.device {device!r}" if device.startswith("cuda") else f"{ranks} ranks, one GPU each,"
-    raise ConfigError(f"resources.gpus: {who} needs {res.gpus} GPU{'s' if res.gpus > 1 else ''} per task; {scheduler.name} runs its tasks on this machine, which has {here}")
 
 
 def plan_eval(
