@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -51,6 +53,15 @@ def _umask() -> int:
 def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
     with atomic_open(path, "w", durable) as f:
         f.write(text)
+
+
+def atomic_write_csv(path: str | Path, header: Sequence[object], rows: Iterable[Sequence[object]]) -> None:
+    """A whole CSV table (header, then rows), written atomically."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(header)
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
 
 
 def append_line(path: str | Path, line: str) -> None:

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcrl.io import atomic_write_csv
 from hpcrl.results import plots, report, stats
-from hpcrl.results.tables import RunResult, write_csv
+from hpcrl.results.tables import RunResult
 from hpcrl.store import rundir
 
 ANCHOR = "random"
@@ -197,7 +198,7 @@ def write_strength(results: Sequence[RunResult], results_dir: Path, agg: str) ->
     tables, csv_rows = opponent_tables(final)
     if tables:
         stat_cols = [f"{rate}_{k}" for rate in ("win", "draw", "loss") for k in ("mean", "ci_low", "ci_high")]
-        write_csv(results_dir / "strength.csv", ["setting", "opponent", "seeds", "games", *stat_cols], csv_rows)
+        atomic_write_csv(results_dir / "strength.csv", ["setting", "opponent", "seeds", "games", *stat_cols], csv_rows)
         sections.append(report.Section("Strength against fixed opponents", [
             "Win / draw / loss rates of the final policy (eval stage), each colour half the games; the mean over seeds with a "
             "95% bootstrap interval (strength.csv).",
@@ -206,7 +207,7 @@ def write_strength(results: Sequence[RunResult], results_dir: Path, agg: str) ->
     curves, curve_rows, notes = rate_curves(curves_of, agg)
     problems += notes
     if curve_rows:
-        write_csv(results_dir / "strength_curves.csv", ["setting", "opponent", "rate", "step", agg, "ci_low", "ci_high", "n_seeds"], curve_rows)
+        atomic_write_csv(results_dir / "strength_curves.csv", ["setting", "opponent", "rate", "step", agg, "ci_low", "ci_high", "n_seeds"], curve_rows)
         blocks: list = []
         for rate in ("win_rate", "loss_rate"):
             if rate in curves:
@@ -217,8 +218,8 @@ def write_strength(results: Sequence[RunResult], results_dir: Path, agg: str) ->
         sections.append(report.Section("Strength during training", blocks))
     if ratings_of:
         table, ladder_csv = ladder_rows(ratings_of)
-        write_csv(results_dir / "elo.csv", ["setting", "task", "run_id", "seed", "player", "step", "elo"], elo_rows)
-        write_csv(results_dir / "elo_ladder.csv", ["setting", "player", "step", "seeds", "elo", "ci_low", "ci_high"], ladder_csv)
+        atomic_write_csv(results_dir / "elo.csv", ["setting", "task", "run_id", "seed", "player", "step", "elo"], elo_rows)
+        atomic_write_csv(results_dir / "elo_ladder.csv", ["setting", "player", "step", "seeds", "elo", "ci_low", "ci_high"], ladder_csv)
         series = {label: [sorted((int(p), e) for p, e in ratings.items() if p != ANCHOR) for ratings in seeds] for label, seeds in ratings_of.items()}
         answers = stats.aggregate_curves_many([([[s for s, _ in x] for x in xs], [[e for _, e in x] for x in xs]) for xs in series.values()], agg=agg)  # type: ignore[arg-type]
         elo_curves = {label: c for label, c in zip(series, answers) if not isinstance(c, ValueError)}

@@ -20,8 +20,6 @@ because raw returns of different environments do not average.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from typing import TextIO
 import numpy as np
 
 from hpcrl.config import tasks
-from hpcrl.io import atomic_write_text
+from hpcrl.io import atomic_write_csv
 from hpcrl.results import plots, report, stats
 
 MAX_PLOTTED = 12
@@ -111,15 +109,6 @@ def _cell(x: object) -> str:
 
 def _p_cell(p: str, low: str, high: str) -> str:
     return f"{_cell(p)} [{_cell(low)}, {_cell(high)}]"
-
-
-def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
-    """A results CSV, written atomically (the report's tables are read from these files)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(header)
-    writer.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
 
 
 def score_matrices(groups: Groups, task_names: list[str], refs: dict[str, tuple[float, float]] | None) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -247,14 +236,14 @@ def write_results(
             missing = [r.run_id for r in groups[item["setting"]][task] if math.isnan(r.eval_return)]
             summary_rows.append([item["setting"], task, n_expected[item["setting"], task], *[_fmt(item[k]) for k in keys], " ".join(missing)])
     keys = [k for k in next(iter(per_task.values()))[0] if k != "setting"] if results else []
-    write_csv(results_dir / "summary.csv", ["setting", "task", "n_expected", *keys, "missing_runs"], summary_rows)
+    atomic_write_csv(results_dir / "summary.csv", ["setting", "task", "n_expected", *keys, "missing_runs"], summary_rows)
 
     # Across tasks: whole matrices; ranked by the aggregate (or the one task's summary).
     matrices, matrix_notes = score_matrices(groups, task_names, scoring.refs)
     aggregate = aggregate_rows(matrices, scoring.refs is not None) if (multi or scoring.refs is not None) else []
     if aggregate:
         cols = [k for k in aggregate[0] if k not in ("setting",)]
-        write_csv(results_dir / "aggregate.csv", ["setting", *cols], [[row["setting"], *[_fmt(row[k]) for k in cols]] for row in aggregate])
+        atomic_write_csv(results_dir / "aggregate.csv", ["setting", *cols], [[row["setting"], *[_fmt(row[k]) for k in cols]] for row in aggregate])
     elif (results_dir / "aggregate.csv").exists():
         (results_dir / "aggregate.csv").unlink()  # from an earlier collect with more tasks: it would contradict this one
     ranking = aggregate if aggregate else per_task.get(task_names[0], []) if task_names else []
@@ -270,15 +259,15 @@ def write_results(
             if x != y:
                 low, high = stats.probability_of_improvement_ci(matrices[x], matrices[y])
                 improvement.append([x, y, _fmt(float(stats.probability_of_improvement(matrices[x], matrices[y]))), _fmt(low), _fmt(high)])
-    write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high"], improvement)
+    atomic_write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high"], improvement)
 
     # Curves and figures.
     made: dict[str, Path] = {}
     train_curves, curve_rows, partial = _curves(groups, task_names, agg, "train")
-    write_csv(results_dir / "curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], curve_rows)
+    atomic_write_csv(results_dir / "curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], curve_rows)
     eval_curves, eval_rows, eval_partial = _curves(groups, task_names, agg, "eval")
     if eval_rows:
-        write_csv(results_dir / "eval_curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], eval_rows)
+        atomic_write_csv(results_dir / "eval_curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], eval_rows)
     band = f"{agg.upper()} ± 95% bootstrap CI{cut_note}"
     for name, curves, key, ylabel in (("Training curves", train_curves, "curves", "episodic return (training)"),
                                       ("Evaluation during training", eval_curves, "eval_curves", "mean eval return")):  # fmt: skip

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from hpcrl.config.schema import ConfigError
-from hpcrl.io import atomic_write_text
+from hpcrl.io import atomic_write_csv, atomic_write_text
 from hpcrl.store.states import State
 
 DONE, FAILED = "DONE", "FAILED"
@@ -670,20 +670,12 @@ class StrengthCurveLog(AppendLog):
 
 def write_strength(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
     """strength.csv of the eval stage: a row per opponent (STRENGTH_COLUMNS)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(STRENGTH_COLUMNS)
-    writer.writerows(rows)
-    atomic_write_text(run_dir / STRENGTH, buf.getvalue())
+    atomic_write_csv(run_dir / STRENGTH, STRENGTH_COLUMNS, rows)
 
 
 def write_ladder(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
     """ladder.csv of the eval stage: a row per pair of players (LADDER_COLUMNS)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(LADDER_COLUMNS)
-    writer.writerows(rows)
-    atomic_write_text(run_dir / LADDER, buf.getvalue())
+    atomic_write_csv(run_dir / LADDER, LADDER_COLUMNS, rows)
 
 
 def read_table(path: Path, columns: Sequence[str], numeric: Sequence[str]) -> list[dict[str, Any]]:
