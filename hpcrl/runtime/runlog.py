@@ -112,17 +112,14 @@ def open_runlog(
 ) -> RunLog:
     """The run's sink at `resume_step`: train.csv cut back to that step and appended to, the
     trackers its `tracking:` asks for, and `evaluator()` (started after them, as before)."""
-    train_log = rundir.TrainLog(rd, BASE_COLUMNS + tuple(columns), resume_step)
-    try:
+    with contextlib.ExitStack() as opened:  # what opened is closed again if a later part fails
+        train_log = rundir.TrainLog(rd, BASE_COLUMNS + tuple(columns), resume_step)
+        opened.callback(train_log.close)
         trackers = tracking.open_trackers(experiment_dir, run, rd, resume_step, out)
-        try:
-            return RunLog(train_log, trackers, columns, counts=counts, evaluator=evaluator(), callbacks=callbacks)
-        except BaseException:
-            trackers.close()
-            raise
-    except BaseException:
-        train_log.close()
-        raise
+        opened.callback(trackers.close)
+        log = RunLog(train_log, trackers, columns, counts=counts, evaluator=evaluator(), callbacks=callbacks)
+        opened.pop_all()
+        return log
 
 
 def fmt(value: Any) -> str:
