@@ -132,6 +132,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 # ------------------------------------------------------------------------------ the per-setting view
 
 
+@pytest.mark.slow  # the 10,000-run fixture costs 5-9 CPU seconds, charged to whichever test sets it up
 def test_a_big_sweep_is_one_line_per_setting_with_counts_failures_jobs_and_totals(big: Path, capsys, monkeypatch) -> None:
     calls = Queries(monkeypatch)
     rc, out, _ = run_cli(["status", str(big)], capsys)
@@ -156,6 +157,7 @@ def test_a_big_sweep_is_one_line_per_setting_with_counts_failures_jobs_and_total
     assert lines[-1] == "10000 runs: 7000 done, 500 running, 2000 pending, 300 failed, 200 cancelled; 100 settings; aggregate: pending"
 
 
+@pytest.mark.slow  # the 10,000-run fixture costs 5-9 CPU seconds, charged to whichever test sets it up
 def test_runs_filters_and_json_of_a_big_sweep(big: Path, capsys, monkeypatch) -> None:
     calls = Queries(monkeypatch)
     rc, out, _ = run_cli(["status", str(big), "--runs", "--state", "failed"], capsys)
