@@ -202,9 +202,9 @@ def _tier(item: pytest.Item) -> str | None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`redis` tests get the server installed; --fast keeps the unit tier; otherwise the marked tests go
-    first. The suite's wall time under xdist is bounded below by its longest test, and xdist deals the
-    first tests out round-robin: a long learning run that started last would finish alone, minutes after
-    the others."""
+    first. The suite's wall time under xdist is bounded below by its longest test, and scripts/test has
+    xdist deal the tests out one at a time in this order (--maxschedchunk 1): a long learning run that
+    started last would finish alone, minutes after the others."""
     for item in items:
         if item.get_closest_marker("redis") and "redis_installed" not in item.fixturenames:
             item.fixturenames.insert(0, "redis_installed")  # type: ignore[attr-defined]
