@@ -116,7 +116,10 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
                 torch.cuda.synchronize(device)
 
         sps, steps, wall = _timed(step, lambda: agent.global_step, args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": exp.train.amp}
+        from hpcrl.rl.networks import CPU_BF16
+
+        amp = exp.train.amp if device.type == "cuda" or (exp.train.amp == "bf16" and CPU_BF16) else "none"  # bf16 on a CPU needs AMX
+        return {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp}
     finally:
         if agent is not None:
             agent.close()

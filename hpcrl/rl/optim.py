@@ -34,15 +34,33 @@ def flatten_parameters(params: list[nn.Parameter]) -> nn.Parameter:
     if len({(p.dtype, p.device) for p in params}) != 1:
         raise ValueError("flatten_parameters needs parameters of one dtype on one device")
     with torch.no_grad():
-        flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+        flat = nn.Parameter(torch.cat([_in_memory_order(p.detach()).reshape(-1) for p in params]))
     flat.grad = torch.zeros_like(flat)
     offset = 0
     for p in params:
         n = p.numel()
-        p.data = flat.data[offset : offset + n].view_as(p)
-        p.grad = flat.grad[offset : offset + n].view_as(p)
+        p.data = _view_like(flat.data[offset : offset + n], p)
+        p.grad = _view_like(flat.grad[offset : offset + n], p)
         offset += n
     return flat
+
+
+def _channels_last(p: torch.Tensor) -> bool:
+    return p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last)
+
+
+def _in_memory_order(p: torch.Tensor) -> torch.Tensor:
+    """`p` with its dimensions in the order its numbers lie in memory (NHWC for a channels-last weight)."""
+    return p.permute(0, 2, 3, 1) if _channels_last(p) else p
+
+
+def _view_like(chunk: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A view of a flat chunk shaped and strided as `p`: a channels-last convolution weight stays
+    channels-last (NatureCNN), so convolutions do not reorder it at every call."""
+    if _channels_last(p):
+        out, channels, height, width = p.shape
+        return chunk.view(out, height, width, channels).permute(0, 3, 1, 2)
+    return chunk.view_as(p)
 
 
 class FlatOptimizer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -101,3 +102,30 @@ def test_flat_buffers_refuse_what_they_cannot_hold() -> None:
 def test_fp16_loss_scaling_applies_on_cuda_only() -> None:
     step = GradientStep(_policy().parameters(), lambda ps: Adam(ps), 0.5, "fp16", CPU)
     assert step.scaler is None
+
+
+def test_a_cnn_keeps_its_channels_last_weights_in_the_flat_buffer_and_learns_as_unflattened() -> None:
+    """Convolutions reorder NCHW weights at every call; NatureCNN keeps its weights channels-last,
+    and the flat buffer must hold them that way (a plain view would hand back NCHW weights whose
+    numbers are in NHWC order: a silently scrambled network)."""
+    images, actions = gym.spaces.Box(0, 255, (2, 40, 48), dtype=np.uint8), gym.spaces.Discrete(3)
+    torch.manual_seed(0)
+    flat_net = ActorCritic(images, actions, [32], "relu")
+    plain = ActorCritic(images, actions, [32], "relu")
+    plain.load_state_dict(flat_net.state_dict())
+    x, a = torch.randint(0, 255, (6, 2, 40, 48), dtype=torch.uint8), torch.randint(0, 3, (6,))
+    ours = GradientStep(flat_net.parameters(), lambda ps: Adam(ps, lr=1e-3), 0.5, "none", CPU)
+    theirs = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    weight = flat_net.encoder.cnn.net[2].weight
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    assert ours.flat.data.data_ptr() <= weight.data_ptr() < ours.flat.data.data_ptr() + 4 * ours.flat.numel()
+    for p, q in zip(flat_net.state_dict().values(), plain.state_dict().values()):
+        assert torch.equal(p, q)
+    for _ in range(3):
+        ours(_loss(flat_net, x, a))
+        theirs.zero_grad()
+        _loss(plain, x, a).backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+        theirs.step()
+    for p, q in zip(flat_net.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
