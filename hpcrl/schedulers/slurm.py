@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpcrl.config.experiment import Experiment, parse_mem_mb
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Scheduler, SchedulerError, compress_ranges, expand_ranges
 from hpcrl.store.expdir import Dependency
 
@@ -70,6 +71,12 @@ def parse_sacct(text: str) -> dict[str, dict[int, str]]:
     return result
 
 
+def _node_rows(listing: str) -> list[tuple[str, str, str]]:
+    """sinfo's `%P|%c|%m` lines (partition, CPUs, memory in MB), one per node and partition."""
+    rows = [tuple(line.strip().split("|")) for line in listing.splitlines()]
+    return [row for row in rows if len(row) == 3 and row[1].isdigit() and row[2].isdigit()]  # type: ignore[misc]
+
+
 def dependency_argv(after: list[Dependency]) -> list[str]:
     """sbatch options for a stage's dependencies (see the module docstring for why these kinds)."""
     each = [d.job_id for d in after if d.kind == "each"]
@@ -91,6 +98,32 @@ class SlurmScheduler(Scheduler):
         submission that needed less would be refused by sbatch with the cluster's own message.
         """
         return self.config_value(["scontrol", "show", "config"], r"^MaxArraySize\s*=\s*(\d+)", DEFAULT_MAX_ARRAY_SIZE) - 1
+
+    def refuse(self, exp: Experiment) -> str | None:
+        """A job no node of its partition can hold: sbatch takes it, and Slurm keeps it pending for
+        ever (reason PartitionConfig; seen with `resources.cpus: 8` on 2-CPU nodes). Measured against
+        the partition's largest node as sinfo lists it; where sinfo does not answer (a dry run away
+        from the cluster) or knows no such partition, sbatch has the last word as before."""
+        try:
+            listing = self.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m"])
+        except SchedulerError:
+            return None
+        res = exp.resources
+        nodes = [(int(cpus), int(mem)) for name, cpus, mem in _node_rows(listing) if name.rstrip("*") == res.partition or (res.partition is None and name.endswith("*"))]
+        if not nodes:
+            return None
+        cpus, mem_mb = max(n[0] for n in nodes), max(n[1] for n in nodes)
+        where = f"the largest node of Slurm partition {res.partition or 'default'} has"
+        asks = [("resources.cpus", res.cpus * res.ranks_per_node, "resources.mem", res.mem)]
+        if exp.distributed is not None:
+            asks.append(("distributed.actor_cpus", exp.distributed.actor_cpus, "distributed.actor_mem", exp.distributed.actor_mem))
+        for cpus_key, need_cpus, mem_key, need_mem in asks:
+            if need_cpus > cpus:
+                per = f" ({res.ranks_per_node} ranks x {res.cpus})" if cpus_key == "resources.cpus" and res.ranks_per_node > 1 else ""
+                return f"{cpus_key}: {need_cpus} CPUs per node{per}, but {where} {cpus} (sinfo): the job would stay pending for ever"
+            if parse_mem_mb(need_mem) > mem_mb:
+                return f"{mem_key}: {need_mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
+        return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["sbatch", "--parsable", *dependency_argv(after), str(script)]).strip()

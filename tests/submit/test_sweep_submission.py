@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,6 +98,22 @@ def test_a_refused_first_submission_leaves_no_experiment(slurm_cluster: None, tm
     with pytest.raises(SchedulerError, match="invalid partition"):
         submit_experiment(exp, "slurm", out=io.StringIO())
     assert not exp.dir.exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("override,message", [
+    ("resources.cpus=3", r"resources.cpus: 3 CPUs per node, but the largest node of Slurm partition default has 2 \(sinfo\)"),
+    ("resources.mem=9999G", r"resources.mem: 9999G per node, but the largest node of Slurm partition default has \d+M \(sinfo\)"),
+])
+def test_a_request_no_node_of_the_partition_can_hold_is_refused_before_anything_is_submitted(slurm_cluster: None, tmp_path: Path, override: str, message: str) -> None:
+    """sbatch takes a job bigger than every node and Slurm keeps it pending for ever (PartitionConfig):
+    the sweep refuses it in one line, exit 2, with nothing written or queued. The test node has 2 CPUs."""
+    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "-p", f"output={tmp_path}", "-p", override, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(f"hpcrl: error: {message}: the job would stay pending for ever\n", proc.stderr), proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no experiment directory: its jobs.json would name a submitted job
+    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "--dry-run", "-p", f"output={tmp_path}", "-p", "resources.cpus=2", cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr
 
 
 @pytest.mark.slurm
