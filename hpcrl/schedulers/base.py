@@ -59,6 +59,18 @@ def compress_ranges(tasks: list[int]) -> list[str]:
     return [f"{low}-{high}" if high > low else str(low) for low, high in spans]
 
 
+def node_requests(exp: Any) -> list[tuple[str, int, str, str]]:
+    """What one node must hold for each kind of job the experiment submits, as (CPUs key, CPUs, memory
+    key, memory): training (`resources.cpus` per rank, times the ranks on a node; eval and the learner
+    ask no more) and, in a distributed run, an actor. The clusters' `refuse` checks these against
+    their largest node."""
+    res = exp.resources
+    asks = [("resources.cpus", res.cpus * res.ranks_per_node, "resources.mem", res.mem)]
+    if exp.distributed is not None:
+        asks.append(("distributed.actor_cpus", exp.distributed.actor_cpus, "distributed.actor_mem", exp.distributed.actor_mem))
+    return asks
+
+
 class SchedulerError(RuntimeError):
     """A scheduler command failed; the message carries its command line and stderr."""
 

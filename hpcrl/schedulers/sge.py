@@ -16,10 +16,12 @@ pending and running tasks, and status takes the rest from the markers on disk.
 from __future__ import annotations
 
 import getpass
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Scheduler, SchedulerError, compress_ranges, expand_ranges
+from hpcrl.config.experiment import Experiment
+from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Scheduler, SchedulerError, compress_ranges, expand_ranges, node_requests
 from hpcrl.store.expdir import Dependency
 
 DEFAULT_MAX_AJ_TASKS = 75000
@@ -57,6 +59,18 @@ def qdel_refusals(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.strip() and not any(d in line for d in done)]
 
 
+def host_slots(listing: str) -> dict[str, int]:
+    """Slots per host from `qstat -f`'s queue-instance lines (`all.q@node  BIP  0/2/4  ...`): the totals of
+    each host's queue instances, added up."""
+    slots: dict[str, int] = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and "@" in fields[0] and re.fullmatch(r"(\d+/)+\d+", fields[2]):
+            host = fields[0].partition("@")[2]
+            slots[host] = slots.get(host, 0) + int(fields[2].rpartition("/")[2])
+    return slots
+
+
 def hold_argv(after: list[Dependency]) -> list[str]:
     """qsub options for a stage's dependencies (see the module docstring for why these kinds)."""
     each = [d.job_id for d in after if d.kind == "each"]
@@ -75,6 +89,28 @@ class SGEScheduler(Scheduler):
         With no cell in reach (a dry run) the default stands in: qsub would name a smaller limit itself.
         """
         return self.config_value(["qconf", "-sconf"], r"^max_aj_tasks\s+(\d+)", DEFAULT_MAX_AJ_TASKS) or super()._read_max_array_size()
+
+    def refuse(self, exp: Experiment) -> str | None:
+        """A task asking more slots than any host offers: qsub takes it, and Grid Engine keeps it waiting
+        for ever ("cannot run in PE "smp" because it only offers 0 slots"; hpcrl's PE puts all of a
+        task's slots on one host). Measured against the host with the most slots in the queue instances
+        `qstat -f` lists (of `resources.queue` where set); where qstat does not answer (a dry run away
+        from the cluster) or lists none, qsub decides as before. Memory is left to qsub: how a site
+        counts it (per slot, which complex) varies."""
+        queue = exp.resources.queue
+        try:
+            listing = self.run(["qstat", "-f", *(["-q", queue] if queue else [])])
+        except SchedulerError:
+            return None
+        slots = host_slots(listing)
+        if not slots:
+            return None
+        most = max(slots.values())
+        for cpus_key, need, _, _ in node_requests(exp):
+            if need > most:
+                where = f"queue {queue}" if queue else "any queue"
+                return f"{cpus_key}: {need} slots on one host, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
+        return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["qsub", "-terse", *hold_argv(after), str(script)]).strip()

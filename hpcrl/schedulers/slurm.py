@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcrl.config.experiment import Experiment, parse_mem_mb
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Scheduler, SchedulerError, compress_ranges, expand_ranges
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Scheduler, SchedulerError, compress_ranges, expand_ranges, node_requests
 from hpcrl.store.expdir import Dependency
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -114,10 +114,7 @@ class SlurmScheduler(Scheduler):
             return None
         cpus, mem_mb = max(n[0] for n in nodes), max(n[1] for n in nodes)
         where = f"the largest node of Slurm partition {res.partition or 'default'} has"
-        asks = [("resources.cpus", res.cpus * res.ranks_per_node, "resources.mem", res.mem)]
-        if exp.distributed is not None:
-            asks.append(("distributed.actor_cpus", exp.distributed.actor_cpus, "distributed.actor_mem", exp.distributed.actor_mem))
-        for cpus_key, need_cpus, mem_key, need_mem in asks:
+        for cpus_key, need_cpus, mem_key, need_mem in node_requests(exp):
             if need_cpus > cpus:
                 per = f" ({res.ranks_per_node} ranks x {res.cpus})" if cpus_key == "resources.cpus" and res.ranks_per_node > 1 else ""
                 return f"{cpus_key}: {need_cpus} CPUs per node{per}, but {where} {cpus} (sinfo): the job would stay pending for ever"

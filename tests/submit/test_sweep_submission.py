@@ -20,6 +20,7 @@ from factories import write_config
 from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import SchedulerError
+from hpcrl.schedulers.sge import host_slots
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, merge_runs, read_jobs, run_dir, write_experiment
@@ -114,6 +115,37 @@ def test_a_request_no_node_of_the_partition_can_hold_is_refused_before_anything_
     assert list(tmp_path.iterdir()) == []  # no experiment directory: its jobs.json would name a submitted job
     fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "--dry-run", "-p", f"output={tmp_path}", "-p", "resources.cpus=2", cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr
+
+
+@pytest.mark.sge
+def test_a_task_asking_more_slots_than_any_host_has_is_refused_on_grid_engine(sge_cluster: None, tmp_path: Path) -> None:
+    """qsub takes a task bigger than every host and Grid Engine keeps it waiting for ever ("cannot run in PE
+    smp because it only offers 0 slots"): refused in one line, exit 2, nothing written. The test cell's one
+    host has 4 slots (tests/clusters/sge.sh: 2 per core)."""
+    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "-p", f"output={tmp_path}", "-p", "resources.cpus=5", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "hpcrl: error: resources.cpus: 5 slots on one host, but the largest host of any queue has 4 (qstat -f): the task would wait for ever\n"
+    assert list(tmp_path.iterdir()) == []
+    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", "resources.cpus=4", cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr
+
+
+def test_grid_engine_slots_are_added_up_per_host_from_qstat_f() -> None:
+    listing = """queuename                      qtype resv/used/tot. load_avg arch          states
+---------------------------------------------------------------------------------
+all.q@node1                    BIP   0/2/16         1.02     lx-amd64
+---------------------------------------------------------------------------------
+gpu.q@node1                    BIP   0/0/4          1.02     lx-amd64      d
+---------------------------------------------------------------------------------
+all.q@node2                    BP    0/8            0.50     lx-amd64
+
+############################################################################
+ - PENDING JOBS - PENDING JOBS - PENDING JOBS - PENDING JOBS - PENDING JOBS
+############################################################################
+   1017 0.50000 conformanc root         qw    11/26/2026 09:15:24                                    8 1-3:1
+"""
+    assert host_slots(listing) == {"node1": 20, "node2": 8}
+    assert host_slots("") == {}
 
 
 @pytest.mark.slurm
