@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -59,16 +60,19 @@ def compress_ranges(tasks: list[int]) -> list[str]:
     return [f"{low}-{high}" if high > low else str(low) for low, high in spans]
 
 
-def node_requests(exp: Any) -> list[tuple[str, int, str, str]]:
-    """What one node must hold for each kind of job the experiment submits, as (CPUs key, CPUs, memory
-    key, memory): training (`resources.cpus` per rank, times the ranks on a node; eval and the learner
-    ask no more) and, in a distributed run, an actor. The clusters' `refuse` checks these against
-    their largest node."""
-    res = exp.resources
-    asks = [("resources.cpus", res.cpus * res.ranks_per_node, "resources.mem", res.mem)]
-    if exp.distributed is not None:
-        asks.append(("distributed.actor_cpus", exp.distributed.actor_cpus, "distributed.actor_mem", exp.distributed.actor_mem))
-    return asks
+@dataclass(frozen=True)
+class NodeRequest:
+    """What one node must hold for one kind of job, with the config keys that ask for it (the
+    submit stage builds these from each stage's resources; a cluster's `refuse` compares them
+    with its largest node)."""
+
+    cpus_key: str
+    cpus: int
+    """CPUs on one node: per rank, times the ranks on a node."""
+    mem_key: str
+    mem: str
+    """As the config wrote it, for the message."""
+    mem_mb: int
 
 
 class SchedulerError(RuntimeError):
@@ -94,8 +98,9 @@ class Scheduler(ABC):
         its state in the experiment; debug runs tasks through `stages` and prints to `out`."""
         return cls()
 
-    def refuse(self, exp: Any) -> str | None:
-        """Why this backend cannot run the experiment at all (one line), before anything is written; None where it can."""
+    def refuse(self, exp: Any, requests: Sequence[NodeRequest] = ()) -> str | None:
+        """Why this backend cannot run the experiment at all (one line), before anything is written;
+        None where it can. `requests`: what one node must hold for each kind of job it submits."""
         return None
 
     def task_slots(self, max_concurrent: int | None, cpus: int) -> int | None:

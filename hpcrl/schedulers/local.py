@@ -20,14 +20,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from hpcrl.config.experiment import ConfigError
 from hpcrl.io import atomic_write_text
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RUNNING, Scheduler, SchedulerError, shown_state
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RUNNING, NodeRequest, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, read_runs_csv
 from hpcrl.store.states import REQUEUE_EXIT, State
@@ -213,7 +213,7 @@ class LocalScheduler(Scheduler):
     def task_slots(self, max_concurrent: int | None, cpus: int) -> int:
         return local_slots(max_concurrent, cpus, os.cpu_count() or 1)
 
-    def refuse(self, exp: Any) -> str | None:
+    def refuse(self, exp: Any, requests: Sequence[NodeRequest] = ()) -> str | None:
         """Training this machine cannot run: an explicit CUDA device, or ranks that each need a GPU,
         asking for more GPUs than it has. (The executor gives a task at most the GPUs there are, so a
         GPU config with `train.device: auto` still runs on a laptop's CPU.)"""

@@ -18,10 +18,11 @@ from __future__ import annotations
 import getpass
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 from hpcrl.config.experiment import Experiment
-from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, Scheduler, SchedulerError, compress_ranges, expand_ranges, node_requests
+from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, NodeRequest, Scheduler, SchedulerError, compress_ranges, expand_ranges
 from hpcrl.store.expdir import Dependency
 
 DEFAULT_MAX_AJ_TASKS = 75000
@@ -90,7 +91,7 @@ class SGEScheduler(Scheduler):
         """
         return self.config_value(["qconf", "-sconf"], r"^max_aj_tasks\s+(\d+)", DEFAULT_MAX_AJ_TASKS) or super()._read_max_array_size()
 
-    def refuse(self, exp: Experiment) -> str | None:
+    def refuse(self, exp: Experiment, requests: Sequence[NodeRequest] = ()) -> str | None:
         """A task asking more slots than any host offers: qsub takes it, and Grid Engine keeps it waiting
         for ever ("cannot run in PE "smp" because it only offers 0 slots"; hpcrl's PE puts all of a
         task's slots on one host). Measured against the host with the most slots in the queue instances
@@ -106,10 +107,10 @@ class SGEScheduler(Scheduler):
         if not slots:
             return None
         most = max(slots.values())
-        for cpus_key, need, _, _ in node_requests(exp):
-            if need > most:
+        for ask in requests:
+            if ask.cpus > most:
                 where = f"queue {queue}" if queue else "any queue"
-                return f"{cpus_key}: {need} slots on one host, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
+                return f"{ask.cpus_key}: {ask.cpus} slots on one host, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
         return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

@@ -15,10 +15,11 @@ left to the markers on disk, which status treats as the truth anyway.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from hpcrl.config.experiment import Experiment, parse_mem_mb
-from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, Scheduler, SchedulerError, compress_ranges, expand_ranges, node_requests
+from hpcrl.config.experiment import Experiment
+from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, UNKNOWN, NodeRequest, Scheduler, SchedulerError, compress_ranges, expand_ranges
 from hpcrl.store.expdir import Dependency
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -99,7 +100,7 @@ class SlurmScheduler(Scheduler):
         """
         return self.config_value(["scontrol", "show", "config"], r"^MaxArraySize\s*=\s*(\d+)", DEFAULT_MAX_ARRAY_SIZE) - 1
 
-    def refuse(self, exp: Experiment) -> str | None:
+    def refuse(self, exp: Experiment, requests: Sequence[NodeRequest] = ()) -> str | None:
         """A job no node of its partition can hold: sbatch takes it, and Slurm keeps it pending for
         ever (reason PartitionConfig; seen with `resources.cpus: 8` on 2-CPU nodes). Measured against
         the partition's largest node as sinfo lists it; where sinfo does not answer (a dry run away
@@ -114,12 +115,12 @@ class SlurmScheduler(Scheduler):
             return None
         cpus, mem_mb = max(n[0] for n in nodes), max(n[1] for n in nodes)
         where = f"the largest node of Slurm partition {res.partition or 'default'} has"
-        for cpus_key, need_cpus, mem_key, need_mem in node_requests(exp):
-            if need_cpus > cpus:
-                per = f" ({res.ranks_per_node} ranks x {res.cpus})" if cpus_key == "resources.cpus" and res.ranks_per_node > 1 else ""
-                return f"{cpus_key}: {need_cpus} CPUs per node{per}, but {where} {cpus} (sinfo): the job would stay pending for ever"
-            if parse_mem_mb(need_mem) > mem_mb:
-                return f"{mem_key}: {need_mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
+        for ask in requests:
+            if ask.cpus > cpus:
+                per = f" ({res.ranks_per_node} ranks x {res.cpus})" if ask.cpus_key == "resources.cpus" and res.ranks_per_node > 1 else ""
+                return f"{ask.cpus_key}: {ask.cpus} CPUs per node{per}, but {where} {cpus} (sinfo): the job would stay pending for ever"
+            if ask.mem_mb > mem_mb:
+                return f"{ask.mem_key}: {ask.mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
         return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

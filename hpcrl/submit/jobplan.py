@@ -25,6 +25,7 @@ rendering: pipeline.py does both.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import sys
@@ -35,7 +36,7 @@ from typing import Any
 import hpcrl
 from hpcrl.config import program_spec
 from hpcrl.config.experiment import ConfigError, Experiment, ImageConfig, format_time, parse_mem_mb, parse_time_s
-from hpcrl.schedulers.base import Scheduler
+from hpcrl.schedulers.base import NodeRequest, Scheduler
 from hpcrl.store import expdir
 from hpcrl.store.expdir import Run
 from hpcrl.store.states import REQUEUE_EXIT
@@ -110,6 +111,24 @@ def stage_resources(exp: Experiment, stage: str) -> StageResources:
         soft_time=format_time(max(1, time_s - res.signal_seconds)), signal_seconds=res.signal_seconds,
         max_concurrent=max_concurrent, **site, **placement, **ranks,
     )
+
+
+NODE_KEYS = {"train": ("resources.cpus", "resources.mem"), "actors": ("distributed.actor_cpus", "distributed.actor_mem")}
+"""The jobs that ask the most of one node, and the keys that ask: training (eval, the learner and a
+study worker ask the same per rank) and a distributed run's actors."""
+
+
+def node_requests(exp: Experiment) -> list[NodeRequest]:
+    """What one node must hold for each of NODE_KEYS' jobs, from their stage resources: what a
+    cluster's `refuse` compares with its largest node before anything is submitted."""
+    requests = []
+    for stage, (cpus_key, mem_key) in NODE_KEYS.items():
+        if stage == "actors" and exp.distributed is None:
+            continue
+        res = stage_resources(exp, stage)
+        mem = functools.reduce(getattr, mem_key.split("."), exp)  # as the config wrote it, for the message
+        requests.append(NodeRequest(cpus_key, res.cpus * res.ranks_per_node, mem_key, mem, res.mem_mb))
+    return requests
 
 
 def _check_counts(counts: dict[str, Any]) -> None:

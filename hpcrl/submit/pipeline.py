@@ -28,7 +28,7 @@ from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
 from hpcrl.submit.distributed import plan_distributed
-from hpcrl.submit.jobplan import PlannedJob, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
+from hpcrl.submit.jobplan import PlannedJob, node_requests, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
 from hpcrl.sweep import modes, study
 from hpcrl.sweep import runs as sweep
 
@@ -138,7 +138,7 @@ def submit_experiment(
         scheduler_name, why = detect_with_reason()
         print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
     scheduler = get_scheduler(scheduler_name, root, stages=stages, out=out)
-    if refused := scheduler.refuse(exp):
+    if refused := scheduler.refuse(exp, node_requests(exp)):
         raise ConfigError(refused)
     # In-process tasks run in this Python, not in a container.
     exp.container.image = None if scheduler.in_process else resolved_image(exp)

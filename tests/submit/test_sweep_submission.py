@@ -19,12 +19,12 @@ from factories import write_config
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import detect_with_reason, get_scheduler
-from hpcrl.schedulers.base import SchedulerError
+from hpcrl.schedulers.base import NodeRequest, SchedulerError
 from hpcrl.schedulers.sge import host_slots
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, merge_runs, read_jobs, run_dir, write_experiment
-from hpcrl.submit.jobplan import stage_resources
+from hpcrl.submit.jobplan import node_requests, stage_resources
 from hpcrl.submit.pipeline import plan_scripts, submit_experiment
 from hpcrl.sweep.runs import expand
 
@@ -181,6 +181,15 @@ def test_a_damaged_job_record_is_one_line_exit_2(damaged: str, tmp_path: Path) -
 
 
 # ------------------------------------------------------------------------------------ item 19
+
+
+def test_what_one_node_must_hold_comes_from_the_stages_resources(tmp_path: Path) -> None:
+    """The clusters' refusal compares these with their largest node: training's CPUs times its ranks on
+    a node and its memory, and a distributed run's actors, each named by the key that asks."""
+    ranks = load_experiment(write_config(tmp_path, {"resources": {"cpus": 3, "ranks": 4, "nodes": 2, "mem": "6G"}}))
+    assert node_requests(ranks) == [NodeRequest("resources.cpus", 6, "resources.mem", "6G", 6144)]
+    apex = load_experiment(Path(__file__).resolve().parents[2] / "configs" / "cartpole_apex.yaml", ["distributed.actor_cpus=2", "distributed.actor_mem=3G"])
+    assert [(r.cpus_key, r.cpus, r.mem_key, r.mem_mb) for r in node_requests(apex)][1] == ("distributed.actor_cpus", 2, "distributed.actor_mem", 3072)
 
 
 def test_each_stage_asks_for_its_own_resources(tmp_path: Path) -> None:
