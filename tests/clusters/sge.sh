@@ -16,7 +16,7 @@ set -euo pipefail
 HOST=$(hostname)
 # Two slots per core, as Slurm's OverSubscribe=FORCE:2 in slurm.sh: a distributed run needs its learner
 # and its actors (AlphaZero: trainer and self-play jobs) running at once, 3+ on a 2-CPU machine.
-NSLOTS=$((2 * $(nproc)))
+NSLOTS=$((2 * $(nproc --all)))  # --all: the machine's CPUs, not the calling process's affinity (a test that pinned its worker made it 2)
 GPUS=2                                  # consumable `gpu` on the exec host, so `qsub -l gpu=1` is accepted
 
 export SGE_ROOT=/var/lib/gridengine

@@ -121,12 +121,13 @@ def test_a_request_no_node_of_the_partition_can_hold_is_refused_before_anything_
 def test_a_task_asking_more_slots_than_any_host_has_is_refused_on_grid_engine(sge_cluster: None, tmp_path: Path) -> None:
     """qsub takes a task bigger than every host and Grid Engine keeps it waiting for ever ("cannot run in PE
     smp because it only offers 0 slots"): refused in one line, exit 2, nothing written. The test cell's one
-    host has 4 slots (tests/clusters/sge.sh: 2 per core)."""
-    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "-p", f"output={tmp_path}", "-p", "resources.cpus=5", cwd=tmp_path)
+    host has 2 slots per core (tests/clusters/sge.sh), read here from qstat -f."""
+    most = max(host_slots(subprocess.run(["qstat", "-f"], capture_output=True, text=True).stdout).values())
+    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "-p", f"output={tmp_path}", "-p", f"resources.cpus={most + 1}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == "hpcrl: error: resources.cpus: 5 slots on one host, but the largest host of any queue has 4 (qstat -f): the task would wait for ever\n"
+    assert proc.stderr == f"hpcrl: error: resources.cpus: {most + 1} slots on one host, but the largest host of any queue has {most} (qstat -f): the task would wait for ever\n"
     assert list(tmp_path.iterdir()) == []
-    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", "resources.cpus=4", cwd=tmp_path)
+    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", f"resources.cpus={most}", cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr
 
 
