@@ -14,6 +14,7 @@ simulations, each colour half of them. Issue 28's target: >= 90% wins against 10
 over 3 seeds in 60 minutes on this 2-core machine, >= 50% against 1,000 as a goal.
 
     python benchmarks/alphazero.py --connect-four 20 --seeds 0 --games 50
+    python benchmarks/alphazero.py --connect-four 60 --seeds 0 1 2 --parallel --games 100   # 3 processes in the same hour
 
 OpenSpiel's own AlphaZero (its example, JAX/Flax) is not in hpcrl's environment; in a venv of its own
 (`pip install open_spiel==2.0.2 jax jaxlib flax optax chex orbax-checkpoint`: wheels exist for
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,7 +78,7 @@ def one_seed(config: Path, seed: int, n_games: int, root: Path, overrides: list[
     return train_s, train_cpu, counts
 
 
-def connect_four(config: Path, seed: int, minutes: float, n_games: int, overrides: list[str]) -> None:
+def connect_four(config: Path, seed: int, minutes: float, n_games: int, overrides: list[str], save: Path | None) -> None:
     """Train for `minutes` of wall time, then play OpenSpiel's MCTS at 100 and 1,000 simulations."""
     exp = load_experiment(config, [f"sweep.seeds=[{seed}]", "train.total_steps=100000000", *overrides])
     spec = games.load(exp.env)
@@ -88,6 +90,9 @@ def connect_four(config: Path, seed: int, minutes: float, n_games: int, override
         print(f"seed {seed}: {agent.global_step} positions, {agent.version} gradient steps, value loss {metrics.get('value_loss', float('nan')):.3f}, "
               f"{time.monotonic() - start:.0f} s", flush=True)
     train_s, train_cpu = time.monotonic() - start, time.process_time() - cpu
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        torch.save(agent.policy.state_dict(), save / f"connect_four-seed{seed}.pt")
     agent.policy.eval()
     exp.train.opponents = ["mcts:100", "mcts:1000"]  # type: ignore[attr-defined]
     by_opponent = evaluate_strength(spec, agent.policy, torch.device("cpu"), exp.train, n_games, 1_000_003 + seed)
@@ -95,7 +100,9 @@ def connect_four(config: Path, seed: int, minutes: float, n_games: int, override
         wins = [m["win"] for *_, m in results]
         first = [m["win"] for *_, m in results if m["first"]]
         second = [m["win"] for *_, m in results if not m["first"]]
-        print(f"seed {seed}: {100 * sum(wins) / len(wins):.0f}% wins against {name} in {len(wins)} games (first {100 * sum(first) / len(first):.0f}%, "
+        draws, losses = (sum(m[k] for *_, m in results) for k in ("draw", "loss"))
+        print(f"seed {seed}: {100 * sum(wins) / len(wins):.0f}% wins ({sum(wins)} won, {draws} drawn, {losses} lost) against {name} in {len(wins)} games "
+              f"(first {100 * sum(first) / len(first):.0f}%, "
               f"second {100 * sum(second) / len(second):.0f}%); trained {train_s / 60:.1f} min ({train_cpu / 60:.1f} CPU min), "
               f"{agent.global_step} positions, {time.monotonic() - start:.0f} s with the games", flush=True)
 
@@ -107,11 +114,20 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=200)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, as `hpcrl sweep` takes them")
     parser.add_argument("--connect-four", type=float, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
+    parser.add_argument("--parallel", action="store_true", help="connect four: every seed at once, one process each (the minutes are the machine's, not each seed's)")
+    parser.add_argument("--save", type=Path, help="connect four: save each seed's trained network here")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.connect_four and args.parallel and len(args.seeds) > 1:
+        argv = [a for a in sys.argv[1:] if a != "--parallel"]
+        at = argv.index("--seeds")
+        while at + 1 < len(argv) and not argv[at + 1].startswith("--"):
+            del argv[at + 1]
+        children = [subprocess.Popen([sys.executable, __file__, *argv[: at + 1], str(seed), *argv[at + 1 :]]) for seed in args.seeds]
+        sys.exit(max(child.wait() for child in children))
     if args.connect_four:
         for seed in args.seeds:
-            connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games, args.set)
+            connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games, args.set, args.save)
         return
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:

@@ -10,8 +10,8 @@ default, `-p key=value` overrides as hpcrl's):
   any learner could reach with these envs;
 - `hpcrl-sync`, `hpcrl-async`: `hpcrl train`'s loop without its files (setup_torch with
   train.torch_threads, the agent built as train builds it) with `train.async_rollout` false / true;
-- `sb3`: Stable-Baselines3's PPO (`CnnPolicy`: the same Nature CNN, 512 features, shared by both
-  heads) over SubprocVecEnv workers running the same env adapter (hpcrl.rl.envs.make_env), with the
+- `sb3`: Stable-Baselines3's PPO (`CnnPolicy`: the same CNN, SB3's NatureCNN or, with other
+  `train.cnn_channels`, its copy with those filters; hidden_sizes[0] features, shared by both heads) over SubprocVecEnv workers running the same env adapter (hpcrl.rl.envs.make_env), with the
   same num_envs, n_steps, epochs, minibatch size, learning rate, gamma, lambda, clip range (also for
   the value), coefficients, gradient clipping and reward scale, on the same device and thread count;
   SB3 has no mixed precision, so it runs in float32;
@@ -133,6 +133,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import SubprocVecEnv
 
+    from hpcrl.config.hparams import NATURE_CNN
     from hpcrl.rl.envs import make_env
     from hpcrl.rl.train import setup_torch
 
@@ -160,6 +161,9 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         def _on_step(self) -> bool:
             return len(self.marks) < 2 or time.perf_counter() - self.marks[1][0] < args.seconds
 
+    policy_kwargs: dict[str, Any] = {"features_extractor_kwargs": {"features_dim": t.hidden_sizes[0]}, "net_arch": []}
+    if tuple(t.cnn_channels) != NATURE_CNN:
+        policy_kwargs["features_extractor_class"] = _sb3_cnn(t.cnn_channels)
     envs = SubprocVecEnv([thunk for _ in range(num_envs)])
     try:
         lr = (lambda p: p * t.lr) if t.anneal_lr else t.lr  # SB3 passes the fraction of training left
@@ -167,7 +171,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                     n_epochs=t.update_epochs, gamma=t.gamma, gae_lambda=t.gae_lambda, clip_range=t.clip_coef,
                     clip_range_vf=t.clip_coef if t.clip_vloss else None, ent_coef=t.ent_coef, vf_coef=t.vf_coef * 0.5,
                     max_grad_norm=t.max_grad_norm, normalize_advantage=t.norm_adv,
-                    policy_kwargs={"features_extractor_kwargs": {"features_dim": t.hidden_sizes[0]}, "net_arch": []},
+                    policy_kwargs=policy_kwargs,
                     seed=0, device=device, verbose=0)  # fmt: skip
         clock = Clock()
         model.learn(total_timesteps=10**9, callback=clock)
@@ -177,6 +181,34 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         return {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none"}
     finally:
         envs.close()
+
+
+def _sb3_cnn(filters: list[int]) -> type:
+    """SB3's NatureCNN (its conv stack, flatten, linear to features_dim, ReLU) with hpcrl's
+    `train.cnn_channels` filters, so that both sides learn with the same network."""
+    import torch
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    c1, c2, c3 = filters
+
+    class FilteredNatureCNN(BaseFeaturesExtractor):
+        def __init__(self, observation_space: Any, features_dim: int = 512) -> None:
+            super().__init__(observation_space, features_dim)
+            self.cnn = nn.Sequential(
+                nn.Conv2d(observation_space.shape[0], c1, 8, stride=4), nn.ReLU(),
+                nn.Conv2d(c1, c2, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
+                nn.Flatten(),
+            )  # fmt: skip
+            with torch.no_grad():
+                flat = self.cnn(torch.as_tensor(observation_space.sample()[None]).float()).shape[1]
+            self.linear = nn.Sequential(nn.Linear(flat, features_dim), nn.ReLU())
+
+        def forward(self, observations: Any) -> Any:
+            return self.linear(self.cnn(observations))
+
+    return FilteredNatureCNN
 
 
 def measure_envpool(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:

@@ -90,4 +90,15 @@ class SometimesBad(Nim):
         return [0, 1, 7] if self.pile == 9 else super().legal_actions()
 
 
-__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "TicTacToe"]
+class TurnedNotMirrored(TicTacToe):
+    """Declares the board turned half round (cell i -> 8 - i, a permutation that undoes itself) as
+    its mirror image: the observation mirrored left to right is not that position."""
+
+    mirror_actions = (8, 7, 6, 5, 4, 3, 2, 1, 0)
+
+
+class MirrorNotAPermutation(TicTacToe):
+    mirror_actions = (2, 1, 0, 5, 4, 3, 8, 7, 7)
+
+
+__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from hpcrl.config import strict_yaml, tasks
-from hpcrl.config.hparams import ALGORITHMS, OnPolicyConfig, TrainConfig
+from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, OnPolicyConfig, TrainConfig
 from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
 from hpcrl.config.schema import (
     ConfigError,
@@ -782,9 +782,17 @@ def learned_settings(exp: Experiment) -> dict[str, Any]:
         del learned["program"]
     if exp.resources.ranks > 1:  # every rank steps env.num_envs envs: the batch grows with the ranks
         learned["ranks"] = exp.resources.ranks
-    if learned.get("train", {}).get("async_rollout") == "auto":  # hpcrl's own choice per env kind: ids stay what they were before the key
-        del learned["train"]["async_rollout"]
+    train = learned.get("train", {})
+    for key, before in _LATER_TRAIN_KEYS.items():
+        if train.get(key) == before:
+            del train[key]
     return learned
+
+
+_LATER_TRAIN_KEYS: dict[str, Any] = {"async_rollout": "auto", "cnn_channels": list(NATURE_CNN)}
+"""Learned train keys added after run ids existed, with the value that trains as runs did before
+the key: left out of the hash at that value, so the ids of existing runs stay what they were
+(`auto` is hpcrl's own choice per env kind; the Nature CNN was the only CNN)."""
 
 
 def _merge(old: Any, new: Any) -> Any:

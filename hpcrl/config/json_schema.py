@@ -90,6 +90,8 @@ def _typed(tp: Any, rules: Rules) -> dict[str, Any]:
         out = {"type": "array", "items": _typed(args[0], rules)}
         if rules.min_items:
             out["minItems"] = rules.min_items
+        if rules.max_items is not None:
+            out["maxItems"] = rules.max_items
         return out
     if origin is dict:
         return {"type": "object", "additionalProperties": _typed(args[1], Rules())}

@@ -66,6 +66,7 @@ class Rules:
     le: float | None = None
     lt: float | None = None
     min_items: int = 0
+    max_items: int | None = None
     directive: Literal["word", "line"] | None = None
     """The value is written into `#SBATCH` / `#$` lines: one token ("word") or one raw line."""
     valid: Callable[[Any], str | None] | None = None
@@ -133,6 +134,7 @@ def setting(
     le: float | None = None,
     lt: float | None = None,
     min_items: int = 0,
+    max_items: int | None = None,
     directive: Literal["word", "line"] | None = None,
     valid: Callable[[Any], str | None] | None = None,
     keys: Callable[[str], str | None] | None = None,
@@ -141,7 +143,7 @@ def setting(
     shorthand: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A dataclass field with its rules (`field()` plus bounds), e.g. `gamma: float = setting(0.99, ge=0, le=1)`."""
-    rules = Rules(ge, gt, le, lt, min_items, directive, valid, keys, learned, sweepable, shorthand)
+    rules = Rules(ge, gt, le, lt, min_items, max_items, directive, valid, keys, learned, sweepable, shorthand)
     if factory is not None:
         return field(default_factory=factory, metadata={"rules": rules})
     return field(default=default, metadata={"rules": rules})
@@ -373,6 +375,8 @@ def _check_rules(rules: Rules, value: Any, path: str) -> None:
     items = [(f"{path}[{i}]", item) for i, item in enumerate(value)] if isinstance(value, list) else [(path, value)]
     if isinstance(value, list) and len(value) < rules.min_items:
         raise ConfigError(f"{path}: expected at least {rules.min_items} item{'s' if rules.min_items > 1 else ''}")
+    if isinstance(value, list) and rules.max_items is not None and len(value) > rules.max_items:
+        raise ConfigError(f"{path}: expected at most {rules.max_items} item{'s' if rules.max_items > 1 else ''}, got {len(value)}")
     for where, item in items:
         problem = rules.problem(item) or one_line_problem(item)
         if problem:

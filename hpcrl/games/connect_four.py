@@ -14,6 +14,8 @@ class ConnectFour:
             raise ValueError(f"cannot connect {connect} on {rows}x{columns}")
         self.rows, self.columns, self.connect = rows, columns, connect
         self.num_actions = columns
+        self.mirror_actions = tuple(reversed(range(columns)))
+        """Column c of the board mirrored left to right is column columns-1-c."""
         self.grid = [[-1] * columns for _ in range(rows)]
         self.heights = [0] * columns
         self.player = 0

@@ -16,6 +16,9 @@ class TicTacToe:
     """A position: cells 0..8 row by row, each empty (-1) or the player (0, 1) who took it."""
 
     num_actions = 9
+    mirror_actions = (2, 1, 0, 5, 4, 3, 8, 7, 6)
+    """Optional in the protocol: cell (row, column) mirrored left to right is (row, 2 - column), and
+    the observation's planes mirror on their last axis; AlphaZero trains on both images."""
 
     def __init__(self) -> None:
         self.board = [-1] * 9

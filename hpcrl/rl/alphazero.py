@@ -9,7 +9,8 @@ One iteration:
    ends, each record gets the outcome z for the player who moved there.
 2. Training: `train_steps_per_iteration` minibatches from the replay window (the newest
    `replay_window` positions), loss = cross-entropy(visit distribution, policy over the legal
-   actions) + (z - v)^2, AdamW with `weight_decay`.
+   actions) + (z - v)^2, AdamW with `weight_decay`; where the game declares its mirror image
+   (`train.mirror`), half of each minibatch, at random, is mirrored.
 
 The pieces, each used by both modes: `SelfPlay` (games in lockstep, one MCTS move per step),
 `Positions` (what self-play produces and the trainer consumes), `ReplayWindow`, and `Training`
@@ -235,9 +236,17 @@ class ReplayWindow:
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
-    def sample(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def sample(self, batch_size: int, device: torch.device, mirror: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+        """With `mirror` (the game's mirror_actions), each sampled position is replaced by its mirror
+        image with probability 1/2: observation reversed on its last axis, actions permuted."""
         idx = np.random.randint(0, self.size, size=batch_size)
-        return {name: torch.as_tensor(getattr(self, name)[idx], device=device) for name in self.FIELDS}
+        rows = {name: getattr(self, name)[idx] for name in self.FIELDS}  # copies (fancy indexing)
+        if mirror is not None:
+            flip = np.flatnonzero(np.random.rand(batch_size) < 0.5)
+            rows["obs"][flip] = rows["obs"][flip][..., ::-1]
+            for name in ("legal", "policy"):
+                rows[name][flip] = rows[name][flip][:, list(mirror)]
+        return {name: torch.as_tensor(rows[name], device=device) for name in self.FIELDS}
 
     def state_dict(self) -> dict[str, Any]:
         """The filled part only, oldest first (a resumed window of another capacity keeps the newest)."""
@@ -261,6 +270,7 @@ class Training:
             self.policy.parameters(), lambda params: torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay), cfg.max_grad_norm, "none", device,
         )
         self.replay = ReplayWindow(cfg.replay_window, spec.observation_shape, spec.num_actions)
+        self.mirror = spec.mirror if cfg.mirror else None
         self.updates = 0
 
     def lr(self, played: int) -> float:
@@ -275,7 +285,7 @@ class Training:
         self.gradient_step.set_lr(lr)
         self.policy.train()
         for _ in range(steps):
-            b = self.replay.sample(cfg.batch_size, self.device)
+            b = self.replay.sample(cfg.batch_size, self.device, self.mirror)
             logits, value = self.policy(b["obs"])
             logp = torch.log_softmax(logits.masked_fill(~b["legal"], -1e9), dim=-1)
             policy_loss = -(b["policy"] * logp).sum(-1).mean()

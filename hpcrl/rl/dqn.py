@@ -137,7 +137,7 @@ class DQN:
     @staticmethod
     def make_policy(cfg: DQNConfig, obs_space: gym.Space, action_space: gym.Space) -> QNetwork:
         """The network evaluation rebuilds from a checkpoint's `policy` weights (the online Q-network)."""
-        return QNetwork(obs_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.amp)
+        return QNetwork(obs_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.amp, cfg.cnn_channels)
 
     @property
     def finished(self) -> bool:

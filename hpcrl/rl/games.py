@@ -12,6 +12,14 @@ arguments) gives the initial position; the rest is this protocol, OpenSpiel's st
         def returns(self) -> Sequence[float]  # (player 0's, player 1's), summing to 0: +1/0/-1 as a rule
         def observation(self) -> np.ndarray   # the same shape in every position, float-like
         def clone(self) -> "MyGame"           # an independent copy
+        mirror_actions: Sequence[int]         # optional: see below
+
+A game whose board looks the same mirrored left to right (connect four, tic-tac-toe) may say so
+with `mirror_actions`: the action each action becomes in the mirror image, when the observation
+is mirrored on its last axis (columns). AlphaZero then trains on every position and its mirror
+image (`train.mirror`), twice the data from the same self-play. `check_game` plays each random
+game beside its mirror image and refuses a declaration the game does not keep. OpenSpiel's
+connect_four and tic_tac_toe are declared here (`OPENSPIEL_MIRRORS`).
 
 `env.backend: game` with `env.id: mypkg.mygame:MyGame` loads a user's class; hpcrl's own
 tic-tac-toe and connect four are `hpcrl.games.tictactoe:TicTacToe` and
@@ -75,6 +83,8 @@ class GameSpec:
     observation_shape: tuple[int, ...]
     openspiel_game: Any = None
     """pyspiel's game object for `env.backend: openspiel` (its MCTS bot plays on it), else None."""
+    mirror: tuple[int, ...] | None = None
+    """The game's `mirror_actions` (a permutation of the actions), or None: no symmetry declared."""
 
     def close(self) -> None:
         """Nothing to release; present so the trainer closes a game as it closes vector envs."""
@@ -103,7 +113,22 @@ def load(env: Any) -> GameSpec:
     if not isinstance(num_actions, (int, np.integer)) or isinstance(num_actions, bool) or num_actions < 1:
         raise GameError(f"{env.id}: num_actions must be a positive int, got {num_actions!r}")
     shape = np.asarray(first.observation()).shape
-    return GameSpec(env.id, lambda: cls(**kwargs), int(num_actions), shape)
+    mirror = _mirror(env.id, getattr(first, "mirror_actions", None), int(num_actions))
+    return GameSpec(env.id, lambda: cls(**kwargs), int(num_actions), shape, mirror=mirror)
+
+
+def _mirror(name: str, declared: Any, num_actions: int) -> tuple[int, ...] | None:
+    """A declared `mirror_actions`, checked to be a permutation of the actions that undoes itself."""
+    if declared is None:
+        return None
+    try:
+        mirror = tuple(int(a) for a in declared)
+        ok = all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in declared)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or sorted(mirror) != list(range(num_actions)) or any(mirror[mirror[a]] != a for a in range(num_actions)):
+        raise GameError(f"{name}: mirror_actions must list each of the actions 0..{num_actions - 1} once, as its mirror image (mirrored twice, an action is itself), got {_short(declared)}")
+    return mirror
 
 
 def _kwargs_text(kwargs: dict[str, Any]) -> str:
@@ -180,7 +205,16 @@ def _load_openspiel(name: str, params: dict[str, Any]) -> GameSpec:
     for ok, why in wanted:
         if not ok:
             raise GameError(f"{name} {why}: AlphaZero here plays deterministic two-player zero-sum games of perfect information")
-    return GameSpec(name, lambda: OpenSpielGame(game), game.num_distinct_actions(), tuple(game.observation_tensor_shape()), game)
+    mirror = OPENSPIEL_MIRRORS[name](game.get_parameters()) if name in OPENSPIEL_MIRRORS else None
+    return GameSpec(name, lambda: OpenSpielGame(game), game.num_distinct_actions(), tuple(game.observation_tensor_shape()), game, mirror)
+
+
+OPENSPIEL_MIRRORS: dict[str, Callable[[dict[str, Any]], tuple[int, ...]]] = {
+    "connect_four": lambda params: tuple(reversed(range(params["columns"]))),
+    "tic_tac_toe": lambda params: (2, 1, 0, 5, 4, 3, 8, 7, 6),
+}
+"""OpenSpiel games whose observation planes (player, row, column) mirror left to right, with the
+action each action becomes in the mirror image (`mirror_actions`); check_game verifies them."""
 
 
 def legal_actions(state: Game, num_actions: int) -> list[int]:
@@ -233,7 +267,10 @@ def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
     rng = random.Random(seed)
     for _ in range(games):
         state = spec.new_initial_state()
+        mirrored = spec.new_initial_state() if spec.mirror else None
         for _ in range(MAX_MOVES):
+            if mirrored is not None:
+                _check_mirror(state, mirrored, spec)
             if state.is_terminal():
                 returns(state)
                 break
@@ -242,12 +279,32 @@ def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
             actions = legal_actions(state, spec.num_actions)
             copy = state.clone()
             before = np.array(state.observation(), copy=True)
-            apply(copy, rng.choice(actions))
+            action = rng.choice(actions)
+            apply(copy, action)
             if not np.array_equal(before, np.asarray(state.observation())):
                 raise GameError(f"{type(state).__name__}.clone(): playing on the copy changed the original")
             state = copy
+            if mirrored is not None:
+                apply(mirrored, spec.mirror[action])
         else:
             raise GameError(f"{type(state).__name__}: a random game did not end within {MAX_MOVES:,} moves")
+
+
+def _check_mirror(state: Game, mirrored: Game, spec: GameSpec) -> None:
+    """A position and the one reached by the mirrored moves agree: mirrored observation and legal
+    actions, the same player to move, the same end and returns."""
+    assert spec.mirror is not None
+    same = state.is_terminal() == mirrored.is_terminal()
+    if same and state.is_terminal():
+        same = tuple(returns(state)) == tuple(returns(mirrored))
+    elif same:
+        same = (
+            current_player(state) == current_player(mirrored)
+            and sorted(spec.mirror[a] for a in legal_actions(state, spec.num_actions)) == sorted(legal_actions(mirrored, spec.num_actions))
+            and np.array_equal(np.asarray(state.observation())[..., ::-1], np.asarray(mirrored.observation()))
+        )
+    if not same:
+        raise GameError(f"{spec.name}: the mirror image of a position (mirror_actions {_short(spec.mirror)}, the observation mirrored on its last axis) is not the position the mirrored moves reach")
 
 
 def _check_observation(state: Game, shape: tuple[int, ...]) -> None:

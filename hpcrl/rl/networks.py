@@ -19,7 +19,7 @@ as torch.distributions objects: on a CPU, building and checking those objects co
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import gymnasium as gym
@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from hpcrl.config.hparams import NATURE_CNN
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
@@ -83,20 +85,22 @@ def is_image(space: gym.Space) -> bool:
 
 class NatureCNN(nn.Module):
     """The DQN paper's convolutional torso; the flattened size is probed, so any resolution works
-    (ViZDoom's 160x120 or a downsampled 80x60, Habitat's 256x256, Atari's 84x84)."""
+    (ViZDoom's 160x120 or a downsampled 80x60, Habitat's 256x256, Atari's 84x84). `filters` sets
+    the three convolutions' widths (`train.cnn_channels`; the paper's 32, 64, 64 by default)."""
 
     MIN_SIZE = 36
     """Smallest side the three convolutions (8/4, 4/2, 3/1) accept."""
 
-    def __init__(self, channels: int, height: int, width: int, orthogonal: bool = True) -> None:
+    def __init__(self, channels: int, height: int, width: int, orthogonal: bool = True, filters: Sequence[int] = NATURE_CNN) -> None:
         super().__init__()
+        c1, c2, c3 = filters
         if min(height, width) < self.MIN_SIZE:
             raise ValueError(f"image observations of {width}x{height} are too small for the Nature CNN (at least {self.MIN_SIZE}x{self.MIN_SIZE}; lower env.kwargs.downsample)")
         init = layer_init if orthogonal else (lambda layer: layer)
         self.net = nn.Sequential(
-            init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-            init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            init(nn.Conv2d(channels, c1, 8, stride=4)), nn.ReLU(),
+            init(nn.Conv2d(c1, c2, 4, stride=2)), nn.ReLU(),
+            init(nn.Conv2d(c2, c3, 3, stride=1)), nn.ReLU(),
             nn.Flatten(),
         )  # fmt: skip
         # Channels-last (NHWC) weights: oneDNN's and cuDNN's convolutions work in that layout, and
@@ -115,10 +119,12 @@ class Encoder(nn.Module):
 
     With `amp` set and the input on CUDA, the encoder runs under autocast and returns float32,
     so the heads, GRU and losses never see reduced precision. `orthogonal=False` keeps PyTorch's
-    default initialisation (see QNetwork).
+    default initialisation (see QNetwork). `cnn_channels`: the CNN's filters, for image observations.
     """
 
-    def __init__(self, space: gym.Space, hidden: list[int], activation: str, amp: str = "none", orthogonal: bool = True) -> None:
+    def __init__(
+        self, space: gym.Space, hidden: list[int], activation: str, amp: str = "none", orthogonal: bool = True, cnn_channels: Sequence[int] = NATURE_CNN
+    ) -> None:
         super().__init__()
         spaces = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {None: space}
         for key, sub in spaces.items():
@@ -135,7 +141,7 @@ class Encoder(nn.Module):
             if len(sizes) > 1:
                 raise ValueError(f"image observations must share one resolution, got {sorted(sizes)}")
             height, width = sizes.pop()
-            self.cnn = NatureCNN(sum(spaces[k].shape[0] for k in self.image_keys), height, width, orthogonal)
+            self.cnn = NatureCNN(sum(spaces[k].shape[0] for k in self.image_keys), height, width, orthogonal, cnn_channels)
             in_dim += self.cnn.out_dim
         in_dim += sum(int(np.prod(spaces[k].shape)) for k in self.vector_keys)
         self.mlp, self.out_dim = mlp(in_dim, hidden, activation, orthogonal)
@@ -297,6 +303,7 @@ class ActorCritic(nn.Module):
         recurrent_size: int = 0,
         normalize_obs: bool = False,
         amp: str = "none",
+        cnn_channels: Sequence[int] = NATURE_CNN,
     ) -> None:
         super().__init__()
         if normalize_obs and (not isinstance(obs_space, gym.spaces.Box) or is_image(obs_space)):
@@ -305,9 +312,9 @@ class ActorCritic(nn.Module):
         pixels = isinstance(obs_space, gym.spaces.Dict) or is_image(obs_space)
         self.shared = pixels or recurrent_size > 0
         if self.shared:
-            self.encoder = Encoder(obs_space, hidden, activation, amp)
+            self.encoder = Encoder(obs_space, hidden, activation, amp, cnn_channels=cnn_channels)
             feat_dim = self.encoder.out_dim
-        else:
+        else:  # flat observations: no CNN
             self.actor_encoder = Encoder(obs_space, hidden, activation, amp)
             self.critic_encoder = Encoder(obs_space, hidden, activation, amp)
             feat_dim = self.actor_encoder.out_dim
@@ -446,12 +453,14 @@ class QNetwork(nn.Module):
     EVAL_EPSILON = 0.05
     """Exploration kept by stochastic evaluation (`deterministic: false`), the DQN paper's convention."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden: list[int], activation: str, amp: str = "none") -> None:
+    def __init__(
+        self, obs_space: gym.Space, action_space: gym.Space, hidden: list[int], activation: str, amp: str = "none", cnn_channels: Sequence[int] = NATURE_CNN
+    ) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"DQN needs Discrete actions, got {type(action_space).__name__}")
         self.n_actions = int(action_space.n)
-        self.encoder = Encoder(obs_space, hidden, activation, amp, orthogonal=False)
+        self.encoder = Encoder(obs_space, hidden, activation, amp, orthogonal=False, cnn_channels=cnn_channels)
         self.head = nn.Linear(self.encoder.out_dim, self.n_actions)
 
     def forward(self, obs: Obs) -> torch.Tensor:

@@ -142,7 +142,7 @@ class OnPolicyAgent:
     @staticmethod
     def make_policy(cfg: OnPolicyConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
         """The network evaluation rebuilds from a checkpoint's `policy` weights."""
-        return ActorCritic(obs_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.recurrent_size, cfg.normalize_obs, cfg.amp)
+        return ActorCritic(obs_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.recurrent_size, cfg.normalize_obs, cfg.amp, cfg.cnn_channels)
 
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> FlatOptimizer:
         return Adam(params, lr=self.cfg.lr, eps=1e-5)

@@ -52,6 +52,8 @@ class Bound:
     side: str
     """ge, gt, le or lt."""
     at: float
+    items: int = 1
+    """How many items a list key is given (its least allowed number), each the probed value."""
 
     def __str__(self) -> str:
         return f"{self.algo + ':' if self.algo else ''}{self.key}-{self.side}-{self.at:g}"
@@ -91,7 +93,7 @@ def _walk(cls: type, path: str, algo: str | None) -> Iterator[Bound]:
         for side in BOUNDS:
             if getattr(rules, side) is not None:
                 assert tp in (int, float), f"{key}: a bound on {tp}: teach this test"
-                yield Bound(algo, key, tp, in_list, side, getattr(rules, side))
+                yield Bound(algo, key, tp, in_list, side, getattr(rules, side), max(1, rules.min_items))
 
 
 def declared_bounds() -> list[Bound]:
@@ -150,7 +152,7 @@ def _config(tmp_path: Path, bound: Bound, value: float) -> Path:
     elif section in SECTION_BASES:
         base.update(SECTION_BASES[section])
     base = {k: v for k, v in base.items() if v is not None}
-    data = deep_update(base, _nest(bound.key, [value] if bound.in_list else value))
+    data = deep_update(base, _nest(bound.key, [value] * bound.items if bound.in_list else value))
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

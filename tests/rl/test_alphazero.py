@@ -111,7 +111,42 @@ def test_mcts_backs_values_up_for_the_player_who_moves(monkeypatch):
 
 def test_bundled_games_keep_the_protocol():
     for env_id in ("hpcrl.games.tictactoe:TicTacToe", "hpcrl.games.connect_four:ConnectFour"):
-        games.check_game(games.load(EnvConfig(id=env_id, backend="game")))
+        spec = games.load(EnvConfig(id=env_id, backend="game"))
+        assert spec.mirror is not None  # and check_game plays every game beside its mirror image
+        games.check_game(spec)
+
+
+def test_training_mirrors_a_random_half_of_each_minibatch_as_the_game_declares():
+    """Every sampled row is the stored position or its mirror image (observation reversed on the
+    columns, legal moves and visit distribution permuted alike), both occur, and without a
+    declared mirror (or with train.mirror false) the rows are as stored."""
+    from hpcrl.rl.alphazero import Positions, ReplayWindow, Training
+
+    spec = games.load(EnvConfig(id="hpcrl.games.connect_four:ConnectFour", backend="game"))
+    rng = np.random.default_rng(0)
+    n = 50
+    obs = rng.random((n, *spec.observation_shape)).astype(np.float32)
+    legal = rng.random((n, 7)) < 0.7
+    policy = rng.random((n, 7)).astype(np.float32)
+    window = ReplayWindow(n, spec.observation_shape, 7)
+    window.add(Positions(obs, legal, policy, np.arange(n, dtype=np.float32)))
+    np.random.seed(0)
+    batch = window.sample(400, torch.device("cpu"), spec.mirror)
+    kinds = []
+    for row_obs, row_legal, row_policy, z in zip(*(batch[f].numpy() for f in ("obs", "legal", "policy", "value"))):
+        i = int(z)
+        if np.array_equal(row_obs, obs[i]):
+            kinds.append("stored")
+            assert np.array_equal(row_legal, legal[i]) and np.array_equal(row_policy, policy[i])
+        else:
+            kinds.append("mirrored")
+            assert np.array_equal(row_obs, obs[i][..., ::-1])
+            assert np.array_equal(row_legal, legal[i][::-1]) and np.array_equal(row_policy, policy[i][::-1])
+    assert 150 < kinds.count("mirrored") < 250
+    plain = window.sample(100, torch.device("cpu"))
+    assert all(np.array_equal(o, obs[int(z)]) for o, z in zip(plain["obs"].numpy(), plain["value"].numpy()))
+    assert Training(AlphaZeroConfig(mirror=False), spec, torch.device("cpu")).mirror is None
+    assert Training(AlphaZeroConfig(), spec, torch.device("cpu")).mirror == (6, 5, 4, 3, 2, 1, 0)
 
 
 @pytest.mark.parametrize(("env_id", "words"), [
@@ -119,6 +154,8 @@ def test_bundled_games_keep_the_protocol():
     ("user_games:BothWin", "returned (1, 1): a two-player zero-sum game's returns sum to 0"),
     ("user_games:Refuses", "Refuses.apply_action(1) raised ValueError: cannot take two now (the action was in legal_actions())"),
     ("user_games:Missing", "'user_games' has no class 'Missing'"),
+    ("user_games:TurnedNotMirrored", "the mirror image of a position (mirror_actions (8, 7, 6, 5, 4, 3, 2, 1, 0)"),
+    ("user_games:MirrorNotAPermutation", "mirror_actions must list each of the actions 0..8 once"),
     ("no_such_module:X", "cannot import 'no_such_module'"),
 ])
 def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words):
@@ -321,7 +358,8 @@ def test_openspiel_games_by_name():
     results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6)
     assert sum(r < 0 for r, *_ in results) >= 4
     four = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 4, "columns": 5}))
-    assert four.num_actions == 5
+    assert four.num_actions == 5 and four.mirror == (4, 3, 2, 1, 0) and spec.mirror == (2, 1, 0, 5, 4, 3, 8, 7, 6)
+    games.check_game(four)  # the declared mirrors (OPENSPIEL_MIRRORS) hold for OpenSpiel's observation planes
     for name, params, words in [("kuhn_poker", {}, "has chance events"), ("matrix_pd", {}, "is not zero-sum"), ("kuhn_poker", {"players": 3}, "has 3 players")]:
         with pytest.raises(games.GameError, match=words):
             games.load(EnvConfig(id=name, backend="openspiel", kwargs=params))

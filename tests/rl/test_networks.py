@@ -27,6 +27,28 @@ def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
         NatureCNN(1, 30, 40)
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
+def test_train_cnn_channels_are_the_filters_of_the_policy_evaluation_rebuilds(algo: str) -> None:
+    """`train.cnn_channels` reaches the CNN the trainer builds and the one evaluation rebuilds from a
+    checkpoint (both through make_policy), and a checkpoint of the Nature CNN does not load into it."""
+    from hpcrl.config.experiment import experiment_from_dict
+    from hpcrl.rl.train import algorithm_class
+
+    pixels = gym.spaces.Box(0, 255, (1, 60, 80), dtype=np.uint8)
+    make = algorithm_class(algo).make_policy
+    half = experiment_from_dict({"name": "n", "algo": algo, "train": {"cnn_channels": [16, 32, 8]}}).train
+    policy = make(half, pixels, gym.spaces.Discrete(3))
+    convs = [m for m in policy.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16, 32, 8]
+    assert [(c.kernel_size, c.stride) for c in convs] == [((8, 8), (4, 4)), ((4, 4), (2, 2)), ((3, 3), (1, 1))]
+    rebuilt = make(half, pixels, gym.spaces.Discrete(3))
+    rebuilt.load_state_dict(policy.state_dict())
+    nature = make(experiment_from_dict({"name": "n", "algo": algo}).train, pixels, gym.spaces.Discrete(3))
+    assert [m.out_channels for m in nature.modules() if isinstance(m, torch.nn.Conv2d)] == [32, 64, 64]
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        nature.load_state_dict(policy.state_dict())
+
+
 def test_uint8_pixels_are_scaled_inside_the_network() -> None:
     """Bytes cross to the device; the encoder sees [0, 1] either way."""
     space = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)

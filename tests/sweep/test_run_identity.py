@@ -55,6 +55,13 @@ def test_one_value_written_several_ways_is_one_run(tmp_path: Path) -> None:
     assert ids({"train": {"gamma": default}}) == ids()
 
 
+def test_keys_added_later_keep_the_ids_of_runs_from_before_them_at_their_defaults() -> None:
+    """A run swept before `train.cnn_channels` or `train.async_rollout` existed trained with the
+    Nature CNN and hpcrl's own rollout choice: written out at those values, the ids are the ones
+    those runs have on disk (the golden id above is from before both keys)."""
+    assert ids({"train": {"cnn_channels": [32, 64, 64], "async_rollout": "auto"}}) == ids()
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -89,6 +96,7 @@ def test_distributed_plumbing_keeps_the_ids_and_learning_settings_do_not() -> No
         {"train": {"gamma": 0.9}},
         {"train": {"total_steps": 20_000}},
         {"train": {"amp": "bf16"}},
+        {"train": {"cnn_channels": [16, 32, 32]}},
         {"env": {"num_envs": 4}},
         {"env": {"kwargs": {"render_mode": None}}},
         {"algo": "a2c"},
