@@ -7,7 +7,9 @@ directive after it). Whitespace inside a single value starts another option on t
 (`--partition=gpu --uid=0`). So:
 
 - a *word* (partition, account, queue, parallel environment, resource name, job name, log path)
-  is one token: printable, no whitespace, no quotes, backslashes or `#`;
+  is one token: printable, no whitespace, no quotes, backslashes or `#`, and not starting with `-`
+  (after an option that takes a value, `#$ -q -f`, and in the sinfo/qstat calls that check a
+  request, it would be read as an option of its own);
 - a *line* (an entry of `resources.extra`, written as the user typed it) may hold spaces, but no
   line break or other control character.
 
@@ -38,6 +40,8 @@ def word_problem(value: Any) -> str | None:
         return f"a directive value cannot hold a line break or control character, got {text!r}"
     if _WORD_FORBIDDEN.search(text):
         return f"a directive value must be one word (no spaces, quotes, backslashes or '#'), got {text!r}"
+    if text.startswith("-"):
+        return f"a directive value cannot start with '-' (it would be read as an option), got {text!r}"
     return None
 
 

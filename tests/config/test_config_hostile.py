@@ -56,7 +56,7 @@ def refused(tmp_path: Path, changes: dict, key: str, *args: str, dry_run: bool =
 
 # ---------------------------------------------------------------------------- item 1: directives
 
-POISON = ["gpu\ntouch /tmp/hpcrl-pwned", "gpu --uid=0", "gpu#x", "gpu'x", "gpu\rx", ""]
+POISON = ["gpu\ntouch /tmp/hpcrl-pwned", "gpu --uid=0", "gpu#x", "gpu'x", "gpu\rx", "", "-f", "--uid=0"]
 
 
 @pytest.mark.parametrize("key", ["partition", "account", "queue", "sge_pe", "sge_mem_resource", "sge_gpu_resource"])
