@@ -101,4 +101,10 @@ class MirrorNotAPermutation(TicTacToe):
     mirror_actions = (2, 1, 0, 5, 4, 3, 8, 7, 7)
 
 
-__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation"]
+class MirrorRaises(TicTacToe):
+    @property
+    def mirror_actions(self) -> tuple[int, ...]:
+        raise RuntimeError("not today")
+
+
+__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]

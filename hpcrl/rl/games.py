@@ -113,7 +113,11 @@ def load(env: Any) -> GameSpec:
     if not isinstance(num_actions, (int, np.integer)) or isinstance(num_actions, bool) or num_actions < 1:
         raise GameError(f"{env.id}: num_actions must be a positive int, got {num_actions!r}")
     shape = np.asarray(first.observation()).shape
-    mirror = _mirror(env.id, getattr(first, "mirror_actions", None), int(num_actions))
+    try:
+        declared = getattr(first, "mirror_actions", None)
+    except Exception as exc:  # a property of the user's that raises
+        raise GameError(f"{env.id}.mirror_actions raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    mirror = _mirror(env.id, declared, int(num_actions))
     return GameSpec(env.id, lambda: cls(**kwargs), int(num_actions), shape, mirror=mirror)
 
 

@@ -156,6 +156,7 @@ def test_training_mirrors_a_random_half_of_each_minibatch_as_the_game_declares()
     ("user_games:Missing", "'user_games' has no class 'Missing'"),
     ("user_games:TurnedNotMirrored", "the mirror image of a position (mirror_actions (8, 7, 6, 5, 4, 3, 2, 1, 0)"),
     ("user_games:MirrorNotAPermutation", "mirror_actions must list each of the actions 0..8 once"),
+    ("user_games:MirrorRaises", "user_games:MirrorRaises.mirror_actions raised RuntimeError: not today"),
     ("no_such_module:X", "cannot import 'no_such_module'"),
 ])
 def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words):
