@@ -238,8 +238,9 @@ def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int) -> None:
 def test_ppo_learns_basic_with_the_bundled_config(tmp_path: Path) -> None:
     """configs/vizdoom_ppo.yaml as bundled, on the CPU, for 40,960 steps (80 updates): a random
     policy scores about -190 and a trained one 70-90; the final evaluation (20 episodes of the last
-    checkpoint) must reach 70. Seeds 0/1/2 scored 77.9/81.2/80.9 at 40,960 steps (at 32,768:
-    72.6/80.5/69.2, too little margin). About 2 minutes on 2 cores."""
+    checkpoint) must reach 70. With the Nature CNN seeds 0/1/2 scored 77.9/81.2/80.9 at 40,960 steps
+    (at 32,768: 72.6/80.5/69.2, too little margin); the bundled half-width CNN scored 77.5/81.1/78.1
+    at 49,152 (README). About 1-2 minutes on 2 cores."""
     exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["train.total_steps=40960", "train.device=cpu", "sweep.seeds=[0]", f"output={tmp_path}"])
     (run,) = expand(exp)
     experiment_dir = tmp_path / exp.name
