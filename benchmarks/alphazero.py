@@ -126,11 +126,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.connect_four and args.parallel and len(args.seeds) > 1:
-        argv = [a for a in sys.argv[1:] if a != "--parallel"]
-        at = argv.index("--seeds")
-        while at + 1 < len(argv) and not argv[at + 1].startswith("--"):
-            del argv[at + 1]
-        children = [subprocess.Popen([sys.executable, __file__, *argv[: at + 1], str(seed), *argv[at + 1 :]]) for seed in args.seeds]
+        argv = [a for a in sys.argv[1:] if a != "--parallel"]  # a later --seeds overrides the earlier one
+        children = [subprocess.Popen([sys.executable, __file__, *argv, "--seeds", str(seed)]) for seed in args.seeds]
         sys.exit(max(child.wait() for child in children))
     if args.connect_four:
         for seed in args.seeds:

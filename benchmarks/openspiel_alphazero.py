@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -52,8 +51,13 @@ def train(path: Path, minutes: float) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-    steps = [int(m) for m in re.findall(r"checkpoint-(\d+)$", "\n".join(p.name for p in path.iterdir()), re.M)]
-    return max(steps, default=0)
+    return max(checkpoint_steps(path), default=0)
+
+
+def checkpoint_steps(path: Path) -> list[int]:
+    """The learner steps of the finished checkpoints in `path`, newest first (orbax writes each to a
+    temporary directory and renames it: `checkpoint-N` is whole; `checkpoint--1` is its "latest" copy)."""
+    return sorted((int(p.name[len("checkpoint-") :]) for p in path.glob("checkpoint-*") if p.name[len("checkpoint-") :].isdigit()), reverse=True)
 
 
 def load(path: Path):  # noqa: ANN201 - OpenSpiel's model class
@@ -62,8 +66,7 @@ def load(path: Path):  # noqa: ANN201 - OpenSpiel's model class
 
     fields = json.loads((path / "config.json").read_text())
     config = alpha_zero.Config(**fields)
-    steps = sorted((int(p.name.split("-")[1]) for p in path.glob("checkpoint-*") if p.name.split("-")[1].isdigit()), reverse=True)
-    for step in steps:
+    for step in checkpoint_steps(path):
         model = alpha_zero._init_model_from_config(config)
         try:
             model.load_checkpoint(step)

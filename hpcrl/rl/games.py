@@ -126,10 +126,11 @@ def _mirror(name: str, declared: Any, num_actions: int) -> tuple[int, ...] | Non
     if declared is None:
         return None
     try:
-        mirror = tuple(int(a) for a in declared)
-        ok = all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in declared)
-    except (TypeError, ValueError):
-        ok = False
+        items = list(declared)
+    except TypeError:
+        items = [None]
+    ok = all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in items)
+    mirror = tuple(int(a) for a in items) if ok else ()
     if not ok or sorted(mirror) != list(range(num_actions)) or any(mirror[mirror[a]] != a for a in range(num_actions)):
         raise GameError(f"{name}: mirror_actions must list each of the actions 0..{num_actions - 1} once, as its mirror image (mirrored twice, an action is itself), got {_short(declared)}")
     return mirror
@@ -300,7 +301,7 @@ def _check_mirror(state: Game, mirrored: Game, spec: GameSpec) -> None:
     assert spec.mirror is not None
     same = state.is_terminal() == mirrored.is_terminal()
     if same and state.is_terminal():
-        same = tuple(returns(state)) == tuple(returns(mirrored))
+        same = returns(state) == returns(mirrored)
     elif same:
         same = (
             current_player(state) == current_player(mirrored)

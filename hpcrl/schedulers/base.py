@@ -11,7 +11,7 @@ import re
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -73,6 +73,8 @@ class NodeRequest:
     mem: str
     """As the config wrote it, for the message."""
     mem_mb: int
+    cpus_detail: str = field(default="", compare=False)
+    """How `cpus` adds up, for the message only (` (2 ranks x 4)`), or empty."""
 
 
 class SchedulerError(RuntimeError):

@@ -110,7 +110,7 @@ class SGEScheduler(Scheduler):
         for ask in requests:
             if ask.cpus > most:
                 where = f"queue {queue}" if queue else "any queue"
-                return f"{ask.cpus_key}: {ask.cpus} slots on one host, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
+                return f"{ask.cpus_key}: {ask.cpus} slots on one host{ask.cpus_detail}, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
         return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

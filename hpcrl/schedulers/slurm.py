@@ -117,8 +117,7 @@ class SlurmScheduler(Scheduler):
         where = f"the largest node of Slurm partition {res.partition or 'default'} has"
         for ask in requests:
             if ask.cpus > cpus:
-                per = f" ({res.ranks_per_node} ranks x {res.cpus})" if ask.cpus_key == "resources.cpus" and res.ranks_per_node > 1 else ""
-                return f"{ask.cpus_key}: {ask.cpus} CPUs per node{per}, but {where} {cpus} (sinfo): the job would stay pending for ever"
+                return f"{ask.cpus_key}: {ask.cpus} CPUs per node{ask.cpus_detail}, but {where} {cpus} (sinfo): the job would stay pending for ever"
             if ask.mem_mb > mem_mb:
                 return f"{ask.mem_key}: {ask.mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
         return None

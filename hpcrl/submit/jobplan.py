@@ -127,7 +127,8 @@ def node_requests(exp: Experiment) -> list[NodeRequest]:
             continue
         res = stage_resources(exp, stage)
         mem = functools.reduce(getattr, mem_key.split("."), exp)  # as the config wrote it, for the message
-        requests.append(NodeRequest(cpus_key, res.cpus * res.ranks_per_node, mem_key, mem, res.mem_mb))
+        detail = f" ({res.ranks_per_node} ranks x {res.cpus})" if res.ranks_per_node > 1 else ""
+        requests.append(NodeRequest(cpus_key, res.cpus * res.ranks_per_node, mem_key, mem, res.mem_mb, detail))
     return requests
 
 

@@ -189,6 +189,7 @@ def test_what_one_node_must_hold_comes_from_the_stages_resources(tmp_path: Path)
     a node and its memory, and a distributed run's actors, each named by the key that asks."""
     ranks = load_experiment(write_config(tmp_path, {"resources": {"cpus": 3, "ranks": 4, "nodes": 2, "mem": "6G"}}))
     assert node_requests(ranks) == [NodeRequest("resources.cpus", 6, "resources.mem", "6G", 6144)]
+    assert node_requests(ranks)[0].cpus_detail == " (2 ranks x 3)"  # what the refusal's message says the 6 are
     apex = load_experiment(Path(__file__).resolve().parents[2] / "configs" / "cartpole_apex.yaml", ["distributed.actor_cpus=2", "distributed.actor_mem=3G"])
     assert [(r.cpus_key, r.cpus, r.mem_key, r.mem_mb) for r in node_requests(apex)][1] == ("distributed.actor_cpus", 2, "distributed.actor_mem", 3072)
 
