@@ -34,6 +34,7 @@ Python 3.11 x86-64) it runs here on the same game and network size:
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import signal
 import subprocess
@@ -107,29 +108,45 @@ def connect_four(config: Path, seed: int, minutes: float, n_games: int, override
         wins = [m["win"] for *_, m in results]
         first = [m["win"] for *_, m in results if m["first"]]
         second = [m["win"] for *_, m in results if not m["first"]]
-        draws, losses = (sum(m[k] for *_, m in results) for k in ("draw", "loss"))
-        print(f"seed {seed}: {100 * sum(wins) / len(wins):.0f}% wins ({sum(wins)} won, {draws} drawn, {losses} lost) against {name} in {len(wins)} games "
+        won, draws, losses = (int(sum(m[k] for *_, m in results)) for k in ("win", "draw", "loss"))
+        print(f"seed {seed}: {100 * sum(wins) / len(wins):.0f}% wins ({won} won, {draws} drawn, {losses} lost) against {name} in {len(wins)} games "
               f"(first {100 * sum(first) / len(first):.0f}%, "
               f"second {100 * sum(second) / len(second):.0f}%); trained {train_s / 60:.1f} min ({train_cpu / 60:.1f} CPU min), "
               f"{agent.global_step} positions, {time.monotonic() - start:.0f} s with the games", flush=True)
+
+
+def positive_integer(text: str) -> int:
+    """argparse type: a positive int (0 games would divide by zero in the report)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def minutes(text: str) -> float:
+    """argparse type: finite, non-negative minutes (NaN would skip training without a word)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected finite minutes >= 0, got {text}")
+    return value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--games", type=int, default=200)
+    parser.add_argument("--games", type=positive_integer, default=200)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, as `hpcrl sweep` takes them")
-    parser.add_argument("--connect-four", type=float, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
+    parser.add_argument("--connect-four", type=minutes, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
     parser.add_argument("--parallel", action="store_true", help="connect four: every seed at once, one process each (the minutes are the machine's, not each seed's)")
     parser.add_argument("--save", type=Path, help="connect four: save each seed's trained network here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.connect_four and args.parallel and len(args.seeds) > 1:
+    if args.connect_four is not None and args.parallel and len(args.seeds) > 1:
         argv = [a for a in sys.argv[1:] if a != "--parallel"]  # a later --seeds overrides the earlier one
         children = [subprocess.Popen([sys.executable, __file__, *argv, "--seeds", str(seed)]) for seed in args.seeds]
         sys.exit(max(child.wait() for child in children))
-    if args.connect_four:
+    if args.connect_four is not None:
         for seed in args.seeds:
             connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games, args.set, args.save)
         return

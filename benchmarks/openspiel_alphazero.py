@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -107,12 +108,28 @@ def strength(config, model, simulations: int, opponents: list[int], n_games: int
               f"{time.monotonic() - start:.0f} s", flush=True)  # fmt: skip
 
 
+def positive_integer(text: str) -> int:
+    """argparse type: a positive int (0 games would divide by zero in the report)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def minutes(text: str) -> float:
+    """argparse type: finite, non-negative minutes (NaN would skip training without a word)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected finite minutes >= 0, got {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=20)
-    parser.add_argument("--games", type=int, default=40)
-    parser.add_argument("--simulations", type=int, default=200, help="per move when it plays the opponents")
-    parser.add_argument("--opponents", type=int, nargs="+", default=[100, 1000], help="random-rollout MCTS simulations")
+    parser.add_argument("--minutes", type=minutes, default=20, help="0: play the checkpoints already in --path")
+    parser.add_argument("--games", type=positive_integer, default=40)
+    parser.add_argument("--simulations", type=positive_integer, default=200, help="per move when it plays the opponents")
+    parser.add_argument("--opponents", type=positive_integer, nargs="+", default=[100, 1000], help="random-rollout MCTS simulations")
     parser.add_argument("--path", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
