@@ -154,7 +154,7 @@ class AlphaZeroLearner:
         whole = int(np.searchsorted(ends, n, side="right"))
         games = float(whole)
         if whole < len(ends):  # a game cut by the budget: the part that came in
-            games += (n - (ends[whole - 1] if whole else 0)) / float(fields["ep_length"][whole])
+            games += float(n - (ends[whole - 1] if whole else 0)) / float(fields["ep_length"][whole])
         self.credit += games * self.per_game
         self.games += games
         self.accepted += n

@@ -107,11 +107,25 @@ def _write(path: Path, state: dict[str, Any]) -> None:
     instead of the message torch wraps it in; what was there before is untouched."""
     try:
         with atomic_open(path, "wb") as f:
-            _save_to(state, f)
+            _save_to(_plain_scalars(state), f)
     except OSError as exc:  # closing a file on a full disk fails again, without a name: name it
         if exc.filename or exc.errno is None:
             raise
         raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def _plain_scalars(tree: Any) -> Any:
+    """`tree` with numpy scalars (a counter that met a numpy array: `np.float64`) as Python numbers:
+    torch.save pickles them, and `load`'s weights_only unpickler refuses them, so a checkpoint that
+    held one was written fine and could not be read back (a decoupled AlphaZero trainer's game count,
+    after the budget cut a game)."""
+    if isinstance(tree, np.generic):
+        return tree.item()
+    if isinstance(tree, dict):
+        return {k: _plain_scalars(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_plain_scalars(v) for v in tree)
+    return tree
 
 
 def save(directory: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:

@@ -213,6 +213,22 @@ def test_a_disk_that_fills_up_during_a_checkpoint_reports_the_disk_not_torch(tmp
     assert rundir.one_line_reason(caught.value).startswith("File too large (")
 
 
+def test_a_checkpoint_holding_numpy_scalars_is_read_back(tmp_path: Path) -> None:
+    """A counter that met a numpy array is a numpy scalar; torch.save pickles it and the weights-only
+    reader refused it, so the checkpoint was written and could never be resumed or evaluated (a
+    decoupled AlphaZero trainer's game count after the budget cut a game, on Grid Engine)."""
+    import numpy as np
+    import torch
+
+    from hpcrl.rl import checkpoint
+
+    state = {"games": np.float64(2.5), "credit": [np.float32(0.5), (np.int64(3), 1)], "w": torch.ones(2)}
+    path = checkpoint.save(tmp_path, 7, state)
+    loaded = checkpoint.load(path)
+    assert loaded["games"] == 2.5 and loaded["credit"] == [0.5, (3, 1)] and torch.equal(loaded["w"], torch.ones(2))
+    assert type(loaded["games"]) is float and type(loaded["credit"][1][0]) is int
+
+
 def test_lifetimes_count_each_start_and_make_a_run_started(tmp_path: Path) -> None:
     assert rundir.run_state(tmp_path) == "new"
     assert [rundir.begin_lifetime(tmp_path) for _ in range(3)] == [1, 2, 3]
