@@ -75,6 +75,9 @@ class NodeRequest:
     mem_mb: int
     cpus_detail: str = field(default="", compare=False)
     """How `cpus` adds up, for the message only (` (2 ranks x 4)`), or empty."""
+    gpus: int = 0
+    gpus_key: str = ""
+    """The key that asks for the `gpus` (resources.gpus, eval.gpus), for the message."""
 
 
 class SchedulerError(RuntimeError):

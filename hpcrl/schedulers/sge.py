@@ -72,6 +72,12 @@ def host_slots(listing: str) -> dict[str, int]:
     return slots
 
 
+def offers(listing: str, resource: str) -> bool:
+    """Whether `qstat -f -F resource` shows the resource under any queue instance (`\thc:gpu=2`: a host,
+    queue or global consumable, by its current value)."""
+    return any(re.fullmatch(rf"\s+[hqg][cfl]:{re.escape(resource)}=\S+", line) for line in listing.splitlines())
+
+
 def hold_argv(after: list[Dependency]) -> list[str]:
     """qsub options for a stage's dependencies (see the module docstring for why these kinds)."""
     each = [d.job_id for d in after if d.kind == "each"]
@@ -97,20 +103,33 @@ class SGEScheduler(Scheduler):
         task's slots on one host). Measured against the host with the most slots in the queue instances
         `qstat -f` lists (of `resources.queue` where set); where qstat does not answer (a dry run away
         from the cluster) or lists none, qsub decides as before. Memory is left to qsub: how a site
-        counts it (per slot, which complex) varies."""
-        queue = exp.resources.queue
+        counts it (per slot, which complex) varies.
+
+        A task asking GPUs needs the consumable `resources.sge_gpu_resource` on some host of the queue:
+        where no instance shows it (`qstat -f -F gpu`; the complex is unknown, or no host has it),
+        qsub refuses the job or Grid Engine never starts it, and a site that names its GPUs otherwise
+        (`gpus`, `cuda`, ...) is told which key to set. How many a host has is left to Grid Engine:
+        qstat shows what is free now, not what a host holds."""
+        queue, gpu = exp.resources.queue, exp.resources.sge_gpu_resource
+        gpu_asks = [ask for ask in requests if ask.gpus > 0]
         try:
-            listing = self.run(["qstat", "-f", *(["-q", queue] if queue else [])])
+            listing = self.run(["qstat", "-f", *(["-F", gpu] if gpu_asks else []), *(["-q", queue] if queue else [])])
         except SchedulerError:
             return None
         slots = host_slots(listing)
         if not slots:
             return None
         most = max(slots.values())
+        where = f"queue {queue}" if queue else "any queue"
         for ask in requests:
             if ask.cpus > most:
-                where = f"queue {queue}" if queue else "any queue"
                 return f"{ask.cpus_key}: {ask.cpus} slots on one host{ask.cpus_detail}, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
+        if gpu_asks and not offers(listing, gpu):
+            ask = gpu_asks[0]
+            return (
+                f"{ask.gpus_key}: {ask.gpus} GPUs as Grid Engine's consumable {gpu!r}, but no host of {where} offers it (qstat -f -F {gpu}): "
+                "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)"
+            )
         return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

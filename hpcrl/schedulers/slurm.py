@@ -15,6 +15,7 @@ left to the markers on disk, which status treats as the truth anyway.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,10 +73,16 @@ def parse_sacct(text: str) -> dict[str, dict[int, str]]:
     return result
 
 
-def _node_rows(listing: str) -> list[tuple[str, str, str]]:
-    """sinfo's `%P|%c|%m` lines (partition, CPUs, memory in MB), one per node and partition."""
-    rows = [tuple(line.strip().split("|")) for line in listing.splitlines()]
-    return [row for row in rows if len(row) == 3 and row[1].isdigit() and row[2].isdigit()]  # type: ignore[misc]
+def _node_rows(listing: str) -> list[tuple[str, int, int, int]]:
+    """sinfo's `%P|%c|%m|%G` lines as (partition, CPUs, memory in MB, GPUs), one per node and partition."""
+    rows = [line.strip().split("|") for line in listing.splitlines()]
+    return [(p, int(c), int(m), gres_gpus(g)) for p, c, m, g in (r for r in rows if len(r) == 4) if c.isdigit() and m.isdigit()]
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a node's generic resources as sinfo's %G writes them: `gpu:2`, `gpu:a100:4(S:0-1)`,
+    `gpu:a100:2,gpu:v100:2,mps:200` (4), `(null)` (0)."""
+    return sum(int(n) for n in re.findall(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)", gres))
 
 
 def dependency_argv(after: list[Dependency]) -> list[str]:
@@ -104,22 +111,27 @@ class SlurmScheduler(Scheduler):
         """A job no node of its partition can hold: sbatch takes it, and Slurm keeps it pending for
         ever (reason PartitionConfig; seen with `resources.cpus: 8` on 2-CPU nodes). Measured against
         the partition's largest node as sinfo lists it; where sinfo does not answer (a dry run away
-        from the cluster) or knows no such partition, sbatch has the last word as before."""
+        from the cluster) or knows no such partition, sbatch has the last word as before. GPUs
+        (`--gres=gpu:N`) likewise against the most any node has: sbatch refuses more itself, but only
+        when that stage is submitted, after the stages before it ("Requested node configuration is
+        not available")."""
         try:
-            listing = self.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m"])
+            listing = self.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"])
         except SchedulerError:
             return None
         res = exp.resources
-        nodes = [(int(cpus), int(mem)) for name, cpus, mem in _node_rows(listing) if name.rstrip("*") == res.partition or (res.partition is None and name.endswith("*"))]
+        nodes = [row[1:] for row in _node_rows(listing) if row[0].rstrip("*") == res.partition or (res.partition is None and row[0].endswith("*"))]
         if not nodes:
             return None
-        cpus, mem_mb = max(n[0] for n in nodes), max(n[1] for n in nodes)
+        cpus, mem_mb, gpus = (max(n[i] for n in nodes) for i in range(3))
         where = f"the largest node of Slurm partition {res.partition or 'default'} has"
         for ask in requests:
             if ask.cpus > cpus:
                 return f"{ask.cpus_key}: {ask.cpus} CPUs per node{ask.cpus_detail}, but {where} {cpus} (sinfo): the job would stay pending for ever"
             if ask.mem_mb > mem_mb:
                 return f"{ask.mem_key}: {ask.mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
+            if ask.gpus > gpus:
+                return f"{ask.gpus_key}: {ask.gpus} GPUs per node, but no node of Slurm partition {res.partition or 'default'} has more than {gpus} (sinfo %G): sbatch would refuse the job"
         return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

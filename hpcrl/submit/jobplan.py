@@ -113,22 +113,27 @@ def stage_resources(exp: Experiment, stage: str) -> StageResources:
     )
 
 
-NODE_KEYS = {"train": ("resources.cpus", "resources.mem"), "actors": ("distributed.actor_cpus", "distributed.actor_mem")}
-"""The jobs that ask the most of one node, and the keys that ask: training (eval, the learner and a
-study worker ask the same per rank) and a distributed run's actors."""
+NODE_KEYS = {
+    "train": ("resources.cpus", "resources.mem", "resources.gpus"),
+    "eval": ("resources.cpus", "resources.mem", "eval.gpus"),
+    "actors": ("distributed.actor_cpus", "distributed.actor_mem", None),
+}
+"""The jobs that ask the most of one node, and the keys that ask: training (the learner and a study
+worker ask the same per rank), evaluation (train's CPUs and memory, its own GPUs) and a distributed
+run's actors (no GPU)."""
 
 
 def node_requests(exp: Experiment) -> list[NodeRequest]:
     """What one node must hold for each of NODE_KEYS' jobs, from their stage resources: what a
     cluster's `refuse` compares with its largest node before anything is submitted."""
     requests = []
-    for stage, (cpus_key, mem_key) in NODE_KEYS.items():
+    for stage, (cpus_key, mem_key, gpus_key) in NODE_KEYS.items():
         if stage == "actors" and exp.distributed is None:
             continue
         res = stage_resources(exp, stage)
         mem = functools.reduce(getattr, mem_key.split("."), exp)  # as the config wrote it, for the message
         detail = f" ({res.ranks_per_node} ranks x {res.cpus})" if res.ranks_per_node > 1 else ""
-        requests.append(NodeRequest(cpus_key, res.cpus * res.ranks_per_node, mem_key, mem, res.mem_mb, detail))
+        requests.append(NodeRequest(cpus_key, res.cpus * res.ranks_per_node, mem_key, mem, res.mem_mb, detail, res.gpus, gpus_key or ""))
     return requests
 
 

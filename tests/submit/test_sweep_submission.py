@@ -20,7 +20,8 @@ from factories import write_config
 from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import NodeRequest, SchedulerError
-from hpcrl.schedulers.sge import host_slots
+from hpcrl.schedulers.sge import host_slots, offers
+from hpcrl.schedulers.slurm import gres_gpus
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, merge_runs, read_jobs, run_dir, write_experiment
@@ -117,6 +118,27 @@ def test_a_request_no_node_of_the_partition_can_hold_is_refused_before_anything_
     assert fits.returncode == 0, fits.stderr
 
 
+@pytest.mark.slurm
+@pytest.mark.parametrize("override", ["resources.gpus=3", "eval.gpus=3"])
+def test_more_gpus_than_any_node_has_are_refused_before_anything_is_submitted(slurm_cluster: None, tmp_path: Path, override: str) -> None:
+    """sbatch refuses `--gres=gpu:3` on the test node's 2 GPUs, but only when that stage's job is
+    submitted: eval's came after train's was queued. The sweep refuses it first, in one line."""
+    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "-p", f"output={tmp_path}", "-p", override, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    key = override.partition("=")[0]
+    assert proc.stderr == f"hpcrl: error: {key}: 3 GPUs per node, but no node of Slurm partition default has more than 2 (sinfo %G): sbatch would refuse the job\n"
+    assert list(tmp_path.iterdir()) == []
+    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "--dry-run", "-p", f"output={tmp_path}", "-p", override.replace("3", "2"), cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr
+
+
+def test_slurm_gpus_are_read_from_sinfo_gres() -> None:
+    assert gres_gpus("gpu:2") == 2 and gres_gpus("(null)") == 0 and gres_gpus("mps:100") == 0
+    assert gres_gpus("gpu:a100:4(S:0-1)") == 4
+    assert gres_gpus("gpu:a100:2,gpu:v100:2(S:0,1),mps:200") == 4
+    assert gres_gpus("gpuish:8,shard:gpu:3") == 0  # other resources that only look like GPUs
+
+
 @pytest.mark.sge
 def test_a_task_asking_more_slots_than_any_host_has_is_refused_on_grid_engine(sge_cluster: None, tmp_path: Path) -> None:
     """qsub takes a task bigger than every host and Grid Engine keeps it waiting for ever ("cannot run in PE
@@ -129,6 +151,37 @@ def test_a_task_asking_more_slots_than_any_host_has_is_refused_on_grid_engine(sg
     assert list(tmp_path.iterdir()) == []
     fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", f"resources.cpus={most}", cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr
+
+
+@pytest.mark.sge
+@pytest.mark.parametrize("override", ["resources.gpus=1", "eval.gpus=1"])
+def test_gpus_under_a_consumable_no_host_offers_are_refused_on_grid_engine(sge_cluster: None, tmp_path: Path, override: str) -> None:
+    """A site whose GPU complex is not `gpu`: qsub refuses `-l gpu=1` or Grid Engine never starts it. The
+    sweep says which key to set, in one line, with nothing written; the test cell's consumable `gpu` is
+    accepted."""
+    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "-p", f"output={tmp_path}", "-p", override, "-p", "resources.sge_gpu_resource=cuda", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    key = override.partition("=")[0]
+    assert proc.stderr == (
+        f"hpcrl: error: {key}: 1 GPUs as Grid Engine's consumable 'cuda', but no host of any queue offers it (qstat -f -F cuda): "
+        "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)\n"
+    ), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", override, cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr
+
+
+def test_grid_engine_offers_read_from_qstat_f_f() -> None:
+    listing = """queuename                      qtype resv/used/tot. load_avg arch          states
+---------------------------------------------------------------------------------
+all.q@node1                    BIP   0/0/4          0.01     lx-amd64
+\thc:gpu=2
+---------------------------------------------------------------------------------
+gpu.q@node2                    BIP   0/0/8          0.01     lx-amd64
+\tqc:cuda=0
+"""
+    assert offers(listing, "gpu") and offers(listing, "cuda")  # a queue consumable counts, even at 0 free now
+    assert not offers(listing, "gp") and not offers(listing, "gpus") and not offers(listing, "mem_free")
 
 
 def test_grid_engine_slots_are_added_up_per_host_from_qstat_f() -> None:
@@ -188,10 +241,12 @@ def test_what_one_node_must_hold_comes_from_the_stages_resources(tmp_path: Path)
     """The clusters' refusal compares these with their largest node: training's CPUs times its ranks on
     a node and its memory, and a distributed run's actors, each named by the key that asks."""
     ranks = load_experiment(write_config(tmp_path, {"resources": {"cpus": 3, "ranks": 4, "nodes": 2, "mem": "6G"}}))
-    assert node_requests(ranks) == [NodeRequest("resources.cpus", 6, "resources.mem", "6G", 6144)]
+    assert node_requests(ranks)[0] == NodeRequest("resources.cpus", 6, "resources.mem", "6G", 6144, gpus=0, gpus_key="resources.gpus")
     assert node_requests(ranks)[0].cpus_detail == " (2 ranks x 3)"  # what the refusal's message says the 6 are
     apex = load_experiment(Path(__file__).resolve().parents[2] / "configs" / "cartpole_apex.yaml", ["distributed.actor_cpus=2", "distributed.actor_mem=3G"])
-    assert [(r.cpus_key, r.cpus, r.mem_key, r.mem_mb) for r in node_requests(apex)][1] == ("distributed.actor_cpus", 2, "distributed.actor_mem", 3072)
+    assert [(r.cpus_key, r.cpus, r.mem_key, r.mem_mb, r.gpus) for r in node_requests(apex)][2] == ("distributed.actor_cpus", 2, "distributed.actor_mem", 3072, 0)
+    gpus = load_experiment(write_config(tmp_path, {"resources": {"gpus": 2}, "eval": {"gpus": 1}}))
+    assert [(r.gpus_key, r.gpus) for r in node_requests(gpus)] == [("resources.gpus", 2), ("eval.gpus", 1)]  # each stage's GPUs, by its key
 
 
 def test_each_stage_asks_for_its_own_resources(tmp_path: Path) -> None:
