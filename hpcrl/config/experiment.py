@@ -559,6 +559,12 @@ class DistributedConfig:
     """Learner updates between parameter publications; each publication is a new parameter version."""
     max_lag: int = setting(25, ge=0)
     """Batches produced with parameters more than this many versions old are dropped (and counted)."""
+    ratio_slack: float = setting(0.0, ge=0, le=1)
+    """How far the learner's updates per unit of data (DQN: per transition; AlphaZero: per game) may
+    drift from the set ratio, as a fraction of the updates earned so far, so that neither side waits:
+    with no batch queued the learner trains ahead on its window, with the queue half full it takes
+    batches and owes the updates (hpcrl/distributed/pace.py). 0: the ratio is held exactly, and the
+    faster side waits for the slower one; `hpcrl status` shows the realised ratio."""
     epsilon: float = setting(0.4, gt=0, le=1)
     epsilon_alpha: float = setting(7.0, ge=0)
     """Env slot k of K acts with epsilon ** (1 + alpha * k / (K - 1)) (Ape-X's per-actor exploration)."""
@@ -782,17 +788,18 @@ def learned_settings(exp: Experiment) -> dict[str, Any]:
         del learned["program"]
     if exp.resources.ranks > 1:  # every rank steps env.num_envs envs: the batch grows with the ranks
         learned["ranks"] = exp.resources.ranks
-    train = learned.get("train", {})
-    for key, before in _LATER_TRAIN_KEYS.items():
-        if train.get(key) == before:
-            del train[key]
+    for dotted, before in _LATER_KEYS.items():
+        section, key = dotted.split(".")
+        values = learned.get(section)
+        if isinstance(values, dict) and values.get(key) == before:
+            del values[key]
     return learned
 
 
-_LATER_TRAIN_KEYS: dict[str, Any] = {"async_rollout": "auto", "cnn_channels": list(NATURE_CNN)}
-"""Learned train keys added after run ids existed, with the value that trains as runs did before
-the key: left out of the hash at that value, so the ids of existing runs stay what they were
-(`auto` is hpcrl's own choice per env kind; the Nature CNN was the only CNN)."""
+_LATER_KEYS: dict[str, Any] = {"train.async_rollout": "auto", "train.cnn_channels": list(NATURE_CNN), "distributed.ratio_slack": 0.0}
+"""Learned keys added after run ids existed, with the value that trains as runs did before the key:
+left out of the hash at that value, so the ids of existing runs stay what they were (`auto` is
+hpcrl's own choice per env kind; the Nature CNN was the only CNN; the learner held its ratio exactly)."""
 
 
 def _merge(old: Any, new: Any) -> Any:

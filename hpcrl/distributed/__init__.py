@@ -16,7 +16,8 @@ a fixed header (`wire.py`), heartbeats are small JSON objects.
 
 Modules: wire (format), rendezvous, redis_server, board (status, heartbeats, parameters),
 queue (producer/consumer), apex (the DQN learner and acting policy), selfplay (AlphaZero's
-trainer and self-play halves: the same jobs run AlphaZero decoupled), learner and actor (the job
+trainer and self-play halves: the same jobs run AlphaZero decoupled), pace (when the learner updates
+and takes data: the set ratio and its slack), learner and actor (the job
 entry points, which take either half), runstats (the stats file and status line); the job plan is
 hpcrl.submit.distributed.
 """

@@ -325,12 +325,9 @@ class ApexLearner:
         self.accepted += n
         self.global_step += n
 
-    def can_update(self) -> bool:
-        """Whether the replay ratio allows another update (DQN's gradient_steps per train_freq transitions)."""
-        return self.credit >= 1.0 and self.replay.size >= self.cfg.batch_size
-
-    def finished(self, total_steps: int) -> bool:
-        return self.global_step >= total_steps and not self.can_update()
+    def learnable(self) -> bool:
+        """Whether the replay holds a minibatch (the learner's pace.py decides whether to update)."""
+        return self.replay.size >= self.cfg.batch_size
 
     # ------------------------------------------------------------------ learning
     def update(self, total_steps: int) -> dict[str, float]:

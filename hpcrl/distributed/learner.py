@@ -12,9 +12,11 @@ and with `eval.every_steps` it evaluates its network as `hpcrl train` does (peri
 the one that has it.
 
 What is learned is the algorithm's half (`learning_half`): apex.ApexLearner for DQN,
-selfplay.AlphaZeroLearner for AlphaZero; this module is the job around it. Its stats file also
+selfplay.AlphaZeroLearner for AlphaZero; this module is the job around it, and pace.py decides when
+it updates and when it takes data (the set ratio, with `distributed.ratio_slack`). Its stats file also
 says how busy it was: time in updates (`busy_s`) since its first update (`learning_s`), and the
-stretches it waited for data after that (`wait_s`, the longest `wait_max_s`).
+stretches it waited for data after that (`wait_s`, the longest `wait_max_s`), and the update ratio
+it realised (`pace`, 1.0: the set one).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from hpcrl.distributed import rendezvous, runstats
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
+from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.queue import Consumer
 from hpcrl.distributed.redis_server import RedisServer
 from hpcrl.distributed.selfplay import AlphaZeroLearner
@@ -90,6 +93,7 @@ class Learner:
         self.dead: set[int] = set()
         self.episodes: list[tuple[float, int]] = []
         self.metrics: dict[str, float] = {}
+        self.pace = Pace(self.d.ratio_slack, UPDATES_PER_POLL)
         self.busy_s = self.wait_s = self.wait_max_s = 0.0
         self.first_update: float | None = None
         """time.monotonic() of this lifetime's first update."""
@@ -164,13 +168,13 @@ class Learner:
             self.start, self.start_step = time.monotonic(), algo.global_step
             self.last_report, self.last_report_step = self.start, algo.global_step
             next_checkpoint = algo.updates + self.cfg.train.checkpoint_every
-            while not algo.finished(self.total_steps):
+            while not self.pace.finished(algo, self.total_steps):
                 self._check_actors_came()
-                polled = time.monotonic()
+                ready, polled = self.pace.may_update(algo, self.total_steps), time.monotonic()
                 self._poll()
-                self._note_wait(polled)
+                self._note_wait(polled, ready)
                 for _ in range(UPDATES_PER_POLL):
-                    if not algo.can_update():
+                    if not self.pace.may_update(algo, self.total_steps):
                         break
                     began = time.monotonic()
                     self.metrics = algo.update(self.total_steps)
@@ -198,14 +202,18 @@ class Learner:
             self._report(DONE)
         self._wait_for_actors_to_leave()
         self.board.retire()
-        self.log(f"done at step {algo.global_step} after {algo.updates} updates")
+        self.log(f"done at step {algo.global_step} after {algo.updates} updates ({_pace_words(self.pace.realised(algo))})")
         return 0
 
-    def _note_wait(self, polled: float) -> None:
+    def _note_wait(self, polled: float, ready: bool) -> None:
         """Time the learner could not update for want of data, once it had begun to learn (the fill
-        before the first update, and the end of the budget, are not waits)."""
+        before the first update, and the end of the budget, are not waits). A wait starts when a poll
+        began with nothing to update (`ready` false: the poll blocks for a batch), so the time spent
+        blocked in a poll that then brought data counts too."""
+        if not ready and self.first_update is not None and self.waiting_since is None and self.algo.global_step < self.total_steps:
+            self.waiting_since = polled
         now = time.monotonic()
-        if self.algo.can_update():
+        if self.pace.may_update(self.algo, self.total_steps):
             if self.first_update is None:
                 self.first_update = now
             if self.waiting_since is not None:
@@ -213,8 +221,6 @@ class Learner:
                 self.wait_s += waited
                 self.wait_max_s = max(self.wait_max_s, waited)
                 self.waiting_since = None
-        elif self.first_update is not None and self.waiting_since is None and self.algo.global_step < self.total_steps:
-            self.waiting_since = polled
 
     def _maybe_evaluate(self, final: bool) -> None:
         """An evaluation during training when one is due (eval.every_steps); the actors keep playing meanwhile."""
@@ -229,23 +235,25 @@ class Learner:
             raise rundir.RunError(f"no actor connected in {self.d.learner_timeout_s:g} s (distributed.learner_timeout_s): were the actor jobs scheduled?")
 
     def _poll(self) -> None:
-        """Take batches from the queue: many while filling the replay, few once updates gate the pace,
-        none once total_steps transitions came in. The batch that crosses the budget is cut, so the
-        run learns from exactly total_steps env steps (stale drops count too: they were env steps)."""
+        """Take batches from the queue: many while filling the replay, as many as updates are wanted
+        once they gate the pace (pace.py: none while enough is owed, unless the slack lets the learner
+        relieve a filling queue), none once total_steps transitions came in. The batch that crosses the
+        budget is cut, so the run learns from exactly total_steps env steps (stale drops count too:
+        they were env steps)."""
         algo = self.algo
         remaining = self.total_steps - algo.global_step
         if remaining <= 0:
             return
         if algo.accepted < algo.starts_at:
             wanted = 64
-        elif algo.credit >= UPDATES_PER_POLL:
-            return  # enough to learn from: leave the batches queued, so a fast actor blocks instead of racing ahead
         else:
-            missing = (UPDATES_PER_POLL - algo.credit) / algo.ratio
-            wanted = int(min(64, max(1, math.ceil(missing / self.d.batch_transitions))))
+            updates = self.pace.updates_wanted(algo, lambda: 2 * self.board.queue_depth() >= self.d.queue_bound)
+            if updates <= 0:
+                return  # enough to learn from: leave the batches queued, so a fast actor blocks instead of racing ahead
+            wanted = int(min(64, max(1, math.ceil(updates / algo.ratio / self.d.batch_transitions))))
         wanted = min(wanted, math.ceil(remaining / self.d.batch_transitions))
         dropped_before = self.consumer.dropped_transitions
-        batches = self.consumer.pop(algo.version, wanted, timeout=0.0 if algo.can_update() else 0.05)
+        batches = self.consumer.pop(algo.version, wanted, timeout=0.0 if self.pace.may_update(algo, self.total_steps) else 0.05)
         algo.global_step += self.consumer.dropped_transitions - dropped_before
         for message, n in batches:
             take = min(n, self.total_steps - algo.global_step)
@@ -294,6 +302,7 @@ class Learner:
             "env_steps": algo.global_step, "total_steps": self.total_steps, "env_sps": sps, "updates": algo.updates,
             "units": list(algo.units), "episodes_per_s": len(episodes) / max(now - report_start, 1e-9), "batches": self.consumer.batches,
             "busy_s": self.busy_s, "learning_s": now - self.first_update if self.first_update is not None else 0.0,
+            "pace": self.pace.realised(algo), "ratio_slack": self.d.ratio_slack,
             "wait_s": self.wait_s, "wait_max_s": self.wait_max_s,
             "param_version": algo.version, "replay_size": algo.replay.size, "queue_depth": depth, "queue_bound": self.d.queue_bound,
             "actors_expected": self.d.actors, "actors_alive": len(alive), "actors_dead": sorted(self.dead),
@@ -317,3 +326,7 @@ class Learner:
             if not any(s is not None for s in self.board.heartbeats().values()):
                 return
             time.sleep(0.1)
+
+
+def _pace_words(pace: float | None) -> str:
+    return "no update earned" if pace is None else f"{pace:.3f}x the set updates per unit of data"

@@ -37,9 +37,21 @@ def _si(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _learner_parts(s: dict[str, Any]) -> list[str]:
+    """How busy the learner was and the update ratio it realised (1.00x: the set one; pace.py)."""
+    parts = []
+    if s.get("learning_s"):
+        parts.append(f"learner busy {float(s.get('busy_s', 0.0)) / float(s['learning_s']):.0%}, waited {float(s.get('wait_s', 0.0)):.1f} s")
+    if s.get("pace") is not None:
+        slack = float(s.get("ratio_slack") or 0.0)
+        parts.append(f"updates {float(s['pace']):.2f}x the set ratio" + (f" (slack {slack:g})" if slack else ""))
+    return parts
+
+
 def status_line(run_dir: Path, now: float | None = None) -> str | None:
-    """`actors 2/2 alive, 8.1k env steps/s, queue 3/64, lag 0.4 (max 2), dropped 0 stale + 0 malformed, ...`;
-    for AlphaZero's self-play jobs `actors 2/2 alive, 12 games/s, 98 positions/s, queue ...`."""
+    """`actors 2/2 alive, 8.1k env steps/s, queue 3/64, lag 0.4 (max 2), dropped 0 stale + 0 malformed, ...,
+    learner busy 96%, waited 0.3 s, updates 1.04x the set ratio (slack 0.25)`; for AlphaZero's
+    self-play jobs `actors 2/2 alive, 12 games/s, 98 positions/s, queue ...`."""
     s = read(run_dir)
     if s is None:
         return None
@@ -55,6 +67,7 @@ def status_line(run_dir: Path, now: float | None = None) -> str | None:
         f"lag {lag:.1f} (max {s.get('lag_max', 0)})" if lag is not None else "lag -",
         f"dropped {s.get('dropped_stale', 0)} stale + {s.get('malformed', 0)} malformed + {s.get('lost', 0)} lost",
         f"backpressure {s.get('backpressure_waits', 0)} waits ({s.get('backpressure_s', 0.0):.1f} s)",
+        *_learner_parts(s),
     ]
     state = s.get("status", "?")
     if state == "running" and age > 30:

@@ -12,8 +12,9 @@ is only what flows and what is learned from it, and that is this module:
 - the trainer (`AlphaZeroLearner`) checks each batch (shapes, finite numbers, a distribution over
   the legal moves, whole games), adds its positions to the replay window, and does
   `train_steps_per_iteration / games_per_iteration` updates per game that came in, the simple
-  mode's ratio: the same sample reuse, so what a setting learns carries over between the modes. A
-  slower trainer slows self-play through the queue's bound; a faster one waits for games. Every
+  mode's ratio: the same sample reuse, so what a setting learns carries over between the modes.
+  Held to it exactly, a slower trainer slows self-play through the queue's bound and a faster one
+  waits for games; `distributed.ratio_slack` lets the ratio float so neither waits (pace.py). Every
   `distributed.publish_every` updates it publishes the weights as a new version; batches more than
   `distributed.max_lag` versions old are dropped (and counted).
 
@@ -160,11 +161,9 @@ class AlphaZeroLearner:
         self.accepted += n
         self.global_step += n
 
-    def can_update(self) -> bool:
-        return self.credit >= 1.0 and len(self.replay) >= self.starts_at
-
-    def finished(self, total_steps: int) -> bool:
-        return self.global_step >= total_steps and not self.can_update()
+    def learnable(self) -> bool:
+        """Whether the window holds a minibatch (the learner's pace.py decides whether to update)."""
+        return len(self.replay) >= self.starts_at
 
     # ------------------------------------------------------------------ learning
     def update(self, total_steps: int) -> dict[str, float]:

@@ -27,6 +27,7 @@ from test_conformance import BACKENDS, Backend, active_tasks, csv_rows, status_t
 from hpcrl.config.experiment import DistributedConfig, EnvConfig, load_experiment
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import runstats, wire
+from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor
 from hpcrl.rl import checkpoint, games
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
@@ -44,7 +45,7 @@ CONFIG: dict[str, Any] = {
         "replay_window": 4000, "hidden_sizes": [32], "checkpoint_every": 20, "opponents": ["random", "perfect"],
     },
     "distributed": {
-        "actors": 2, "envs_per_actor": 8, "batch_transitions": 32, "queue_bound": 4, "publish_every": 10, "max_lag": 50,
+        "actors": 2, "envs_per_actor": 8, "batch_transitions": 32, "queue_bound": 4, "publish_every": 10, "max_lag": 50, "ratio_slack": 0.25,
         "heartbeat_s": 0.5, "dead_after_s": 2.0, "learner_timeout_s": 180.0, "redis": {"bind": "127.0.0.1"},
     },
     "sweep": {"seeds": [0]},
@@ -82,9 +83,10 @@ def test_self_play_sends_whole_games_and_the_trainer_learns_at_the_simple_modes_
     np.testing.assert_array_equal(np.abs(last), np.abs(message.fields["ep_return"]))
     learner.ingest(message.fields, n)
     assert learner.credit == pytest.approx(len(lengths) * 6 / 4)  # train_steps_per_iteration / games_per_iteration per game
-    assert learner.can_update() and len(learner.replay) == n
+    fixed = Pace(0.0, per_poll=8)
+    assert fixed.may_update(learner, cfg.total_steps) and len(learner.replay) == n
     before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
-    while learner.can_update():
+    while fixed.may_update(learner, cfg.total_steps):
         metrics = learner.update(cfg.total_steps)
     assert learner.updates == int(len(lengths) * 6 / 4) and np.isfinite(metrics["policy_loss"])
     assert any(not torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
@@ -167,9 +169,11 @@ def test_status_line_shows_games_and_positions_per_second(tmp_path: Path) -> Non
     runstats.write(tmp_path, {
         "time": time.time(), "status": "running", "actors_alive": 1, "actors_expected": 2, "actors_dead": [1], "units": ["positions", "games"],
         "episodes_per_s": 12.0, "env_sps": 1500.0, "queue_depth": 3, "queue_bound": 4, "lag_mean": 1.5, "lag_max": 3,
+        "busy_s": 24.0, "learning_s": 25.0, "wait_s": 0.4, "pace": 1.0416, "ratio_slack": 0.25,
     })  # fmt: skip
     line = runstats.status_line(tmp_path)
     assert line is not None and line.startswith("running: actors 1/2 alive (dead: 1), 12 games/s, 1.5k positions/s, queue 3/4, lag 1.5 (max 3)"), line
+    assert line.endswith("learner busy 96%, waited 0.4 s, updates 1.04x the set ratio (slack 0.25)"), line
 
 
 # ---------------------------------------------------------------------------- bad input at sweep time
@@ -191,6 +195,10 @@ def write(tmp_path: Path, changes: dict, train: dict | None = None) -> Path:
     ({"distributed": {"envs_per_actor": 0}}, None, "distributed.envs_per_actor"),
     ({"distributed": {"prioritized": True}}, None, "distributed.prioritized"),
     ({"distributed": {"dead_after_s": 0.5}}, None, "distributed.dead_after_s"),
+    ({"distributed": {"ratio_slack": 1.5}}, None, "distributed.ratio_slack"),
+    ({"distributed": {"ratio_slack": -0.1}}, None, "distributed.ratio_slack"),
+    ({"distributed": {"ratio_slack": float("nan")}}, None, "distributed.ratio_slack"),
+    ({"distributed": {"ratio_slack": "a lot"}}, None, "distributed.ratio_slack"),
     ({"train": {"simulations": 0}}, None, "train.simulations"),
 ])  # fmt: skip
 def test_bad_decoupled_settings_are_refused_in_one_line(tmp_path: Path, changes: dict, train: dict | None, key: str) -> None:
@@ -249,6 +257,7 @@ def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cl
     wait_stats(rd, lambda s: s["actors_dead"] == [killed], 30, "the killed self-play job reported dead")
     text = status_text(exp.dir)
     assert re.search(rf"actors [01]/2 alive \(dead: {killed}\), \S+ games/s, \S+ positions/s, queue \d+/4, lag", text), text
+    assert re.search(r"learner busy \d+%, waited [\d.]+ s, updates [\d.]+x the set ratio \(slack 0.25\)", text), text
 
     # The trainer is warned (time limit, preemption) after its first evaluation, and requeued.
     curve = rd / "strength_curve.csv"

@@ -62,6 +62,14 @@ def test_keys_added_later_keep_the_ids_of_runs_from_before_them_at_their_default
     assert ids({"train": {"cnn_channels": [32, 64, 64], "async_rollout": "auto"}}) == ids()
 
 
+def test_a_distributed_run_keeps_its_id_from_before_ratio_slack() -> None:
+    """`distributed.ratio_slack: 0` is how learners paced before the key: the ids of distributed runs
+    are the ones computed before it existed (at 0fdc0bc); any slack is another run."""
+    dist = {"algo": "dqn", "distributed": {"actors": 2}}
+    assert ids(dist) == ids(deep_update(dist, {"distributed": {"ratio_slack": 0.0}})) == ["0291713e6d-s0", "0291713e6d-s1"]
+    assert ids(deep_update(dist, {"distributed": {"ratio_slack": 0.25}})) != ids(dist)
+
+
 @pytest.mark.parametrize(
     "change",
     [
