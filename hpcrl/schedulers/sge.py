@@ -72,10 +72,27 @@ def host_slots(listing: str) -> dict[str, int]:
     return slots
 
 
-def offers(listing: str, resource: str) -> bool:
-    """Whether `qstat -f -F resource` shows the resource under any queue instance (`\thc:gpu=2`: a host,
-    queue or global consumable, by its current value)."""
-    return any(re.fullmatch(rf"\s+[hqg][cfl]:{re.escape(resource)}=\S+", line) for line in listing.splitlines())
+def offered(listing: str, resource: str) -> dict[str, float]:
+    """Host -> the most of `resource` one of its queue instances has free now, from `qstat -f -F resource`
+    (`\thc:gpu=2` under `all.q@node ...`: a host, queue or global consumable); hosts that show none are left out."""
+    free: dict[str, float] = {}
+    host = None
+    for line in listing.splitlines():
+        fields = line.split()
+        if fields and "@" in fields[0] and not line[0].isspace():
+            host = fields[0].partition("@")[2]
+        elif host and (found := re.fullmatch(rf"\s+[hqg][cfl]:{re.escape(resource)}=(\S+)", line)):
+            try:
+                free[host] = max(free.get(host, 0.0), float(found.group(1)))
+            except ValueError:
+                continue
+    return free
+
+
+def complex_value(host_config: str, resource: str) -> float | None:
+    """`resource`'s value in a host's `complex_values` (`qconf -se host`: `gpu=4,mem_free=64G`), or None."""
+    found = re.search(rf"^complex_values\s+(?:\S*,)?{re.escape(resource)}=([0-9.]+)", host_config, re.MULTILINE)
+    return float(found.group(1)) if found else None
 
 
 def hold_argv(after: list[Dependency]) -> list[str]:
@@ -108,8 +125,8 @@ class SGEScheduler(Scheduler):
         A task asking GPUs needs the consumable `resources.sge_gpu_resource` on some host of the queue:
         where no instance shows it (`qstat -f -F gpu`; the complex is unknown, or no host has it),
         qsub refuses the job or Grid Engine never starts it, and a site that names its GPUs otherwise
-        (`gpus`, `cuda`, ...) is told which key to set. How many a host has is left to Grid Engine:
-        qstat shows what is free now, not what a host holds."""
+        (`gpus`, `cuda`, ...) is told which key to set; more GPUs than any host holds wait for ever too
+        ("cannot run at host because it offers only hc:gpu=2")."""
         queue, gpu = exp.resources.queue, exp.resources.sge_gpu_resource
         gpu_asks = [ask for ask in requests if ask.gpus > 0]
         try:
@@ -124,12 +141,31 @@ class SGEScheduler(Scheduler):
         for ask in requests:
             if ask.cpus > most:
                 return f"{ask.cpus_key}: {ask.cpus} slots on one host{ask.cpus_detail}, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
-        if gpu_asks and not offers(listing, gpu):
-            ask = gpu_asks[0]
+        return self._refuse_gpus(gpu_asks, listing, gpu, where) if gpu_asks else None
+
+    def _refuse_gpus(self, asks: list[NodeRequest], listing: str, gpu: str, where: str) -> str | None:
+        """GPUs under a consumable no host offers, or more than any host holds. What a host holds is read
+        (`qconf -se`, per host that offers any) only when the request exceeds what is free now."""
+        free = offered(listing, gpu)
+        ask = max(asks, key=lambda a: a.gpus)
+        if not free:
             return (
                 f"{ask.gpus_key}: {ask.gpus} GPUs as Grid Engine's consumable {gpu!r}, but no host of {where} offers it (qstat -f -F {gpu}): "
                 "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)"
             )
+        if ask.gpus <= max(free.values()):
+            return None
+        held = []
+        for host in free:
+            try:
+                held.append(complex_value(self.run(["qconf", "-se", host]), gpu))
+            except SchedulerError:
+                return None
+        if None in held:  # a queue or global consumable: its total is not the host's to say
+            return None
+        most = max(h for h in held if h is not None)
+        if ask.gpus > most:
+            return f"{ask.gpus_key}: {ask.gpus} GPUs on one host, but no host of {where} holds more than {most:g} {gpu!r} (qconf -se): the task would wait for ever"
         return None
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:

@@ -20,7 +20,7 @@ from factories import write_config
 from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import NodeRequest, SchedulerError
-from hpcrl.schedulers.sge import host_slots, offers
+from hpcrl.schedulers.sge import complex_value, host_slots, offered
 from hpcrl.schedulers.slurm import gres_gpus
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
@@ -154,34 +154,46 @@ def test_a_task_asking_more_slots_than_any_host_has_is_refused_on_grid_engine(sg
 
 
 @pytest.mark.sge
-@pytest.mark.parametrize("override", ["resources.gpus=1", "eval.gpus=1"])
-def test_gpus_under_a_consumable_no_host_offers_are_refused_on_grid_engine(sge_cluster: None, tmp_path: Path, override: str) -> None:
-    """A site whose GPU complex is not `gpu`: qsub refuses `-l gpu=1` or Grid Engine never starts it. The
-    sweep says which key to set, in one line, with nothing written; the test cell's consumable `gpu` is
-    accepted."""
-    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "-p", f"output={tmp_path}", "-p", override, "-p", "resources.sge_gpu_resource=cuda", cwd=tmp_path)
+@pytest.mark.parametrize(("override", "refusal"), [
+    ("resources.gpus=1", "resources.gpus: 1 GPUs as Grid Engine's consumable 'cuda', but no host of any queue offers it (qstat -f -F cuda): "
+     "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)"),
+    ("eval.gpus=1", "eval.gpus: 1 GPUs as Grid Engine's consumable 'cuda', but no host of any queue offers it (qstat -f -F cuda): "
+     "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)"),
+    ("resources.gpus=3", "resources.gpus: 3 GPUs on one host, but no host of any queue holds more than 2 'gpu' (qconf -se): the task would wait for ever"),
+    ("eval.gpus=3", "eval.gpus: 3 GPUs on one host, but no host of any queue holds more than 2 'gpu' (qconf -se): the task would wait for ever"),
+])  # fmt: skip
+def test_gpus_no_host_can_give_are_refused_on_grid_engine(sge_cluster: None, tmp_path: Path, override: str, refusal: str) -> None:
+    """A site whose GPU complex is not `gpu`: qsub refuses `-l gpu=1` ("unknown resource"), but only when
+    that stage is submitted (eval's after train's was queued); more GPUs than the host holds wait for ever
+    ("cannot run at host vm because it offers only hc:gpu=2"). The sweep refuses both in one line, with
+    nothing written; the test cell's one host has 2 of the consumable `gpu` (tests/clusters/sge.sh)."""
+    site = ["-p", "resources.sge_gpu_resource=cuda"] if "cuda" in refusal else []
+    proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "-p", f"output={tmp_path}", "-p", override, *site, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    key = override.partition("=")[0]
-    assert proc.stderr == (
-        f"hpcrl: error: {key}: 1 GPUs as Grid Engine's consumable 'cuda', but no host of any queue offers it (qstat -f -F cuda): "
-        "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)\n"
-    ), proc.stderr
+    assert proc.stderr == f"hpcrl: error: {refusal}\n", proc.stderr
     assert list(tmp_path.iterdir()) == []
-    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", override, cwd=tmp_path)
+    fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "sge", "--dry-run", "-p", f"output={tmp_path}", "-p", override.replace("3", "2"), cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr
 
 
-def test_grid_engine_offers_read_from_qstat_f_f() -> None:
+def test_grid_engine_gpus_read_from_qstat_f_f_and_qconf_se() -> None:
     listing = """queuename                      qtype resv/used/tot. load_avg arch          states
 ---------------------------------------------------------------------------------
 all.q@node1                    BIP   0/0/4          0.01     lx-amd64
 \thc:gpu=2
 ---------------------------------------------------------------------------------
+gpu.q@node1                    BIP   0/0/4          0.01     lx-amd64
+\thc:gpu=1.000000
+---------------------------------------------------------------------------------
 gpu.q@node2                    BIP   0/0/8          0.01     lx-amd64
 \tqc:cuda=0
 """
-    assert offers(listing, "gpu") and offers(listing, "cuda")  # a queue consumable counts, even at 0 free now
-    assert not offers(listing, "gp") and not offers(listing, "gpus") and not offers(listing, "mem_free")
+    assert offered(listing, "gpu") == {"node1": 2.0}  # the most any of its queue instances has free
+    assert offered(listing, "cuda") == {"node2": 0.0}  # a queue consumable counts, even at 0 free now
+    assert offered(listing, "gp") == offered(listing, "gpus") == offered(listing, "mem_free") == {}
+    assert complex_value("hostname n1\ncomplex_values        gpu=4,mem_free=64G\n", "gpu") == 4.0
+    assert complex_value("complex_values        mem_free=64G,gpu=8\n", "gpu") == 8.0
+    assert complex_value("complex_values        ngpu=4\n", "gpu") is None and complex_value("complex_values NONE\n", "gpu") is None
 
 
 def test_grid_engine_slots_are_added_up_per_host_from_qstat_f() -> None:
