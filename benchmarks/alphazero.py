@@ -8,8 +8,8 @@ does not assert.
     python benchmarks/alphazero.py --seeds 0 1 2 --games 200
 
 Connect four (`--connect-four MINUTES`): train configs/connect4_alphazero.yaml's agent for that long
-(self-play and training alternating in this process, the same AlphaZero class `hpcrl train`
-runs), then play `--games` games against OpenSpiel's MCTS with random rollouts at 100 and 1,000
+or its train.total_steps positions, whichever comes first (self-play and training alternating in
+this process, the same AlphaZero class `hpcrl train` runs), then play `--games` games against OpenSpiel's MCTS with random rollouts at 100 and 1,000
 simulations, each colour half of them. Issue 28's target: >= 90% wins against 100 simulations
 over 3 seeds in 60 minutes on this 2-core machine, >= 50% against 1,000 as a goal.
 
@@ -18,7 +18,9 @@ over 3 seeds in 60 minutes on this 2-core machine, >= 50% against 1,000 as a goa
 
 Figures (2026-11-26, the 2-core VM, the config's 50 self-play and 400 evaluation simulations, mirrored
 minibatches): the 3 seeds at once for 60 min (~37 CPU min and ~250k positions each): 88 / 85 / 90% wins
-against MCTS-100, 61 / 52 / 85% against MCTS-1000, 100 games each. One seed alone on one core for 20 min
+against MCTS-100, 61 / 52 / 85% against MCTS-1000, 100 games each. The same with the learning rate
+annealed to 0 over 250k positions (`--set train.anneal_lr=true train.total_steps=250000`: 52-56 min to
+250k): 85 / 87 / 87% against MCTS-100, 56 / 78 / 63% against MCTS-1000. One seed alone on one core for 20 min
 (`taskset -c 0 ... --connect-four 20 --seeds 0 --games 40 --set train.eval_simulations=40`, beside
 benchmarks/openspiel_alphazero.py on the other core): 137k positions, 72% against MCTS-100, 32% against
 MCTS-1000 at 40 simulations a move.
@@ -87,13 +89,15 @@ def one_seed(config: Path, seed: int, n_games: int, root: Path, overrides: list[
 
 
 def connect_four(config: Path, seed: int, minutes: float, n_games: int, overrides: list[str], save: Path | None) -> None:
-    """Train for `minutes` of wall time, then play OpenSpiel's MCTS at 100 and 1,000 simulations."""
-    exp = load_experiment(config, [f"sweep.seeds=[{seed}]", "train.total_steps=100000000", *overrides])
+    """Train for `minutes` of wall time or train.total_steps positions, whichever comes first (the
+    learning rate anneals over total_steps with train.anneal_lr), then play OpenSpiel's MCTS at 100
+    and 1,000 simulations."""
+    exp = load_experiment(config, [f"sweep.seeds=[{seed}]", *overrides])
     spec = games.load(exp.env)
     torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
     agent = AlphaZero(exp.train, spec, torch.device("cpu"), seed)  # type: ignore[arg-type]
     start, cpu = time.monotonic(), time.process_time()
-    while time.monotonic() - start < minutes * 60:
+    while time.monotonic() - start < minutes * 60 and agent.global_step < exp.train.total_steps:
         metrics = agent.train_iteration()
         print(f"seed {seed}: {agent.global_step} positions, {agent.version} gradient steps, value loss {metrics.get('value_loss', float('nan')):.3f}, "
               f"{time.monotonic() - start:.0f} s", flush=True)
