@@ -36,7 +36,6 @@ Python 3.11 x86-64) it runs here on the same game and network size:
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import signal
 import subprocess
@@ -49,6 +48,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from openspiel_alphazero import minutes, positive_integer  # noqa: E402  # stdlib only: the same argument checks for both sides
 
 from hpcrl.config.experiment import load_experiment  # noqa: E402
 from hpcrl.rl import checkpoint, games  # noqa: E402
@@ -117,22 +118,6 @@ def connect_four(config: Path, seed: int, minutes: float, n_games: int, override
               f"(first {100 * sum(first) / len(first):.0f}%, "
               f"second {100 * sum(second) / len(second):.0f}%); trained {train_s / 60:.1f} min ({train_cpu / 60:.1f} CPU min), "
               f"{agent.global_step} positions, {time.monotonic() - start:.0f} s with the games", flush=True)
-
-
-def positive_integer(text: str) -> int:
-    """argparse type: a positive int (0 games would divide by zero in the report)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def minutes(text: str) -> float:
-    """argparse type: finite, non-negative minutes (NaN would skip training without a word)."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected finite minutes >= 0, got {text}")
-    return value
 
 
 def main() -> None:
