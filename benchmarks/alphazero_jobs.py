@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.distributed import runstats
 from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
@@ -66,7 +66,10 @@ def main() -> None:
         "eval.every_steps=null", "tracking.tensorboard=false",  # no evaluations in the trainer: they would count as neither busy nor waiting
         *([f"distributed.ratio_slack={args.slack}"] if args.slack is not None else []),
     ]
-    exp = load_experiment(args.config, overrides)
+    try:
+        exp = load_experiment(args.config, overrides)
+    except ConfigError as exc:  # --slack nan, --actors 0, ...: the config's own one-line refusal
+        parser.error(str(exc))
     out = io.StringIO()
     if submit_experiment(exp, "slurm", detach=True, out=out) != 0:
         sys.exit(f"hpcrl sweep failed:\n{out.getvalue()}")
