@@ -796,7 +796,7 @@ def learned_settings(exp: Experiment) -> dict[str, Any]:
     return learned
 
 
-_LATER_KEYS: dict[str, Any] = {"train.async_rollout": "auto", "train.cnn_channels": list(NATURE_CNN), "distributed.ratio_slack": 0.0}
+_LATER_KEYS: dict[str, Any] = {"train.async_rollout": "auto", "train.cnn_channels": list(NATURE_CNN), "distributed.ratio_slack": 0.0, "train.value_target_q": 0.0}
 """Learned keys added after run ids existed, with the value that trains as runs did before the key:
 left out of the hash at that value, so the ids of existing runs stay what they were (`auto` is
 hpcrl's own choice per env kind; the Nature CNN was the only CNN; the learner held its ratio exactly)."""

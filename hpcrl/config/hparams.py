@@ -207,6 +207,10 @@ class AlphaZeroConfig(TrainConfig):
     dirichlet_alpha: float = setting(0.5, gt=0, le=100)
     """Concentration of the root noise in self-play (AlphaZero: about 10 / typical legal moves)."""
     dirichlet_fraction: float = setting(0.25, ge=0, le=1)
+    value_target_q: float = setting(0.0, ge=0, le=1)
+    """Weight w of the search's value at the root in each position's value target, (1 - w) z + w q
+    with z the game's outcome: 0 is AlphaZero's z alone; the search's value is less noisy than one
+    game's outcome (which a blunder later in the game decides), at the price of the network's bias."""
     temperature_moves: int = setting(4, ge=0, le=10_000)
     """Self-play moves of each game sampled in proportion to visit counts; later moves take the most visited."""
     games_per_iteration: int = setting(32, ge=1, le=100_000)

@@ -56,7 +56,6 @@ class SelfPlayActor:
     def __init__(self, cfg: AlphaZeroConfig, dcfg: DistributedConfig, spec: GameSpec, actor: int, seed: int) -> None:
         self.spec = spec
         self.net = make_network(cfg, spec)
-        self.net.eval()
         self.evaluate = network_evaluator(self.net, torch.device("cpu"))
         self.param_schema = {k: (v.dtype, v.shape) for k, v in param_arrays(self.net).items()}
         np.random.seed(np.random.SeedSequence([seed, actor]).generate_state(1)[0])  # MCTS noise and move sampling draw from it
@@ -68,6 +67,7 @@ class SelfPlayActor:
         """Load a published parameter set, after checking it is this network's (else MalformedMessage)."""
         wire.check_fields(fields, self.param_schema, leading=False)
         self.net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in fields.items()})
+        self.evaluate = network_evaluator(self.net, torch.device("cpu"))
 
     def step(self) -> None:
         self.steps += self.play.step(self.evaluate)

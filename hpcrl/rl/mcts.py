@@ -76,8 +76,10 @@ class Node:
 def search(
     roots: Sequence[Game], evaluate: Evaluator, num_actions: int, simulations: int, c_puct: float,
     noise: tuple[float, float] | None = None,
-) -> np.ndarray:
-    """Visit counts over all actions [len(roots), num_actions] after `simulations` simulations per root.
+) -> tuple[np.ndarray, np.ndarray]:
+    """Visit counts over all actions [len(roots), num_actions] after `simulations` simulations per
+    root, and each root's value for its player to move [len(roots)]: the mean of the values its
+    simulations backed up (self-play's `train.value_target_q` mixes it into the value target).
 
     No root may be terminal. `noise` is (Dirichlet alpha, fraction) for the roots' priors, drawn
     from numpy's global RNG (which a checkpoint saves).
@@ -118,9 +120,11 @@ def search(
             for node, edge in path:
                 node.backup(edge, outcome[node.player])
     counts = np.zeros((len(trees), num_actions))
+    values = np.zeros(len(trees))
     for i, tree in enumerate(trees):
         counts[i, tree.actions] = tree.visits
-    return counts
+        values[i] = tree.value_sum.sum() / max(tree.total, 1)
+    return counts, values
 
 
 def _returns_of(player: int, value: float) -> tuple[float, float]:

@@ -64,13 +64,13 @@ def make_opponent(name: str, spec: GameSpec, seed: int) -> Opponent:
         bot = spiel_mcts.MCTSBot(spec.openspiel_game, 2.0, simulations, spiel_mcts.RandomRolloutEvaluator(1, np_rng), random_state=np_rng, solve=True)
         return lambda state: bot.step(state.state)  # type: ignore[attr-defined]
     evaluate = mcts.rollout_evaluator(spec.num_actions, rng)
-    return lambda state: greedy(mcts.search([state], evaluate, spec.num_actions, simulations, ROLLOUT_C_PUCT)[0])
+    return lambda state: greedy(mcts.search([state], evaluate, spec.num_actions, simulations, ROLLOUT_C_PUCT)[0][0])
 
 
 def mcts_agent(net: torch.nn.Module, device: torch.device, spec: GameSpec, simulations: int, c_puct: float) -> Agent:
     """The trained agent: MCTS guided by its network, no root noise, the most visited action."""
     evaluate = network_evaluator(net, device)
-    return lambda states: [greedy(c) for c in mcts.search(states, evaluate, spec.num_actions, simulations, c_puct)]
+    return lambda states: [greedy(c) for c in mcts.search(states, evaluate, spec.num_actions, simulations, c_puct)[0]]
 
 
 def random_agent(spec: GameSpec, rng: random.Random) -> Agent:

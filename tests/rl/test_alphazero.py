@@ -48,7 +48,7 @@ def blind(states):
 
 
 def mcts_move(state: TicTacToe, simulations: int = 300) -> int:
-    counts = mcts.search([state], blind, 9, simulations, c_puct=1.5)[0]
+    counts = mcts.search([state], blind, 9, simulations, c_puct=1.5)[0][0]
     return int(counts.argmax())
 
 
@@ -77,7 +77,7 @@ def test_mcts_batches_many_games_and_masks_illegal_moves():
         return np.full((len(states), 9), 1 / 9), np.zeros(len(states))
 
     roots = [position("xx.oo...."), position("oo..x...x"), TicTacToe()]
-    counts = mcts.search(roots, counting, 9, 20, 1.5)
+    counts, _ = mcts.search(roots, counting, 9, 20, 1.5)
     assert len(calls) <= 21 and calls[0] == 3
     for root, row in zip(roots, counts):
         assert row.sum() == 20
@@ -104,6 +104,18 @@ def test_mcts_backs_values_up_for_the_player_who_moves(monkeypatch):
     assert root.visits.sum() == 30 and (root.q[root.visits > 0] == 1.0).all()
     child = next(node for node in root.children.values() if node.visits.sum() > 0)  # o to move: its edges lead to x, +1 for x = -1 for o
     assert (child.q[child.visits > 0] == -1.0).all()
+
+
+def test_mcts_gives_each_root_its_value_for_the_player_to_move():
+    """The root's value (what train.value_target_q mixes into the target) is for the player to move there."""
+    def x_wins(states):
+        return np.ones((len(states), 9)), np.array([1.0 if s.current_player() == 0 else -1.0 for s in states])
+
+    _, values = mcts.search([TicTacToe(), position("x........")], x_wins, 9, 30, 1.5)
+    assert values.tolist() == [1.0, -1.0]
+    _, (x_to_win, o_lost) = mcts.search([position("xx.oo...."), position("xx.oo.x..")], blind, 9, 300, 1.5)
+    assert x_to_win > 0.5  # x finds its win at 2 and spends most simulations there
+    assert o_lost > 0.5  # o to move wins at 5 (its value, not x's)
 
 
 # ---------------------------------------------------------------------------- the protocol
@@ -147,6 +159,23 @@ def test_training_mirrors_a_random_half_of_each_minibatch_as_the_game_declares()
     assert all(np.array_equal(o, obs[int(z)]) for o, z in zip(plain["obs"].numpy(), plain["value"].numpy()))
     assert Training(AlphaZeroConfig(mirror=False), spec, torch.device("cpu")).mirror is None
     assert Training(AlphaZeroConfig(), spec, torch.device("cpu")).mirror == (6, 5, 4, 3, 2, 1, 0)
+
+
+def test_value_target_q_mixes_the_search_value_into_the_outcome():
+    """The same games (same seed) with value_target_q 0, 1 and 0.5: z alone (the outcome, -1 / 0 / +1
+    for the player to move), the search's root values (where the search sees a result coming, its
+    sign is the outcome's: the value is for the player to move too), and their mean."""
+    spec = games.load(TTT)
+    targets = {}
+    for w in (0.0, 1.0, 0.5):
+        np.random.seed(3)
+        positions, _ = self_play(spec, blind, AlphaZeroConfig(simulations=30, value_target_q=w), 16)
+        targets[w] = positions.value
+    z, q = targets[0.0], targets[1.0]
+    assert set(z.tolist()) <= {-1.0, 0.0, 1.0} and not np.array_equal(z, q)
+    assert np.allclose(targets[0.5], (z + q) / 2)
+    found = np.abs(q) > 0.5  # positions where the search sees a result coming (a blind evaluator knows only the game's ends)
+    assert found.sum() > 10 and (np.sign(q[found]) == z[found]).mean() > 0.8
 
 
 @pytest.mark.parametrize(("env_id", "words"), [
