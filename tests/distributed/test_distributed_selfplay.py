@@ -29,6 +29,7 @@ from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor
+from hpcrl.rl.alphazero import network_evaluator
 from hpcrl.rl import checkpoint, games
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
@@ -90,6 +91,21 @@ def test_self_play_sends_whole_games_and_the_trainer_learns_at_the_simple_modes_
         metrics = learner.update(cfg.total_steps)
     assert learner.updates == int(len(lengths) * 6 / 4) and np.isfinite(metrics["policy_loss"])
     assert any(not torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
+
+
+def test_a_self_play_job_searches_with_the_weights_it_loaded_last() -> None:
+    """The actor's evaluator is a copy of the weights (network_evaluator); loading new ones makes a new one."""
+    cfg, d, spec = halves()
+    actor = SelfPlayActor(cfg, d, spec, 0, seed=0)
+    learner = AlphaZeroLearner(cfg, d, spec, CPU)
+    with torch.no_grad():
+        for p in learner.policy.parameters():
+            p.add_(0.5)
+    states = [spec.new_initial_state() for _ in range(3)]
+    trained = network_evaluator(learner.policy, CPU)(states)[1]
+    assert not np.allclose(actor.evaluate(states)[1], trained)
+    actor.load_params(wire.decode(wire.encode(wire.PARAMS, 0, 0, 0, learner.params())).fields)
+    np.testing.assert_allclose(actor.evaluate(states)[1], trained, atol=1e-6)
 
 
 def test_the_budget_cuts_the_last_batch_and_counts_the_part_of_a_game_that_came_in() -> None:

@@ -29,6 +29,7 @@ from hpcrl.store.expdir import write_experiment
 from hpcrl.sweep.runs import expand
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
+CPU = torch.device("cpu")
 TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16], "checkpoint_every": 1, "opponents": ["random", "perfect"]}
 
 
@@ -161,6 +162,43 @@ def test_training_mirrors_a_random_half_of_each_minibatch_as_the_game_declares()
     assert Training(AlphaZeroConfig(), spec, torch.device("cpu")).mirror == (6, 5, 4, 3, 2, 1, 0)
 
 
+@pytest.mark.parametrize("network", ["resnet", "mlp"])
+def test_the_search_plays_the_weights_as_they_are_in_eval_mode(network):
+    """network_evaluator's copy (BatchNorm folded into the convolutions, channels-last) gives the
+    outputs of the network in eval mode, whatever mode the network is in, and leaves it in that
+    mode; weights changed later are not seen until a new evaluator is made (the trainer makes one
+    after it learns). Before, an evaluation during training searched with the net in train mode."""
+    from hpcrl.rl.alphazero import make_network, network_evaluator
+
+    torch.manual_seed(0)
+    spec = games.load(EnvConfig(id="hpcrl.games.connect_four:ConnectFour", backend="game"))
+    net = make_network(AlphaZeroConfig(network=network, channels=8, blocks=2, hidden_sizes=[16]), spec)
+    with torch.no_grad():  # BatchNorm's statistics and affine weights away from their initial 0 / 1
+        for _ in range(3):
+            net(torch.randn(32, *spec.observation_shape) * 3 + 1)
+        for module in net.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 2.0), module.bias.uniform_(-1.0, 1.0)
+    states = [spec.new_initial_state() for _ in range(5)]
+    for i, state in enumerate(states):
+        for a in (3, i, 6 - i, i % 7)[: i]:
+            state.apply_action(a)
+    obs = torch.as_tensor(np.stack([s.observation() for s in states]))
+    priors, values = network_evaluator(net, CPU)(states)
+    assert net.training
+    net.eval()
+    with torch.no_grad():
+        logits, want = net(obs)
+    np.testing.assert_allclose(priors, torch.softmax(logits, -1).numpy(), atol=1e-5)
+    np.testing.assert_allclose(values, want.numpy(), atol=1e-5)
+    stale = network_evaluator(net, CPU)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.1)
+    np.testing.assert_allclose(stale(states)[1], want.numpy(), atol=1e-5)
+    assert not np.allclose(network_evaluator(net, CPU)(states)[1], want.numpy(), atol=1e-3)
+
+
 def test_value_target_q_mixes_the_search_value_into_the_outcome():
     """The same games (same seed) with value_target_q 0, 1 and 0.5: z alone (the outcome, -1 / 0 / +1
     for the player to move), the search's root values (where the search sees a result coming, its
@@ -208,6 +246,10 @@ def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words
     ({"opponents": ["random", "random"]}, "train.opponents"),
     ({"opponents": ["perfect", "minimax"]}, "train.opponents[1]"),
     ({"network": "resnet"}, "train.network"),  # Nim's observation is a vector, not board planes
+    ({"value_target_q": 1.5}, "train.value_target_q"),
+    ({"value_target_q": -0.1}, "train.value_target_q"),
+    ({"value_target_q": float("nan")}, "train.value_target_q"),
+    ({"value_target_q": "half"}, "train.value_target_q"),
 ])
 def test_mcts_settings_out_of_range_are_refused(tmp_path, train, key):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}})

@@ -70,6 +70,14 @@ def test_a_distributed_run_keeps_its_id_from_before_ratio_slack() -> None:
     assert ids(deep_update(dist, {"distributed": {"ratio_slack": 0.25}})) != ids(dist)
 
 
+def test_an_alphazero_run_keeps_its_id_from_before_value_target_q() -> None:
+    """`train.value_target_q: 0` is AlphaZero's value target as it was: the ids of AlphaZero runs are
+    the ones computed before the key existed (at 61b500e); any mix of the search's value is another run."""
+    az = {"algo": "alphazero", "env": {"backend": "game", "id": "hpcrl.games.tictactoe:TicTacToe", "num_envs": 1}}
+    assert ids(az) == ids(deep_update(az, {"train": {"value_target_q": 0.0}})) == ["fe416e37de-s0", "fe416e37de-s1"]
+    assert ids(deep_update(az, {"train": {"value_target_q": 0.5}})) != ids(az)
+
+
 @pytest.mark.parametrize(
     "change",
     [
