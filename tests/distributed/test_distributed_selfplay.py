@@ -29,8 +29,8 @@ from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor
-from hpcrl.rl.alphazero import network_evaluator
 from hpcrl.rl import checkpoint, games
+from hpcrl.rl.alphazero import network_evaluator
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
 
