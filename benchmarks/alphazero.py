@@ -21,7 +21,10 @@ minibatches): the 3 seeds at once for 60 min, the config as it is (value targets
 on a copy of the network with BatchNorm folded in, channels-last training; ~39.5 CPU min and ~330k
 positions each): 97 / 93 / 94% wins against MCTS-100, 86 / 86 / 82% against MCTS-1000, 100 games each.
 Before those three (the outcome z alone as the value target, ~37 CPU min and ~250k positions each):
-88 / 85 / 90% wins against MCTS-100, 61 / 52 / 85% against MCTS-1000. The same with the learning rate
+88 / 85 / 90% wins against MCTS-100, 61 / 52 / 85% against MCTS-1000. The value target alone, seed 0 on
+one core each for 20 min (`taskset -c 0 ... --connect-four 20 --seeds 0 --games 50 --set
+train.value_target_q=0`, and 0.5 on core 1 at once): 161k / 165k positions, 82% / 82% against MCTS-100,
+54% / 72% against MCTS-1000. The same with the learning rate
 annealed to 0 over 250k positions (`--set train.anneal_lr=true train.total_steps=250000`: 52-56 min to
 250k): 85 / 87 / 87% against MCTS-100, 56 / 78 / 63% against MCTS-1000. One seed alone on one core for 20 min
 (`taskset -c 0 ... --connect-four 20 --seeds 0 --games 40 --set train.eval_simulations=40`, beside
