@@ -73,6 +73,13 @@ class BothWin(Nim):
         return (1.0, 1.0)
 
 
+class ByTwo(Nim):
+    """Zero-sum, but the winner gets 2: beyond what the value network predicts."""
+
+    def returns(self) -> tuple[float, float]:
+        return (2.0, -2.0) if self.last == 0 else (-2.0, 2.0)
+
+
 class Refuses(Nim):
     """Lists taking two but refuses it once the pile is below 4: an illegal move from the game."""
 

@@ -9,7 +9,7 @@ arguments) gives the initial position; the rest is this protocol, OpenSpiel's st
         def legal_actions(self) -> list[int]  # non-empty while the game is not over
         def apply_action(self, action: int) -> None
         def is_terminal(self) -> bool
-        def returns(self) -> Sequence[float]  # (player 0's, player 1's), summing to 0: +1/0/-1 as a rule
+        def returns(self) -> Sequence[float]  # (player 0's, player 1's), in [-1, 1], summing to 0: +1/0/-1 as a rule
         def observation(self) -> np.ndarray   # the same shape in every position, float-like
         def clone(self) -> "MyGame"           # an independent copy
         mirror_actions: Sequence[int]         # optional: see below
@@ -28,7 +28,7 @@ loads OpenSpiel's game of that name (`pip install 'hpcrl[openspiel]'`), `env.kwa
 game parameters; only deterministic, sequential, perfect-information, two-player zero-sum games.
 
 `check_game` plays a few random games at sweep time, so a class that breaks the protocol (a
-missing method, returns that do not sum to zero, a wrong player, a changing observation shape)
+missing method, returns that do not sum to zero or leave [-1, 1], a wrong player, a changing observation shape)
 is refused in one line before anything is submitted. During training every position's legal
 actions are checked again (`legal_actions`), and an action the game refuses fails the run with
 one line naming the game (`apply`).
@@ -250,7 +250,8 @@ def apply(state: Game, action: int) -> None:
 
 
 def returns(state: Game) -> tuple[float, float]:
-    """A terminal position's returns, checked: two finite numbers summing to zero."""
+    """A terminal position's returns, checked: two finite numbers in [-1, 1] summing to zero (the
+    value network's tanh predicts in [-1, 1]: a target beyond it could never be learned)."""
     values = state.returns()
     try:
         r0, r1 = (float(v) for v in values)
@@ -258,6 +259,8 @@ def returns(state: Game) -> tuple[float, float]:
         raise GameError(f"{type(state).__name__}.returns() returned {_short(values)}: expected two numbers, one per player") from None
     if not (np.isfinite(r0) and np.isfinite(r1)) or abs(r0 + r1) > 1e-6:
         raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): a two-player zero-sum game's returns sum to 0")
+    if abs(r0) > 1 + 1e-6:
+        raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): expected returns in [-1, 1] (+1 / 0 / -1 as a rule), which the value network predicts; scale them")
     return r0, r1
 
 

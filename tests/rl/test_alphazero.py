@@ -219,6 +219,7 @@ def test_value_target_q_mixes_the_search_value_into_the_outcome():
 @pytest.mark.parametrize(("env_id", "words"), [
     ("user_games:NoClone", "does not implement the game protocol (hpcrl.rl.games): missing clone"),
     ("user_games:BothWin", "returned (1, 1): a two-player zero-sum game's returns sum to 0"),
+    ("user_games:ByTwo", "returned (2, -2): expected returns in [-1, 1]"),
     ("user_games:Refuses", "Refuses.apply_action(1) raised ValueError: cannot take two now (the action was in legal_actions())"),
     ("user_games:Missing", "'user_games' has no class 'Missing'"),
     ("user_games:TurnedNotMirrored", "the mirror image of a position (mirror_actions (8, 7, 6, 5, 4, 3, 2, 1, 0)"),
