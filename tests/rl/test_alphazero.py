@@ -199,6 +199,29 @@ def test_the_search_plays_the_weights_as_they_are_in_eval_mode(network):
     assert not np.allclose(network_evaluator(net, CPU)(states)[1], want.numpy(), atol=1e-3)
 
 
+def test_each_iteration_self_plays_with_the_weights_the_last_one_learned(monkeypatch):
+    """The simple mode makes the search's copy after every training phase: the second iteration's
+    self-play evaluates positions as the network does after the first one's updates."""
+    import hpcrl.rl.alphazero as az
+    from hpcrl.rl.alphazero import network_evaluator
+
+    spec = games.load(TTT)
+    agent = AlphaZero(AlphaZeroConfig(**{**TINY_AZ, "total_steps": 1000}), spec, CPU, seed=0)
+    used = []
+
+    def spy(spec_, evaluate, cfg, n):
+        used.append(evaluate)
+        return self_play(spec_, evaluate, cfg, n)
+
+    monkeypatch.setattr(az, "self_play", spy)
+    states = [TicTacToe(), position("x...o....")]
+    agent.train_iteration()
+    learned = network_evaluator(agent.policy, CPU)(states)[1]
+    agent.train_iteration()
+    assert not np.allclose(used[0](states)[1], learned)
+    np.testing.assert_allclose(used[1](states)[1], learned, atol=1e-6)
+
+
 def test_value_target_q_mixes_the_search_value_into_the_outcome():
     """The same games (same seed) with value_target_q 0, 1 and 0.5: z alone (the outcome, -1 / 0 / +1
     for the player to move), the search's root values (where the search sees a result coming, its
