@@ -7,12 +7,22 @@
 # slurmctld and slurmd on this one host, as root, without systemd. It is idempotent: `start` on a running
 # cluster does nothing, `stop` on a stopped one does nothing.
 #
-# Usage: bash tests/clusters/slurm.sh start|stop|status      (root; see tests/clusters/README.md)
+# Usage: bash tests/clusters/slurm.sh start [--nodes N]|stop|status      (root; see tests/clusters/README.md)
+#        bash tests/clusters/slurm.sh kill-node|cut-node|heal-node|revive-node NAME
+#
+# The head (this host, `hostname -s`) runs slurmctld and is the one node of the default partition `debug`.
+# `--nodes N` adds N compute nodes slurm-node1..N, each its own network namespace with its own hostname and
+# address on a private bridge (tests/clusters/nodes.sh), in partition `multi`: the cluster the multi-node
+# tests run on. A later `start` keeps the nodes that exist.
 #
 # Daemons are stopped only by the PIDs in their pid files, never by name.
 set -euo pipefail
+# shellcheck source=nodes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/nodes.sh"
 
 HOST=$(hostname -s)
+NODE_PREFIX=slurm-node                 # compute nodes slurm-node1..N at 10.251.0.11..
+NODE_OCTET0=10
 CLUSTER=hpcrl                          # ClusterName (slurmdbd wants lower case)
 MAX_ARRAY_SIZE=1001                    # array indices 0..1000; Slurm's own default is also 1001
 STATE_DIR=/var/lib/hpcrl-test          # fake GPU device files, DB password
@@ -29,7 +39,9 @@ MYSQL_PID=/run/mysqld/mysqld.pid
 MYSQL_SOCK=/run/mysqld/mysqld.sock
 DBD_PID=/run/slurmdbd.pid
 CTLD_PID=/run/slurmctld.pid
-SLURMD_PID=/run/slurmd.pid
+# One slurmd per node, each with its own pid file, spool and log (slurm.conf's %n: the node's name).
+slurmd_pid() { echo "/run/slurmd-$1.pid"; }
+SLURMD_PID=$(slurmd_pid "$HOST")
 
 log() { printf '[slurm.sh] %s\n' "$*"; }
 die() { printf '[slurm.sh] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -92,6 +104,7 @@ write_if_changed() {
     fi
     if ! cmp -s "$tmp" "$file" 2>/dev/null; then
         install -m "$mode" -o "${owner%:*}" -g "${owner#*:}" "$tmp" "$file"
+        CONF_CHANGED=1
     else
         chmod "$mode" "$file"
         chown "$owner" "$file"
@@ -104,8 +117,28 @@ dbd_ok() {
     running "$DBD_PID" slurmdbd || ! grep -qx 'AccountingStorageType=accounting_storage/slurmdbd' "$SLURM_CONF" 2>/dev/null
 }
 
-node_state() { sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1; }
-node_ready() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+node_state() { sinfo -h -n "${1:-$HOST}" -o %T 2>/dev/null | head -n1; }
+node_ready() { [[ $(node_state "${1:-$HOST}") =~ ^(idle|mixed|allocated|completing)$ ]]; }
+
+# nodes_ready: every compute node's slurmd runs and the controller counts the node in.
+nodes_ready() {
+    local name
+    for name in $(nodes_of slurm); do
+        running "$(slurmd_pid "$name")" slurmd && node_ready "$name" || return 1
+    done
+}
+
+start_node_slurmd() {
+    local name=$1
+    install -d -o slurm -g slurm -m 755 "/var/lib/slurm/slurmd-$name"
+    running "$(slurmd_pid "$name")" slurmd || node_run "$name" /usr/sbin/slurmd
+}
+
+stop_slurmds() {
+    local name
+    for name in $(nodes_of slurm); do stop_pidfile "$(slurmd_pid "$name")" slurmd; done
+    stop_pidfile "$SLURMD_PID" slurmd
+}
 
 # ---------------------------------------------------------------------------------------------- install
 
@@ -237,8 +270,16 @@ register_cluster() {
 
 # ---------------------------------------------------------------------------------------------- slurm.conf
 
+# node_range: the compute nodes in slurm.conf's range form (slurm-node[1-3]), or nothing.
+node_range() {
+    local n
+    n=$(nodes_of slurm | wc -l)
+    ((n > 0)) && echo "$NODE_PREFIX[1-$n]"
+    return 0
+}
+
 write_slurm_conf() {
-    local acct_mode=$1 hw mem_kib real_mem acct_lines
+    local acct_mode=$1 hw mem_kib real_mem acct_lines node_lines="" name range
     # "CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1" from slurmd -C.
     hw=$(slurmd -C | head -n1 | grep -oE '(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=[0-9]+' | tr '\n' ' ')
     [[ -n $hw ]] || die "slurmd -C printed no hardware description"
@@ -258,9 +299,19 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=/var/log/slurm/jobcomp.log"
     fi
 
+    range=$(node_range)
+    if [[ -n $range ]]; then
+        for name in $(nodes_of slurm); do
+            node_lines+="NodeName=$name NodeAddr=$(node_ip "$name") ${hw}RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN
+"
+        done
+        node_lines+="PartitionName=multi Nodes=$range Default=NO MaxTime=INFINITE State=UP OverSubscribe=FORCE:2"
+    fi
+
     write_if_changed "$SLURM_CONF" 644 root:root <<EOF
 $CONF_MARK
-# Single-node test cluster on $HOST; see tests/clusters/README.md.
+# Test cluster: the head $HOST (partition debug) and $(nodes_of slurm | wc -l) namespace nodes (partition multi);
+# see tests/clusters/README.md.
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST
 SlurmUser=slurm
@@ -287,11 +338,13 @@ InactiveLimit=0
 SlurmctldPort=6817
 SlurmdPort=6818
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=$SLURMD_PID
+SlurmdPidFile=/run/slurmd-%n.pid
 StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmdSpoolDir=/var/lib/slurm/slurmd-%n
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+# A node that stops answering is DOWN 10-25 s later (default 300 s); its jobs end NODE_FAIL or are requeued.
+SlurmdTimeout=10
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 $acct_lines
@@ -300,12 +353,14 @@ NodeName=$HOST NodeAddr=127.0.0.1 ${hw}RealMemory=$real_mem Gres=gpu:2 State=UNK
 # Each core may hold two jobs: a distributed run needs its learner and its actors running at once,
 # 3+ CPUs on a 2-CPU machine (what a site would give with more nodes).
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
+$node_lines
 EOF
 
     write_if_changed "$GRES_CONF" 644 root:root <<EOF
 $CONF_MARK
 # Fake GPUs: character devices (like /dev/null) so that --gres=gpu:N jobs can run; see slurm.sh.
 NodeName=$HOST Name=gpu File=$STATE_DIR/nvidia[0-1]
+${range:+NodeName=$range Name=gpu File=$STATE_DIR/nvidia[0-1]}
 EOF
 }
 
@@ -320,19 +375,29 @@ make_fake_gpus() {
 
 cmd_start() {
     [[ $EUID -eq 0 ]] || die "run as root"
-    local t0_ns
+    local t0_ns want=0 have i name
     t0_ns=$(date +%s%N)
+    case ${1:-} in
+    --nodes) [[ ${2:-} =~ ^[0-9]+$ ]] && (($2 <= 20)) || die "--nodes expects a number from 0 to 20"; want=$2 ;;
+    "") ;;
+    *) die "usage: slurm.sh start [--nodes N]" ;;
+    esac
+    have=$(nodes_of slurm | wc -l)
+    ((want > have)) || want=$have
 
-    if running "$CTLD_PID" slurmctld && running "$SLURMD_PID" slurmd && dbd_ok && node_ready; then
-        log "already running (node $HOST is $(node_state)); nothing to do"
+    if ((want == have)) && running "$CTLD_PID" slurmctld && running "$SLURMD_PID" slurmd && dbd_ok && node_ready && nodes_ready; then
+        log "already running (node $HOST is $(node_state), $have compute nodes); nothing to do"
         return 0
     fi
 
     install_packages
     install -d -m 755 "$STATE_DIR" "$MARK_DIR"
-    install -d -o slurm -g slurm -m 755 /var/lib/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
+    install -d -o slurm -g slurm -m 755 /var/lib/slurm /var/lib/slurm/slurmctld "/var/lib/slurm/slurmd-$HOST" /var/log/slurm
     make_fake_gpus
+    for ((i = 1; i <= want; i++)); do node_add slurm "$NODE_PREFIX$i" $((NODE_OCTET0 + i)); done
+    ((want == 0)) || nodes_hosts_refresh
     start_munge
+    CONF_CHANGED=0
 
     # Accounting (sacct): MariaDB + slurmdbd. slurm.conf must exist first: sacctmgr reads it.
     # HPCRL_SLURM_ACCOUNTING=filetxt skips slurmdbd on purpose (no MariaDB started).
@@ -352,6 +417,12 @@ cmd_start() {
         fi
     fi
     [[ $acct_mode == slurmdbd ]] || write_slurm_conf filetxt
+    if ((CONF_CHANGED)) && running "$CTLD_PID" slurmctld; then
+        # Nodes added: Slurm 22.05 takes new nodes only at a restart of every daemon (jobs' state is kept).
+        log "slurm.conf changed; restarting slurmctld and the slurmds"
+        stop_slurmds
+        stop_pidfile "$CTLD_PID" slurmctld
+    fi
 
     if ! running "$CTLD_PID" slurmctld; then
         /usr/sbin/slurmctld
@@ -360,19 +431,36 @@ cmd_start() {
     if ! running "$SLURMD_PID" slurmd; then
         /usr/sbin/slurmd
     fi
-    if ! wait_for 20 "node $HOST to become idle" node_ready; then
-        # A node left DOWN/DRAIN by an earlier run: ReturnToService=2 normally clears this, resume as fallback.
-        scontrol update nodename="$HOST" state=resume 2>/dev/null || true
-        wait_for 20 "node $HOST to become idle" node_ready ||
-            die "node $HOST is '$(node_state)'; see /var/log/slurm/slurmd.log and slurmctld.log"
-    fi
+    for name in $(nodes_of slurm); do start_node_slurmd "$name"; done
+    for name in "$HOST" $(nodes_of slurm); do
+        if ! wait_for 20 "node $name to become idle" node_ready "$name"; then
+            # A node left DOWN/DRAIN by an earlier run: ReturnToService=2 normally clears this, resume as fallback.
+            scontrol update nodename="$name" state=resume 2>/dev/null || true
+            wait_for 20 "node $name to become idle" node_ready "$name" ||
+                die "node $name is '$(node_state "$name")'; see /var/log/slurm/slurmd-$name.log and slurmctld.log"
+        fi
+    done
     local ms=$((($(date +%s%N) - t0_ns) / 1000000))
-    log "ready: node $HOST is $(node_state), accounting=$acct_mode; start took $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s"
+    log "ready: node $HOST is $(node_state), $(nodes_of slurm | wc -l) compute nodes, accounting=$acct_mode; start took $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s"
+}
+
+# The compute nodes' failures, as a cluster has them (tests/clusters/nodes.sh).
+known_node() { [[ -n ${1:-} && -f $NODES_DIR/$1 && $(awk '{print $1}' "$NODES_DIR/$1") == slurm ]] || die "no compute node '${1:-}' (see slurm.sh status)"; }
+cmd_kill_node() { known_node "${1:-}"; node_kill "$1"; log "node $1: link cut, every process on it killed"; }
+cmd_cut_node() { known_node "${1:-}"; node_cut "$1"; log "node $1: link cut (its processes live on)"; }
+cmd_heal_node() { known_node "${1:-}"; node_heal "$1"; log "node $1: link up"; }
+cmd_revive_node() {
+    known_node "${1:-}"
+    node_heal "$1"
+    start_node_slurmd "$1"
+    wait_for 60 "node $1 to return to service" node_ready "$1" || die "node $1 is '$(node_state "$1")'"
+    log "node $1 is $(node_state "$1")"
 }
 
 cmd_stop() {
     [[ $EUID -eq 0 ]] || die "run as root"
-    stop_pidfile "$SLURMD_PID" slurmd
+    stop_slurmds
+    nodes_remove slurm
     stop_pidfile "$CTLD_PID" slurmctld
     stop_pidfile "$DBD_PID" slurmdbd
     if [[ -e $MARK_DIR/mariadbd ]]; then
@@ -398,7 +486,10 @@ cmd_status() {
         fi
     done
     if ((rc == 0)); then
-        printf 'node       %s %s\n' "$HOST" "$(node_state)"
+        printf 'node       %s %s (head)\n' "$HOST" "$(node_state)"
+        for name in $(nodes_of slurm); do
+            printf 'node       %s %s %s link %s\n' "$name" "$(node_ip "$name")" "$(node_state "$name")" "$(node_link_state "$name")"
+        done
         printf 'accounting %s\n' "$(scontrol show config 2>/dev/null | awk -F'= ' '/^AccountingStorageType/ {print $2}')"
         printf 'MaxArraySize %s\n' "$(scontrol show config 2>/dev/null | awk -F'= ' '/^MaxArraySize/ {print $2}')"
     fi
@@ -406,8 +497,12 @@ cmd_status() {
 }
 
 case ${1:-} in
-start) cmd_start ;;
+start) shift; cmd_start "$@" ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
-*) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+kill-node) cmd_kill_node "${2:-}" ;;
+cut-node) cmd_cut_node "${2:-}" ;;
+heal-node) cmd_heal_node "${2:-}" ;;
+revive-node) cmd_revive_node "${2:-}" ;;
+*) echo "usage: $0 start [--nodes N]|stop|status|kill-node|cut-node|heal-node|revive-node NAME" >&2; exit 2 ;;
 esac

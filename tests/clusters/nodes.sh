@@ -1,0 +1,146 @@
+# shellcheck shell=bash
+# Compute nodes on one machine: each node is a network namespace with its own hostname (a UTS namespace per
+# daemon it runs), its own address on a private bridge, and its own /etc/hosts (a mount namespace: `ip netns
+# exec` binds /etc/netns/NAME/hosts over /etc/hosts), while the filesystem stays shared, as a cluster's is.
+# Sourced by slurm.sh and sge.sh; see tests/clusters/README.md ("Several nodes").
+#
+# Why namespaces and not a second machine: what breaks only across hosts (an address that is loopback on its
+# own host, a name another node cannot resolve, a node that vanishes with everything on it, a link cut while
+# the node lives) shows only when each node has its own network stack and name. The kernel, the clock and the
+# filesystem stay shared: that is what differs from a real cluster (the README lists it).
+#
+# The network: bridge $NODES_BRIDGE with the head's address $NODES_HEAD_IP (this host's side, where the
+# controllers listen) and one veth per node. No default route, no NAT, no forwarding: traffic goes only
+# between the namespaces made here and the head's bridge address. Everything is torn down by nodes_remove.
+#
+# The caller defines log() and die().
+
+NODES_BRIDGE=hpcrl-br0
+NODES_NET=10.251.0
+NODES_HEAD_IP=$NODES_NET.1
+NODES_DIR=/var/lib/hpcrl-test/nodes      # one file per node: "OWNER IP"
+NODES_HEAD_HOSTS=$NODES_DIR/head-hosts   # this host's /etc/hosts plus the nodes, for head daemons that resolve them
+NODES_HEAD=$(hostname)
+
+# node_ip NAME: the node's address on the bridge.
+node_ip() { awk '{print $2}' "$NODES_DIR/$1"; }
+
+# nodes_of OWNER: the names of OWNER's nodes, in order.
+nodes_of() {
+    local f
+    for f in "$NODES_DIR"/*; do
+        [[ -f $f && $f != "$NODES_HEAD_HOSTS" ]] || continue
+        [[ $(awk '{print $1}' "$f") == "$1" ]] && basename "$f"
+    done | sort -V
+}
+
+all_nodes() {
+    local f
+    for f in "$NODES_DIR"/*; do
+        [[ -f $f && $f != "$NODES_HEAD_HOSTS" ]] && basename "$f"
+    done | sort -V
+}
+
+# The veth's end on the head: short (IFNAMSIZ) and derived from the address.
+node_link() { echo "hpcrl-v$(node_ip "$1" | cut -d. -f4)"; }
+
+# nodes_hosts_refresh: every node resolves every node and the head, as a cluster's DNS does. Written in place
+# (not renamed over): a daemon's bind mount of the file follows its inode, so running nodes see new names.
+nodes_hosts_refresh() {
+    local lines n name
+    lines="127.0.0.1 localhost
+$NODES_HEAD_IP $NODES_HEAD"
+    for name in $(all_nodes); do
+        lines+="
+$(node_ip "$name") $name"
+    done
+    for name in $(all_nodes); do
+        install -d "/etc/netns/$name"
+        printf '%s\n' "$lines" >"/etc/netns/$name/hosts"
+    done
+    # The head keeps its own names and learns the nodes' (for head daemons started with node_head_run).
+    {
+        cat /etc/hosts
+        for n in $(all_nodes); do printf '%s %s\n' "$(node_ip "$n")" "$n"; done
+    } >"$NODES_HEAD_HOSTS"
+}
+
+nodes_bridge_up() {
+    if ! ip link show "$NODES_BRIDGE" >/dev/null 2>&1; then
+        ip link add "$NODES_BRIDGE" type bridge
+        ip addr add "$NODES_HEAD_IP/24" dev "$NODES_BRIDGE"
+    fi
+    ip link set "$NODES_BRIDGE" up
+}
+
+# node_add OWNER NAME OCTET: the namespace NAME at $NODES_NET.OCTET, linked to the bridge (idempotent).
+node_add() {
+    local owner=$1 name=$2 ip=$NODES_NET.$3 link
+    install -d "$NODES_DIR"
+    nodes_bridge_up
+    printf '%s %s\n' "$owner" "$ip" >"$NODES_DIR/$name"
+    link=$(node_link "$name")
+    ip netns list | awk '{print $1}' | grep -qx "$name" || ip netns add "$name"
+    if ! ip link show "$link" >/dev/null 2>&1; then
+        ip link add "$link" type veth peer name "$link-p"
+        ip link set "$link-p" netns "$name"
+        ip netns exec "$name" ip link set "$link-p" name eth0
+        ip netns exec "$name" ip addr add "$ip/24" dev eth0
+        ip link set "$link" master "$NODES_BRIDGE"
+    fi
+    ip link set "$link" up
+    ip netns exec "$name" ip link set lo up
+    ip netns exec "$name" ip link set eth0 up
+}
+
+# node_run NAME COMMAND...: run COMMAND on node NAME: its network, its /etc/hosts, its hostname. (Not `ip netns
+# exec`: it mounts a fresh /sys without the cgroup hierarchies slurmd needs.)
+node_run() {
+    local name=$1; shift
+    nsenter --net="/run/netns/$name" unshare --uts --mount --propagation private \
+        bash -c 'mount --bind "/etc/netns/$0/hosts" /etc/hosts && hostname "$0" && exec "$@"' "$name" "$@"
+}
+
+# node_head_run COMMAND...: run a head daemon that must resolve the nodes' names (reverse lookups too) with a
+# private /etc/hosts, leaving this host's file untouched.
+node_head_run() {
+    unshare --mount --propagation private bash -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$NODES_HEAD_HOSTS" "$@"
+}
+
+node_pids() { ip netns pids "$1" 2>/dev/null; }
+
+# node_kill NAME: the node dies: its link goes down and every process on it is killed at once.
+node_kill() {
+    local name=$1 pid
+    ip link set "$(node_link "$name")" down
+    for pid in $(node_pids "$name"); do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+# node_cut NAME / node_heal NAME: a partition: the node's link goes down (or up); its processes live on.
+node_cut() { ip link set "$(node_link "$1")" down; }
+node_heal() { ip link set "$(node_link "$1")" up; }
+
+node_link_state() {
+    local flags
+    flags=$(ip -o link show "$(node_link "$1")" 2>/dev/null) || { echo gone; return; }
+    [[ $flags == *"<"*UP*">"* && $flags != *NO-CARRIER* ]] && echo up || echo cut
+}
+
+# nodes_remove OWNER: kill OWNER's nodes' processes and remove their namespaces and links; the bridge goes
+# with the last node.
+nodes_remove() {
+    local name pid
+    for name in $(nodes_of "$1"); do
+        for pid in $(node_pids "$name"); do kill -KILL "$pid" 2>/dev/null || true; done
+        ip link del "$(node_link "$name")" 2>/dev/null || true
+        ip netns del "$name" 2>/dev/null || true
+        rm -rf "/etc/netns/$name"
+        rm -f "$NODES_DIR/$name"
+    done
+    if [[ -z $(all_nodes) ]]; then
+        ip link del "$NODES_BRIDGE" 2>/dev/null || true
+        rm -f "$NODES_HEAD_HOSTS"
+    else
+        nodes_hosts_refresh
+    fi
+}
