@@ -268,7 +268,10 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
         r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == State.DONE else rundir.last_logged_step(rd)
         if r.note:
             continue
-        if r.eval == State.SKIPPED:
+        lost = rundir.lost_starts(rd)
+        if lost:
+            r.note = f"lost {lost[-1]}: node down or killed" + (f" ({len(lost)} lost starts)" if len(lost) > 1 else "")
+        elif r.eval == State.SKIPPED:
             r.note = ("eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED))[:80]
         elif r.train == State.DONE and (rd / rundir.PRUNED).exists():
             r.note = rundir.first_line(rd, rundir.PRUNED)[:80]

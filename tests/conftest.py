@@ -40,8 +40,8 @@ def _why_not_here() -> str | None:
     return None
 
 
-def _start(name: str) -> None:
-    """Run `tests/clusters/<name>.sh start` and record how long the daemons took to answer."""
+def _start(name: str, *args: str) -> None:
+    """Run `tests/clusters/<name>.sh start ARGS` and record how long the daemons took to answer."""
     reason = _why_not_here()
     if reason:
         pytest.skip(f"{name}: {reason}")
@@ -50,7 +50,7 @@ def _start(name: str) -> None:
     # daemons (two apt-get runs would fight over dpkg's lock); the others then find them running.
     with open(f"/tmp/hpcrl-tests-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        proc = subprocess.run(["bash", str(CLUSTERS / f"{name}.sh"), "start"], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(["bash", str(CLUSTERS / f"{name}.sh"), "start", *args], capture_output=True, text=True, timeout=900)
     took = time.monotonic() - began
     if proc.returncode != 0:
         pytest.fail(f"tests/clusters/{name}.sh start exited {proc.returncode}:\n{proc.stdout}{proc.stderr}", pytrace=False)
@@ -68,9 +68,14 @@ def _source_env() -> None:
             os.environ[key] = value
 
 
+SLURM_NODES = 4
+"""Namespace nodes slurm-node1..4 (partition `multi`) beside the head (partition `debug`, the default): started
+with the cluster, once per test run, since adding nodes restarts Slurm's daemons under the tests' jobs."""
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> None:
-    _start("slurm")
+    _start("slurm", "--nodes", str(SLURM_NODES))
 
 
 @pytest.fixture(scope="session")
@@ -186,7 +191,7 @@ def _signal_handlers_back_after_each_test():
 # --fast`) runs the unit tier only and holds it to being one: an unmarked test that uses more than
 # --unit-seconds of CPU fails there, so a slow test cannot slip into the edit-test loop unmarked.
 
-TIERS = ("slow", "e2e", "slurm", "sge", "redis")
+TIERS = ("multinode", "slow", "e2e", "slurm", "sge", "redis")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -214,7 +219,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=deselected)
             items[:] = [item for item in items if not _tier(item)]
         return
-    rank = {"slow": 0, None: 2}
+    rank = {"multinode": 0, "slow": 0, None: 2}
     items.sort(key=lambda item: rank.get(_tier(item), 1))
 
 

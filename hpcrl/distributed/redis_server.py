@@ -26,6 +26,8 @@ from pathlib import Path
 
 import redis
 
+from hpcrl.netaddr import advertised_address, is_wildcard
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -33,14 +35,16 @@ class RedisServerError(RuntimeError):
     """redis-server is missing or would not start; the message says why."""
 
 
-def resolve_bind(bind: str) -> str:
-    """`auto`: the address this host's name resolves to, which is what actors on other nodes dial."""
-    if bind != "auto":
-        return bind
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+def resolve_bind(bind: str) -> tuple[str, str]:
+    """(address to listen on, address to advertise) for `distributed.redis.bind`. `auto`: the address other
+    nodes reach this one at (hpcrl.netaddr: never the loopback address a stock node's name resolves to); a
+    wildcard (0.0.0.0) listens on every address and advertises that one."""
+    if bind == "auto":
+        address = advertised_address()
+        return address, address
+    if is_wildcard(bind):
+        return bind, advertised_address()
+    return bind, bind
 
 
 def free_port(host: str) -> int:
@@ -64,7 +68,7 @@ class RedisServer:
     """Start with `start()`, stop with `stop()` (or use as a context manager)."""
 
     def __init__(self, bind: str = "127.0.0.1", executable: str = "redis-server", log_path: Path | None = None, startup_timeout: float = 15.0) -> None:
-        self.host = resolve_bind(bind)
+        self.bind, self.host = resolve_bind(bind)
         self.executable = executable
         self.log_path = log_path
         self.startup_timeout = startup_timeout
@@ -82,7 +86,7 @@ class RedisServer:
             )
         last = ""
         for _ in range(5):
-            self.port, self.password = free_port(self.host), secrets.token_urlsafe(32)
+            self.port, self.password = free_port(self.bind), secrets.token_urlsafe(32)
             log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
             try:
                 self.proc = subprocess.Popen(
@@ -92,7 +96,7 @@ class RedisServer:
                 if self.log_path:
                     log.close()
             config = (
-                f"port {self.port}\nbind {self.host}\nrequirepass {self.password}\n"
+                f"port {self.port}\nbind {self.bind}\nrequirepass {self.password}\n"
                 'save ""\nappendonly no\ndaemonize no\nprotected-mode yes\nlogfile ""\n'
             )
             assert self.proc.stdin is not None
@@ -104,7 +108,7 @@ class RedisServer:
             self.stop()
             if "in use" not in last:
                 break
-        raise RedisServerError(f"redis-server did not start on {self.host}: {last or 'no answer'}" + (f" (log: {self.log_path})" if self.log_path else ""))
+        raise RedisServerError(f"redis-server did not start on {self.bind}: {last or 'no answer'}" + (f" (log: {self.log_path})" if self.log_path else ""))
 
     def _wait_ready(self) -> tuple[bool, str]:
         assert self.proc is not None

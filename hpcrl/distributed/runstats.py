@@ -48,6 +48,12 @@ def _learner_parts(s: dict[str, Any]) -> list[str]:
     return parts
 
 
+def _where(s: dict, actor: int) -> str:
+    """`1 on node7`: a dead actor and the host it last reported from (a node that died takes all its actors)."""
+    host = ((s.get("actors") or {}).get(str(actor)) or {}).get("host")
+    return f"{actor} on {host}" if host else str(actor)
+
+
 def status_line(run_dir: Path, now: float | None = None) -> str | None:
     """`actors 2/2 alive, 8.1k env steps/s, queue 3/64, lag 0.4 (max 2), dropped 0 stale + 0 malformed, ...,
     learner busy 96%, waited 0.3 s, updates 1.04x the set ratio (slack 0.25)`; for AlphaZero's
@@ -60,7 +66,7 @@ def status_line(run_dir: Path, now: float | None = None) -> str | None:
     lag = s.get("lag_mean")
     steps, episodes = s.get("units") or ("env steps", "episodes")
     parts = [
-        f"actors {alive}/{expected} alive" + (f" (dead: {', '.join(map(str, s['actors_dead']))})" if s.get("actors_dead") else ""),
+        f"actors {alive}/{expected} alive" + (f" (dead: {', '.join(_where(s, i) for i in s['actors_dead'])})" if s.get("actors_dead") else ""),
         *([f"{_si(s.get('episodes_per_s', 0.0))} {episodes}/s"] if episodes == "games" else []),
         f"{_si(s.get('env_sps', 0.0))} {steps}/s",
         f"queue {s.get('queue_depth', 0)}/{s.get('queue_bound', 0)}",

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from hpcrl.io import atomic_write_text
+from hpcrl.netaddr import advertised_address, interface_of
 from hpcrl.runtime.guard import ignore_warnings
 from hpcrl.runtime.launch import LAUNCH_ID
 from hpcrl.store.rundir import RunError
@@ -59,6 +60,8 @@ class Ranks:
     """Whether the ranks have met (init returned): a failure after that is the run's, not a start's."""
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     """Where this rank's collectives put their own small tensors: NCCL reduces CUDA tensors only."""
+    where: str = ""
+    """Once met: this rank's host and the interface its collectives use, for the job log (which node ran what)."""
 
     @staticmethod
     def single() -> Ranks:
@@ -97,6 +100,7 @@ class Ranks:
             return
         backend = "nccl" if device.type == "cuda" else "gloo"
         self.device = device
+        interface = _gloo_interface() if backend == "gloo" else os.environ.get("NCCL_SOCKET_IFNAME", "")
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
             if self.source == "env":
@@ -106,6 +110,7 @@ class Ranks:
                 dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
             dist.barrier()
             self.met = True
+            self.where = f"on {socket.gethostname()}, {backend} over {interface or 'its own choice of interface'}"
         except RankError:
             raise
         except Exception as exc:
@@ -206,6 +211,18 @@ class Ranks:
             collective(*args, **kwargs)
         except Exception as exc:
             raise RankError(f"{self.label()}: a collective failed, another rank has left the run ({_short(exc)})") from None
+
+
+def _gloo_interface() -> str:
+    """Gloo pairs the ranks on the address this host's name resolves to, which is 127.0.1.1 on a stock Debian
+    node: ranks on two nodes each dialled their own loopback and never met ("Gloo connectFullMesh failed ...
+    remote=[127.0.1.1]"). Unless the site chose one (GLOO_SOCKET_IFNAME), gloo gets the interface of the
+    address other nodes reach this one at (hpcrl.netaddr). A host with no such interface keeps gloo's own choice."""
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = interface_of(advertised_address())
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    return os.environ.get("GLOO_SOCKET_IFNAME", "")
 
 
 def _short(exc: BaseException) -> str:

@@ -106,6 +106,10 @@ def _train(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, progre
     ranks = ranks or Ranks.single()
     device = setup_torch(tcfg.torch_threads, tcfg.device, ranks.local_rank)
     ranks.init(rd, device, cfg.resources.collective_timeout)
+    if ranks.distributed:  # each rank says where it runs, in one write: the ranks share the job's log
+        stream = out if ranks.is_main and out is not None else sys.stdout
+        stream.write(f"{run.run_id} ({ranks.label()}): {ranks.where}\n")
+        stream.flush()
     try:
         return _train_ranks(experiment_dir, rd, run, stop, out if ranks.is_main else io.StringIO(), progress, ranks, device)  # rank 0 speaks for the run
     finally:

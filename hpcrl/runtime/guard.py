@@ -86,7 +86,14 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
 
             for stale in rundir.remove_stale_temp(rd / rundir.CHECKPOINTS):
                 print(f"{run.run_id}: removed {stale.name}, left by a checkpoint write that was killed", file=out)
-            return _guarded(rd, run, body, out)
+            for lost in rundir.record_start(rd):
+                print(f"{run.run_id}: the start {lost} ended without a word: its node was lost, or it was killed", file=out)
+            code = 1
+            try:
+                code = _guarded(rd, run, body, out)
+                return code
+            finally:
+                rundir.record_end(rd, code)
     except rundir.RunLocked as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
         return rundir.LOCKED_EXIT

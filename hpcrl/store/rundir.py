@@ -13,6 +13,8 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
       lifetimes              a user's program: one line per start of the run (requeues, retries)
       program.log            a user's program: its output, appended across lifetimes
       stalled_requeues       how many requeues in a row the run asked for without progress (guard.py)
+      starts                 one line per start of a trainer (train, learner) and one per its end: host, pid,
+                             time; a start with no end that no live process holds was lost with its node
       eval.csv               written once, atomically, by the eval stage
       eval_curve.csv         the evaluations during training (eval.every_steps), appended by EvalCurveLog:
                              step,wall_time,mean_return,std_return,mean_length,episodes
@@ -68,6 +70,7 @@ LADDER_COLUMNS = ("player_a", "player_b", "games", "a_wins", "draws", "b_wins")
 """The eval stage's round robin between `random` and a run's own policies (named by their step)."""
 TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
+STARTS = "starts"
 STALLED = "stalled_requeues"
 
 LOCKED_EXIT = 75
@@ -245,11 +248,63 @@ def lifetime_starts(run_dir: Path) -> list[float]:
     return sorted(starts)
 
 
+@dataclass(frozen=True)
+class Start:
+    """One start of a run's trainer as it recorded itself (`starts`): where, which process, when (that host's clock)."""
+
+    host: str
+    pid: int
+    at: str
+
+    def __str__(self) -> str:
+        return f"on {self.host} (pid {self.pid}, {self.at[11:19]})"
+
+
+def _starts(run_dir: Path) -> list[tuple[Start, bool]]:
+    """Each recorded start and whether its end was recorded, in order."""
+    try:
+        lines = _complete_lines((run_dir / STARTS).read_bytes())
+    except OSError:
+        return []
+    found: list[tuple[Start, bool]] = []
+    for line in lines:
+        words = line.decode(errors="replace").split()
+        if len(words) < 4 or not words[3].isdigit():
+            continue
+        start = Start(words[2], int(words[3]), words[1])
+        if words[0] == "start":
+            found.append((start, False))
+        elif words[0] == "end":
+            found = [(s, ended or (s.host, s.pid) == (start.host, start.pid)) for s, ended in found]
+    return found
+
+
+def record_start(run_dir: Path) -> list[Start]:
+    """Record this process's start of the run (it holds the run lock) and return the earlier starts that never
+    recorded an end: each was lost with everything on its node, or killed (kill -9, out of memory)."""
+    lost = [s for s, ended in _starts(run_dir) if not ended]
+    with (run_dir / STARTS).open("a") as f:  # one short line per write: a kill cannot tear it
+        f.write(f"start {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()}\n")
+    return lost
+
+
+def record_end(run_dir: Path, code: int) -> None:
+    with (run_dir / STARTS).open("a") as f:
+        f.write(f"end {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()} {code}\n")
+
+
+def lost_starts(run_dir: Path) -> list[Start]:
+    """The starts that ended without a word, the live holder of the run lock (the current start) left out."""
+    open_ = [s for s, ended in _starts(run_dir) if not ended]
+    holder = lock_holder(run_dir) if open_ else None
+    return [s for s in open_ if not (holder and (holder.host, holder.pid) == (s.host, s.pid))]
+
+
 def progress_mark(run_dir: Path) -> tuple[int, int, int]:
     """What the run's own output looks like now (files, bytes, newest mtime), hpcrl's bookkeeping
     (markers, the lock, the program's console logs, the lifetimes) left out: it changes when a
     lifetime writes a checkpoint, a train.csv row or any metric file under the run directory."""
-    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
+    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, STARTS, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
     files = size = newest = 0
     for path in run_dir.rglob("*"):
         if path.parent == run_dir and path.name in bookkeeping:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcrl.config.experiment import ConfigError, Experiment
+from hpcrl.netaddr import is_wildcard, loopback_problem
 from hpcrl.schedulers.base import Scheduler
 from hpcrl.submit.jobplan import PlannedJob, chunks, plan_eval, plan_stage, stage_resources
 
@@ -43,10 +44,34 @@ def runs_per_chunk(exp: Experiment, scheduler: Scheduler) -> int:
     return size
 
 
+def loopback_refusal(exp: Experiment, scheduler: Scheduler) -> str | None:
+    """Why the actors could not reach their board, where the scheduler may start them on other nodes than the
+    learner: an address of the config that is loopback (127.x, or a name that resolves to one). On a cluster it
+    was found only as actors waiting out learner_timeout_s; on this machine alone (local, debug) it is fine."""
+    d = exp.distributed
+    if d is None or scheduler.runs_here:
+        return None
+    if d.redis.address:
+        key, host = "distributed.redis.address", d.redis.address.rpartition(":")[0]
+        fix = "give the Redis host's network address"
+    elif d.redis.bind != "auto" and not is_wildcard(d.redis.bind):
+        key, host = "distributed.redis.bind", d.redis.bind
+        fix = "use auto (the default: the learner node's network address) or 0.0.0.0"
+    else:
+        return None
+    problem = loopback_problem(host)
+    if problem is None:
+        return None
+    return f"{key}: {problem}, and {scheduler.name} may start the learner and its actors on different nodes; {fix}"
+
+
 def plan_distributed(exp: Experiment, scheduler: Scheduler, todo: list[int], attempt: int, cwd: Path | None = None) -> tuple[list[PlannedJob], list[str]]:
     """The learner, actors and eval jobs of one submission (see the module docstring), and the eval scripts."""
     d = exp.distributed
     assert d is not None
+    refusal = loopback_refusal(exp, scheduler)
+    if refusal:
+        raise ConfigError(refusal)
     root = exp.dir.resolve()
     out: list[PlannedJob] = []
     previous_learner: str | None = None

@@ -44,19 +44,20 @@ all_nodes() {
 # The veth's end on the head: short (IFNAMSIZ) and derived from the address.
 node_link() { echo "hpcrl-v$(node_ip "$1" | cut -d. -f4)"; }
 
-# nodes_hosts_refresh: every node resolves every node and the head, as a cluster's DNS does. Written in place
-# (not renamed over): a daemon's bind mount of the file follows its inode, so running nodes see new names.
+# nodes_hosts_refresh: every node resolves every node and the head, as a cluster's DNS does, and names itself
+# 127.0.1.1 first, as Debian's installer writes it: on a stock node gethostbyname(gethostname()) is loopback,
+# which is what hpcrl must not advertise. Written in place (not renamed over): a daemon's bind mount of the
+# file follows its inode, so running nodes see new names.
 nodes_hosts_refresh() {
     local lines n name
-    lines="127.0.0.1 localhost
-$NODES_HEAD_IP $NODES_HEAD"
+    lines="$NODES_HEAD_IP $NODES_HEAD"
     for name in $(all_nodes); do
         lines+="
 $(node_ip "$name") $name"
     done
     for name in $(all_nodes); do
         install -d "/etc/netns/$name"
-        printf '%s\n' "$lines" >"/etc/netns/$name/hosts"
+        printf '127.0.0.1 localhost\n127.0.1.1 %s\n%s\n' "$name" "$lines" >"/etc/netns/$name/hosts"
     done
     # The head keeps its own names and learns the nodes' (for head daemons started with node_head_run).
     {

@@ -302,10 +302,12 @@ JobCompLoc=/var/log/slurm/jobcomp.log"
     range=$(node_range)
     if [[ -n $range ]]; then
         for name in $(nodes_of slurm); do
-            node_lines+="NodeName=$name NodeAddr=$(node_ip "$name") ${hw}RealMemory=$real_mem Gres=gpu:2 State=UNKNOWN
+            node_lines+="NodeName=$name NodeAddr=$(node_ip "$name") CPUs=1 Boards=1 SocketsPerBoard=1 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=4096 Gres=gpu:2 State=UNKNOWN
 "
         done
-        node_lines+="PartitionName=multi Nodes=$range Default=NO MaxTime=INFINITE State=UP OverSubscribe=FORCE:2"
+        # One CPU a node and no oversubscription: a 1-CPU job holds a node, so a run's jobs land on different
+        # nodes (a learner and its actors, a study's workers), as on a cluster whose jobs fill their nodes.
+        node_lines+="PartitionName=multi Nodes=$range Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO"
     fi
 
     write_if_changed "$SLURM_CONF" 644 root:root <<EOF

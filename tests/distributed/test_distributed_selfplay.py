@@ -190,6 +190,9 @@ def test_status_line_shows_games_and_positions_per_second(tmp_path: Path) -> Non
     line = runstats.status_line(tmp_path)
     assert line is not None and line.startswith("running: actors 1/2 alive (dead: 1), 12 games/s, 1.5k positions/s, queue 3/4, lag 1.5 (max 3)"), line
     assert line.endswith("learner busy 96%, waited 0.4 s, updates 1.04x the set ratio (slack 0.25)"), line
+    # Where the dead one last reported from: a node that died takes all its actors with it.
+    runstats.write(tmp_path, {**runstats.read(tmp_path), "actors": {"0": {"host": "node3"}, "1": {"host": "node7"}}})
+    assert "actors 1/2 alive (dead: 1 on node7), " in (runstats.status_line(tmp_path) or ""), runstats.status_line(tmp_path)
 
 
 # ---------------------------------------------------------------------------- bad input at sweep time
@@ -272,7 +275,7 @@ def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cl
     os.kill(int(stats["actors"][str(killed)]["pid"]), signal.SIGKILL)
     wait_stats(rd, lambda s: s["actors_dead"] == [killed], 30, "the killed self-play job reported dead")
     text = status_text(exp.dir)
-    assert re.search(rf"actors [01]/2 alive \(dead: {killed}\), \S+ games/s, \S+ positions/s, queue \d+/4, lag", text), text
+    assert re.search(rf"actors [01]/2 alive \(dead: {killed} on \S+\), \S+ games/s, \S+ positions/s, queue \d+/4, lag", text), text
     assert re.search(r"learner busy \d+%, waited [\d.]+ s, updates [\d.]+x the set ratio \(slack 0.25\)", text), text
 
     # The trainer is warned (time limit, preemption) after its first evaluation, and requeued.

@@ -1,0 +1,241 @@
+"""Every distributed mode across the nodes of a real Slurm cluster, and through node failures (issue 36).
+
+The cluster is tests/clusters/slurm.sh's: slurmctld on this host, and slurm-node1..3 in partition `multi`,
+each a real slurmd in its own network and UTS namespace with its own address on a private bridge. Each node
+names itself 127.0.1.1 in its /etc/hosts, as Debian's installer writes it, so `gethostbyname(gethostname())`
+is loopback on every node, as on a stock cluster. A node "dies" as a node does: its link goes down and every
+process on it is killed at once (`slurm.sh kill-node`); slurmctld then marks it DOWN and ends or requeues
+its jobs, which is what hpcrl must survive. A partition cuts the link and leaves the processes running.
+
+What a user relies on, per mode:
+- DD-PPO, 2 nodes x 1 rank: the ranks meet across the nodes (over the nodes' network, never 127.0.1.1),
+  learn CartPole, and a run that loses one of its nodes restarts whole from its checkpoint on the nodes
+  left; `hpcrl status` names the lost node.
+
+The tests hold one lock for the whole test (`nodes`): one kills a node that another's jobs may use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_conformance import Slurm as SlurmBackend
+from test_conformance import csv_rows, status_text, sweep, wait_finished, wait_until
+
+from hpcrl.store import rundir
+from hpcrl.store.expdir import load_runs, read_jobs, run_dir
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.e2e]
+
+SLURM_SH = Path(__file__).resolve().parents[1] / "clusters" / "slurm.sh"
+NODES = [f"slurm-node{i}" for i in (1, 2, 3)]
+ON_NODES = ["resources.partition=multi"]
+
+
+def cluster(*args: str) -> str:
+    proc = subprocess.run(["bash", str(SLURM_SH), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def node_state(name: str) -> str:
+    return subprocess.run(["sinfo", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a running job (or array task, `ID_TASK`) holds, expanded."""
+    nodelist = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "running", "-o", "%N"], capture_output=True, text=True).stdout.strip()
+    if not nodelist:
+        return []
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True).stdout.split()
+
+
+@pytest.fixture
+def nodes(slurm_cluster: None) -> Iterator[None]:
+    """Every node up, for this test alone; every node back in service afterwards, whatever the test did."""
+    with open("/tmp/hpcrl-tests-multinode.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in NODES:
+            cluster("revive-node", name)
+        try:
+            yield
+        finally:
+            for name in NODES:
+                cluster("revive-node", name)
+
+
+def logs(exp_dir: Path, stage: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((exp_dir / "jobs" / "logs").glob(f"{stage}-*")))
+
+
+# CartPole PPO that solves it in 100k steps on one rank of 8 envs (RL Zoo's tuned settings), as 2 nodes x 1 rank x 4 envs.
+DDPPO = [
+    *ON_NODES, "env.num_envs=4", "resources.ranks=2", "resources.nodes=2", "sweep.seeds=[0]", "eval.episodes=10",
+    "resources.collective_timeout=30",
+    "train={total_steps: 100000, lr: 1.0e-3, num_steps: 32, num_minibatches: 1, update_epochs: 20, gamma: 0.98, gae_lambda: 0.8, "
+    "clip_vloss: false, anneal_clip: true, ent_coef: 0.0, hidden_sizes: [64, 64], checkpoint_every: 5}",
+]  # fmt: skip
+
+
+def rank_hosts(log: str) -> list[dict[int, str]]:
+    """Per start of the run, in order: rank -> the host it said it ran on (`(rank r/2): on HOST, gloo over IF`)."""
+    starts: list[dict[int, str]] = []
+    for rank, host in re.findall(r"\(rank (\d)/2\): on (\S+), gloo over (?:eth0|hpcrl-br0)", log):
+        if not starts or int(rank) in starts[-1]:
+            starts.append({})
+        starts[-1][int(rank)] = host.rstrip(",")
+    return starts
+
+
+def test_ddppo_ranks_meet_across_nodes_learn_and_restart_whole_when_a_node_dies(nodes: None, tmp_path: Path) -> None:
+    since = time.time()
+    exp_dir, _ = sweep(tmp_path, SlurmBackend(), *DDPPO)
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+
+    # The run trains on two nodes; once it has checkpointed past a quarter of its budget, its first node dies.
+    wait_until("a checkpoint past 25k steps", lambda: rundir.last_logged_step(rd) >= 25_000 and any((rd / "checkpoints").glob("*.pt")), 240)
+    held = job_nodes(f"{train.job_id}_1")
+    assert len(held) == 2 and set(held) <= set(NODES), held
+    killed_at = time.monotonic()
+    cluster("kill-node", held[0])
+    wait_until(f"Slurm to mark {held[0]} down", lambda: node_state(held[0]).startswith("down"), 90)
+    down_after = time.monotonic() - killed_at
+
+    # Slurm requeues the job; the run restarts whole, from its checkpoint, on the two nodes left.
+    wait_until("the run to resume", lambda: "resumed from step" in logs(exp_dir, "train"), 180)
+    resumed_after = time.monotonic() - killed_at
+    text = status_text(exp_dir)
+    assert re.search(rf"lost on {held[0]} \(pid \d+, [\d:]+\): node down or killed", text), text
+    wait_finished(exp_dir, SlurmBackend(), since, timeout=300)
+
+    log = logs(exp_dir, "train")
+    starts = rank_hosts(log)
+    assert len(starts) == 2, log
+    first, second = starts
+    assert len(set(first.values())) == 2 and held[0] in first.values(), first  # two hosts, one of them the node that died
+    assert len(set(second.values())) == 2 and held[0] not in second.values(), second
+    resumed = int(re.search(r"resumed from step (\d+)", log).group(1))
+    assert 0 < resumed <= 100_352
+    assert re.search(rf"the start on {held[0]} \(pid \d+, [\d:]+\) ended without a word: its node was lost", log), log
+    assert int(rundir.done_step(rd) or 0) >= 100_000
+    (row,) = csv_rows(exp_dir / "results" / "summary.csv")
+    assert float(row["mean"]) >= 475, row
+    print(
+        f"\nDD-PPO 2 nodes x 1 rank: {held[0]} killed at step >= 25k; DOWN after {down_after:.0f} s, resumed from step {resumed} "
+        f"{resumed_after:.0f} s after the kill on {sorted(second.values())}; final eval {float(row['mean']):.0f}"
+    )
+
+
+# Ape-X on CartPole (configs/cartpole_apex.yaml's learning settings, 80k steps): a run of a few minutes, long enough
+# to lose two nodes (Slurm marks a node DOWN 10-25 s after it dies, and starts a requeued job ~20 s later).
+APEX = {
+    "name": "apex", "algo": "dqn", "env": {"id": "CartPole-v1"},
+    "train": {
+        "total_steps": 80_000, "lr": 1.0e-3, "hidden_sizes": [256, 256], "buffer_size": 80_000, "batch_size": 64, "learning_starts": 1000,
+        "train_freq": 256, "gradient_steps": 128, "target_update_freq": 10, "n_step": 5, "double_dqn": True, "loss": "huber",
+        "max_grad_norm": 10.0, "checkpoint_every": 500,
+    },
+    "distributed": {
+        "actors": 2, "envs_per_actor": 4, "batch_transitions": 64, "queue_bound": 8, "publish_every": 16, "max_lag": 1000,
+        "heartbeat_s": 0.5, "dead_after_s": 3.0, "learner_timeout_s": 240,
+    },
+    "sweep": {"seeds": [0]},
+    "resources": {"partition": "multi", "time": "00:20:00"},
+    "eval": {"episodes": 10, "deterministic": True},
+}  # fmt: skip
+
+
+def submit_config(tmp_path: Path, config: dict) -> Path:
+    import io
+
+    import yaml
+
+    from hpcrl.config.experiment import load_experiment
+    from hpcrl.submit.pipeline import submit_experiment
+
+    path = tmp_path / f"{config['name']}.yaml"
+    path.write_text(yaml.safe_dump({**config, "output": str(tmp_path / "logs")}))
+    exp = load_experiment(path)
+    out = io.StringIO()
+    assert submit_experiment(exp, "slurm", detach=True, out=out) == 0, out.getvalue()
+    return exp.dir
+
+
+def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learner_node_and_an_actor_node(nodes: None, tmp_path: Path) -> None:
+    from hpcrl.distributed import rendezvous, runstats
+
+    since = time.time()
+    exp_dir = submit_config(tmp_path, APEX)
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    jobs = {j.stage: j for j in read_jobs(exp_dir)}
+
+    def stats_when(ok, timeout: float, what: str) -> dict:
+        found: dict = {}
+
+        def check() -> bool:
+            s = runstats.read(rd)
+            if s is not None and ok(s):
+                found.update(s)
+                return True
+            return False
+
+        try:
+            wait_until(what, check, timeout)
+        except AssertionError:
+            raise AssertionError(f"{what}: not within {timeout:g} s; last stats: {runstats.read(rd)}") from None
+        return found
+
+    # Placed across nodes: the learner on one, each actor on another, dialling the learner node's own address
+    # (never the 127.0.1.1 its name resolves to on its own node).
+    before = stats_when(lambda s: s["actors_alive"] == 2 and s["env_steps"] >= 10_000 and any((rd / "checkpoints").glob("*.pt")), 240, "two actors feeding the learner")
+    assert before["env_steps"] < APEX["train"]["total_steps"] / 3, "the run went too fast to lose nodes mid-run: raise train.total_steps"
+    learner_node = job_nodes(f"{jobs['learner'].job_id}_1")
+    actor_nodes = {t: job_nodes(f"{jobs['actors'].job_id}_{t}") for t in (1, 2)}
+    assert len({*learner_node, *actor_nodes[1], *actor_nodes[2]}) == 3, (learner_node, actor_nodes)
+    info = rendezvous.read(rd)
+    assert info is not None and info.learner_host == learner_node[0] and info.host.startswith("10.251.0."), info
+
+    # A rack fails: the learner's node and an actor's node, processes and links, at once. Slurm requeues both
+    # jobs; the learner resumes from its checkpoint on another node, and both actors (the survivor, still
+    # waiting, and the requeued one) find its new address in the run directory.
+    lost, victim = learner_node[0], actor_nodes[1][0]
+    killed = time.monotonic()
+    cluster("kill-node", lost)
+    cluster("kill-node", victim)
+    for name in (lost, victim):
+        wait_until(f"Slurm to mark {name} down", lambda name=name: node_state(name).startswith("down"), 90)
+    down_after = time.monotonic() - killed
+    for name in (lost, victim):
+        cluster("revive-node", name)  # repaired: the 4-node partition has room again for both requeued jobs
+    wait_until("the learner to resume on another node", lambda: (i := rendezvous.read(rd)) is not None and i.instance != info.instance, 240)
+    resumed_after = time.monotonic() - killed
+    moved = rendezvous.read(rd)
+    assert moved is not None and moved.learner_host not in (lost, victim) and moved.host.startswith("10.251.0.") and moved.host != info.host, moved
+    text = status_text(exp_dir)
+    assert re.search(rf"lost on {lost} \(pid \d+, [\d:]+\): node down or killed", text), text
+    after = stats_when(lambda s: s["instance"] == moved.instance and s["actors_alive"] == 2, 240, "both actors feeding the resumed learner")
+    rejoined_after = time.monotonic() - killed
+    wait_finished(exp_dir, SlurmBackend(), since, timeout=400)
+
+    learner_log, actors_log = logs(exp_dir, "learner"), logs(exp_dir, "actors")
+    resumed = re.search(r"resumed from step (\d+) ", learner_log)
+    assert resumed and 0 < int(resumed.group(1)) <= after["env_steps"], learner_log
+    assert re.search(rf"the start on {lost} \(pid \d+, [\d:]+\) ended without a word", learner_log), learner_log
+    assert actors_log.count(f"at {moved.host}:{moved.port}") == 2 and f"at {info.host}:{info.port}" in actors_log, actors_log
+    assert int(rundir.done_step(rd) or 0) == APEX["train"]["total_steps"]  # every step once: none lost, none counted twice
+    (row,) = csv_rows(exp_dir / "results" / "summary.csv")
+    print(
+        f"\nApe-X: learner on {lost}, actors on {sorted(n for v in actor_nodes.values() for n in v)}; {lost} and {victim} killed at step "
+        f"{before['env_steps']}, DOWN after {down_after:.0f} s; learner resumed from step {resumed.group(1)} on {moved.learner_host} {resumed_after:.0f} s later, both actors "
+        f"back {rejoined_after:.0f} s after the kill; final eval {float(row['mean']):.0f}"
+    )
+    assert float(row["mean"]) >= 150, row
