@@ -274,6 +274,11 @@ def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words
     ({"value_target_q": -0.1}, "train.value_target_q"),
     ({"value_target_q": float("nan")}, "train.value_target_q"),
     ({"value_target_q": "half"}, "train.value_target_q"),
+    ({"hidden_sizes": [0]}, "train.hidden_sizes[0]: expected an integer in [1, 65536], got 0"),  # a network of biases that never sees the board
+    ({"hidden_sizes": [-5]}, "train.hidden_sizes[0]: expected an integer in [1, 65536], got -5"),  # a torch traceback in the job
+    ({"hidden_sizes": [float("nan")]}, "train.hidden_sizes[0]: expected an integer"),
+    ({"hidden_sizes": [10**9]}, "train.hidden_sizes[0]: expected an integer in [1, 65536]"),
+    ({"hidden_sizes": []}, "train.hidden_sizes: expected at least 1 item"),
 ])
 def test_mcts_settings_out_of_range_are_refused(tmp_path, train, key):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}})
