@@ -54,6 +54,17 @@ CHECK_GAMES = 20
 """Random games played by `check_game`."""
 MAX_MOVES = 100_000
 """Moves of one checked random game: a game longer than this does not end."""
+RETURN_BOUND = 1.0
+"""A game's returns, and so every value target AlphaZero learns from them, lie in [-RETURN_BOUND,
+RETURN_BOUND]: the value network's tanh predicts there, and a target beyond it could never be learned."""
+TOLERANCE = 1e-6
+"""Rounding allowed on returns (and on a value target, a float32 mix of them and the search's values)."""
+
+
+def beyond_returns(values: np.ndarray) -> bool:
+    """Whether any of `values` lies outside the returns' range: the one test of the game's
+    returns (`returns`) and of the value targets that reach the decoupled trainer."""
+    return bool((np.abs(np.asarray(values, dtype=np.float64)) > RETURN_BOUND + TOLERANCE).any())
 
 
 @runtime_checkable
@@ -257,9 +268,9 @@ def returns(state: Game) -> tuple[float, float]:
         r0, r1 = (float(v) for v in values)
     except (TypeError, ValueError):
         raise GameError(f"{type(state).__name__}.returns() returned {_short(values)}: expected two numbers, one per player") from None
-    if not (np.isfinite(r0) and np.isfinite(r1)) or abs(r0 + r1) > 1e-6:
+    if not (np.isfinite(r0) and np.isfinite(r1)) or abs(r0 + r1) > TOLERANCE:
         raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): a two-player zero-sum game's returns sum to 0")
-    if abs(r0) > 1 + 1e-6:
+    if beyond_returns(np.array([r0])):
         raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): expected returns in [-1, 1] (+1 / 0 / -1 as a rule), which the value network predicts; scale them")
     return r0, r1
 
