@@ -4,6 +4,7 @@ checkpoint/resume, a user's class through `hpcrl train` and `hpcrl eval`, and le
 from __future__ import annotations
 
 import csv
+import io
 import random
 import time
 from pathlib import Path
@@ -438,6 +439,27 @@ def test_user_game_trains_resumes_and_is_evaluated(tmp_path):
     assert int(perfect["games"]) == 4 and int(perfect["wins"]) + int(perfect["losses"]) == 4
     assert "wins/draws/losses random:" in rundir.reason(rd, rundir.EVAL_DONE)
     assert rundir.read_eval_returns(rd)  # collect's reader takes the games as episodes
+
+
+def test_a_damaged_ladder_snapshot_is_named_and_left_out_and_the_run_still_evaluated(tmp_path):
+    """Issue 37 item 6: one truncated checkpoints/ladder/*.pt failed the whole eval stage with a torch
+    traceback that named no file, and collect showed the finished run as 0/1 seeds."""
+    exp_dir, run, rd = make_game_run(
+        tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}},
+        {**TINY_AZ, "opponents": ["random"], "ladder_games": 2}, {"episodes": 2, "every_steps": 20, "periodic_episodes": 2},
+    )
+    assert train(exp_dir, run) == 0
+    snaps = checkpoint.snapshots(rd / "checkpoints")
+    assert len(snaps) >= 3
+    damaged_step, damaged = snaps[1]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    out = io.StringIO()
+    assert evaluate_run(exp_dir, run, out) == 0
+    lines = [line for line in out.getvalue().splitlines() if "left out of the Elo ladder" in line]
+    assert len(lines) == 1 and f"{damaged}: unreadable (" in lines[0], out.getvalue()
+    players = {p for row in read_csv(rd / "ladder.csv") for p in (row["player_a"], row["player_b"])}
+    assert str(damaged_step) not in players and {str(s) for s, _ in snaps if s != damaged_step} <= players
+    assert rundir.reason(rd, rundir.EVAL_DONE)
 
 
 def test_an_illegal_move_fails_the_run_with_one_line(tmp_path):
