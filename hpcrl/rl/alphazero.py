@@ -136,7 +136,7 @@ def network_evaluator(net: PolicyValueNet, device: torch.device) -> mcts.Evaluat
 
     @torch.no_grad()
     def evaluate(states: Sequence[Game]) -> tuple[np.ndarray, np.ndarray]:
-        obs = torch.as_tensor(np.stack([np.asarray(s.observation(), dtype=np.float32) for s in states]), device=device)
+        obs = torch.as_tensor(np.stack([games.observation(s).astype(np.float32, copy=False) for s in states]), device=device)
         logits, values = net(obs)
         return torch.softmax(logits.float(), -1).cpu().numpy(), values.float().cpu().numpy()
 
@@ -178,19 +178,16 @@ class SelfPlay:
     def __init__(self, spec: GameSpec, cfg: AlphaZeroConfig, n_games: int, continuous: bool) -> None:
         self.spec, self.cfg, self.continuous = spec, cfg, continuous
         self.noise = (cfg.dirichlet_alpha, cfg.dirichlet_fraction) if cfg.dirichlet_fraction > 0 else None
-        self.states = [spec.new_initial_state() for _ in range(n_games)]
+        self.states = [games.first_position(spec) for _ in range(n_games)]
         self.records: list[list[Record]] = [[] for _ in range(n_games)]
         self.finished: list[tuple[int, list[Record], tuple[float, float]]] = []
         """(slot, its records, the game's returns) of each game finished and not taken yet, in the order they ended."""
         self.ready = 0
         """Positions in `finished`."""
         self.moves = 0
-        for i, state in enumerate(self.states):
-            if state.is_terminal():  # a game over before its first move: an episode without positions
-                self._finish(i)
 
     def active(self) -> list[int]:
-        return [i for i, state in enumerate(self.states) if not state.is_terminal()]
+        return [i for i, state in enumerate(self.states) if not games.is_terminal(state)]
 
     def step(self, evaluate: mcts.Evaluator) -> int:
         """One move in every game still going; returns how many moves were made."""
@@ -204,11 +201,11 @@ class SelfPlay:
             legal = np.zeros(spec.num_actions, dtype=bool)
             legal[games.legal_actions(state, spec.num_actions)] = True
             pi = visits / visits.sum()
-            record.append((np.asarray(state.observation(), dtype=np.float32), legal, pi.astype(np.float32), games.current_player(state), float(q)))
+            record.append((games.observation(state).astype(np.float32), legal, pi.astype(np.float32), games.current_player(state), float(q)))
             explore = len(record) <= cfg.temperature_moves
             games.apply(state, int(np.random.choice(spec.num_actions, p=pi)) if explore else greedy(visits))
         for i in active:
-            if self.states[i].is_terminal():
+            if games.is_terminal(self.states[i]):
                 self._finish(i)
         self.moves += len(active)
         return len(active)
@@ -218,7 +215,7 @@ class SelfPlay:
         self.ready += len(self.records[i])
         self.records[i] = []
         if self.continuous:
-            self.states[i] = self.spec.new_initial_state()
+            self.states[i] = games.first_position(self.spec)
 
     def take(self, by_slot: bool = False) -> tuple[Positions, list[tuple[float, int]]]:
         """The finished games' positions (game after game) and each game's (player 0's return, length)."""

@@ -86,12 +86,12 @@ def play_match(spec: GameSpec, agent: Agent, opponent: Opponent | Agent, n_games
     lengths = [0] * n_games
     for k, state in enumerate(states):
         for action in opening[k // 2] if opening else ():
-            if state.is_terminal():
+            if games.is_terminal(state):
                 break
             games.apply(state, action)
             lengths[k] += 1
     play: Agent = opponent if batched else lambda states: [opponent(s) for s in states]  # type: ignore[assignment,misc,arg-type]
-    while active := [k for k in range(n_games) if not states[k].is_terminal()]:
+    while active := [k for k in range(n_games) if not games.is_terminal(states[k])]:
         agent_turn = [k for k in active if games.current_player(states[k]) == sides[k]]
         other_turn = [k for k in active if k not in set(agent_turn)]
         moves = dict(zip(agent_turn, agent([states[k] for k in agent_turn]))) if agent_turn else {}
@@ -129,7 +129,7 @@ def random_openings(spec: GameSpec, n_pairs: int, plies: int, rng: random.Random
     openings = []
     for _ in range(n_pairs):
         state, moves = spec.new_initial_state(), []
-        while len(moves) < plies and not state.is_terminal():
+        while len(moves) < plies and not games.is_terminal(state):
             moves.append(rng.choice(games.legal_actions(state, spec.num_actions)))
             games.apply(state, moves[-1])
         openings.append(moves)

@@ -155,7 +155,10 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                 checkpoint.save(ckpt_dir, agent.global_step, payload, keep=tcfg.keep_checkpoints)
 
             while not agent.finished:
+                before = agent.global_step
                 metrics = agent.train_iteration()
+                if agent.global_step <= before:  # it would never finish: fail, as no requeue could help
+                    raise rundir.RunError(f"a training iteration made no progress (still at step {before} of {agent.planned_steps}): the run would never finish")
                 now = time.monotonic()
                 episodes, agent.episodes = ranks.gather(agent.episodes), []
                 warned = ranks.any(stop.signal is not None)  # every rank stops at this iteration

@@ -250,6 +250,13 @@ def test_value_target_q_mixes_the_search_value_into_the_outcome():
     ("user_games:MirrorNotAPermutation", "mirror_actions must list each of the actions 0..8 once"),
     ("user_games:MirrorRaises", "user_games:MirrorRaises.mirror_actions raised RuntimeError: not today"),
     ("no_such_module:X", "cannot import 'no_such_module'"),
+    # issue 37 item 1: 0-move random games passed, and the trainer looped at step 0 for ever
+    ("user_games:OverAtStart", "user_games:OverAtStart: the game is over before its first move (is_terminal() is true in the first position)"),
+    # issue 37 item 12: a traceback, rc 1; 64 GB in torch's allocator; every self-play game one move long
+    ("user_games:TerminalRaises", "TerminalRaises.is_terminal() raised RuntimeError: lost count"),
+    ("user_games:ObservationRaises", "ObservationRaises.observation() raised KeyError: 3"),
+    ("user_games:Huge", "user_games:Huge: num_actions must be an int in 1..100,000"),
+    ("user_games:SharedCounter", "SharedCounter.clone(): playing on the copy changed the original (its attribute 'moves')"),
 ])
 def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": env_id, "num_envs": 1}})
@@ -488,6 +495,27 @@ def test_openspiel_games_by_name():
             games.load(EnvConfig(id=name, backend="openspiel", kwargs=params))
     with pytest.raises(games.GameError, match="is not an OpenSpiel game"):
         games.load(EnvConfig(id="tic_tac_toes", backend="openspiel"))
+    checkers = games.load(EnvConfig(id="checkers", backend="openspiel", kwargs={"rows": 6, "columns": 6}))  # issue 37 item 1: no piece can move
+    with pytest.raises(games.GameError, match=r"^checkers: the game is over before its first move"):
+        games.check_game(checkers)
+
+
+def test_a_game_over_before_its_first_move_fails_the_run_in_one_line_instead_of_training_at_step_0_for_ever(tmp_path):
+    """Issue 37 item 1, during a run (a game the sweep did not check): 7,073 empty iterations in 54 s before."""
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 0}}, {**TINY_AZ, "opponents": ["random"]}, {"episodes": 2})
+    assert train(exp_dir, run) == 1
+    assert rundir.reason(rd, rundir.FAILED).strip() == "user_games:Nim: the game is over before its first move (is_terminal() is true in the first position): there is nothing to play or learn"
+    assert not (rd / "train.csv").exists() or len(read_csv(rd / "train.csv")) == 0
+
+
+def test_an_iteration_that_makes_no_progress_fails_the_run_in_one_line(tmp_path, monkeypatch):
+    """The trainer's own rule, whatever the agent: an iteration that leaves the step where it was
+    would repeat for ever (new train.csv rows and checkpoints counted as progress, so a requeue limit
+    did not stop it either)."""
+    monkeypatch.setattr(AlphaZero, "train_iteration", lambda self: {})
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}}, {**TINY_AZ, "opponents": ["random"]}, {"episodes": 2})
+    assert train(exp_dir, run) == 1
+    assert rundir.reason(rd, rundir.FAILED).strip() == "a training iteration made no progress (still at step 0 of 60): the run would never finish"
 
 
 # ---------------------------------------------------------------------------- learning
