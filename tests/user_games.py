@@ -153,6 +153,41 @@ class SharedCounter(Nim):
         return copy
 
 
+class PassOrLose:
+    """Action 0 passes, action 1 resigns: random play ends a game in two moves on average, and a
+    search never resigns, so under it a game never ends."""
+
+    num_actions = 2
+
+    def __init__(self) -> None:
+        self.player, self.loser = 0, -1
+
+    def current_player(self) -> int:
+        return self.player
+
+    def legal_actions(self) -> list[int]:
+        return [0, 1]
+
+    def apply_action(self, action: int) -> None:
+        if action == 1:
+            self.loser = self.player
+        self.player = 1 - self.player
+
+    def is_terminal(self) -> bool:
+        return self.loser >= 0
+
+    def returns(self) -> tuple[float, float]:
+        return (-1.0, 1.0) if self.loser == 0 else (1.0, -1.0)
+
+    def observation(self) -> list[float]:
+        return [1.0]
+
+    def clone(self) -> PassOrLose:
+        copy = PassOrLose()
+        copy.player, copy.loser = self.player, self.loser
+        return copy
+
+
 class TurnedNotMirrored(TicTacToe):
     """Declares the board turned half round (cell i -> 8 - i, a permutation that undoes itself) as
     its mirror image: the observation mirrored left to right is not that position."""
@@ -170,4 +205,4 @@ class MirrorRaises(TicTacToe):
         raise RuntimeError("not today")
 
 
-__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "OverAtStart", "TerminalRaises", "ObservationRaises", "Huge", "SharedCounter", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]
+__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "OverAtStart", "TerminalRaises", "ObservationRaises", "Huge", "SharedCounter", "PassOrLose", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +207,8 @@ class SelfPlay:
         for i in active:
             if games.is_terminal(self.states[i]):
                 self._finish(i)
+            elif len(self.records[i]) >= cfg.max_moves:
+                raise games.too_long(spec, "a self-play game", cfg.max_moves)
         self.moves += len(active)
         return len(active)
 
@@ -233,10 +235,12 @@ class SelfPlay:
         return Positions(np.stack(obs), np.stack(legal), np.stack(pi), np.array(z, dtype=np.float32)), episodes
 
 
-def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int) -> tuple[Positions, list[tuple[float, int]]]:
-    """Play `n_games` games in lockstep to their ends; their positions, and each game's (player 0's return, length)."""
+def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int, stop: Callable[[], bool] = lambda: False) -> tuple[Positions, list[tuple[float, int]]]:
+    """Play `n_games` games in lockstep to their ends; their positions, and each game's (player 0's return, length).
+    `stop` is asked before every move: once it says so, the games not finished are left unplayed
+    (a stop warning is acted on within a move, not after games of unknown length)."""
     play = SelfPlay(spec, cfg, n_games, continuous=False)
-    while play.step(evaluate):
+    while not stop() and play.step(evaluate):
         pass
     return play.take(by_slot=True)
 
@@ -358,6 +362,10 @@ class AlphaZero:
         self.global_step = 0
         self.iteration = 0
         self.episodes: list[tuple[float, int]] = []
+        self.stop: Callable[[], bool] = lambda: False
+        """Asked between self-play moves (the trainer gives its stop flag): an iteration of the other
+        algorithms is bounded by its settings, one of AlphaZero's plays games of unknown length, and a
+        warning waited for their ends (SIGTERM left a trainer in a game that never ends running)."""
 
     @property
     def version(self) -> int:
@@ -370,7 +378,7 @@ class AlphaZero:
 
     def train_iteration(self) -> dict[str, float]:
         cfg = self.cfg
-        positions, episodes = self_play(self.spec, network_evaluator(self.policy, self.device), cfg, cfg.games_per_iteration)
+        positions, episodes = self_play(self.spec, network_evaluator(self.policy, self.device), cfg, cfg.games_per_iteration, self.stop)
         self.replay.add(positions)
         self.episodes.extend(episodes)
         self.global_step += len(positions)

@@ -156,7 +156,7 @@ def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg
             snap.eval()
             agents[str(at)] = strength.mcts_agent(snap, device, spec, sims, cfg.c_puct)
     agents[str(step)] = strength.mcts_agent(net, device, spec, sims, cfg.c_puct)
-    return strength.ladder(spec, agents, cfg.ladder_games, seed)
+    return strength.ladder(spec, agents, cfg.ladder_games, seed, cfg.max_moves)
 
 
 def _checkpoint_to_evaluate(rd: Path, which: str) -> tuple[dict, str]:

@@ -49,6 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hpcrl.config.hparams import MAX_MOVES
 from hpcrl.store.rundir import RunError
 
 GAME_BACKENDS = ("openspiel", "game")
@@ -62,8 +63,6 @@ allocator (64 GB)."""
 CLONE_CHECKS = 200
 """Moves of each random game at which `check_game` also compares the original's own attributes
 before and after a move on its clone (a deep copy of them each time)."""
-MAX_MOVES = 100_000
-"""Moves of one checked random game: a game longer than this does not end."""
 RETURN_BOUND = 1.0
 """A game's returns, and so every value target AlphaZero learns from them, lie in [-RETURN_BOUND,
 RETURN_BOUND]: the value network's tanh predicts there, and a target beyond it could never be learned."""
@@ -279,6 +278,14 @@ def first_position(spec: GameSpec) -> Game:
     return state
 
 
+def too_long(spec: GameSpec, what: str, limit: int, key: str | None = "train.max_moves") -> GameError:
+    """The one line of a game that has not ended within its move limit: every loop that plays a game
+    to its end (self-play, evaluation games, rollouts, the sweep's random games) is bounded by one,
+    so none can loop for ever; `key`, the setting of the limit, if there is one."""
+    setting = f" ({key}: raise it if the game's games are that long)" if key else ""
+    return GameError(f"{spec.name}: {what} did not end within {limit:,} moves{setting}; a game that never ends under search (a move that passes for ever?) must not be played to its end")
+
+
 def legal_actions(state: Game, num_actions: int) -> list[int]:
     """The position's legal actions, checked: ints in range, without repeats, at least one."""
     actions = _call(state, "legal_actions")
@@ -328,7 +335,7 @@ def _short(value: Any) -> str:
 
 def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
     """Play `games` random games through the checked accessors above; GameError on the first
-    break of the protocol (or a game that does not end within MAX_MOVES moves)."""
+    break of the protocol (or a game that does not end within MAX_MOVES moves, the most of any game)."""
     rng = random.Random(seed)
     for _ in range(games):
         state = first_position(spec)
@@ -353,7 +360,7 @@ def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
             if mirrored is not None:
                 apply(mirrored, spec.mirror[action])
         else:
-            raise GameError(f"{type(state).__name__}: a random game did not end within {MAX_MOVES:,} moves")
+            raise too_long(spec, "a random game", MAX_MOVES, None)
 
 
 def _position(state: Game, num_actions: int) -> tuple[Any, ...]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hpcrl.rl import games
-from hpcrl.rl.games import Game
+from hpcrl.rl.games import Game, GameSpec
 
 Evaluator = Callable[[Sequence[Game]], tuple[np.ndarray, np.ndarray]]
 """Positions (none terminal) -> (priors over all actions [B, num_actions], values for the player to move [B])."""
@@ -132,15 +132,22 @@ def _returns_of(player: int, value: float) -> tuple[float, float]:
     return (value, -value) if player == 0 else (-value, value)
 
 
-def rollout_evaluator(num_actions: int, rng: random.Random) -> Evaluator:
-    """Uniform priors, and the value of one random playout to the end: pure MCTS with random rollouts."""
+def rollout_evaluator(spec: GameSpec, rng: random.Random) -> Evaluator:
+    """Uniform priors, and the value of one random playout to the end: pure MCTS with random rollouts.
+    A playout is bounded as the sweep's random games are (games.MAX_MOVES)."""
+    num_actions = spec.num_actions
 
     def evaluate(states: Sequence[Game]) -> tuple[np.ndarray, np.ndarray]:
         values = np.zeros(len(states))
         for i, state in enumerate(states):
             player, game = games.current_player(state), games.clone(state)
-            while not games.is_terminal(game):
+            for _ in range(games.MAX_MOVES):
+                if games.is_terminal(game):
+                    break
                 games.apply(game, rng.choice(games.legal_actions(game, num_actions)))
+            else:
+                if not games.is_terminal(game):
+                    raise games.too_long(spec, "a random playout", games.MAX_MOVES, None)
             values[i] = games.returns(game)[player]
         return np.ones((len(states), num_actions)), values
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import random
+import re
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
 from hpcrl.store import rundir
 from hpcrl.store.expdir import write_experiment
+from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep.runs import expand
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
@@ -210,9 +215,9 @@ def test_each_iteration_self_plays_with_the_weights_the_last_one_learned(monkeyp
     agent = AlphaZero(AlphaZeroConfig(**{**TINY_AZ, "total_steps": 1000}), spec, CPU, seed=0)
     used = []
 
-    def spy(spec_, evaluate, cfg, n):
+    def spy(spec_, evaluate, cfg, n, stop):
         used.append(evaluate)
-        return self_play(spec_, evaluate, cfg, n)
+        return self_play(spec_, evaluate, cfg, n, stop)
 
     monkeypatch.setattr(az, "self_play", spy)
     states = [TicTacToe(), position("x...o....")]
@@ -338,6 +343,45 @@ def test_an_illegal_action_from_the_game_during_play_is_one_line():
     assert rundir.one_line_reason(err.value) == str(err.value)
 
 
+def test_a_game_that_never_ends_under_search_fails_at_the_move_limit_in_one_line():
+    """Issue 37 item 2: passing for ever passed the sweep (random play resigns soon) and self-play never
+    ended a game; the evaluation games and the ladder play searching agents too."""
+    spec = games.load(EnvConfig(id="user_games:PassOrLose", backend="game"))
+    games.check_game(spec)
+    blind2 = lambda states: (np.ones((len(states), 2)), np.zeros(len(states)))  # noqa: E731
+    cfg = AlphaZeroConfig(simulations=8, games_per_iteration=2, temperature_moves=0, max_moves=30)
+    words = "user_games:PassOrLose: a self-play game did not end within 30 moves (train.max_moves: raise it if the game's games are that long)"
+    with pytest.raises(games.GameError, match=re.escape(words)):
+        self_play(spec, blind2, cfg, 2)
+    searcher = lambda states: [int(c.argmax()) for c in mcts.search(states, blind2, 2, 8, 1.5)[0]]  # noqa: E731
+    with pytest.raises(games.GameError, match=re.escape("user_games:PassOrLose: an evaluation game did not end within 30 moves (train.max_moves")):
+        play_match(spec, searcher, searcher, 2, 30, batched=True)
+
+
+def test_a_stop_warning_ends_a_self_play_iteration_at_the_next_move(tmp_path):
+    """Issue 37 item 2: a trainer in a game that never ends acted on no signal (SIGTERM left it
+    running); the stop flag was asked only between iterations. Now it checkpoints and asks for a requeue."""
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:PassOrLose"},
+                                     {**TINY_AZ, "opponents": ["random"], "max_moves": 100_000, "temperature_moves": 0}, {"episodes": 2})  # fmt: skip
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    assert train(exp_dir, run) == REQUEUE_EXIT
+    assert time.monotonic() - started < 15 and not rundir.is_done(rd) and checkpoint.checkpoint_files(rd / "checkpoints")
+
+
+def test_openspiel_games_must_fit_in_the_move_limit(tmp_path):
+    pytest.importorskip("pyspiel")
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "openspiel", "id": "connect_four", "num_envs": 1}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {"max_moves": 41}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and err.count("\n") == 1 and "train.max_moves: connect_four's games last up to 42 moves (OpenSpiel's max_game_length), more than 41: raise it" in err, err
+    data["train"] = {"max_moves": 42}
+    config.write_text(yaml.safe_dump(data))
+    assert sweep(config)[0] == 0
+
+
 # ---------------------------------------------------------------------------- opponents
 
 
@@ -350,7 +394,7 @@ def test_perfect_player_solves_tic_tac_toe_and_nim():
     solver = PerfectPlayer(nim, random.Random(0))
     assert solver.value(nim.new_initial_state()) == 1.0  # 7 is not a multiple of 3: the mover wins
     rng = random.Random(0)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], perfect, 20)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], perfect, 20, 1000)
     assert all(r <= 0 for r, *_ in results)  # a random player never beats perfect play
     assert [m["first"] for *_, m in results[:2]] == [1.0, 0.0]
 
@@ -359,7 +403,7 @@ def test_rollout_mcts_opponent_beats_random():
     spec = games.load(TTT)
     rollout = make_opponent("mcts:50", spec, 0)
     rng = random.Random(1)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], rollout, 10)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], rollout, 10, 1000)
     assert sum(r < 0 for r, *_ in results) >= 7  # the agent here is random: it loses most games
 
 
@@ -485,7 +529,7 @@ def test_openspiel_games_by_name():
     assert spec.num_actions == 9 and spec.observation_shape == (3, 3, 3)
     bot = make_opponent("mcts:30", spec, 0)  # OpenSpiel's own MCTSBot
     rng = random.Random(0)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6, 1000)
     assert sum(r < 0 for r, *_ in results) >= 4
     four = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 4, "columns": 5}))
     assert four.num_actions == 5 and four.mirror == (4, 3, 2, 1, 0) and spec.mirror == (2, 1, 0, 5, 4, 3, 8, 7, 6)
