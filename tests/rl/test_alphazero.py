@@ -9,7 +9,6 @@ import os
 import random
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from hpcrl.config.experiment import EnvConfig, load_experiment
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.games.tictactoe import TicTacToe
 from hpcrl.rl import checkpoint, games, mcts
-from hpcrl.rl.alphazero import AlphaZero, self_play
+from hpcrl.rl.alphazero import AlphaZero, SelfPlay, self_play
 from hpcrl.rl.evaluate import evaluate_run
 from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
@@ -358,15 +357,24 @@ def test_a_game_that_never_ends_under_search_fails_at_the_move_limit_in_one_line
         play_match(spec, searcher, searcher, 2, 30, batched=True)
 
 
-def test_a_stop_warning_ends_a_self_play_iteration_at_the_next_move(tmp_path):
+def test_a_stop_warning_ends_a_self_play_iteration_at_the_next_move(tmp_path, monkeypatch):
     """Issue 37 item 2: a trainer in a game that never ends acted on no signal (SIGTERM left it
-    running); the stop flag was asked only between iterations. Now it checkpoints and asks for a requeue."""
+    running); the stop flag was asked only between iterations. Now it checkpoints and asks for a
+    requeue without playing another move (the warning arrives during the fifth)."""
     exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:PassOrLose"},
                                      {**TINY_AZ, "opponents": ["random"], "max_moves": 100_000, "temperature_moves": 0}, {"episodes": 2})  # fmt: skip
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    started = time.monotonic()
+    moves = []
+    step = SelfPlay.step
+
+    def warned_during_the_fifth(self, evaluate):
+        moves.append(len(moves) + 1)
+        if len(moves) == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, evaluate)
+
+    monkeypatch.setattr(SelfPlay, "step", warned_during_the_fifth)
     assert train(exp_dir, run) == REQUEUE_EXIT
-    assert time.monotonic() - started < 15 and not rundir.is_done(rd) and checkpoint.checkpoint_files(rd / "checkpoints")
+    assert moves == [1, 2, 3, 4, 5] and not rundir.is_done(rd) and checkpoint.checkpoint_files(rd / "checkpoints")
 
 
 def test_openspiel_games_must_fit_in_the_move_limit(tmp_path):
