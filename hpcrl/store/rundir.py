@@ -678,7 +678,7 @@ def write_ladder(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
     atomic_write_csv(run_dir / LADDER, LADDER_COLUMNS, rows)
 
 
-def read_table(path: Path, columns: Sequence[str], numeric: Sequence[str], whole: bool = False) -> list[dict[str, Any]]:
+def _read_table(path: Path, columns: Sequence[str], numeric: Sequence[str], whole: bool = False) -> list[dict[str, Any]]:
     """The rows of strength.csv, strength_curve.csv or ladder.csv, `numeric` columns as floats.
     FileNotFoundError when absent; ValueError for a missing column or a cell that does not parse.
     A torn last line of a log being written is dropped; in a file written `whole` (atomically, so
@@ -716,7 +716,7 @@ def read_strength(path: Path, curve: bool = False) -> list[dict[str, Any]]:
     reader results use: a row of 9 wins in 4 games printed a win rate of 2.25, a row of 0 games 0.
     FileNotFoundError when absent, ValueError naming the line of the first damage."""
     columns = ("step", *STRENGTH_COLUMNS) if curve else STRENGTH_COLUMNS
-    rows = read_table(path, columns, ("step", "games", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate"), whole=not curve)
+    rows = _read_table(path, columns, ("step", "games", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate"), whole=not curve)
     for n, row in enumerate(rows, start=2):
         _game_counts(row, n, "games", ("wins", "draws", "losses"))
         for count, rate in (("wins", "win_rate"), ("draws", "draw_rate"), ("losses", "loss_rate")):
@@ -734,7 +734,7 @@ def read_ladder(path: Path) -> list[dict[str, Any]]:
     whole game counts that add up; each pair once; every pair of its players present, with `random`
     among them. A file cut at a line's end (one pair gone) changed every rating with no message.
     The one reader results use; FileNotFoundError when absent, ValueError naming the damage."""
-    rows = read_table(path, LADDER_COLUMNS, ("games", "a_wins", "draws", "b_wins"), whole=True)
+    rows = _read_table(path, LADDER_COLUMNS, ("games", "a_wins", "draws", "b_wins"), whole=True)
     pairs: set[frozenset[str]] = set()
     for n, row in enumerate(rows, start=2):
         a, b = row["player_a"], row["player_b"]

@@ -102,7 +102,7 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
     table = read_csv(results / "strength.csv")
     assert [r["opponent"] for r in table] == ["random", "perfect"] and all(r["seeds"] == "2" for r in table)
     for row, opponent in zip(table, ["random", "perfect"]):
-        rates = [float(rundir.read_table(rd / "strength.csv", rundir.STRENGTH_COLUMNS, ("win_rate",))[["random", "perfect"].index(opponent)]["win_rate"]) for rd in run_dirs]
+        rates = [float(rundir.read_strength(rd / "strength.csv")[["random", "perfect"].index(opponent)]["win_rate"]) for rd in run_dirs]
         assert float(row["win_mean"]) == pytest.approx(sum(rates) / 2, abs=1e-5)
         assert float(row["win_ci_low"]) <= float(row["win_mean"]) <= float(row["win_ci_high"])
     curves = read_csv(results / "strength_curves.csv")
