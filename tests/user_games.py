@@ -128,6 +128,12 @@ class Huge(Nim):
     num_actions = 10**9
 
 
+class ActionsRaise(Nim):
+    @property
+    def num_actions(self) -> int:
+        raise ValueError("not decided yet")
+
+
 class SharedCounter(Nim):
     """Ends in a draw after 50 moves, counted in a list its clones share: the observation never
     shows the count, but every search on a clone advances the real game's (so under MCTS each
@@ -205,4 +211,4 @@ class MirrorRaises(TicTacToe):
         raise RuntimeError("not today")
 
 
-__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "OverAtStart", "TerminalRaises", "ObservationRaises", "Huge", "SharedCounter", "PassOrLose", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]
+__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "OverAtStart", "TerminalRaises", "ObservationRaises", "Huge", "ActionsRaise", "SharedCounter", "PassOrLose", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]

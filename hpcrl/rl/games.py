@@ -125,18 +125,22 @@ def load(env: Any) -> GameSpec:
         first = cls(**kwargs)
     except Exception as exc:
         raise GameError(f"{env.id}({_kwargs_text(kwargs)}) raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    missing = [m for m in METHODS if not callable(getattr(first, m, None))]
-    if missing or not hasattr(first, "num_actions"):
-        names = missing + ([] if hasattr(first, "num_actions") else ["num_actions"])
-        raise GameError(f"{env.id} does not implement the game protocol (hpcrl.rl.games): missing {', '.join(names)}")
-    num_actions = _num_actions(env.id, first.num_actions)
+    declared = {name: _attribute(env.id, first, name) for name in (*METHODS, "num_actions")}
+    missing = [m for m in METHODS if not callable(declared[m])] + (["num_actions"] if declared["num_actions"] is None else [])
+    if missing:
+        raise GameError(f"{env.id} does not implement the game protocol (hpcrl.rl.games): missing {', '.join(missing)}")
+    num_actions = _num_actions(env.id, declared["num_actions"])
     shape = observation(first).shape
-    try:
-        declared = getattr(first, "mirror_actions", None)
-    except Exception as exc:  # a property of the user's that raises
-        raise GameError(f"{env.id}.mirror_actions raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    mirror = _mirror(env.id, declared, num_actions)
+    mirror = _mirror(env.id, _attribute(env.id, first, "mirror_actions"), num_actions)
     return GameSpec(env.id, lambda: cls(**kwargs), num_actions, shape, mirror=mirror)
+
+
+def _attribute(name: str, state: Any, attribute: str) -> Any:
+    """A game's attribute, None where it has none; one raised by a property of the user's is one line."""
+    try:
+        return getattr(state, attribute, None)
+    except Exception as exc:
+        raise GameError(f"{name}.{attribute} raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
 
 
 def _num_actions(name: str, value: Any) -> int:

@@ -260,6 +260,7 @@ def test_value_target_q_mixes_the_search_value_into_the_outcome():
     ("user_games:TerminalRaises", "TerminalRaises.is_terminal() raised RuntimeError: lost count"),
     ("user_games:ObservationRaises", "ObservationRaises.observation() raised KeyError: 3"),
     ("user_games:Huge", "user_games:Huge: num_actions must be an int in 1..100,000"),
+    ("user_games:ActionsRaise", "user_games:ActionsRaise.num_actions raised ValueError: not decided yet"),
     ("user_games:SharedCounter", "SharedCounter.clone(): playing on the copy changed the original (its attribute 'moves')"),
 ])
 def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words):
