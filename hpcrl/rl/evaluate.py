@@ -143,10 +143,9 @@ def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg
     fail the eval stage, and with it the run's whole evaluation."""
     sims = cfg.simulations
     saved = {s: path for s, path in checkpoint.snapshots(rd / rundir.CHECKPOINTS) if s != step}
-    agents: dict[str, strength.Agent] = {}
-    while len(agents) < len(picked := strength.ladder_players(list(saved))):
-        agents = {}
-        for at in picked:
+    while True:
+        agents: dict[str, strength.Agent] = {}
+        for at in strength.ladder_players(list(saved)):
             snap = make_network(cfg, spec).to(device)
             try:
                 snap.load_state_dict(checkpoint.load(saved[at], device)["agent"]["policy"])
@@ -155,6 +154,8 @@ def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg
                 break
             snap.eval()
             agents[str(at)] = strength.mcts_agent(snap, device, spec, sims, cfg.c_puct)
+        else:
+            break
     agents[str(step)] = strength.mcts_agent(net, device, spec, sims, cfg.c_puct)
     return strength.ladder(spec, agents, cfg.ladder_games, seed, cfg.max_moves)
 
