@@ -97,6 +97,103 @@ class SometimesBad(Nim):
         return [0, 1, 7] if self.pile == 9 else super().legal_actions()
 
 
+class OverAtStart(Nim):
+    """An empty pile: the game is over before anyone moves (as OpenSpiel's checkers on 6x6)."""
+
+    def __init__(self, pile: int = 0) -> None:
+        super().__init__(pile)
+
+
+class TerminalRaises(Nim):
+    """is_terminal() raises once a stone is taken."""
+
+    def is_terminal(self) -> bool:
+        if self.pile < 5:
+            raise RuntimeError("lost count")
+        return super().is_terminal()
+
+
+class ObservationRaises(Nim):
+    """observation() raises with three stones left."""
+
+    def observation(self) -> list[float]:
+        if self.pile == 3:
+            raise KeyError(3)
+        return super().observation()
+
+
+class Huge(Nim):
+    """A billion actions, two of them legal: its network and replay window would not fit."""
+
+    num_actions = 10**9
+
+
+class ActionsRaise(Nim):
+    @property
+    def num_actions(self) -> int:
+        raise ValueError("not decided yet")
+
+
+class SharedCounter(Nim):
+    """Ends in a draw after 50 moves, counted in a list its clones share: the observation never
+    shows the count, but every search on a clone advances the real game's (so under MCTS each
+    self-play game lasts one move)."""
+
+    def __init__(self, pile: int = 5) -> None:
+        super().__init__(pile)
+        self.moves = [0]
+
+    def apply_action(self, action: int) -> None:
+        super().apply_action(action)
+        self.moves[0] += 1
+
+    def is_terminal(self) -> bool:
+        return super().is_terminal() or self.moves[0] >= 50
+
+    def returns(self) -> tuple[float, float]:
+        return (0.0, 0.0) if self.pile else super().returns()
+
+    def clone(self) -> SharedCounter:
+        copy = type(self)(self.pile)
+        copy.player, copy.last, copy.moves = self.player, self.last, self.moves
+        return copy
+
+
+class PassOrLose:
+    """Action 0 passes, action 1 resigns: random play ends a game in two moves on average, and a
+    search never resigns, so under it a game never ends."""
+
+    num_actions = 2
+
+    def __init__(self) -> None:
+        self.player, self.loser = 0, -1
+
+    def current_player(self) -> int:
+        return self.player
+
+    def legal_actions(self) -> list[int]:
+        return [0, 1]
+
+    def apply_action(self, action: int) -> None:
+        if action == 1:
+            self.loser = self.player
+        self.player = 1 - self.player
+
+    def is_terminal(self) -> bool:
+        return self.loser >= 0
+
+    def returns(self) -> tuple[float, float]:
+        return (-1.0, 1.0) if self.loser == 0 else (1.0, -1.0)
+
+    def observation(self) -> list[float]:
+        return [1.0]
+
+    def clone(self) -> PassOrLose:
+        copy = PassOrLose()
+        copy.player, copy.loser = self.player, self.loser
+        return copy
+
+
 class TurnedNotMirrored(TicTacToe):
     """Declares the board turned half round (cell i -> 8 - i, a permutation that undoes itself) as
     its mirror image: the observation mirrored left to right is not that position."""
@@ -114,4 +211,4 @@ class MirrorRaises(TicTacToe):
         raise RuntimeError("not today")
 
 
-__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]
+__all__ = ["Nim", "NoClone", "BothWin", "Refuses", "SometimesBad", "OverAtStart", "TerminalRaises", "ObservationRaises", "Huge", "ActionsRaise", "SharedCounter", "PassOrLose", "TicTacToe", "TurnedNotMirrored", "MirrorNotAPermutation", "MirrorRaises"]

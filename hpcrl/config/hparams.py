@@ -21,6 +21,8 @@ NATURE_CNN = (32, 64, 64)
 """The Nature CNN's filters per convolution (Mnih et al. 2015): cnn_channels' default."""
 MAX_BUFFER = 100_000_000
 """Largest DQN replay buffer (transitions); it is allocated whole when training starts."""
+MAX_MOVES = 100_000
+"""Most moves of one two-player game, played by anyone (hpcrl.rl.games): a game longer than this does not end."""
 
 
 def device_problem(value: str) -> str | None:
@@ -211,6 +213,10 @@ class AlphaZeroConfig(TrainConfig):
     """Weight w of the search's value at the root in each position's value target, (1 - w) z + w q
     with z the game's outcome: 0 is AlphaZero's z alone; the search's value is less noisy than one
     game's outcome (which a blunder later in the game decides), at the price of the network's bias."""
+    max_moves: int = setting(1000, ge=1, le=MAX_MOVES, learned=False)
+    """Moves after which a game that has not ended fails the run in one line naming the game: in
+    self-play and in every evaluation game (a game that ends under random play may not under search,
+    where one move passes for ever). OpenSpiel's games must fit theirs in (max_game_length)."""
     temperature_moves: int = setting(4, ge=0, le=10_000)
     """Self-play moves of each game sampled in proportion to visit counts; later moves take the most visited."""
     games_per_iteration: int = setting(32, ge=1, le=100_000)

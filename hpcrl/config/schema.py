@@ -142,11 +142,17 @@ def setting(
     sweepable: bool | None = None,
     shorthand: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """A dataclass field with its rules (`field()` plus bounds), e.g. `gamma: float = setting(0.99, ge=0, le=1)`."""
+    """A dataclass field with its rules (`field()` plus bounds), e.g. `gamma: float = setting(0.99, ge=0, le=1)`.
+
+    A setting that names no rule declares none: a subclass that only changes a default, even one that
+    needs `setting` for it (a list's `factory`), keeps the rules its base class declared (`field_rules`).
+    Otherwise `hidden_sizes: list[int] = setting(factory=...)` in AlphaZeroConfig dropped the bounds
+    TrainConfig declares, and `[0]` or `[-5]` passed the sweep."""
     rules = Rules(ge, gt, le, lt, min_items, max_items, directive, valid, keys, learned, sweepable, shorthand)
+    metadata = {"rules": rules} if rules != Rules() else {}
     if factory is not None:
-        return field(default_factory=factory, metadata={"rules": rules})
-    return field(default=default, metadata={"rules": rules})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @functools.cache

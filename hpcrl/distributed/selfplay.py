@@ -35,6 +35,7 @@ from hpcrl.config.experiment import DistributedConfig
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import wire
 from hpcrl.distributed.apex import episode_schema, param_arrays
+from hpcrl.rl import games
 from hpcrl.rl.alphazero import Positions, SelfPlay, Training, make_network, network_evaluator
 from hpcrl.rl.games import GameSpec
 
@@ -128,7 +129,8 @@ class AlphaZeroLearner:
     # ------------------------------------------------------------------ data
     def validate(self, message: wire.Message) -> int:
         """Check a batch (raises wire.MalformedMessage); returns its number of positions. A policy
-        target off the legal moves, a NaN, or games that do not add up would poison every update."""
+        target off the legal moves, a NaN, a value beyond a game's returns, or games that do not add
+        up would poison every update."""
         fields = message.fields
         if message.layout is None or message.layout is not self._checked_layout:
             positions = {k: v for k, v in fields.items() if k not in self.episode_schema}
@@ -143,6 +145,10 @@ class AlphaZeroLearner:
         for k in ("obs", "policy", "value", "ep_return"):
             if not np.isfinite(fields[k]).all():
                 raise wire.MalformedMessage(f"non-finite values in {k!r}: one NaN would spread through every later update")
+        for k in ("value", "ep_return"):  # a game's outcome, and each value target mixed from outcomes and search values
+            if games.beyond_returns(fields[k]):
+                worst = float(fields[k][np.argmax(np.abs(fields[k]))])
+                raise wire.MalformedMessage(f"{k!r} of {worst:g} outside [-1, 1], the range of a game's returns: the value network's tanh could never learn it, and its squared error would swamp every update")
         policy, legal = fields["policy"], fields["legal"]
         if (policy < 0).any() or (policy[~legal] != 0).any() or not legal.any(-1).all() or not np.allclose(policy.sum(-1), 1.0, atol=1e-3):
             raise wire.MalformedMessage("a visit distribution is not a distribution over the legal moves")

@@ -20,7 +20,7 @@ Pure functions of the files: no torch (collect runs on a login node).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from hpcrl.results import plots, report, stats
 from hpcrl.results.tables import RunResult
 from hpcrl.store import rundir
 
-ANCHOR = "random"
+ANCHOR = rundir.LADDER_ANCHOR
 """The player rated 0: every run's ladder has it, so the ratings of different seeds share a scale."""
 PRIOR_DRAWS = 1.0
 """Virtual drawn games added to every pair played: they keep a rating finite when one side won
@@ -79,10 +79,11 @@ def _label(r: RunResult, multi: bool) -> str:
     return f"{r.setting} on {r.task}" if multi else r.setting
 
 
-def _read(r: RunResult, name: str, columns: Sequence[str], numeric: Sequence[str], problems: list[str], multi: bool) -> list[dict] | None:
-    """A run's file, or None with the reason in `problems` (missing: only where `name` is in the list)."""
+def _read(r: RunResult, name: str, reader: Callable[[Path], list[dict]], problems: list[str], multi: bool) -> list[dict] | None:
+    """A run's file through its one validated reader (rundir), or None with the reason in `problems`:
+    a damaged file is left out whole, named with the line of the damage."""
     try:
-        return rundir.read_table(r.run_dir / name, columns, numeric)
+        return reader(r.run_dir / name)
     except FileNotFoundError:
         problems.append(f"run {r.run_id} ({_label(r, multi)}, seed {r.seed}): no {name}")
     except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -171,24 +172,18 @@ def write_strength(results: Sequence[RunResult], results_dir: Path, agg: str) ->
     for r in results:
         label = _label(r, multi)
         if (r.run_dir / rundir.STRENGTH_CURVE).is_file():
-            rows = _read(r, rundir.STRENGTH_CURVE, ("step", *rundir.STRENGTH_COLUMNS), ("step", "games", "win_rate", "draw_rate", "loss_rate"), problems, multi)
+            rows = _read(r, rundir.STRENGTH_CURVE, lambda path: rundir.read_strength(path, curve=True), problems, multi)
             if rows:
                 curves_of.setdefault(label, []).append(rows)
         if r.problem:
             continue  # reported already, as every run without a score is
-        rows = _read(r, rundir.STRENGTH, rundir.STRENGTH_COLUMNS, ("games", "win_rate", "draw_rate", "loss_rate"), problems, multi)
+        rows = _read(r, rundir.STRENGTH, rundir.read_strength, problems, multi)
         if rows:
             final.setdefault(label, []).extend(rows)
         if has_ladder:
-            pairs = _read(r, rundir.LADDER, rundir.LADDER_COLUMNS, ("games", "a_wins", "draws", "b_wins"), problems, multi)
+            pairs = _read(r, rundir.LADDER, rundir.read_ladder, problems, multi)
             if pairs:
-                try:
-                    ratings = fit_elo([(p["player_a"], p["player_b"], p["a_wins"] + p["draws"] / 2, p["games"]) for p in pairs])
-                    if any(p != ANCHOR and not p.isdigit() for p in ratings):
-                        raise ValueError("a player other than random is not named by its step")
-                except ValueError as exc:
-                    problems.append(f"run {r.run_id} ({label}, seed {r.seed}): corrupt {rundir.LADDER} ({exc})")
-                    continue
+                ratings = fit_elo([(p["player_a"], p["player_b"], p["a_wins"] + p["draws"] / 2, p["games"]) for p in pairs])
                 ratings_of.setdefault(label, []).append(ratings)
                 elo_rows += [[r.setting, r.task, r.run_id, r.seed, p, "" if p == ANCHOR else p, f"{e:.6g}"] for p, e in ratings.items()]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,7 +136,7 @@ def network_evaluator(net: PolicyValueNet, device: torch.device) -> mcts.Evaluat
 
     @torch.no_grad()
     def evaluate(states: Sequence[Game]) -> tuple[np.ndarray, np.ndarray]:
-        obs = torch.as_tensor(np.stack([np.asarray(s.observation(), dtype=np.float32) for s in states]), device=device)
+        obs = torch.as_tensor(np.stack([games.observation(s).astype(np.float32, copy=False) for s in states]), device=device)
         logits, values = net(obs)
         return torch.softmax(logits.float(), -1).cpu().numpy(), values.float().cpu().numpy()
 
@@ -178,19 +178,16 @@ class SelfPlay:
     def __init__(self, spec: GameSpec, cfg: AlphaZeroConfig, n_games: int, continuous: bool) -> None:
         self.spec, self.cfg, self.continuous = spec, cfg, continuous
         self.noise = (cfg.dirichlet_alpha, cfg.dirichlet_fraction) if cfg.dirichlet_fraction > 0 else None
-        self.states = [spec.new_initial_state() for _ in range(n_games)]
+        self.states = [games.first_position(spec) for _ in range(n_games)]
         self.records: list[list[Record]] = [[] for _ in range(n_games)]
         self.finished: list[tuple[int, list[Record], tuple[float, float]]] = []
         """(slot, its records, the game's returns) of each game finished and not taken yet, in the order they ended."""
         self.ready = 0
         """Positions in `finished`."""
         self.moves = 0
-        for i, state in enumerate(self.states):
-            if state.is_terminal():  # a game over before its first move: an episode without positions
-                self._finish(i)
 
     def active(self) -> list[int]:
-        return [i for i, state in enumerate(self.states) if not state.is_terminal()]
+        return [i for i, state in enumerate(self.states) if not games.is_terminal(state)]
 
     def step(self, evaluate: mcts.Evaluator) -> int:
         """One move in every game still going; returns how many moves were made."""
@@ -204,12 +201,14 @@ class SelfPlay:
             legal = np.zeros(spec.num_actions, dtype=bool)
             legal[games.legal_actions(state, spec.num_actions)] = True
             pi = visits / visits.sum()
-            record.append((np.asarray(state.observation(), dtype=np.float32), legal, pi.astype(np.float32), games.current_player(state), float(q)))
+            record.append((games.observation(state).astype(np.float32), legal, pi.astype(np.float32), games.current_player(state), float(q)))
             explore = len(record) <= cfg.temperature_moves
             games.apply(state, int(np.random.choice(spec.num_actions, p=pi)) if explore else greedy(visits))
         for i in active:
-            if self.states[i].is_terminal():
+            if games.is_terminal(self.states[i]):
                 self._finish(i)
+            elif len(self.records[i]) >= cfg.max_moves:
+                raise games.too_long(spec, "a self-play game", cfg.max_moves)
         self.moves += len(active)
         return len(active)
 
@@ -218,7 +217,7 @@ class SelfPlay:
         self.ready += len(self.records[i])
         self.records[i] = []
         if self.continuous:
-            self.states[i] = self.spec.new_initial_state()
+            self.states[i] = games.first_position(self.spec)
 
     def take(self, by_slot: bool = False) -> tuple[Positions, list[tuple[float, int]]]:
         """The finished games' positions (game after game) and each game's (player 0's return, length)."""
@@ -236,10 +235,12 @@ class SelfPlay:
         return Positions(np.stack(obs), np.stack(legal), np.stack(pi), np.array(z, dtype=np.float32)), episodes
 
 
-def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int) -> tuple[Positions, list[tuple[float, int]]]:
-    """Play `n_games` games in lockstep to their ends; their positions, and each game's (player 0's return, length)."""
+def self_play(spec: GameSpec, evaluate: mcts.Evaluator, cfg: AlphaZeroConfig, n_games: int, stop: Callable[[], bool] = lambda: False) -> tuple[Positions, list[tuple[float, int]]]:
+    """Play `n_games` games in lockstep to their ends; their positions, and each game's (player 0's return, length).
+    `stop` is asked before every move: once it says so, the games not finished are left unplayed
+    (a stop warning is acted on within a move, not after games of unknown length)."""
     play = SelfPlay(spec, cfg, n_games, continuous=False)
-    while play.step(evaluate):
+    while not stop() and play.step(evaluate):
         pass
     return play.take(by_slot=True)
 
@@ -361,6 +362,10 @@ class AlphaZero:
         self.global_step = 0
         self.iteration = 0
         self.episodes: list[tuple[float, int]] = []
+        self.stop: Callable[[], bool] = lambda: False
+        """Asked between self-play moves (the trainer gives its stop flag): an iteration of the other
+        algorithms is bounded by its settings, one of AlphaZero's plays games of unknown length, and a
+        warning waited for their ends (SIGTERM left a trainer in a game that never ends running)."""
 
     @property
     def version(self) -> int:
@@ -373,7 +378,7 @@ class AlphaZero:
 
     def train_iteration(self) -> dict[str, float]:
         cfg = self.cfg
-        positions, episodes = self_play(self.spec, network_evaluator(self.policy, self.device), cfg, cfg.games_per_iteration)
+        positions, episodes = self_play(self.spec, network_evaluator(self.policy, self.device), cfg, cfg.games_per_iteration, self.stop)
         self.replay.add(positions)
         self.episodes.extend(episodes)
         self.global_step += len(positions)

@@ -173,6 +173,12 @@ def load(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
     return torch.load(path, map_location=device, weights_only=True)
 
 
+def unreadable(path: Path, exc: BaseException) -> str:
+    """The one line that names a checkpoint file that does not read (truncated, foreign, not this
+    run's network) and why: torch's own message names no file and may run over many lines."""
+    return f"{path.name}: unreadable ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]})"
+
+
 def load_latest(directory: Path, device: str | torch.device = "cpu") -> tuple[dict[str, Any] | None, list[str]]:
     """The newest readable checkpoint (None when there is none) and a note for every unreadable one
     skipped on the way. UnreadableCheckpoints when there are checkpoints and none of them reads."""
@@ -181,7 +187,7 @@ def load_latest(directory: Path, device: str | torch.device = "cpu") -> tuple[di
         try:
             return load(path, device), problems
         except Exception as exc:  # a truncated or foreign file: report it, try the previous one
-            problems.append(f"{path.name}: unreadable ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]})")
+            problems.append(unreadable(path, exc))
     if problems:
         raise UnreadableCheckpoints(
             f"none of the {len(problems)} checkpoints in {directory} is readable ({'; '.join(problems)}); "

@@ -121,11 +121,15 @@ def _check_game_class(spec: EnvConfig) -> None:
 
 
 def _check_alphazero(exp: Experiment) -> None:
-    """What joins the game and train.*: board planes for a resnet, a game small enough for `perfect`."""
+    """What joins the game and train.*: board planes for a resnet, a move limit that OpenSpiel's own
+    longest game fits in, a game small enough for `perfect`."""
     cfg = exp.train
     game = games.load(exp.env)
     if getattr(cfg, "network", "mlp") == "resnet" and len(game.observation_shape) != 3:
         raise ConfigError(f"train.network: resnet needs board planes (channels, height, width); {game.name}'s observation has shape {game.observation_shape}")
+    longest = game.openspiel_game.max_game_length() if game.openspiel_game is not None else 0
+    if longest > cfg.max_moves:  # type: ignore[attr-defined]  # the experiment's AlphaZeroConfig
+        raise ConfigError(f"train.max_moves: {game.name}'s games last up to {longest:,} moves (OpenSpiel's max_game_length), more than {cfg.max_moves:,}: raise it")  # type: ignore[attr-defined]
     if "perfect" in getattr(cfg, "opponents", ()):
         try:
             PerfectPlayer(game, random.Random(0)).value(game.new_initial_state())

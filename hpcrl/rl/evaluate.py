@@ -127,27 +127,37 @@ Elo ladder's round robin (`weights_step` names the evaluated policy in it) in la
     rows = [strength.summary(name, rs) for name, rs in by_opponent.items()]
     rundir.write_strength(rd, rows)
     if cfg.ladder_games:
-        rundir.write_ladder(rd, _ladder(rd, spec, net, weights_step, cfg, device, EVAL_SEED_OFFSET + run.seed))
+        rundir.write_ladder(rd, _ladder(rd, spec, net, weights_step, cfg, device, EVAL_SEED_OFFSET + run.seed, run.run_id, out))
     text = ", ".join(f"{name}: {w}/{d}/{lost}" for name, _, w, d, lost, *_ in rows)
     rundir.mark(rd, rundir.EVAL_DONE, f"wins/draws/losses {text} ({run.config.eval.episodes} games each) of the {which}")
     print(f"{run.run_id}: eval wins/draws/losses {text} of the {which}", file=out)
     return 0
 
 
-def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg: Any, device: torch.device, seed: int) -> list[list[Any]]:
+def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg: Any, device: torch.device, seed: int, run_id: str, out) -> list[list[Any]]:
     """The Elo ladder's round robin: `random`, the snapshots of the evaluations during training (at
     most strength.LADDER_PLAYERS) and the evaluated policy, each named by its step. They search
-    train.simulations, self-play's, not eval_simulations: a round robin is players^2 / 2 matches."""
+    train.simulations, self-play's, not eval_simulations: a round robin is players^2 / 2 matches.
+    A snapshot that does not read (a truncated file, another network's weights) is named in one
+    line and left out, and the players are picked again from the rest: one damaged file must not
+    fail the eval stage, and with it the run's whole evaluation."""
     sims = cfg.simulations
-    saved = dict(checkpoint.snapshots(rd / rundir.CHECKPOINTS))
-    agents = {}
-    for at in strength.ladder_players([s for s in saved if s != step]):
-        snap = make_network(cfg, spec).to(device)
-        snap.load_state_dict(checkpoint.load(saved[at], device)["agent"]["policy"])
-        snap.eval()
-        agents[str(at)] = strength.mcts_agent(snap, device, spec, sims, cfg.c_puct)
+    saved = {s: path for s, path in checkpoint.snapshots(rd / rundir.CHECKPOINTS) if s != step}
+    while True:
+        agents: dict[str, strength.Agent] = {}
+        for at in strength.ladder_players(list(saved)):
+            snap = make_network(cfg, spec).to(device)
+            try:
+                snap.load_state_dict(checkpoint.load(saved[at], device)["agent"]["policy"])
+            except Exception as exc:  # whatever a damaged file makes torch raise
+                print(f"{run_id}: left out of the Elo ladder: {rd / rundir.CHECKPOINTS / checkpoint.LADDER / checkpoint.unreadable(saved.pop(at), exc)}", file=out)
+                break
+            snap.eval()
+            agents[str(at)] = strength.mcts_agent(snap, device, spec, sims, cfg.c_puct)
+        else:
+            break
     agents[str(step)] = strength.mcts_agent(net, device, spec, sims, cfg.c_puct)
-    return strength.ladder(spec, agents, cfg.ladder_games, seed)
+    return strength.ladder(spec, agents, cfg.ladder_games, seed, cfg.max_moves)
 
 
 def _checkpoint_to_evaluate(rd: Path, which: str) -> tuple[dict, str]:

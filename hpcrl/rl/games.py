@@ -28,16 +28,19 @@ loads OpenSpiel's game of that name (`pip install 'hpcrl[openspiel]'`), `env.kwa
 game parameters; only deterministic, sequential, perfect-information, two-player zero-sum games.
 
 `check_game` plays a few random games at sweep time, so a class that breaks the protocol (a
-missing method, returns that do not sum to zero or leave [-1, 1], a wrong player, a changing observation shape)
-is refused in one line before anything is submitted. During training every position's legal
-actions are checked again (`legal_actions`), and an action the game refuses fails the run with
-one line naming the game (`apply`).
+missing method, a method that raises, returns that do not sum to zero or leave [-1, 1], a wrong
+player, a changing observation shape, a first position that is already over, a clone that shares
+what it changes with its original) is refused in one line before anything is submitted. Every call
+into a game goes through the checked accessors below (`is_terminal`, `observation`, `legal_actions`,
+...), at sweep time and during training alike: an exception from the game is one line naming the
+method and the game, and an action the game refuses fails the run with one line (`apply`).
 
 No torch here: the checks run on a login node.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import random
 from collections.abc import Callable, Sequence
@@ -46,14 +49,31 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hpcrl.config.hparams import MAX_MOVES
 from hpcrl.store.rundir import RunError
 
 GAME_BACKENDS = ("openspiel", "game")
 METHODS = ("current_player", "legal_actions", "apply_action", "is_terminal", "returns", "observation", "clone")
 CHECK_GAMES = 20
 """Random games played by `check_game`."""
-MAX_MOVES = 100_000
-"""Moves of one checked random game: a game longer than this does not end."""
+MAX_ACTIONS = 100_000
+"""Most actions a game may have (OpenSpiel's chess has 4,672): the policy head and every replay
+position hold a number per action, and 10**9 of them passed the sweep and failed in torch's
+allocator (64 GB)."""
+CLONE_CHECKS = 200
+"""Moves of each random game at which `check_game` also compares the original's own attributes
+before and after a move on its clone (a deep copy of them each time)."""
+RETURN_BOUND = 1.0
+"""A game's returns, and so every value target AlphaZero learns from them, lie in [-RETURN_BOUND,
+RETURN_BOUND]: the value network's tanh predicts there, and a target beyond it could never be learned."""
+TOLERANCE = 1e-6
+"""Rounding allowed on returns (and on a value target, a float32 mix of them and the search's values)."""
+
+
+def beyond_returns(values: np.ndarray) -> bool:
+    """Whether any of `values` lies outside the returns' range: the one test of the game's
+    returns (`returns`) and of the value targets that reach the decoupled trainer."""
+    return bool((np.abs(np.asarray(values, dtype=np.float64)) > RETURN_BOUND + TOLERANCE).any())
 
 
 @runtime_checkable
@@ -105,20 +125,29 @@ def load(env: Any) -> GameSpec:
         first = cls(**kwargs)
     except Exception as exc:
         raise GameError(f"{env.id}({_kwargs_text(kwargs)}) raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    missing = [m for m in METHODS if not callable(getattr(first, m, None))]
-    if missing or not hasattr(first, "num_actions"):
-        names = missing + ([] if hasattr(first, "num_actions") else ["num_actions"])
-        raise GameError(f"{env.id} does not implement the game protocol (hpcrl.rl.games): missing {', '.join(names)}")
-    num_actions = first.num_actions
-    if not isinstance(num_actions, (int, np.integer)) or isinstance(num_actions, bool) or num_actions < 1:
-        raise GameError(f"{env.id}: num_actions must be a positive int, got {num_actions!r}")
-    shape = np.asarray(first.observation()).shape
+    declared = {name: _attribute(env.id, first, name) for name in (*METHODS, "num_actions")}
+    missing = [m for m in METHODS if not callable(declared[m])] + (["num_actions"] if declared["num_actions"] is None else [])
+    if missing:
+        raise GameError(f"{env.id} does not implement the game protocol (hpcrl.rl.games): missing {', '.join(missing)}")
+    num_actions = _num_actions(env.id, declared["num_actions"])
+    shape = observation(first).shape
+    mirror = _mirror(env.id, _attribute(env.id, first, "mirror_actions"), num_actions)
+    return GameSpec(env.id, lambda: cls(**kwargs), num_actions, shape, mirror=mirror)
+
+
+def _attribute(name: str, state: Any, attribute: str) -> Any:
+    """A game's attribute, None where it has none; one raised by a property of the user's is one line."""
     try:
-        declared = getattr(first, "mirror_actions", None)
-    except Exception as exc:  # a property of the user's that raises
-        raise GameError(f"{env.id}.mirror_actions raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    mirror = _mirror(env.id, declared, int(num_actions))
-    return GameSpec(env.id, lambda: cls(**kwargs), int(num_actions), shape, mirror=mirror)
+        return getattr(state, attribute, None)
+    except Exception as exc:
+        raise GameError(f"{name}.{attribute} raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def _num_actions(name: str, value: Any) -> int:
+    """A game's number of actions, checked: a positive int, at most MAX_ACTIONS."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 1 <= value <= MAX_ACTIONS:
+        raise GameError(f"{name}: num_actions must be an int in 1..{MAX_ACTIONS:,} (the network and every stored position hold a number per action), got {_short(value)}")
+    return int(value)
 
 
 def _mirror(name: str, declared: Any, num_actions: int) -> tuple[int, ...] | None:
@@ -211,7 +240,7 @@ def _load_openspiel(name: str, params: dict[str, Any]) -> GameSpec:
         if not ok:
             raise GameError(f"{name} {why}: AlphaZero here plays deterministic two-player zero-sum games of perfect information")
     mirror = OPENSPIEL_MIRRORS[name](game.get_parameters()) if name in OPENSPIEL_MIRRORS else None
-    return GameSpec(name, lambda: OpenSpielGame(game), game.num_distinct_actions(), tuple(game.observation_tensor_shape()), game, mirror)
+    return GameSpec(name, lambda: OpenSpielGame(game), _num_actions(name, game.num_distinct_actions()), tuple(game.observation_tensor_shape()), game, mirror)
 
 
 OPENSPIEL_MIRRORS: dict[str, Callable[[dict[str, Any]], tuple[int, ...]]] = {
@@ -222,9 +251,48 @@ OPENSPIEL_MIRRORS: dict[str, Callable[[dict[str, Any]], tuple[int, ...]]] = {
 action each action becomes in the mirror image (`mirror_actions`); check_game verifies them."""
 
 
+def _call(state: Game, method: str) -> Any:
+    """`state.<method>()`: whatever the game raises is one line naming the method and the game
+    (a traceback at sweep time before, rc 1)."""
+    try:
+        return getattr(state, method)()
+    except Exception as exc:
+        raise GameError(f"{type(state).__name__}.{method}() raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def is_terminal(state: Game) -> bool:
+    return bool(_call(state, "is_terminal"))
+
+
+def observation(state: Game) -> np.ndarray:
+    return np.asarray(_call(state, "observation"))
+
+
+def clone(state: Game) -> Game:
+    return _call(state, "clone")
+
+
+def first_position(spec: GameSpec) -> Game:
+    """A new game's first position, which must not be over: a game with no move gives self-play no
+    position to learn from, and a trainer fed none would loop at step 0 for ever (OpenSpiel's
+    checkers on a 6x6 board: no piece can move)."""
+    state = spec.new_initial_state()
+    if is_terminal(state):
+        raise GameError(f"{spec.name}: the game is over before its first move (is_terminal() is true in the first position): there is nothing to play or learn")
+    return state
+
+
+def too_long(spec: GameSpec, what: str, limit: int, key: str | None = "train.max_moves") -> GameError:
+    """The one line of a game that has not ended within its move limit: every loop that plays a game
+    to its end (self-play, evaluation games, rollouts, the sweep's random games) is bounded by one,
+    so none can loop for ever; `key`, the setting of the limit, if there is one."""
+    setting = f" ({key}: raise it if the game's games are that long)" if key else ""
+    return GameError(f"{spec.name}: {what} did not end within {limit:,} moves{setting}; a game that never ends under search (a move that passes for ever?) must not be played to its end")
+
+
 def legal_actions(state: Game, num_actions: int) -> list[int]:
     """The position's legal actions, checked: ints in range, without repeats, at least one."""
-    actions = state.legal_actions()
+    actions = _call(state, "legal_actions")
     try:
         ok = len(actions) > 0 and all(isinstance(a, (int, np.integer)) and 0 <= a < num_actions for a in actions) and len(set(actions)) == len(actions)
     except TypeError:
@@ -235,7 +303,7 @@ def legal_actions(state: Game, num_actions: int) -> list[int]:
 
 
 def current_player(state: Game) -> int:
-    player = state.current_player()
+    player = _call(state, "current_player")
     if player not in (0, 1):
         raise GameError(f"{type(state).__name__}.current_player() returned {player!r}: expected 0 or 1 (chance and simultaneous moves are not supported)")
     return int(player)
@@ -252,14 +320,14 @@ def apply(state: Game, action: int) -> None:
 def returns(state: Game) -> tuple[float, float]:
     """A terminal position's returns, checked: two finite numbers in [-1, 1] summing to zero (the
     value network's tanh predicts in [-1, 1]: a target beyond it could never be learned)."""
-    values = state.returns()
+    values = _call(state, "returns")
     try:
         r0, r1 = (float(v) for v in values)
     except (TypeError, ValueError):
         raise GameError(f"{type(state).__name__}.returns() returned {_short(values)}: expected two numbers, one per player") from None
-    if not (np.isfinite(r0) and np.isfinite(r1)) or abs(r0 + r1) > 1e-6:
+    if not (np.isfinite(r0) and np.isfinite(r1)) or abs(r0 + r1) > TOLERANCE:
         raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): a two-player zero-sum game's returns sum to 0")
-    if abs(r0) > 1 + 1e-6:
+    if beyond_returns(np.array([r0])):
         raise GameError(f"{type(state).__name__}.returns() returned ({r0:g}, {r1:g}): expected returns in [-1, 1] (+1 / 0 / -1 as a rule), which the value network predicts; scale them")
     return r0, r1
 
@@ -271,51 +339,111 @@ def _short(value: Any) -> str:
 
 def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
     """Play `games` random games through the checked accessors above; GameError on the first
-    break of the protocol (or a game that does not end within MAX_MOVES moves)."""
+    break of the protocol (or a game that does not end within MAX_MOVES moves, the most of any game)."""
     rng = random.Random(seed)
     for _ in range(games):
-        state = spec.new_initial_state()
+        state = first_position(spec)
         mirrored = spec.new_initial_state() if spec.mirror else None
-        for _ in range(MAX_MOVES):
+        for move in range(MAX_MOVES):
             if mirrored is not None:
                 _check_mirror(state, mirrored, spec)
-            if state.is_terminal():
+            if is_terminal(state):
                 returns(state)
                 break
             _check_observation(state, spec.observation_shape)
-            current_player(state)
             actions = legal_actions(state, spec.num_actions)
-            copy = state.clone()
-            before = np.array(state.observation(), copy=True)
+            before = _position(state, spec.num_actions)
+            fields = _deep_fields(state) if move < CLONE_CHECKS else None
+            copy_ = clone(state)
             action = rng.choice(actions)
-            apply(copy, action)
-            if not np.array_equal(before, np.asarray(state.observation())):
-                raise GameError(f"{type(state).__name__}.clone(): playing on the copy changed the original")
-            state = copy
+            apply(copy_, action)
+            changed = _changed(state, fields) if _position(state, spec.num_actions) == before else "what it shows"
+            if changed is not None:
+                raise GameError(f"{type(state).__name__}.clone(): playing on the copy changed the original ({changed}): a copy must share nothing it changes with its original, or every search changes the game it searches")
+            state = copy_
             if mirrored is not None:
                 apply(mirrored, spec.mirror[action])
         else:
-            raise GameError(f"{type(state).__name__}: a random game did not end within {MAX_MOVES:,} moves")
+            raise too_long(spec, "a random game", MAX_MOVES, None)
+
+
+def _position(state: Game, num_actions: int) -> tuple[Any, ...]:
+    """What a position shows through the protocol: the player to move, the legal actions, the observation."""
+    return current_player(state), legal_actions(state, num_actions), observation(state).tobytes()
+
+
+def _fields(obj: Any) -> dict[str, Any] | None:
+    """An object's own attributes (its __dict__ or __slots__), or None for one without either."""
+    if hasattr(obj, "__dict__"):
+        return dict(vars(obj))
+    slots = [name for klass in type(obj).__mro__ for name in getattr(klass, "__slots__", ())]
+    return {name: getattr(obj, name, None) for name in slots} if slots else None
+
+
+def _deep_fields(state: Game) -> dict[str, Any] | None:
+    """A deep copy of a user's position's attributes, to compare after a move on its clone; None
+    for OpenSpiel's (its clone is OpenSpiel's) or where the attributes do not copy."""
+    if isinstance(state, OpenSpielGame):
+        return None
+    try:
+        return copy.deepcopy(_fields(state))
+    except Exception:  # an attribute that refuses to be copied: only what the position shows is compared
+        return None
+
+
+def _changed(state: Game, before: dict[str, Any] | None) -> str | None:
+    """The first attribute of `state` that differs from `before` (its deep copy), named; None if none.
+    What the position shows may not tell: a move counter shared by every clone (a game that ends
+    after N moves) showed nothing in the observation, and every self-play game lasted one move."""
+    if before is None:
+        return None
+    now = _fields(state) or {}
+    for name in now.keys() | before.keys():
+        if name not in now or name not in before or not _same(now[name], before[name]):
+            return f"its attribute {name!r}"
+    return None
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Structural equality of an attribute and its earlier deep copy (objects without __eq__ by their
+    own attributes); unknown kinds count as the same, so a game is never refused for what cannot be told."""
+    if type(a) is not type(b):
+        return False
+    if depth > 32:
+        return True
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if type(a).__eq__ is not object.__eq__:
+        try:
+            return bool(a == b) or a != a  # NaN is itself
+        except Exception:
+            return True
+    fields = _fields(a)
+    return fields is None or _same(fields, _fields(b), depth + 1)
 
 
 def _check_mirror(state: Game, mirrored: Game, spec: GameSpec) -> None:
     """A position and the one reached by the mirrored moves agree: mirrored observation and legal
     actions, the same player to move, the same end and returns."""
     assert spec.mirror is not None
-    same = state.is_terminal() == mirrored.is_terminal()
-    if same and state.is_terminal():
+    same = is_terminal(state) == is_terminal(mirrored)
+    if same and is_terminal(state):
         same = returns(state) == returns(mirrored)
     elif same:
         same = (
             current_player(state) == current_player(mirrored)
             and sorted(spec.mirror[a] for a in legal_actions(state, spec.num_actions)) == sorted(legal_actions(mirrored, spec.num_actions))
-            and np.array_equal(np.asarray(state.observation())[..., ::-1], np.asarray(mirrored.observation()))
+            and np.array_equal(observation(state)[..., ::-1], observation(mirrored))
         )
     if not same:
         raise GameError(f"{spec.name}: the mirror image of a position (mirror_actions {_short(spec.mirror)}, the observation mirrored on its last axis) is not the position the mirrored moves reach")
 
 
 def _check_observation(state: Game, shape: tuple[int, ...]) -> None:
-    obs = np.asarray(state.observation())
+    obs = observation(state)
     if obs.shape != shape or not np.issubdtype(obs.dtype, np.number) or not np.isfinite(obs).all():
         raise GameError(f"{type(state).__name__}.observation(): expected finite numbers of shape {shape} in every position, got {obs.dtype} {obs.shape}")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hpcrl.rl import games
-from hpcrl.rl.games import Game
+from hpcrl.rl.games import Game, GameSpec
 
 Evaluator = Callable[[Sequence[Game]], tuple[np.ndarray, np.ndarray]]
 """Positions (none terminal) -> (priors over all actions [B, num_actions], values for the player to move [B])."""
@@ -38,7 +38,7 @@ class Node:
 
     def __init__(self, state: Game, num_actions: int) -> None:
         self.state = state
-        self.terminal = games.returns(state) if state.is_terminal() else None
+        self.terminal = games.returns(state) if games.is_terminal(state) else None
         """The returns of a finished game; None while it goes on."""
         self.player = -1 if self.terminal else games.current_player(state)
         self.actions: list[int] = games.legal_actions(state, num_actions) if self.terminal is None else []
@@ -84,7 +84,7 @@ def search(
     No root may be terminal. `noise` is (Dirichlet alpha, fraction) for the roots' priors, drawn
     from numpy's global RNG (which a checkpoint saves).
     """
-    trees = [Node(state.clone(), num_actions) for state in roots]
+    trees = [Node(games.clone(state), num_actions) for state in roots]
     priors, _ = evaluate([t.state for t in trees])
     for tree, p in zip(trees, priors):
         tree.expand(p)
@@ -100,7 +100,7 @@ def search(
                 path.append((node, edge))
                 child = node.children.get(edge)
                 if child is None:
-                    state = node.state.clone()
+                    state = games.clone(node.state)
                     games.apply(state, node.actions[edge])
                     child = node.children[edge] = Node(state, num_actions)
                 node = child
@@ -132,15 +132,22 @@ def _returns_of(player: int, value: float) -> tuple[float, float]:
     return (value, -value) if player == 0 else (-value, value)
 
 
-def rollout_evaluator(num_actions: int, rng: random.Random) -> Evaluator:
-    """Uniform priors, and the value of one random playout to the end: pure MCTS with random rollouts."""
+def rollout_evaluator(spec: GameSpec, rng: random.Random) -> Evaluator:
+    """Uniform priors, and the value of one random playout to the end: pure MCTS with random rollouts.
+    A playout is bounded as the sweep's random games are (games.MAX_MOVES)."""
+    num_actions = spec.num_actions
 
     def evaluate(states: Sequence[Game]) -> tuple[np.ndarray, np.ndarray]:
         values = np.zeros(len(states))
         for i, state in enumerate(states):
-            player, game = games.current_player(state), state.clone()
-            while not game.is_terminal():
+            player, game = games.current_player(state), games.clone(state)
+            for _ in range(games.MAX_MOVES):
+                if games.is_terminal(game):
+                    break
                 games.apply(game, rng.choice(games.legal_actions(game, num_actions)))
+            else:
+                if not games.is_terminal(game):
+                    raise games.too_long(spec, "a random playout", games.MAX_MOVES, None)
             values[i] = games.returns(game)[player]
         return np.ones((len(states), num_actions)), values
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
-
 from hpcrl.rl import games
 from hpcrl.rl.games import Game, GameError, GameSpec
 
@@ -28,7 +26,7 @@ class PerfectPlayer:
     def value(self, state: Game) -> float:
         """The game's value for the player to move (perfect play on both sides)."""
         player = games.current_player(state)
-        key = (player, np.asarray(state.observation()).tobytes())
+        key = (player, games.observation(state).tobytes())
         if key not in self.memo:
             if len(self.memo) >= self.limit:
                 raise GameError(f"{self.spec.name} has more than {self.limit:,} positions: the 'perfect' opponent is for games small enough to solve (tic-tac-toe)")
@@ -38,9 +36,9 @@ class PerfectPlayer:
     def _action_values(self, state: Game, player: int) -> dict[int, float]:
         values = {}
         for action in games.legal_actions(state, self.spec.num_actions):
-            child = state.clone()
+            child = games.clone(state)
             games.apply(child, action)
-            if child.is_terminal():
+            if games.is_terminal(child):
                 values[action] = games.returns(child)[player]
             else:
                 values[action] = self.value(child) if games.current_player(child) == player else -self.value(child)

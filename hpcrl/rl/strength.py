@@ -63,7 +63,7 @@ def make_opponent(name: str, spec: GameSpec, seed: int) -> Opponent:
         np_rng = np.random.RandomState(seed)
         bot = spiel_mcts.MCTSBot(spec.openspiel_game, 2.0, simulations, spiel_mcts.RandomRolloutEvaluator(1, np_rng), random_state=np_rng, solve=True)
         return lambda state: bot.step(state.state)  # type: ignore[attr-defined]
-    evaluate = mcts.rollout_evaluator(spec.num_actions, rng)
+    evaluate = mcts.rollout_evaluator(spec, rng)
     return lambda state: greedy(mcts.search([state], evaluate, spec.num_actions, simulations, ROLLOUT_C_PUCT)[0][0])
 
 
@@ -77,21 +77,24 @@ def random_agent(spec: GameSpec, rng: random.Random) -> Agent:
     return lambda states: [rng.choice(games.legal_actions(s, spec.num_actions)) for s in states]
 
 
-def play_match(spec: GameSpec, agent: Agent, opponent: Opponent | Agent, n_games: int, batched: bool = False, opening: Sequence[Sequence[int]] = ()) -> list[Result]:
+def play_match(
+    spec: GameSpec, agent: Agent, opponent: Opponent | Agent, n_games: int, max_moves: int, batched: bool = False, opening: Sequence[Sequence[int]] = (),
+) -> list[Result]:
     """`n_games` games, the agent first in the even ones; each with the agent's return and the length.
     `batched`: the opponent is an Agent too (all its moves of a turn at once). `opening`: moves
-    played first in game k (`opening[k // 2]`, the same for both colours)."""
+    played first in game k (`opening[k // 2]`, the same for both colours). A game that has not
+    ended after `max_moves` moves (train.max_moves) fails the evaluation in one line."""
     states = [spec.new_initial_state() for _ in range(n_games)]
     sides = [k % 2 for k in range(n_games)]
     lengths = [0] * n_games
     for k, state in enumerate(states):
         for action in opening[k // 2] if opening else ():
-            if state.is_terminal():
+            if games.is_terminal(state):
                 break
             games.apply(state, action)
             lengths[k] += 1
     play: Agent = opponent if batched else lambda states: [opponent(s) for s in states]  # type: ignore[assignment,misc,arg-type]
-    while active := [k for k in range(n_games) if not states[k].is_terminal()]:
+    while active := [k for k in range(n_games) if not games.is_terminal(states[k])]:
         agent_turn = [k for k in active if games.current_player(states[k]) == sides[k]]
         other_turn = [k for k in active if k not in set(agent_turn)]
         moves = dict(zip(agent_turn, agent([states[k] for k in agent_turn]))) if agent_turn else {}
@@ -102,6 +105,8 @@ def play_match(spec: GameSpec, agent: Agent, opponent: Opponent | Agent, n_games
                 raise GameError(f"the opponent chose {action}, which is not legal in {spec.name}")
             games.apply(states[k], int(action))
             lengths[k] += 1
+            if lengths[k] >= max_moves and not games.is_terminal(states[k]):
+                raise games.too_long(spec, "an evaluation game", max_moves)
     results = []
     for k, state in enumerate(states):
         ret = games.returns(state)[sides[k]]
@@ -114,7 +119,7 @@ def evaluate_strength(
 ) -> dict[str, list[Result]]:
     """Each of cfg.opponents' results against the agent (cfg: the run's AlphaZeroConfig)."""
     agent = mcts_agent(net, device, spec, cfg.eval_simulations or cfg.simulations, cfg.c_puct)
-    return {name: play_match(spec, agent, make_opponent(name, spec, seed + i), games_each) for i, name in enumerate(cfg.opponents)}
+    return {name: play_match(spec, agent, make_opponent(name, spec, seed + i), games_each, cfg.max_moves) for i, name in enumerate(cfg.opponents)}
 
 
 def summary(name: str, results: Sequence[Result]) -> list[Any]:
@@ -129,7 +134,7 @@ def random_openings(spec: GameSpec, n_pairs: int, plies: int, rng: random.Random
     openings = []
     for _ in range(n_pairs):
         state, moves = spec.new_initial_state(), []
-        while len(moves) < plies and not state.is_terminal():
+        while len(moves) < plies and not games.is_terminal(state):
             moves.append(rng.choice(games.legal_actions(state, spec.num_actions)))
             games.apply(state, moves[-1])
         openings.append(moves)
@@ -144,7 +149,7 @@ def ladder_players(steps: Sequence[int], limit: int = LADDER_PLAYERS) -> list[in
     return sorted({steps[round(i * (len(steps) - 1) / (limit - 1))] for i in range(limit)})
 
 
-def ladder(spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: int) -> list[list[Any]]:
+def ladder(spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: int, max_moves: int) -> list[list[Any]]:
     """Round robin between `agents` (name -> agent; `random` plays uniformly); a ladder.csv row per
     pair: player_a, player_b, games, a_wins, draws, b_wins (player a first in the even games)."""
     rng = random.Random(seed)
@@ -154,7 +159,7 @@ def ladder(spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: 
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             opening = random_openings(spec, (games_per_pair + 1) // 2, LADDER_OPENING, rng)
-            results = play_match(spec, players[a], players[b], games_per_pair, batched=True, opening=opening)
+            results = play_match(spec, players[a], players[b], games_per_pair, max_moves, batched=True, opening=opening)
             wins, draws, losses = (int(sum(m[k] for *_, m in results)) for k in ("win", "draw", "loss"))
             rows.append([a, b, games_per_pair, wins, draws, losses])
     return rows

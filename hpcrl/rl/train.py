@@ -32,6 +32,7 @@ import torch
 
 from hpcrl.rl import checkpoint, games, periodic_eval
 from hpcrl.rl.algorithms import algorithm_class, pick_device
+from hpcrl.rl.alphazero import AlphaZero
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.ppo import OnPolicyAgent
@@ -158,8 +159,13 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
                 payload = {"agent": agent.state_dict(), "rng": checkpoint.rng_state(), "wall_time": elapsed + time.monotonic() - start, **runlog.state_dict()}
                 checkpoint.save(ckpt_dir, agent.global_step, payload, keep=tcfg.keep_checkpoints)
 
+            if isinstance(agent, AlphaZero):
+                agent.stop = lambda: bool(stop)
             while not agent.finished:
+                before = agent.global_step
                 metrics = agent.train_iteration()
+                if agent.global_step <= before and not stop:  # it would never finish: fail, as no requeue could help
+                    raise rundir.RunError(f"a training iteration made no progress (still at step {before} of {agent.planned_steps}): the run would never finish")
                 now = time.monotonic()
                 episodes, agent.episodes = ranks.gather(agent.episodes), []
                 warned = ranks.any(stop.signal is not None)  # every rank stops at this iteration

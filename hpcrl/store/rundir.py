@@ -733,13 +733,16 @@ def write_ladder(run_dir: Path, rows: Sequence[Sequence[object]]) -> None:
     atomic_write_csv(run_dir / LADDER, LADDER_COLUMNS, rows)
 
 
-def read_table(path: Path, columns: Sequence[str], numeric: Sequence[str]) -> list[dict[str, Any]]:
+def _read_table(path: Path, columns: Sequence[str], numeric: Sequence[str], whole: bool = False) -> list[dict[str, Any]]:
     """The rows of strength.csv, strength_curve.csv or ladder.csv, `numeric` columns as floats.
-    FileNotFoundError when absent; ValueError for a missing column or a cell that does not parse
-    (a torn last line of a log being written is dropped)."""
+    FileNotFoundError when absent; ValueError for a missing column or a cell that does not parse.
+    A torn last line of a log being written is dropped; in a file written `whole` (atomically, so
+    it always ends in a newline) it is damage, named: dropping it changed the Elo table unseen."""
     text = path.read_text()
     lines = text.split("\n")
     if not text.endswith("\n"):
+        if whole and text:
+            raise ValueError(f"line {len(lines)} is cut short (the file ends without a newline: truncated)")
         lines = lines[:-1]  # torn (or empty file)
     rows = list(csv.DictReader(lines))
     missing = [c for c in columns if not rows or c not in rows[0]] if rows else list(columns)
@@ -752,6 +755,55 @@ def read_table(path: Path, columns: Sequence[str], numeric: Sequence[str]) -> li
         except (TypeError, ValueError):
             raise ValueError(f"line {n} does not parse: {','.join(str(row.get(c)) for c in columns)}") from None
     return out
+
+
+def _game_counts(row: dict[str, Any], n: int, games: str, outcomes: Sequence[str]) -> None:
+    """A row's game counts are whole numbers, at least one game, the outcomes adding up to it."""
+    counts = [row[games], *(row[k] for k in outcomes)]
+    if not all(math.isfinite(c) and c == int(c) and c >= 0 for c in counts) or row[games] < 1 or sum(row[k] for k in outcomes) != row[games]:
+        raise ValueError(f"line {n}: {', '.join(f'{row[k]:g} {k}' for k in outcomes)} in {row[games]:g} games (whole numbers, at least one game, adding up to it)")
+
+
+def read_strength(path: Path, curve: bool = False) -> list[dict[str, Any]]:
+    """The rows of strength.csv (the eval stage's, written whole) or, with `curve`, strength_curve.csv
+    (a log: its torn last line is dropped), each checked: wins, draws and losses whole numbers that
+    add up to at least one game, and the rates their shares of it (as written, to 4 digits). The one
+    reader results use: a row of 9 wins in 4 games printed a win rate of 2.25, a row of 0 games 0.
+    FileNotFoundError when absent, ValueError naming the line of the first damage."""
+    columns = ("step", *STRENGTH_COLUMNS) if curve else STRENGTH_COLUMNS
+    rows = _read_table(path, columns, ("step", "games", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate"), whole=not curve)
+    for n, row in enumerate(rows, start=2):
+        _game_counts(row, n, "games", ("wins", "draws", "losses"))
+        for count, rate in (("wins", "win_rate"), ("draws", "draw_rate"), ("losses", "loss_rate")):
+            if not abs(row[rate] - row[count] / row["games"]) <= 5e-4:
+                raise ValueError(f"line {n}: {rate} {row[rate]:g} is not {row[count]:g} {count} in {row['games']:g} games")
+    return rows
+
+
+LADDER_ANCHOR = "random"
+"""The player of every ladder who is not a policy (the others are named by the step they were saved at)."""
+
+
+def read_ladder(path: Path) -> list[dict[str, Any]]:
+    """ladder.csv's round robin, checked: each row two different players (`random` or a step) and
+    whole game counts that add up; each pair once; every pair of its players present, with `random`
+    among them. A file cut at a line's end (one pair gone) changed every rating with no message.
+    The one reader results use; FileNotFoundError when absent, ValueError naming the damage."""
+    rows = _read_table(path, LADDER_COLUMNS, ("games", "a_wins", "draws", "b_wins"), whole=True)
+    pairs: set[frozenset[str]] = set()
+    for n, row in enumerate(rows, start=2):
+        a, b = row["player_a"], row["player_b"]
+        strange = [p for p in (a, b) if p != LADDER_ANCHOR and not (p.isascii() and p.isdigit())]
+        if strange:
+            raise ValueError(f"line {n}: player {strange[0]!r} is neither {LADDER_ANCHOR} nor a policy's step")
+        if a == b or frozenset((a, b)) in pairs:
+            raise ValueError(f"line {n}: {a} vs {b} " + ("is a player against itself" if a == b else "again"))
+        pairs.add(frozenset((a, b)))
+        _game_counts(row, n, "games", ("a_wins", "draws", "b_wins"))
+    players = {p for pair in pairs for p in pair}
+    if len(pairs) != len(players) * (len(players) - 1) // 2 or LADDER_ANCHOR not in players:
+        raise ValueError(f"{len(pairs)} pairs of {len(players)} players, where a round robin with {LADDER_ANCHOR} has every pair (truncated?)")
+    return rows
 
 
 def read_eval_curve(run_dir: Path, names: frozenset[str] | None = None) -> tuple[np.ndarray, np.ndarray]:

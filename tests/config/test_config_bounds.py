@@ -25,7 +25,7 @@ from factories import TINY, deep_update
 from test_config_hostile import DQN_TRAIN, assert_refused, sweep
 
 from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
-from hpcrl.config.hparams import ALGORITHMS
+from hpcrl.config.hparams import ALGORITHMS, TrainConfig
 from hpcrl.config.json_schema import config_schema
 from hpcrl.config.schema import Rules, field_rules, hints, public_fields
 
@@ -169,3 +169,14 @@ def test_every_declared_bound_holds_at_its_edge(tmp_path: Path, bound: Bound) ->
     code, stderr = sweep(_config(tmp_path, bound, outside))
     assert_refused(tmp_path, code, stderr, bound.key)
     assert own in stderr and str(tmp_path / "config.yaml") in stderr, stderr
+
+
+def test_a_default_changed_in_a_subclass_keeps_the_rules_its_base_declared() -> None:
+    """Issue 37 item 7: AlphaZeroConfig and DQNConfig give `hidden_sizes` a default of their own
+    (through `setting(factory=...)`, as a list needs) and had lost TrainConfig's bounds with it:
+    `[0]` and `[-5]` passed the sweep. A setting that names no rule declares none."""
+    base = field_rules(TrainConfig)
+    for algo, cls in ALGORITHMS.items():
+        for name in ("hidden_sizes", "lr", "max_grad_norm", "checkpoint_every"):
+            assert field_rules(cls)[name] == base[name], (algo, name)
+    assert base["hidden_sizes"].ge == 1 and base["hidden_sizes"].min_items == 1

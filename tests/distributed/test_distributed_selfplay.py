@@ -135,6 +135,9 @@ def test_the_trainer_refuses_batches_that_would_poison_training() -> None:
     for bad, reason in [
         ({"policy": illegal}, "not a distribution over the legal moves"),
         ({"obs": nan_obs}, "non-finite"),
+        ({"value": np.full(n, 1e6, np.float32)}, "'value' of 1e\\+06 outside \\[-1, 1\\]"),  # issue 37 item 13: value_loss 1.56e+10 before
+        ({"value": np.where(np.arange(n) == n - 1, -1.5, good["value"]).astype(np.float32)}, "'value' of -1.5 outside"),
+        ({"ep_return": np.full(len(good["ep_return"]), 2.0, np.float32)}, "'ep_return' of 2 outside"),
         ({"ep_length": good["ep_length"] + 1}, "whole games"),
         ({"ep_length": np.maximum(good["ep_length"] - 1, 1)}, "whole games"),  # fewer positions than the batch claims
         ({"value": np.zeros(n - 1, np.float32)}, "disagree"),

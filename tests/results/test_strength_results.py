@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import html
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
     table = read_csv(results / "strength.csv")
     assert [r["opponent"] for r in table] == ["random", "perfect"] and all(r["seeds"] == "2" for r in table)
     for row, opponent in zip(table, ["random", "perfect"]):
-        rates = [float(rundir.read_table(rd / "strength.csv", rundir.STRENGTH_COLUMNS, ("win_rate",))[["random", "perfect"].index(opponent)]["win_rate"]) for rd in run_dirs]
+        rates = [float(rundir.read_strength(rd / "strength.csv")[["random", "perfect"].index(opponent)]["win_rate"]) for rd in run_dirs]
         assert float(row["win_mean"]) == pytest.approx(sum(rates) / 2, abs=1e-5)
         assert float(row["win_ci_low"]) <= float(row["win_mean"]) <= float(row["win_ci_high"])
     curves = read_csv(results / "strength_curves.csv")
@@ -122,22 +123,62 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
 
 
 def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_path, capsys):
+    """Issue 37 item 4: a ladder.csv cut mid-line (its last pair dropped unseen: 67/261/194 became
+    0/280) and a strength.csv row of 9 wins in 4 games (a win rate of 2.25) are named and left out."""
     exp_dir, run_dirs = nim_experiment(tmp_path, [0, 1, 2])
-    (run_dirs[0] / "strength.csv").write_text("opponent,games,wins\nrandom,4,x\n")
+    (run_dirs[0] / "strength.csv").write_text(",".join(rundir.STRENGTH_COLUMNS) + "\nrandom,4,9,0,0,2.25,0,0\n")
     (run_dirs[1] / "strength.csv").unlink()
-    (run_dirs[2] / "ladder.csv").write_text("player_a,player_b,games,a_wins,draws,b_wins\nrandom,40,4,9,0,0\n")
+    ladder = (run_dirs[2] / "ladder.csv").read_text()
+    (run_dirs[2] / "ladder.csv").write_text(ladder[: len(ladder) - 4])
     (run_dirs[1] / "strength_curve.csv").write_bytes(b"\xff\xfe")
     assert collect(exp_dir) == 0
     out = capsys.readouterr().out
     ids = [rd.name for rd in run_dirs]
-    assert f"run {ids[0]} (default, seed 0): corrupt strength.csv (ValueError: no column draws)" in out
+    assert f"run {ids[0]} (default, seed 0): corrupt strength.csv (ValueError: line 2: 9 wins, 0 draws, 0 losses in 4 games" in out
     assert f"run {ids[1]} (default, seed 1): no strength.csv" in out
     assert f"run {ids[1]} (default, seed 1): corrupt strength_curve.csv (UnicodeDecodeError: " in out
-    assert f"run {ids[2]} (default, seed 2): corrupt ladder.csv (random vs 40: a score of 9 in 4 games)" in out
+    assert f"run {ids[2]} (default, seed 2): corrupt ladder.csv (ValueError: line {ladder.count(chr(10))} is cut short" in out
     table = read_csv(exp_dir / "results" / "strength.csv")
-    assert all(r["seeds"] == "1" for r in table)  # seed 2 alone
+    assert all(r["seeds"] == "1" for r in table) and "2.25" not in out  # seed 2 alone
     assert {r["seed"] for r in read_csv(exp_dir / "results" / "elo.csv")} == {"0", "1"}
     assert "corrupt ladder.csv" in (exp_dir / "results" / "report.md").read_text()
+
+
+STRENGTH_HEADER = ",".join(rundir.STRENGTH_COLUMNS) + "\n"
+LADDER = "player_a,player_b,games,a_wins,draws,b_wins\nrandom,20,4,1,0,3\nrandom,40,4,0,1,3\n20,40,4,1,1,2\n"
+
+
+@pytest.mark.parametrize(("name", "text", "words"), [
+    ("strength.csv", STRENGTH_HEADER + "random,4,9,0,0,2.25,0,0\n", "line 2: 9 wins, 0 draws, 0 losses in 4 games"),
+    ("strength.csv", STRENGTH_HEADER + "random,0,0,0,0,0,0,0\n", "line 2: 0 wins, 0 draws, 0 losses in 0 games"),
+    ("strength.csv", STRENGTH_HEADER + "random,4,3,0,1,0.75,0,0.25\nperfect,4,1,1,2,0.9,0.25,0.5\n", "line 3: win_rate 0.9 is not 1 wins in 4 games"),
+    ("strength.csv", STRENGTH_HEADER + "random,4,2.5,0,1.5,0.625,0,0.375\n", "line 2: 2.5 wins"),
+    ("strength.csv", STRENGTH_HEADER + "random,4,3,0,1,0.75,0,0.2", "line 2 is cut short"),
+    ("strength.csv", "opponent,games,wins\nrandom,4,x\n", "no column draws"),
+    ("strength_curve.csv", "step," + STRENGTH_HEADER + "20,random,2,3,0,0,1.5,0,0\n", "line 2: 3 wins, 0 draws, 0 losses in 2 games"),
+    ("ladder.csv", LADDER[:-4], "line 4 is cut short"),
+    ("ladder.csv", LADDER[: LADDER.index("20,40")], "2 pairs of 3 players, where a round robin with random has every pair"),
+    ("ladder.csv", LADDER.replace("random,20", "1,20").replace("random,40", "1,40"), "3 pairs of 3 players, where a round robin with random"),
+    ("ladder.csv", LADDER + "40,random,4,1,0,3\n", "line 5: 40 vs random again"),
+    ("ladder.csv", LADDER + "40,40,4,1,0,3\n", "line 5: 40 vs 40 is a player against itself"),
+    ("ladder.csv", LADDER.replace("1,1,2", "1,1,3"), "line 4: 1 a_wins, 1 draws, 3 b_wins in 4 games"),
+    ("ladder.csv", LADDER.replace("20,40", "20,best"), "line 4: player 'best' is neither random nor a policy's step"),
+])  # fmt: skip
+def test_the_one_reader_of_each_strength_file_names_the_damaged_line(tmp_path, name, text, words):
+    path = tmp_path / name
+    path.write_text(text)
+    reader = {"ladder.csv": rundir.read_ladder, "strength.csv": rundir.read_strength, "strength_curve.csv": lambda p: rundir.read_strength(p, curve=True)}[name]
+    with pytest.raises(ValueError, match=re.escape(words)):
+        reader(path)
+
+
+def test_the_strength_readers_take_whole_files_and_a_log_s_torn_last_line(tmp_path):
+    (tmp_path / "ladder.csv").write_text(LADDER)
+    assert [(r["player_a"], r["b_wins"]) for r in rundir.read_ladder(tmp_path / "ladder.csv")] == [("random", 3), ("random", 3), ("20", 2)]
+    (tmp_path / "strength.csv").write_text(STRENGTH_HEADER + "random,3,2,0,1,0.6667,0,0.3333\n")
+    assert rundir.read_strength(tmp_path / "strength.csv")[0]["win_rate"] == pytest.approx(2 / 3, abs=1e-4)
+    (tmp_path / "strength_curve.csv").write_text("step," + STRENGTH_HEADER + "20,random,2,1,0,1,0.5,0,0.5\n40,rand")  # being written
+    assert [r["step"] for r in rundir.read_strength(tmp_path / "strength_curve.csv", curve=True)] == [20]
 
 
 def test_a_resumed_run_drops_the_snapshots_of_the_steps_it_redoes(tmp_path):

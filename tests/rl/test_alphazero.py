@@ -4,7 +4,11 @@ checkpoint/resume, a user's class through `hpcrl train` and `hpcrl eval`, and le
 from __future__ import annotations
 
 import csv
+import io
+import os
 import random
+import re
+import signal
 import time
 from pathlib import Path
 
@@ -20,12 +24,13 @@ from hpcrl.config.experiment import EnvConfig, load_experiment
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.games.tictactoe import TicTacToe
 from hpcrl.rl import checkpoint, games, mcts
-from hpcrl.rl.alphazero import AlphaZero, self_play
+from hpcrl.rl.alphazero import AlphaZero, SelfPlay, self_play
 from hpcrl.rl.evaluate import evaluate_run
 from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
 from hpcrl.store import rundir
 from hpcrl.store.expdir import write_experiment
+from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep.runs import expand
 
 TTT = EnvConfig(id="hpcrl.games.tictactoe:TicTacToe", backend="game")
@@ -209,9 +214,9 @@ def test_each_iteration_self_plays_with_the_weights_the_last_one_learned(monkeyp
     agent = AlphaZero(AlphaZeroConfig(**{**TINY_AZ, "total_steps": 1000}), spec, CPU, seed=0)
     used = []
 
-    def spy(spec_, evaluate, cfg, n):
+    def spy(spec_, evaluate, cfg, n, stop):
         used.append(evaluate)
-        return self_play(spec_, evaluate, cfg, n)
+        return self_play(spec_, evaluate, cfg, n, stop)
 
     monkeypatch.setattr(az, "self_play", spy)
     states = [TicTacToe(), position("x...o....")]
@@ -249,6 +254,14 @@ def test_value_target_q_mixes_the_search_value_into_the_outcome():
     ("user_games:MirrorNotAPermutation", "mirror_actions must list each of the actions 0..8 once"),
     ("user_games:MirrorRaises", "user_games:MirrorRaises.mirror_actions raised RuntimeError: not today"),
     ("no_such_module:X", "cannot import 'no_such_module'"),
+    # issue 37 item 1: 0-move random games passed, and the trainer looped at step 0 for ever
+    ("user_games:OverAtStart", "user_games:OverAtStart: the game is over before its first move (is_terminal() is true in the first position)"),
+    # issue 37 item 12: a traceback, rc 1; 64 GB in torch's allocator; every self-play game one move long
+    ("user_games:TerminalRaises", "TerminalRaises.is_terminal() raised RuntimeError: lost count"),
+    ("user_games:ObservationRaises", "ObservationRaises.observation() raised KeyError: 3"),
+    ("user_games:Huge", "user_games:Huge: num_actions must be an int in 1..100,000"),
+    ("user_games:ActionsRaise", "user_games:ActionsRaise.num_actions raised ValueError: not decided yet"),
+    ("user_games:SharedCounter", "SharedCounter.clone(): playing on the copy changed the original (its attribute 'moves')"),
 ])
 def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": env_id, "num_envs": 1}})
@@ -274,6 +287,11 @@ def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words
     ({"value_target_q": -0.1}, "train.value_target_q"),
     ({"value_target_q": float("nan")}, "train.value_target_q"),
     ({"value_target_q": "half"}, "train.value_target_q"),
+    ({"hidden_sizes": [0]}, "train.hidden_sizes[0]: expected an integer in [1, 65536], got 0"),  # a network of biases that never sees the board
+    ({"hidden_sizes": [-5]}, "train.hidden_sizes[0]: expected an integer in [1, 65536], got -5"),  # a torch traceback in the job
+    ({"hidden_sizes": [float("nan")]}, "train.hidden_sizes[0]: expected an integer"),
+    ({"hidden_sizes": [10**9]}, "train.hidden_sizes[0]: expected an integer in [1, 65536]"),
+    ({"hidden_sizes": []}, "train.hidden_sizes: expected at least 1 item"),
 ])
 def test_mcts_settings_out_of_range_are_refused(tmp_path, train, key):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}})
@@ -325,6 +343,54 @@ def test_an_illegal_action_from_the_game_during_play_is_one_line():
     assert rundir.one_line_reason(err.value) == str(err.value)
 
 
+def test_a_game_that_never_ends_under_search_fails_at_the_move_limit_in_one_line():
+    """Issue 37 item 2: passing for ever passed the sweep (random play resigns soon) and self-play never
+    ended a game; the evaluation games and the ladder play searching agents too."""
+    spec = games.load(EnvConfig(id="user_games:PassOrLose", backend="game"))
+    games.check_game(spec)
+    blind2 = lambda states: (np.ones((len(states), 2)), np.zeros(len(states)))  # noqa: E731
+    cfg = AlphaZeroConfig(simulations=8, games_per_iteration=2, temperature_moves=0, max_moves=30)
+    words = "user_games:PassOrLose: a self-play game did not end within 30 moves (train.max_moves: raise it if the game's games are that long)"
+    with pytest.raises(games.GameError, match=re.escape(words)):
+        self_play(spec, blind2, cfg, 2)
+    searcher = lambda states: [int(c.argmax()) for c in mcts.search(states, blind2, 2, 8, 1.5)[0]]  # noqa: E731
+    with pytest.raises(games.GameError, match=re.escape("user_games:PassOrLose: an evaluation game did not end within 30 moves (train.max_moves")):
+        play_match(spec, searcher, searcher, 2, 30, batched=True)
+
+
+def test_a_stop_warning_ends_a_self_play_iteration_at_the_next_move(tmp_path, monkeypatch):
+    """Issue 37 item 2: a trainer in a game that never ends acted on no signal (SIGTERM left it
+    running); the stop flag was asked only between iterations. Now it checkpoints and asks for a
+    requeue without playing another move (the warning arrives during the fifth)."""
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:PassOrLose"},
+                                     {**TINY_AZ, "opponents": ["random"], "max_moves": 100_000, "temperature_moves": 0}, {"episodes": 2})  # fmt: skip
+    moves = []
+    step = SelfPlay.step
+
+    def warned_during_the_fifth(self, evaluate):
+        moves.append(len(moves) + 1)
+        if len(moves) == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, evaluate)
+
+    monkeypatch.setattr(SelfPlay, "step", warned_during_the_fifth)
+    assert train(exp_dir, run) == REQUEUE_EXIT
+    assert moves == [1, 2, 3, 4, 5] and not rundir.is_done(rd) and checkpoint.checkpoint_files(rd / "checkpoints")
+
+
+def test_openspiel_games_must_fit_in_the_move_limit(tmp_path):
+    pytest.importorskip("pyspiel")
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "openspiel", "id": "connect_four", "num_envs": 1}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {"max_moves": 41}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and err.count("\n") == 1 and "train.max_moves: connect_four's games last up to 42 moves (OpenSpiel's max_game_length), more than 41: raise it" in err, err
+    data["train"] = {"max_moves": 42}
+    config.write_text(yaml.safe_dump(data))
+    assert sweep(config)[0] == 0
+
+
 # ---------------------------------------------------------------------------- opponents
 
 
@@ -337,7 +403,7 @@ def test_perfect_player_solves_tic_tac_toe_and_nim():
     solver = PerfectPlayer(nim, random.Random(0))
     assert solver.value(nim.new_initial_state()) == 1.0  # 7 is not a multiple of 3: the mover wins
     rng = random.Random(0)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], perfect, 20)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], perfect, 20, 1000)
     assert all(r <= 0 for r, *_ in results)  # a random player never beats perfect play
     assert [m["first"] for *_, m in results[:2]] == [1.0, 0.0]
 
@@ -346,7 +412,7 @@ def test_rollout_mcts_opponent_beats_random():
     spec = games.load(TTT)
     rollout = make_opponent("mcts:50", spec, 0)
     rng = random.Random(1)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], rollout, 10)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], rollout, 10, 1000)
     assert sum(r < 0 for r, *_ in results) >= 7  # the agent here is random: it loses most games
 
 
@@ -435,6 +501,27 @@ def test_user_game_trains_resumes_and_is_evaluated(tmp_path):
     assert rundir.read_eval_returns(rd)  # collect's reader takes the games as episodes
 
 
+def test_a_damaged_ladder_snapshot_is_named_and_left_out_and_the_run_still_evaluated(tmp_path):
+    """Issue 37 item 6: one truncated checkpoints/ladder/*.pt failed the whole eval stage with a torch
+    traceback that named no file, and collect showed the finished run as 0/1 seeds."""
+    exp_dir, run, rd = make_game_run(
+        tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}},
+        {**TINY_AZ, "opponents": ["random"], "ladder_games": 2}, {"episodes": 2, "every_steps": 20, "periodic_episodes": 2},
+    )
+    assert train(exp_dir, run) == 0
+    snaps = checkpoint.snapshots(rd / "checkpoints")
+    assert len(snaps) >= 3
+    damaged_step, damaged = snaps[1]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    out = io.StringIO()
+    assert evaluate_run(exp_dir, run, out) == 0
+    lines = [line for line in out.getvalue().splitlines() if "left out of the Elo ladder" in line]
+    assert len(lines) == 1 and f"{damaged}: unreadable (" in lines[0], out.getvalue()
+    players = {p for row in read_csv(rd / "ladder.csv") for p in (row["player_a"], row["player_b"])}
+    assert str(damaged_step) not in players and {str(s) for s, _ in snaps if s != damaged_step} <= players
+    assert rundir.reason(rd, rundir.EVAL_DONE)
+
+
 def test_an_illegal_move_fails_the_run_with_one_line(tmp_path):
     exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:SometimesBad", "kwargs": {"pile": 10}}, {**TINY_AZ, "opponents": ["random"]}, {"episodes": 2})
     assert train(exp_dir, run) == 1
@@ -451,7 +538,7 @@ def test_openspiel_games_by_name():
     assert spec.num_actions == 9 and spec.observation_shape == (3, 3, 3)
     bot = make_opponent("mcts:30", spec, 0)  # OpenSpiel's own MCTSBot
     rng = random.Random(0)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6)
+    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6, 1000)
     assert sum(r < 0 for r, *_ in results) >= 4
     four = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 4, "columns": 5}))
     assert four.num_actions == 5 and four.mirror == (4, 3, 2, 1, 0) and spec.mirror == (2, 1, 0, 5, 4, 3, 8, 7, 6)
@@ -461,6 +548,27 @@ def test_openspiel_games_by_name():
             games.load(EnvConfig(id=name, backend="openspiel", kwargs=params))
     with pytest.raises(games.GameError, match="is not an OpenSpiel game"):
         games.load(EnvConfig(id="tic_tac_toes", backend="openspiel"))
+    checkers = games.load(EnvConfig(id="checkers", backend="openspiel", kwargs={"rows": 6, "columns": 6}))  # issue 37 item 1: no piece can move
+    with pytest.raises(games.GameError, match=r"^checkers: the game is over before its first move"):
+        games.check_game(checkers)
+
+
+def test_a_game_over_before_its_first_move_fails_the_run_in_one_line_instead_of_training_at_step_0_for_ever(tmp_path):
+    """Issue 37 item 1, during a run (a game the sweep did not check): 7,073 empty iterations in 54 s before."""
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 0}}, {**TINY_AZ, "opponents": ["random"]}, {"episodes": 2})
+    assert train(exp_dir, run) == 1
+    assert rundir.reason(rd, rundir.FAILED).strip() == "user_games:Nim: the game is over before its first move (is_terminal() is true in the first position): there is nothing to play or learn"
+    assert not (rd / "train.csv").exists() or len(read_csv(rd / "train.csv")) == 0
+
+
+def test_an_iteration_that_makes_no_progress_fails_the_run_in_one_line(tmp_path, monkeypatch):
+    """The trainer's own rule, whatever the agent: an iteration that leaves the step where it was
+    would repeat for ever (new train.csv rows and checkpoints counted as progress, so a requeue limit
+    did not stop it either)."""
+    monkeypatch.setattr(AlphaZero, "train_iteration", lambda self: {})
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}}, {**TINY_AZ, "opponents": ["random"]}, {"episodes": 2})
+    assert train(exp_dir, run) == 1
+    assert rundir.reason(rd, rundir.FAILED).strip() == "a training iteration made no progress (still at step 0 of 60): the run would never finish"
 
 
 # ---------------------------------------------------------------------------- learning
