@@ -45,3 +45,8 @@ def validate_x(message: Any) -> int:
 
     wire.check_fields(message.fields, {"x": (np.dtype(np.float32), (2,))}, leading=True)
     return len(message.fields["x"])
+
+
+HEAD_ADDRESS = "10.251.0.1"
+"""This host's address on the test clusters' private bridge (tests/clusters/nodes.sh, NODES_HEAD_IP): a board the
+tests' cluster jobs may dial that is neither loopback nor an address of the machine's own network."""

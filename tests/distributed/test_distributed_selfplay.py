@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from factories import deep_update
+from factories import HEAD_ADDRESS, deep_update
 from test_config_hostile import assert_refused, sweep
 from test_conformance import BACKENDS, Backend, active_tasks, csv_rows, status_text, wait_until
 
@@ -258,7 +258,9 @@ def wait_stats(rd: Path, ok, timeout: float, what: str) -> dict:
 
 
 def test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer(cluster: Backend, tmp_path: Path) -> None:
-    exp = load_experiment(write(tmp_path, {}))
+    # The head's address on the test clusters' bridge: a cluster may place the jobs on different hosts, so a
+    # loopback board is refused at sweep time (tests/test_netaddr.py); these jobs all run on the head.
+    exp = load_experiment(write(tmp_path, {"distributed": {"redis": {"bind": HEAD_ADDRESS}}}))
     out = io.StringIO()
     since = time.time()
     assert submit_experiment(exp, cluster.name, detach=True, out=out) == 0, out.getvalue()

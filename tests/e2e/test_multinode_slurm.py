@@ -239,3 +239,72 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
         f"back {rejoined_after:.0f} s after the kill; final eval {float(row['mean']):.0f}"
     )
     assert float(row["mean"]) >= 150, row
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_never_loses_to_perfect_play(nodes: None, tmp_path: Path) -> None:
+    """The bundled decoupled tic-tac-toe config, seed 0: trainer and two self-play jobs on three nodes. With
+    16,000 positions instead of its 10,000: a lost node costs the run one self-play job for the ~50 s until
+    Slurm has it DOWN and the requeued job runs (with 10,000, 2 of 4 tries lost 7 of 100 games to perfect play)."""
+    import io
+
+    from hpcrl.config.experiment import load_experiment
+    from hpcrl.distributed import rendezvous, runstats
+    from hpcrl.submit.pipeline import submit_experiment
+
+    since = time.time()
+    exp = load_experiment(CONFIGS / "tictactoe_alphazero_jobs.yaml", [f"output={tmp_path}", "sweep.seeds=[0]", "train.total_steps=16000", *ON_NODES])
+    out = io.StringIO()
+    assert submit_experiment(exp, "slurm", detach=True, out=out) == 0, out.getvalue()
+    exp_dir = exp.dir
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    jobs = {j.stage: j for j in read_jobs(exp_dir)}
+    total = run.config.train.total_steps
+
+    def stats() -> dict:
+        return runstats.read(rd) or {}
+
+    wait_until("both self-play jobs feeding the trainer", lambda: stats().get("actors_alive") == 2 and stats().get("updates", 0) > 0, 240)
+    trainer = job_nodes(f"{jobs['learner'].job_id}_1")
+    players = {t: job_nodes(f"{jobs['actors'].job_id}_{t}") for t in (1, 2)}
+    assert len({*trainer, *players[1], *players[2]}) == 3, (trainer, players)
+    info = rendezvous.read(rd)
+    assert info is not None and info.learner_host == trainer[0] and info.host.startswith("10.251.0."), info
+
+    # A self-play job's node dies: the trainer goes on with the other; Slurm requeues the lost job elsewhere.
+    at = stats()["env_steps"]
+    assert at < total / 2, "the run went too fast to lose a node mid-run: raise train.total_steps"
+    victim = players[2][0]
+    cluster("kill-node", victim)
+    wait_until("the lost self-play job reported dead", lambda: bool(stats().get("actors_dead")), 60)
+    text = status_text(exp_dir)
+    assert re.search(rf"actors 1/2 alive \(dead: \d on {victim}\), \S+ games/s", text), text
+    going = stats()
+    wait_until("the trainer learning on", lambda: stats().get("updates", 0) > going["updates"] + 20, 60)
+    wait_until(f"Slurm to mark {victim} down", lambda: node_state(victim).startswith("down"), 90)
+    wait_finished(exp_dir, SlurmBackend(), since, timeout=600)
+
+    assert int(rundir.done_step(rd) or 0) == total
+    perfect = [r for r in csv_rows(rd / "strength.csv") if r["opponent"] == "perfect"]
+    assert perfect and all(int(r["losses"]) == 0 for r in perfect), perfect
+    log = logs(exp_dir, "actors")
+    print(f"\ndecoupled AlphaZero: trainer on {trainer[0]}, self-play on {players[1][0]} and {victim}; {victim} killed at {at} positions; "
+          f"perfect play: {perfect}; {log.count('connected to learner')} connections")
+
+
+def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal(nodes: None, tmp_path: Path) -> None:
+    pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
+    from test_study import assert_every_trial_once, search, study_sweep
+
+    since = time.time()
+    exp_dir, _ = study_sweep(tmp_path, "slurm", search(6), "resources.max_concurrent=3", "train.total_steps=4096", *ON_NODES)
+    (job,) = [j for j in read_jobs(exp_dir) if j.stage == "study"]
+    wait_finished(exp_dir, SlurmBackend(), since, timeout=400)
+    found = assert_every_trial_once(exp_dir, 6)  # each trial asked once and told once, whichever node asked
+    listing = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job.job_id, "-o", "JobID,NodeList,State"], capture_output=True, text=True).stdout
+    hosts = {line.split("|")[1] for line in listing.split() if line}
+    assert len(hosts) == 3 and hosts <= set(NODES), listing  # three workers, three nodes, one journal file
+    print(f"\nOptuna: 6 trials by 3 workers on {sorted(hosts)}; best value {max(t.value for t in found if t.value is not None):.0f}")

@@ -1,5 +1,7 @@
 #!/bin/bash
 # Run by hpcrl's local executor: one process per array task, HPCRL_TASK_ID set for each.
+# Every task of the experiment runs on this machine: the addresses tasks dial stay on loopback (hpcrl.netaddr).
+export HPCRL_ONE_MACHINE=1
 # hpcrl aggregate job for experiment cartpole_ppo, rendered by hpcrl 0.1.0.
 set -uo pipefail
 
