@@ -55,6 +55,8 @@ pid_of() {
     pid=$(tr -dc '0-9' <"$file")
     [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
     [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
+    # A killed daemon not yet reaped (kill-node, then revive-node at once) is a zombie: not running.
+    [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || return 1
     echo "$pid"
 }
 
@@ -455,7 +457,7 @@ cmd_revive_node() {
     known_node "${1:-}"
     node_heal "$1"
     start_node_slurmd "$1"
-    wait_for 60 "node $1 to return to service" node_ready "$1" || die "node $1 is '$(node_state "$1")'"
+    wait_for 150 "node $1 to return to service" node_ready "$1" || die "node $1 is '$(node_state "$1")'"
     log "node $1 is $(node_state "$1")"
 }
 

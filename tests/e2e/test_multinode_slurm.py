@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from test_conformance import Slurm as SlurmBackend
-from test_conformance import csv_rows, status_text, sweep, wait_finished, wait_until
+from test_conformance import active_tasks, csv_rows, status_text, sweep, wait_finished, wait_until
 
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
@@ -39,7 +39,7 @@ ON_NODES = ["resources.partition=multi"]
 
 
 def cluster(*args: str) -> str:
-    proc = subprocess.run(["bash", str(SLURM_SH), *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", str(SLURM_SH), *args], capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -308,3 +308,63 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal(node
     hosts = {line.split("|")[1] for line in listing.split() if line}
     assert len(hosts) == 3 and hosts <= set(NODES), listing  # three workers, three nodes, one journal file
     print(f"\nOptuna: 6 trials by 3 workers on {sorted(hosts)}; best value {max(t.value for t in found if t.value is not None):.0f}")
+
+
+def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and_the_run_resumes_after(nodes: None, tmp_path: Path) -> None:
+    """A partition: the learner's node lives on, unreachable. Slurm declares it DOWN and requeues the learner,
+    but the cut-off learner still holds the run (its lock is on the shared filesystem): the second start on
+    another node must not train it. The actors, which can reach neither, stop with one line each. Once the
+    node is back (here rebooted: Slurm 22.05 leaves a requeued job's stale processes running on a node that
+    returns, so its owner reboots it), `hpcrl sweep` again resumes the run from its checkpoint."""
+    from hpcrl.distributed import runstats
+
+    config = {**APEX, "train": {**APEX["train"], "total_steps": 30_000}, "distributed": {**APEX["distributed"], "learner_timeout_s": 30}}
+    exp_dir = submit_config(tmp_path, config)
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    jobs = {j.stage: j for j in read_jobs(exp_dir)}
+    wait_until(
+        "a learner fed by two actors, with a checkpoint",
+        lambda: (s := runstats.read(rd)) is not None and s["actors_alive"] == 2 and s["env_steps"] >= 4000 and any((rd / "checkpoints").glob("*.pt")),
+        240,
+    )
+    (cut,) = job_nodes(f"{jobs['learner'].job_id}_1")
+    holder = rundir.lock_holder(rd)
+    assert holder is not None and holder.host == cut
+    cluster("cut-node", cut)
+    cut_at = time.monotonic()
+    try:
+        # The actors give up on the unreachable learner after learner_timeout_s, each in one line, and exit 75.
+        wait_until("both actors to stop", lambda: logs(exp_dir, "actors").count("no learner for 30 s; exiting with 75") == 2, 120)
+        stopped_after = time.monotonic() - cut_at
+        # Slurm requeues the learner; its second start, elsewhere, finds the run held and does not train it.
+        wait_until("the requeued learner to find the run held", lambda: "not starting a second trainer" in logs(exp_dir, "learner"), 180)
+        refused_after = time.monotonic() - cut_at
+        log = logs(exp_dir, "learner")
+        assert f"is being trained by pid {holder.pid} on {cut}" in log, log
+        assert rundir.lock_holder(rd) == holder  # still the cut-off learner's, and only its
+        starts = (rd / rundir.STARTS).read_text().split("\n")
+        assert [line.split()[2] for line in starts if line.startswith("start")] == [cut], starts  # one learner ever trained it
+    finally:
+        cluster("heal-node", cut)
+    cluster("kill-node", cut)  # the node's owner reboots it: the stale learner goes with it
+    cluster("revive-node", cut)
+    wait_until("the old learner's lock to go", lambda: rundir.lock_holder(rd) is None, 60)
+    wait_until("every task of the run to end", lambda: not active_tasks(exp_dir, SlurmBackend()), 120)
+
+    import io
+
+    from hpcrl.config.experiment import load_experiment
+    from hpcrl.submit.pipeline import submit_experiment
+
+    again, resubmitted = io.StringIO(), time.time()
+    assert submit_experiment(load_experiment(tmp_path / "apex.yaml"), "slurm", detach=True, out=again) == 0, again.getvalue()
+    assert "submitted 1 of 1 runs" in again.getvalue(), again.getvalue() + status_text(exp_dir)
+    wait_finished(exp_dir, SlurmBackend(), resubmitted, timeout=400)
+    log = logs(exp_dir, "learner")
+    assert re.search(r"resumed from step [1-9]\d* ", log), log
+    assert int(rundir.done_step(rd) or 0) == 30_000
+    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
+    assert steps == sorted(steps), "two writers' rows interleaved in train.csv"
+    print(f"\npartition: learner on {cut} cut off; actors stopped {stopped_after:.0f} s later, the requeued learner refused the held run "
+          f"{refused_after:.0f} s after the cut; after a reboot of {cut}, `hpcrl sweep` resumed the run to step 30000")
