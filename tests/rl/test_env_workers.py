@@ -61,8 +61,33 @@ def test_a_worker_that_hangs_or_dies_is_named_and_killed(fail_in: str, how: str,
     assert str(raised.value) == line
     assert time.monotonic() - began < 20  # the 1 s bound and the workers' start, not a hang
     pids = worker_pids(tmp_path)
-    assert len(pids) == (2 if fail_in == "start" else 4)  # at start, the second group is never made
+    assert len(pids) == 1 + (2 if fail_in == "start" else 4)  # the spaces probe, then workers; at start, the second group is never made
     assert not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.parametrize("fail_in", ["start", "close"])
+def test_an_env_that_hangs_in_any_process_never_freezes_the_trainer(fail_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gymnasium's AsyncVectorEnv builds and closes one env in the calling process to read the
+    spaces: an env whose constructor or close hangs there froze the trainer outside every bound.
+    The spaces come from worker 0's env in a probe process, bounded like any worker. (SIGALRM ends
+    the test, red, where the trainer's own process is stuck.)"""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "everywhere": True, "pid_dir": str(tmp_path)})
+
+    def stuck(signum: int, frame: object) -> None:
+        raise TimeoutError("the trainer's own process was stuck in the env for 10 s")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        with pytest.raises(EnvWorkerError) as raised:
+            make_vec_env(spec).close()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert str(raised.value) == f"env {ENV_ID}: worker 0's spaces probe did not answer {fail_in} within 1 s"
+    (probe,) = worker_pids(tmp_path)  # no worker started
+    assert not alive(probe)
 
 
 def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +97,7 @@ def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pyte
     for _ in range(30):  # past the 20-step episodes: autoreset inside the workers
         envs.step(envs.action_space.sample())
     envs.close()
-    assert len(worker_pids(tmp_path)) == 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
+    assert len(worker_pids(tmp_path)) == 1 + 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
 
 
 @pytest.mark.e2e
@@ -105,4 +130,4 @@ def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path:
     (log,) = (exp / "jobs" / "logs").glob("train-*.out")
     assert log.read_text() == f"hpcrl: error: {run_dir.name}: train failed: {line}\n"  # the job's whole output: no traceback
     assert took < 90, output
-    assert len(worker_pids(pid_dir)) == 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]
+    assert len(worker_pids(pid_dir)) == 1 + 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]  # the spaces probe and the workers
