@@ -36,6 +36,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_output import CheckedOutput
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.store.rundir import RunError
 
@@ -76,8 +77,9 @@ BACKENDS: dict[str, Callable[[EnvConfig, str | None], gym.Env]] = {
 
 
 def make_env(spec: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """One environment with the config's wrappers (frame stacking for pixel observations)."""
-    env = BACKENDS[spec.backend](spec, render_mode)
+    """One environment with the config's wrappers: its output checked (`CheckedOutput`), then
+    frame stacking for pixel observations."""
+    env: gym.Env = CheckedOutput(BACKENDS[spec.backend](spec, render_mode), spec.id)
     if spec.frame_stack > 1:
         if not isinstance(env.observation_space, gym.spaces.Box):
             raise ValueError(f"env.frame_stack needs Box observations, {spec.id} has {type(env.observation_space).__name__} (use train.recurrent_size for memory)")
@@ -287,6 +289,28 @@ class Workers(gym.vector.AsyncVectorEnv):
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         with self._waiting("call"):
             return super().call_wait(self.timeout if timeout is None else timeout)
+
+    def _raise_if_errors(self, successes: Sequence[bool]) -> None:
+        """Raise here what the workers' envs raised. A RunError (an env that returned what it must
+        not) is one line with the worker named; any other error is a bug in the env, whose
+        traceback is logged as gymnasium does. A worker that raised has left its loop: this vector
+        env is spent."""
+        successes = list(successes)
+        if all(successes):
+            return
+        errors = [self.error_queue.get() for _ in range(len(successes) - sum(successes))]
+        for index, *_ in errors:
+            self.parent_pipes[index].close()
+            self.parent_pipes[index] = None
+        self._state = AsyncState.DEFAULT
+        self._fail()
+        for index, exctype, value, _ in errors:
+            if issubclass(exctype, RunError):
+                raise exctype(f"{value} (worker {self.first + index})")
+        for index, _, _, trace in errors:
+            gym.logger.error(f"env {self.env_id}: worker {self.first + index} raised:\n{trace}")
+        _, exctype, value, _ = errors[-1]
+        raise exctype(value)
 
     def _poll_pipe_envs(self, timeout: float | None = None) -> bool:
         """Every worker's answer is ready within `timeout` seconds, or EnvWorkerError names the first late one."""

@@ -16,6 +16,7 @@ import pytest
 from factories import write_config
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_output import EnvOutputError
 from hpcrl.rl.envs import EnvWorkerError, make_vec_env
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -88,6 +89,27 @@ def test_an_env_that_hangs_in_any_process_never_freezes_the_trainer(fail_in: str
     assert str(raised.value) == f"env {ENV_ID}: worker 0's spaces probe did not answer {fail_in} within 1 s"
     (probe,) = worker_pids(tmp_path)  # no worker started
     assert not alive(probe)
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("lie", "what"),
+    [("shape", "an observation of shape (5,), not its observation space's (4,)"), ("nan", "an observation holding nan at index (1,)")],
+)
+def test_an_env_that_returns_what_its_space_cannot_hold_is_named(vectorization: str, lie: str, what: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Env 3 of 4 returns, at its third step, an observation of another shape or with a NaN: one
+    line naming the env and what it returned (and, in workers, the worker), not numpy's "all input
+    arrays must have the same shape" nor, later, a non-finite loss blamed on train.lr."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, vectorization=vectorization, worker_timeout_s=5.0, kwargs={"lie": lie, "seed": 3}))
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(EnvOutputError) as raised:
+            for _ in range(5):
+                envs.step(envs.action_space.sample())
+    finally:
+        envs.close()
+    assert str(raised.value) == f"env {ENV_ID}: step returned {what}" + (" (worker 3)" if vectorization == "async" else "")
 
 
 def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,9 @@ exits (`how: exit`, code 3) when it is started (`fail_in: start`, every worker: 
 yet), or, in the env whose first reset had seed `seed` (with a run's seed 0, env i), at its first
 reset, its third step, or its close. With `everywhere=True` every env fails there, in any process,
 as the copy gymnasium's AsyncVectorEnv builds in the trainer's own process to read the spaces would
-(only `start` and `close` can be reached without a reset). Each process's env writes its process id into `pid_dir` when given, so
+(only `start` and `close` can be reached without a reset). An env that lies instead (`lie: shape`
+or `lie: nan`) returns, at the failing env's third step and in any process, an observation of
+shape (5,) or one holding a NaN. Each process's env writes its process id into `pid_dir` when given, so
 a test can check that no worker outlives the run.
 """
 
@@ -26,8 +28,8 @@ class FailingEnv(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, fail_in: str = "", how: str = "hang", seed: int = 0, pid_dir: str | None = None, everywhere: bool = False) -> None:
-        self.fail_in, self.how, self.failing_seed, self.everywhere = fail_in, how, seed, everywhere
+    def __init__(self, fail_in: str = "", how: str = "hang", seed: int = 0, pid_dir: str | None = None, everywhere: bool = False, lie: str = "") -> None:
+        self.fail_in, self.how, self.failing_seed, self.everywhere, self.lie = fail_in, how, seed, everywhere, lie
         self.failing = everywhere
         self.t = 0
         in_child = multiprocessing.parent_process() is not None
@@ -60,7 +62,10 @@ class FailingEnv(gym.Env):
         self.t += 1
         if self.failing and self.fail_in == "step" and self.t == 3:
             self._fail()
-        return np.full(4, self.t / 20, np.float32), 1.0, False, self.t >= 20, {}
+        obs = np.full(4, self.t / 20, np.float32)
+        if self.failing and self.t == 3 and self.lie:
+            obs = np.zeros(5, np.float32) if self.lie == "shape" else np.array([0.1, np.nan, 0.3, 0.4], np.float32)
+        return obs, 1.0, False, self.t >= 20, {}
 
     def close(self) -> None:
         if self.failing and self.fail_in == "close":
