@@ -38,6 +38,7 @@ from gymnasium.vector.utils import CloudpickleWrapper, batch_space
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.env_output import CheckedOutput
 from hpcrl.runtime.launch import how_it_ended
+from hpcrl.runtime.lifeline import die_with_parent
 from hpcrl.store.rundir import RunError
 
 # Simulators pay for inter-process communication; cheap envs do not (see notes: CartPole runs
@@ -135,9 +136,12 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
 
 def _worker_thunk(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
     """An env factory for a worker process, whose numeric libraries (loaded there, or in the
-    simulator's own processes) get one thread each: every worker already takes a core."""
+    simulator's own processes) get one thread each: every worker already takes a core. The worker
+    dies with the trainer (a SIGKILLed trainer's workers, holding each other's pipe ends, never saw
+    end of file, and one stuck in the env's code lived on for ever)."""
 
     def make() -> gym.Env:
+        die_with_parent()
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[var] = "1"
         return thunk()
@@ -208,6 +212,7 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
     """The probe process: build the env, send what describes it, close it, say so. An error the
     env raises goes back as its type and message (a traceback here would be a second message)."""
     try:
+        die_with_parent()
         env = thunk()
         answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
         env.close()

@@ -153,3 +153,40 @@ def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path:
     assert log.read_text() == f"hpcrl: error: {run_dir.name}: train failed: {line}\n"  # the job's whole output: no traceback
     assert took < 90, output
     assert len(worker_pids(pid_dir)) == 1 + 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]  # the spaces probe and the workers
+
+
+TRAINER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.envs import make_vec_env
+envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=4, vectorization="async", worker_timeout_s=600, kwargs={"fail_in": "step", "seed": 3, "pid_dir": sys.argv[2]}))
+envs.reset(seed=0)
+print("stepping", flush=True)
+for _ in range(5):
+    envs.step(envs.action_space.sample())
+"""
+
+
+@pytest.mark.e2e
+def test_env_workers_die_with_a_trainer_killed_while_one_hangs(tmp_path: Path) -> None:
+    """A trainer SIGKILLed (an OOM kill) while worker 3 hangs in its step, inside its 600 s bound: every
+    worker is gone within seconds. The idle ones saw their pipe close; the hung one never reads it,
+    and lived on for ever before."""
+    path = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(STANDINS), str(tmp_path)], env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout is not None and trainer.stdout.readline() == "stepping\n"
+        time.sleep(1.0)  # worker 3 is in its endless step by now
+        assert trainer.poll() is None
+        trainer.kill()
+        trainer.wait(10)
+        deadline = time.monotonic() + 5
+        while [pid for pid in worker_pids(tmp_path) if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in worker_pids(tmp_path) if alive(pid)]
+    finally:
+        for pid in worker_pids(tmp_path):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert len(worker_pids(tmp_path)) == 1 + 4 and not left
