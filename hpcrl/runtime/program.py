@@ -16,6 +16,9 @@ trainer, so that everything around a run holds for it:
   `resume_args`: resuming is the program's own;
 - output: the program's stdout and stderr go to the job log and to `runs/<id>/program.log` as
   they come; the run ends when the program's process ends, and what it left running is ended.
+- containment: the program runs under a keeper (hpcrl.runtime.keeper) that ends everything it
+  started when this process dies, however it dies, and holds the run's lock until then: nothing of
+  a run outlives its `hpcrl train`, not even a trainer a wrapper script forked without `exec`.
 
 The eval stage then turns what the program wrote (hpcrl.runtime.metrics) into the run's training curve and
 its score: the episodes of `program.eval`'s command when there is one, else the mean of the last
