@@ -57,6 +57,8 @@ STATE_WORDS = {
 """`--state` words and the states each selects (`running` includes a local runner's orphans)."""
 CANCELLABLE = ("pending", "running", "orphaned")
 ACTIVE = (PENDING, RUNNING, ORPHANED)
+ENDED = (State.DONE, State.FAILED, CANCELLED, State.SKIPPED)
+"""Train states after which a distributed run's last report (runstats) describes nothing that runs."""
 ORDER = (State.DONE, RUNNING, ORPHANED, PENDING, State.FAILED, CANCELLED, State.SKIPPED, NOT_SUBMITTED)
 """Column order of the per-setting view."""
 TOKENS = {ORPHANED: "orphaned", NOT_SUBMITTED: "not-submitted"}
@@ -226,7 +228,8 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         elif evaluation == State.FAILED:
             note = rundir.failure(rd, "eval")[:80]
         total = None if config.program else config.train.total_steps
-        report = runstats.status_line(rd) if config.distributed and train != State.DONE else None
+        # The learner's last report is not shown once it has ended: a failed run's "actors 2/2 alive" is not live.
+        report = runstats.status_line(rd) if config.distributed and train not in ENDED else None
         out.append(RunStatus(index, run_id, expdir.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
     aggregate = shown_state(rundir.stage_marker("aggregate", experiment_dir), states.get(("aggregate", -1)))
     status = Status(out, aggregate, view.problem, view.jobs, view.active, _failed_workers(view.workers, set(holders.values())))

@@ -43,6 +43,7 @@ from hpcrl.rl import checkpoint, games, periodic_eval
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import seed_everything, setup_torch
 from hpcrl.runtime.guard import StopFlag, guarded_run
+from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.runlog import open_runlog
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run
@@ -74,6 +75,22 @@ def learning_half(run: Run, device: torch.device) -> ApexLearner | AlphaZeroLear
     finally:
         probe.close()
     return ApexLearner(cfg.train, d, obs_space, action_space, device)  # type: ignore[arg-type]  # the run's DQNConfig
+
+
+REDIS_GONE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+"""What redis-py raises when the server is gone or does not answer (it retries once before)."""
+
+
+class RedisGone(rundir.RunError):
+    """The run's Redis stopped answering: the run fails with one line that names it."""
+
+
+def redis_gone_how(exc: BaseException, server: RedisServer | None) -> str:
+    """How the Redis went away: the learner's own server's end when it ended, else redis-py's words."""
+    code = server.proc.poll() if server is not None and server.proc is not None else None
+    if code is not None:
+        return f"its redis-server {how_it_ended(code)}"
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def connect_external(address: str, password_env: str) -> redis.Redis:
@@ -144,6 +161,9 @@ class Learner:
                 )
             self.consumer = Consumer(client, self.board.keys.queue, self.algo.validate, self.d.max_lag, log=self.out)
             return self._loop()
+        except REDIS_GONE as exc:
+            self._set_status_quietly(FAILED)
+            raise RedisGone(f"Redis at {host}:{port} went away ({redis_gone_how(exc, server)}): the run's board and queue went with it") from None
         except BaseException:
             self._set_status_quietly(FAILED)
             raise

@@ -15,7 +15,6 @@ that lives and dies with the learner needs no cleanup. Why these settings:
 
 from __future__ import annotations
 
-import ctypes
 import secrets
 import shutil
 import signal
@@ -27,8 +26,7 @@ from pathlib import Path
 import redis
 
 from hpcrl.netaddr import advertised_address, is_wildcard
-
-_PR_SET_PDEATHSIG = 1
+from hpcrl.runtime.lifeline import die_with_parent
 
 
 class RedisServerError(RuntimeError):
@@ -58,8 +56,7 @@ def _die_with_parent() -> None:
     scheduler's warnings. Grid Engine sends USR1 (and USR2) to every process of a job, and a
     redis-server killed by it (the default action; Redis sets no handler) took the learner's board
     away just as the learner was checkpointing for its requeue; an ignored signal stays ignored across exec."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 

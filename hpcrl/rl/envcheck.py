@@ -22,6 +22,7 @@ from hpcrl.config.experiment import EnvConfig, Experiment, apply_settings
 from hpcrl.config.schema import ConfigError
 from hpcrl.rl import games
 from hpcrl.rl.minimax import PerfectPlayer
+from hpcrl.rl.openspiel_params import GameParameterError
 from hpcrl.submit.jobplan import executable
 
 _CHEAP = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text")
@@ -118,6 +119,8 @@ def _check_game_class(spec: EnvConfig) -> None:
         games.check_game(game)
     except games.GameError as exc:
         raise ConfigError(f"env.id: {exc}") from None
+    except GameParameterError as exc:  # its line starts with the key path
+        raise ConfigError(str(exc)) from None
 
 
 def _check_alphazero(exp: Experiment) -> None:

@@ -13,12 +13,16 @@ turns. For everyone else the groups are one vector env with the usual `step`.
 No wait on a worker is unbounded (`Workers`): a worker that does not answer its start, a reset, a
 step or its close within `env.worker_timeout_s`, or that dies, fails the run in one line naming the
 env, the worker and what it was doing, and the vector env's workers are killed with whatever they
-started (a ViZDoom worker's game is a process of its own).
+started (a ViZDoom worker's game is a process of its own). Nor is the trainer's own process ever
+given a user's env to build or close: the spaces the workers need are read from worker 0's env in
+a probe process (`probe_env`), under the same bound.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import multiprocessing
 import multiprocessing.connection
 import os
 import signal
@@ -29,9 +33,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.utils import CloudpickleWrapper, batch_space
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_output import CheckedOutput
 from hpcrl.runtime.launch import how_it_ended
+from hpcrl.runtime.lifeline import die_with_parent
 from hpcrl.store.rundir import RunError
 
 # Simulators pay for inter-process communication; cheap envs do not (see notes: CartPole runs
@@ -71,8 +78,9 @@ BACKENDS: dict[str, Callable[[EnvConfig, str | None], gym.Env]] = {
 
 
 def make_env(spec: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """One environment with the config's wrappers (frame stacking for pixel observations)."""
-    env = BACKENDS[spec.backend](spec, render_mode)
+    """One environment with the config's wrappers: its output checked (`CheckedOutput`), then
+    frame stacking for pixel observations."""
+    env: gym.Env = CheckedOutput(BACKENDS[spec.backend](spec, render_mode), spec.id)
     if spec.frame_stack > 1:
         if not isinstance(env.observation_space, gym.spaces.Box):
             raise ValueError(f"env.frame_stack needs Box observations, {spec.id} has {type(env.observation_space).__name__} (use train.recurrent_size for memory)")
@@ -112,10 +120,12 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
             # fork (evaluation starts its envs after the policy is on the GPU); habitat-baselines
             # uses forkserver for the same reason.
             kwargs["context"] = "forkserver"
+        described = probe_env(_worker_thunk(thunks[0]), env_id=spec.id, timeout=spec.worker_timeout_s, context=kwargs.get("context"))
         groups: list[gym.vector.VectorEnv] = []
         try:
             for part in np.array_split(np.arange(n), min(PIPELINE_GROUPS, n)):
-                workers = Workers([_worker_thunk(thunks[i]) for i in part], env_id=spec.id, first=int(part[0]), timeout=spec.worker_timeout_s, **kwargs)
+                thunks_of_part = [_worker_thunk(thunks[i]) for i in part]
+                workers = Workers(thunks_of_part, described, env_id=spec.id, first=int(part[0]), timeout=spec.worker_timeout_s, **kwargs)
                 groups.append(gym.wrappers.vector.RecordEpisodeStatistics(_SendReceive(workers)))
         except BaseException:
             _close_all(groups)  # a group that did start must not outlive the one that did not
@@ -126,9 +136,12 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
 
 def _worker_thunk(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
     """An env factory for a worker process, whose numeric libraries (loaded there, or in the
-    simulator's own processes) get one thread each: every worker already takes a core."""
+    simulator's own processes) get one thread each: every worker already takes a core. The worker
+    dies with the trainer (a SIGKILLed trainer's workers, holding each other's pipe ends, never saw
+    end of file, and one stuck in the env's code lived on for ever)."""
 
     def make() -> gym.Env:
+        die_with_parent()
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[var] = "1"
         return thunk()
@@ -140,6 +153,97 @@ class EnvWorkerError(RunError):
     """An env worker process that did not answer in time, or died: the run fails with this line."""
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvDescription:
+    """What gymnasium's AsyncVectorEnv reads from a copy of the env before its workers start."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    metadata: dict[str, Any]
+    render_mode: str | None
+
+
+def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, context: str | None) -> EnvDescription:
+    """The spaces of the env `thunk` builds (worker 0's), read in a process of its own.
+
+    gymnasium's AsyncVectorEnv builds and closes one env in the calling process for this, outside
+    every bound: an env whose constructor or close hangs froze the trainer. Here the probe must
+    answer its start and its close within `timeout` seconds, or EnvWorkerError names it and it is
+    killed with whatever it started; an error the env raised is raised here as it was there."""
+    ctx = multiprocessing.get_context(context)
+    answers, child_end = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_describe, args=(CloudpickleWrapper(thunk), child_end), name="Worker<probe>-0", daemon=True)
+    process.start()
+    child_end.close()
+    try:
+        described = _probe_answer(answers, process, env_id, timeout, "start")
+        _probe_answer(answers, process, env_id, timeout, "close")
+        process.join(timeout)
+        return described
+    finally:
+        answers.close()
+        if process.exitcode is None:
+            _kill_trees([process.pid] if process.pid is not None else [])
+            process.join(5.0)
+
+
+def _probe_answer(answers: multiprocessing.connection.Connection, process: Any, env_id: str, timeout: float, doing: str) -> Any:
+    """The probe's next answer; EnvWorkerError when it is late or the probe died; the env's own
+    error when it raised one."""
+    who = f"env {env_id}: worker 0's spaces probe"
+    try:
+        if not answers.poll(timeout):
+            raise EnvWorkerError(f"{who} did not answer {doing} within {timeout:g} s")
+        kind, value = answers.recv()
+    except (EOFError, ConnectionResetError) as exc:
+        process.join(1.0)  # its pipe closes as it exits, a moment before its exit code can be read
+        raise EnvWorkerError(f"{who} {how_it_ended(process.exitcode) if process.exitcode is not None else 'stopped answering'} during {doing}") from exc
+    if kind == "error":
+        error_type, message = value
+        try:
+            error = error_type(message)
+        except Exception:  # noqa: BLE001 - a type built from other arguments: its name and message
+            error = RuntimeError(f"{error_type.__name__}: {message}")
+        raise error
+    return value
+
+
+def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Connection) -> None:
+    """The probe process: build the env, send what describes it, close it, say so. An error the
+    env raises goes back as its type and message (a traceback here would be a second message)."""
+    try:
+        die_with_parent()
+        env = thunk()
+        answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
+        env.close()
+        answers.send(("ok", None))
+    except Exception as exc:  # noqa: BLE001 - raised again in the trainer by _probe_answer
+        try:
+            answers.send(("error", (type(exc), str(exc))))
+        except Exception:  # noqa: BLE001 - a type that does not pickle: its name survives
+            answers.send(("error", (RuntimeError, f"{type(exc).__name__}: {exc}")))
+
+
+class _Described(gym.Env):
+    """The env gymnasium's AsyncVectorEnv builds in the calling process to read the spaces,
+    standing in for worker 0's real one with what the probe read from it."""
+
+    def __init__(self, described: EnvDescription) -> None:
+        self.observation_space, self.action_space = described.observation_space, described.action_space
+        self.metadata, self.render_mode = dict(described.metadata), described.render_mode
+
+
+class _RealOnlyInWorkers:
+    """Worker 0's env factory: in the process that made it (the trainer), the stand-in for the
+    env; in the worker process it is handed to, the env itself."""
+
+    def __init__(self, thunk: Callable[[], gym.Env], described: EnvDescription) -> None:
+        self.thunk, self.described, self.home = thunk, described, os.getpid()
+
+    def __call__(self) -> gym.Env:
+        return _Described(self.described) if os.getpid() == self.home else self.thunk()
+
+
 class Workers(gym.vector.AsyncVectorEnv):
     """gymnasium's AsyncVectorEnv with every wait on a worker bounded by `timeout` seconds.
 
@@ -149,13 +253,16 @@ class Workers(gym.vector.AsyncVectorEnv):
     not answer <what> within <t> s`, or how a dead worker ended), after killing every worker of this
     vector env and the processes they started: SIGTERM is not enough, since a forked worker inherits
     the trainer's signal handlers, and a killed worker's children (ViZDoom's game) would live on.
-    Worker numbers count across the groups of a GroupedVectorEnv (`first` is this group's first)."""
+    Worker numbers count across the groups of a GroupedVectorEnv (`first` is this group's first).
+    The spaces are `described` (`probe_env`): gymnasium's own copy of the env in this process is a
+    stand-in that holds them."""
 
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], *, env_id: str, first: int, timeout: float, **kwargs: Any) -> None:
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], described: EnvDescription, *, env_id: str, first: int, timeout: float, **kwargs: Any) -> None:
         self.env_id, self.first, self.timeout = env_id, first, timeout
         self._failed = False
         self._doing = "start"
-        super().__init__(env_fns, **kwargs)
+        spaces = (batch_space(described.observation_space, len(env_fns)), described.observation_space)
+        super().__init__([_RealOnlyInWorkers(env_fns[0], described), *env_fns[1:]], observation_mode=spaces, **kwargs)
 
     def _check_spaces(self) -> None:
         # Called once, by __init__, as the workers start; a worker builds its env before it reads
@@ -187,6 +294,28 @@ class Workers(gym.vector.AsyncVectorEnv):
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         with self._waiting("call"):
             return super().call_wait(self.timeout if timeout is None else timeout)
+
+    def _raise_if_errors(self, successes: Sequence[bool]) -> None:
+        """Raise here what the workers' envs raised. A RunError (an env that returned what it must
+        not) is one line with the worker named; any other error is a bug in the env, whose
+        traceback is logged as gymnasium does. A worker that raised has left its loop: this vector
+        env is spent."""
+        successes = list(successes)
+        if all(successes):
+            return
+        errors = [self.error_queue.get() for _ in range(len(successes) - sum(successes))]
+        for index, *_ in errors:
+            self.parent_pipes[index].close()
+            self.parent_pipes[index] = None
+        self._state = AsyncState.DEFAULT
+        self._fail()
+        for index, exctype, value, _ in errors:
+            if issubclass(exctype, RunError):
+                raise exctype(f"{value} (worker {self.first + index})")
+        for index, _, _, trace in errors:
+            gym.logger.error(f"env {self.env_id}: worker {self.first + index} raised:\n{trace}")
+        _, exctype, value, _ = errors[-1]
+        raise exctype(value)
 
     def _poll_pipe_envs(self, timeout: float | None = None) -> bool:
         """Every worker's answer is ready within `timeout` seconds, or EnvWorkerError names the first late one."""

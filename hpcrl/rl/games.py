@@ -26,6 +26,8 @@ tic-tac-toe and connect four are `hpcrl.games.tictactoe:TicTacToe` and
 `hpcrl.games.connect_four:ConnectFour`. `env.backend: openspiel` with `env.id: connect_four`
 loads OpenSpiel's game of that name (`pip install 'hpcrl[openspiel]'`), `env.kwargs` being its
 game parameters; only deterministic, sequential, perfect-information, two-player zero-sum games.
+Those parameters are checked against the game's declared ones before OpenSpiel sees them, and its
+first load is a child process's (`hpcrl.rl.openspiel_params`): OpenSpiel's C++ trusts them.
 
 `check_game` plays a few random games at sweep time, so a class that breaks the protocol (a
 missing method, a method that raises, returns that do not sum to zero or leave [-1, 1], a wrong
@@ -50,6 +52,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from hpcrl.config.hparams import MAX_MOVES
+from hpcrl.rl.openspiel_params import checked_parameters, probe_load
 from hpcrl.store.rundir import RunError
 
 GAME_BACKENDS = ("openspiel", "game")
@@ -223,6 +226,9 @@ def _load_openspiel(name: str, params: dict[str, Any]) -> GameSpec:
         raise GameError("env.backend 'openspiel' needs OpenSpiel: pip install 'hpcrl[openspiel]'") from None
     if name not in pyspiel.registered_names():
         raise GameError(f"{name!r} is not an OpenSpiel game (pyspiel.registered_names())")
+    (registered,) = (g for g in pyspiel.registered_games() if g.short_name == name)
+    params = checked_parameters(name, registered.parameter_specification, params)
+    probe_load(name, params)  # a crash or a hang of OpenSpiel's is the child's, named here
     try:
         game = pyspiel.load_game(name, params)
     except pyspiel.SpielError as exc:

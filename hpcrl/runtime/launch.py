@@ -12,7 +12,7 @@ It does what torchrun's agent does for one node, with the two differences a batc
 
 A rank that dies (a crash, an OOM kill, kill -9) ends the run at once: the other ranks are sent
 SIGTERM, then SIGKILL after a grace period, no process is left behind, and the run's FAILED marker
-names the rank and how it died.
+names the rank and how it died. A launcher that dies, however, takes its ranks with it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from hpcrl.runtime.lifeline import die_with_parent
 from hpcrl.store import rundir
 from hpcrl.store.states import REQUEUE_EXIT
 
@@ -57,7 +58,8 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
         **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(ranks),
         "LOCAL_WORLD_SIZE": str(ranks), "TORCHELASTIC_USE_AGENT_STORE": "True", LAUNCH_ID: os.environ.get(LAUNCH_ID) or uuid.uuid4().hex,
     }  # fmt: skip
-    children = [subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
+    # Each rank dies with the launcher, however it dies: without its store a rank would run on alone.
+    children = [subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=die_with_parent) for r in range(ranks)]
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for child in children:

@@ -16,6 +16,9 @@ trainer, so that everything around a run holds for it:
   `resume_args`: resuming is the program's own;
 - output: the program's stdout and stderr go to the job log and to `runs/<id>/program.log` as
   they come; the run ends when the program's process ends, and what it left running is ended.
+- containment: the program runs under a keeper (hpcrl.runtime.keeper) that ends everything it
+  started when this process dies, however it dies, and holds the run's lock until then: nothing of
+  a run outlives its `hpcrl train`, not even a trainer a wrapper script forked without `exec`.
 
 The eval stage then turns what the program wrote (hpcrl.runtime.metrics) into the run's training curve and
 its score: the episodes of `program.eval`'s command when there is one, else the mean of the last
@@ -27,7 +30,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import csv
-import ctypes
 import os
 import select
 import signal
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -57,7 +59,6 @@ OUTPUT_GRACE_S = 2.0
 behind that holds the pipe must not keep the run open for as long as it lives."""
 LEFTOVER_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL of what the program left running."""
-PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 
 
@@ -129,7 +130,9 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
     }  # fmt: skip
     env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
     print(f"{run.run_id}: running {' '.join(words)}", file=out, flush=True)
-    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, getattr(signal, f"SIG{program.stop_signal}"), out)
+    lock = rundir.held_lock(rd)
+    stop_signal = getattr(signal, f"SIG{program.stop_signal}")
+    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, stop_signal, out, hold=[lock] if lock is not None else [])
     if code == 0:
         steps = rundir.last_logged_step(rd)
         rundir.mark(rd, rundir.DONE, f"step {steps}" if steps else "program exited with 0")
@@ -168,64 +171,124 @@ def describe_exit(code: int) -> str:
 
 
 def supervise(
-    words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int, out: TextIO | None = None
+    words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int, out: TextIO | None = None, hold: Sequence[int] = ()
 ) -> tuple[int, list[str]]:
     """Run `words`; copy its output to our stdout and to `log`; pass a stop on as `stop_signal`, once.
     Returns the exit code (negative: the signal that killed it) and the last lines it printed.
 
-    The program runs in a session of its own: Grid Engine signals every process of the job's process
-    group (USR1, USR2), and the program must get the configured stop signal only, from here. The run
-    ends when the program's process ends: what it left running in its session (a `cmd &`, DataLoader
-    workers, a logging service) would otherwise hold the output pipe open for as long as it lives;
-    it is ended and named in the job log. The program dies with this process (PR_SET_PDEATHSIG), so
-    a scheduler's SIGKILL of the job, which no longer reaches its session, still ends it."""
+    The program runs under a keeper (hpcrl.runtime.keeper) in a session of its own: Grid Engine
+    signals every process of the job's process group (USR1, USR2), and the program must get the
+    configured stop signal only, from here. Whatever kills this process (an OOM kill, a SIGKILL of
+    it alone), the keeper then kills everything the program started, also below a wrapper that did
+    not `exec` it, and holds the run's lock (`hold`: descriptors it keeps open) until nothing is
+    left. The run ends when the program's process ends: what it left running in its session (a
+    `cmd &`, DataLoader workers, a logging service) would otherwise hold the output pipe open for as
+    long as it lives; it is ended and named in the job log."""
+    status_read, status_write = os.pipe()
+    control_read, control = os.pipe()  # never written: its end of file tells the keeper we are gone
     try:
-        proc = subprocess.Popen(
-            words, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_dies_with_us(),
+        keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", KEEPER, str(status_write), "--", *words], cwd=cwd, env=env, stdin=control_read,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(status_write, *hold),
         )  # fmt: skip
-    except FileNotFoundError:
-        raise rundir.RunError(f"program: {words[0]!r} not found (in {cwd}, on the PATH of the job)") from None
-    except PermissionError:
-        raise rundir.RunError(f"program: {words[0]!r} is not executable") from None
-    except NotADirectoryError:
+    except (FileNotFoundError, NotADirectoryError):
+        os.close(control)
+        os.close(status_read)
         raise rundir.RunError(f"program: working directory {cwd} does not exist") from None
-    assert proc.stdout is not None
-    with log.open("ab") as sink:
-        copier = _Copier(proc.stdout, sink)
-        copier.start()
-        forwarded = False
-        while proc.poll() is None:
-            if stop is not None and stop.signal is not None and not forwarded:
-                proc.send_signal(stop_signal)
-                forwarded = True
-            time.sleep(POLL_S)
-        # The rest of its output: until EOF, unless the pipe stays quiet for OUTPUT_GRACE_S (something
-        # it left holds it) or, whatever keeps writing, for long.
-        ended = time.monotonic()
-        while copier.is_alive() and min(copier.quiet_for(), time.monotonic() - ended) < OUTPUT_GRACE_S and time.monotonic() - ended < 10 * OUTPUT_GRACE_S:
-            copier.join(POLL_S)
-        end_leftovers(proc.pid, out)
-        copier.closing.set()
-        copier.join()
-    proc.stdout.close()
-    return proc.returncode, copier.tail.lines()
-
-
-def _dies_with_us() -> Callable[[], None] | None:
-    """A preexec_fn that has the kernel SIGKILL the child when this process dies (Linux's prctl)."""
+    finally:
+        os.close(status_write)
+        os.close(control_read)
+    reports = _Reports(status_read)
+    code: int | None = None
+    tail: list[str] = []
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the scheduler's own process tracking is all there is
-        return None
-    parent = os.getpid()
+        program = _started(reports, words, cwd)
+        assert keeper.stdout is not None
+        with log.open("ab") as sink:
+            copier = _Copier(keeper.stdout, sink)
+            copier.start()
+            forwarded = False
+            while code is None:
+                if stop is not None and stop.signal is not None and not forwarded:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(program, stop_signal)
+                    forwarded = True
+                code = reports.exit_code(POLL_S)
+                if code is None and reports.closed:  # the keeper was killed, and the program with it
+                    code = keeper.wait()
+            # The rest of its output: until EOF, unless the pipe stays quiet for OUTPUT_GRACE_S (something
+            # it left holds it) or, whatever keeps writing, for long.
+            ended = time.monotonic()
+            while copier.is_alive() and min(copier.quiet_for(), time.monotonic() - ended) < OUTPUT_GRACE_S and time.monotonic() - ended < 10 * OUTPUT_GRACE_S:
+                copier.join(POLL_S)
+            end_leftovers(keeper.pid, out, spare=keeper.pid)
+            copier.closing.set()
+            copier.join()
+            tail = copier.tail.lines()
+    finally:
+        os.close(control)  # the keeper ends whatever is left, then exits
+        reports.close()
+        try:
+            keeper.wait(KEEPER_EXIT_S)
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            keeper.wait()
+        if keeper.stdout is not None:
+            keeper.stdout.close()
+    return code, tail
 
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # this process died before the line above took effect
-            os._exit(1)
 
-    return preexec
+KEEPER = str(Path(__file__).with_name("keeper.py"))
+KEEPER_START_S = 60.0
+"""Bound on the keeper's start (an interpreter without site-packages) and the program's exec."""
+KEEPER_EXIT_S = 15.0
+"""Bound on the keeper's last sweep (it gives up on a process after 10 s of SIGKILLs)."""
+
+
+def _started(reports: _Reports, words: list[str], cwd: Path) -> int:
+    """The program's pid once the keeper started it; RunError, one line, when it could not."""
+    line = reports.line(KEEPER_START_S)
+    if line is None:
+        raise rundir.RunError(f"program: the keeper of {words[0]!r} did not start within {KEEPER_START_S:g} s")
+    kind, _, rest = line.partition(" ")
+    if kind == "pid":
+        return int(rest)
+    error = rest.partition(" ")[0]
+    if error == "FileNotFoundError":
+        raise rundir.RunError(f"program: {words[0]!r} not found (in {cwd}, on the PATH of the job)")
+    if error == "PermissionError":
+        raise rundir.RunError(f"program: {words[0]!r} is not executable")
+    raise rundir.RunError(f"program: {words[0]!r} could not start: {rest}")
+
+
+class _Reports:
+    """The keeper's lines (`pid N`, `exit N`, `error ...`), read without waiting longer than asked."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.closed, self._buffer = fd, False, b""
+
+    def line(self, timeout: float) -> str | None:
+        """The next line within `timeout` seconds, or None (`closed`: the keeper is gone)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer and not self.closed:
+            ready, _, _ = select.select([self.fd], [], [], max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 1 << 10)
+            self._buffer += chunk
+            self.closed = not chunk
+        if b"\n" not in self._buffer:
+            return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def exit_code(self, timeout: float) -> int | None:
+        """The program's exit code once the keeper reported it, else None after `timeout` seconds."""
+        line = self.line(timeout)
+        return int(line.split()[1]) if line is not None and line.startswith("exit ") else None
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class _Tail:
@@ -290,10 +353,11 @@ class _Copier(threading.Thread):
                 return
 
 
-def end_leftovers(session: int, out: TextIO | None) -> None:
+def end_leftovers(session: int, out: TextIO | None, spare: int | None = None) -> None:
     """End what the program left running in its session (SIGTERM, then SIGKILL after
-    LEFTOVER_GRACE_S), naming each process in the job log; returns when none is left."""
-    left = _in_session(session)
+    LEFTOVER_GRACE_S), naming each process in the job log; returns when none is left. `spare`
+    (the keeper, the session's leader) is not the program's."""
+    left = [(pid, command) for pid, command in _in_session(session) if pid != spare]
     if not left:
         return
     named = "; ".join(f"pid {pid} ({command})" for pid, command in left)
@@ -305,7 +369,7 @@ def end_leftovers(session: int, out: TextIO | None) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             time.sleep(0.05)
-            left = _in_session(session)  # also what they started in the meantime
+            left = [(pid, command) for pid, command in _in_session(session) if pid != spare]  # also what they started meanwhile
         if not left:
             return
         if sig == signal.SIGTERM:

@@ -904,9 +904,22 @@ def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[None]:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        _held[run_dir.resolve()] = fd
         yield
     finally:
+        _held.pop(run_dir.resolve(), None)
         os.close(fd)
+
+
+_held: dict[Path, int] = {}
+"""The open lock file of each run this process holds locked (`run_lock`)."""
+
+
+def held_lock(run_dir: Path) -> int | None:
+    """The descriptor of the run's lock while this process holds it, else None: a process it
+    passes the descriptor to holds the lock too, until both have closed it (the program's keeper
+    does, so that the run stays locked while anything the run started may still run)."""
+    return _held.get(run_dir.resolve())
 
 
 def lock_holder(run_dir: Path) -> Holder | None:

@@ -183,6 +183,9 @@ def _sweep_locked(
             if not scheduler.runs_here or not plan.in_flight:
                 return 0
         else:
+            if plan.orphans:  # they would wait for the dead learner, or join the new one beside its own actors
+                scheduler.cancel_tasks(plan.orphans)
+                print(f"{root}: cancelled {sum(map(len, plan.orphans.values()))} tasks that served runs whose learner had ended", file=out)
             attempt = max((j.attempt for j in jobs), default=-1) + 1
             new_jobs = _submit(exp, scheduler, plan_scripts(exp, scheduler, plan.todo, attempt, cwd, plan.eval_todo, runs=plan.runs, workers=plan.workers), attempt, jobs, rollback)
             print(f"{root}: {plan.what(scheduler.name, new_jobs)}", file=out)

@@ -9,7 +9,11 @@ testing which one it is (as Hydra's Sweeper decides what to try and its Launcher
 - what the job plan holds: a task per run still to train (and eval-only tasks), or worker tasks
   that ask the study for trials (`workers`);
 - what is in flight: runs whose tasks are pending or running, or the study's workers, and for
-  `status` the worker task that holds each trial;
+  `status` the worker task that holds each trial. A task that only serves another stage's task of
+  its run (Ape-X's and self-play's actors serve its learner) does not keep the run in flight once
+  that task ended: the actors of a dead learner wait for it up to `learner_timeout_s` (600 s) and
+  kept a failed run from being submitted again for that long. They are orphans, cancelled when the
+  run is submitted again (`Round.orphans`);
 - what `collect` adds to the results: nothing, or the study's table, best trial and plots.
 
 Nothing here imports a scheduler or Optuna at import time: a sweep's round gets the scheduler's
@@ -32,6 +36,8 @@ from hpcrl.sweep import study
 Query = Callable[[list[str]], dict[str, dict[int, str]]]
 """A scheduler's `query`: job ids -> {task id -> state}."""
 ACTIVE = (State.PENDING, State.RUNNING)
+SERVES = {"actors": "learner"}
+"""Stages whose tasks only serve a task of another stage of the same run, which they wait for."""
 
 
 @dataclass
@@ -52,6 +58,9 @@ class Round:
     """Worker tasks that train and evaluate the trials of a study."""
     in_flight: bool = False
     """Work of an earlier sweep is still pending or running (the local executor must keep running it)."""
+    orphans: dict[str, list[int]] = field(default_factory=dict)
+    """Tasks (job id -> task ids) that serve a run in `todo` whose task they served has ended (actors
+    of a dead learner): cancelled before the run is submitted again."""
 
     @property
     def submits(self) -> bool:
@@ -81,10 +90,16 @@ class SearchMode:
         """Every run not done and not in flight is trained; done runs without an evaluation get one."""
         root = exp.dir
         runs = expdir.merge_runs(root, runs)
-        in_flight = set().union(*in_flight_runs(root, scheduler, query, jobs).values())
+        active = active_tasks(root, scheduler, query, jobs)
+        in_flight = {run for stage, by_run in active.items() if stage not in SERVES for run in by_run}
         listings = _listings(root, runs)
         states = {r.index: rundir.run_state(expdir.run_dir(root, r.run_id), listings[r.index]) for r in runs}
         todo = [r.index for r in runs if states[r.index] != State.DONE and r.index not in in_flight]
+        orphans: dict[str, list[int]] = {}
+        for stage in SERVES:
+            for run in todo:
+                for job_id, task in active.get(stage, {}).get(run, []):
+                    orphans.setdefault(job_id, []).append(task)
         eval_todo = [
             r.index for r in runs
             if states[r.index] == State.DONE and rundir.eval_state(expdir.run_dir(root, r.run_id), listings[r.index]) in (State.NEW, State.FAILED) and r.index not in in_flight
@@ -96,7 +111,7 @@ class SearchMode:
             return f"submitted {work} to {scheduler_name} ({done} done, {len(in_flight)} in flight) as {len(new_jobs)} jobs: " + ", ".join(f"{j.stage} {j.job_id}" for j in new_jobs)
 
         idle = f"all {len(runs)} runs are done or in flight ({done} done); nothing submitted"
-        return Round(runs, idle, what, todo, eval_todo, in_flight=bool(in_flight))
+        return Round(runs, idle, what, todo, eval_todo, in_flight=bool(in_flight), orphans=orphans)
 
     def holders(self, experiment_dir: Path, exp: Experiment, generation: int) -> dict[tuple[str, str], int]:
         """(runs.csv generation, trial number) -> the worker task that holds the trial: no trials here."""
@@ -173,10 +188,11 @@ def of_config(config: Mapping[str, Any]) -> SearchMode:
     return MODES.get(method or "grid", MODES["grid"])
 
 
-def in_flight_runs(experiment_dir: Path, scheduler: str, query: Query, jobs: Sequence[expdir.Job]) -> dict[str, set[int]]:
-    """Stage -> runs whose task of that stage is still pending or running: they must not be submitted twice."""
+def active_tasks(experiment_dir: Path, scheduler: str, query: Query, jobs: Sequence[expdir.Job]) -> dict[str, dict[int, list[tuple[str, int]]]]:
+    """Stage -> run -> its tasks of that stage (job id, task id) still pending or running: they must
+    not be submitted twice."""
     relevant = [j for j in jobs if j.manifest and j.scheduler == scheduler]
-    active: dict[str, set[int]] = {}
+    active: dict[str, dict[int, list[tuple[str, int]]]] = {}
     if not relevant:
         return active
     states = query([j.job_id for j in relevant])
@@ -185,7 +201,7 @@ def in_flight_runs(experiment_dir: Path, scheduler: str, query: Query, jobs: Seq
         tasks = states.get(job.job_id, {})
         for task, run_index in enumerate(rundir.read_manifest(experiment_dir, job.manifest), start=1):
             if tasks.get(task) in ACTIVE:
-                active.setdefault(job.stage, set()).add(run_index)
+                active.setdefault(job.stage, {}).setdefault(run_index, []).append((job.job_id, task))
     return active
 
 

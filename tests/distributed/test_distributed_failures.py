@@ -269,3 +269,41 @@ def test_apex_learns_cartpole_beyond_its_untrained_start(tmp_path: Path) -> None
     after = float(np.mean([r for r, *_ in play(trained, run, 16, True, cpu)]))
     print(f"Ape-X CartPole, {total} env steps in {took:.0f} s: greedy return {before:.1f} untrained -> {after:.1f}")
     assert after > max(3 * before, before + 60)
+
+
+def _children(pid: int, name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            comm = (entry / "comm").read_text().strip()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and comm.startswith(name):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_redis_that_dies_fails_the_run_in_one_line_naming_it_and_status_shows_no_live_report(tmp_path: Path) -> None:
+    """The learner's redis-server is killed mid-run: FAILED says Redis at that address went away (a
+    raw ConnectionError traceback before), and `hpcrl status` no longer shows the last "actors 1/1
+    alive" report of the failed run as if it were live."""
+    exp, rd = make_experiment(tmp_path, {"distributed": {"actors": 1}})
+    log = tmp_path / "out.log"
+    learner = start("learner", str(exp), "--task", "0", log=log)
+    actors: list[subprocess.Popen] = []
+    try:
+        info = rendezvous.wait(rd, 60)
+        assert info is not None, log.read_text()
+        actors.append(start("actor", str(exp), "--task", "0", "--actor", "0", log=log))
+        wait_stats(rd, lambda s: s["actors_alive"] == 1 and s["updates"] > 0, 90, "an actor feeding a learning learner")
+        (server,) = _children(learner.pid, "redis-server")
+        os.kill(server, signal.SIGKILL)
+        assert learner.wait(timeout=60) == 1, log.read_text()
+    finally:
+        stop_all([learner, *actors])
+    reason = (rd / "FAILED").read_text().splitlines()[0]
+    assert reason.startswith(f"Redis at {info.host}:{info.port} went away"), reason
+    assert "Traceback" not in log.read_text()
+    status = subprocess.run([PY, "-m", "hpcrl", "status", str(exp)], capture_output=True, text=True, timeout=60)
+    assert "failed" in status.stdout and "alive" not in status.stdout, status.stdout + status.stderr

@@ -9,6 +9,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -551,6 +553,52 @@ def test_openspiel_games_by_name():
     checkers = games.load(EnvConfig(id="checkers", backend="openspiel", kwargs={"rows": 6, "columns": 6}))  # issue 37 item 1: no piece can move
     with pytest.raises(games.GameError, match=r"^checkers: the game is over before its first move"):
         games.check_game(checkers)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "line"),
+    [
+        ({"rows": 0}, "env.kwargs.rows: connect_four's rows is a board size: expected a positive int, got 0"),  # a segmentation fault of the sweep before
+        ({"rows": -1}, "env.kwargs.rows: connect_four's rows is a board size: expected a positive int, got -1"),
+        ({"columns": 0}, "env.kwargs.columns: connect_four's columns is a board size: expected a positive int, got 0"),
+        ({"rows": "6"}, "env.kwargs.rows: connect_four's rows is an int (default 6), got '6'"),
+        ({"rows": True}, "env.kwargs.rows: connect_four's rows is an int (default 6), got True"),
+        ({"depth": 3}, "env.kwargs.depth: connect_four has no parameter 'depth' (its parameters: columns, egocentric_obs_tensor, rows, x_in_row)"),
+        ({"id": "go", "board_size": 30}, "env.kwargs: OpenSpiel refuses go with {'board_size': 30}: The current Go implementation supports board size up to 19"),
+        ({"id": "clobber", "rows": 1}, "env.kwargs: OpenSpiel refuses clobber with {'rows': 1}: "),
+    ],
+)
+def test_openspiel_parameters_are_checked_in_one_line_before_openspiel_sees_them(tmp_path, kwargs, line):
+    """`hpcrl sweep` (its own process: OpenSpiel's C++ could crash it) exits 2 with one line that
+    names the key, and nothing of OpenSpiel's own on stderr."""
+    pytest.importorskip("pyspiel")
+    kwargs = dict(kwargs)
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "openspiel", "id": kwargs.pop("id", "connect_four"), "num_envs": 1, "kwargs": kwargs}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {}  # AlphaZero's defaults (the factory's are PPO's)
+    config.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(games.__file__).parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local", "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and line in done.stderr, (done.returncode, done.stderr)
+
+
+def test_openspiel_parameters_of_the_declared_types_load():
+    """A float parameter given as an int (YAML's `komi: 7`) is OpenSpiel's float; the game loads."""
+    pytest.importorskip("pyspiel")
+    spec = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 5, "columns": 6, "x_in_row": 4}))
+    assert spec.num_actions == 6
+    from hpcrl.rl.openspiel_params import checked_parameters
+
+    assert checked_parameters("go", {"komi": 7.5, "board_size": 19}, {"komi": 7, "board_size": 9}) == {"komi": 7.0, "board_size": 9}
+
+
+def test_a_crash_of_openspiel_is_its_child_process_s():
+    """What the checks above do not foresee cannot take hpcrl down: the first load is a child's."""
+    pytest.importorskip("pyspiel")
+    from hpcrl.rl.openspiel_params import GameParameterError, probe_load
+
+    with pytest.raises(GameParameterError, match=r"^env.kwargs: OpenSpiel crashed loading connect_four with \{'rows': 0\} \(killed by SIGSEGV\)$"):
+        probe_load("connect_four", {"rows": 0})
 
 
 def test_a_game_over_before_its_first_move_fails_the_run_in_one_line_instead_of_training_at_step_0_for_ever(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 from factories import write_config
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_output import EnvOutputError
 from hpcrl.rl.envs import EnvWorkerError, make_vec_env
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -61,8 +62,54 @@ def test_a_worker_that_hangs_or_dies_is_named_and_killed(fail_in: str, how: str,
     assert str(raised.value) == line
     assert time.monotonic() - began < 20  # the 1 s bound and the workers' start, not a hang
     pids = worker_pids(tmp_path)
-    assert len(pids) == (2 if fail_in == "start" else 4)  # at start, the second group is never made
+    assert len(pids) == 1 + (2 if fail_in == "start" else 4)  # the spaces probe, then workers; at start, the second group is never made
     assert not [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.parametrize("fail_in", ["start", "close"])
+def test_an_env_that_hangs_in_any_process_never_freezes_the_trainer(fail_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gymnasium's AsyncVectorEnv builds and closes one env in the calling process to read the
+    spaces: an env whose constructor or close hangs there froze the trainer outside every bound.
+    The spaces come from worker 0's env in a probe process, bounded like any worker. (SIGALRM ends
+    the test, red, where the trainer's own process is stuck.)"""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "everywhere": True, "pid_dir": str(tmp_path)})
+
+    def stuck(signum: int, frame: object) -> None:
+        raise TimeoutError("the trainer's own process was stuck in the env for 10 s")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        with pytest.raises(EnvWorkerError) as raised:
+            make_vec_env(spec).close()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert str(raised.value) == f"env {ENV_ID}: worker 0's spaces probe did not answer {fail_in} within 1 s"
+    (probe,) = worker_pids(tmp_path)  # no worker started
+    assert not alive(probe)
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("lie", "what"),
+    [("shape", "an observation of shape (5,), not its observation space's (4,)"), ("nan", "an observation holding nan at index (1,)")],
+)
+def test_an_env_that_returns_what_its_space_cannot_hold_is_named(vectorization: str, lie: str, what: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Env 3 of 4 returns, at its third step, an observation of another shape or with a NaN: one
+    line naming the env and what it returned (and, in workers, the worker), not numpy's "all input
+    arrays must have the same shape" nor, later, a non-finite loss blamed on train.lr."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, vectorization=vectorization, worker_timeout_s=5.0, kwargs={"lie": lie, "seed": 3}))
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(EnvOutputError) as raised:
+            for _ in range(5):
+                envs.step(envs.action_space.sample())
+    finally:
+        envs.close()
+    assert str(raised.value) == f"env {ENV_ID}: step returned {what}" + (" (worker 3)" if vectorization == "async" else "")
 
 
 def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +119,7 @@ def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pyte
     for _ in range(30):  # past the 20-step episodes: autoreset inside the workers
         envs.step(envs.action_space.sample())
     envs.close()
-    assert len(worker_pids(tmp_path)) == 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
+    assert len(worker_pids(tmp_path)) == 1 + 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
 
 
 @pytest.mark.e2e
@@ -105,4 +152,41 @@ def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path:
     (log,) = (exp / "jobs" / "logs").glob("train-*.out")
     assert log.read_text() == f"hpcrl: error: {run_dir.name}: train failed: {line}\n"  # the job's whole output: no traceback
     assert took < 90, output
-    assert len(worker_pids(pid_dir)) == 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]
+    assert len(worker_pids(pid_dir)) == 1 + 4 and not [pid for pid in worker_pids(pid_dir) if alive(pid)]  # the spaces probe and the workers
+
+
+TRAINER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.envs import make_vec_env
+envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=4, vectorization="async", worker_timeout_s=600, kwargs={"fail_in": "step", "seed": 3, "pid_dir": sys.argv[2]}))
+envs.reset(seed=0)
+print("stepping", flush=True)
+for _ in range(5):
+    envs.step(envs.action_space.sample())
+"""
+
+
+@pytest.mark.e2e
+def test_env_workers_die_with_a_trainer_killed_while_one_hangs(tmp_path: Path) -> None:
+    """A trainer SIGKILLed (an OOM kill) while worker 3 hangs in its step, inside its 600 s bound: every
+    worker is gone within seconds. The idle ones saw their pipe close; the hung one never reads it,
+    and lived on for ever before."""
+    path = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(STANDINS), str(tmp_path)], env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout is not None and trainer.stdout.readline() == "stepping\n"
+        time.sleep(1.0)  # worker 3 is in its endless step by now
+        assert trainer.poll() is None
+        trainer.kill()
+        trainer.wait(10)
+        deadline = time.monotonic() + 5
+        while [pid for pid in worker_pids(tmp_path) if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in worker_pids(tmp_path) if alive(pid)]
+    finally:
+        for pid in worker_pids(tmp_path):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert len(worker_pids(tmp_path)) == 1 + 4 and not left

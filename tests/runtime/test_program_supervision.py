@@ -96,6 +96,50 @@ def test_the_run_ends_when_the_program_ends_and_what_it_left_is_ended_and_named(
     assert "trained" in (the_run(root) / rundir.PROGRAM_LOG).read_text()
 
 
+WRITER = r"""
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text(str(os.getpid()))
+while True:  # a trainer that keeps writing the run
+    with open(sys.argv[2], "a") as f:
+        f.write("row\n")
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.e2e
+def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however_hpcrl_dies(tmp_path: Path) -> None:
+    """A shell wrapper forks the trainer (no `exec`), so the trainer is hpcrl's grandchild, out of
+    reach of a death signal set on hpcrl's own child. hpcrl is SIGKILLed alone (an OOM kill, the
+    local executor's cancel after its grace): the trainer is gone within seconds, and while it
+    still runs the run's lock is held, so that no second trainer could start on its checkpoints.
+    (Before, it kept writing the run for as long as it lived.)"""
+    (tmp_path / "writer.py").write_text(WRITER)
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(f"#!/bin/sh\n{sys.executable} {tmp_path / 'writer.py'} \"$@\"\necho wrapper done\n")
+    wrapper.chmod(0o755)
+    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
+    root = experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[])
+    proc = start(root)
+    try:
+        wait_for(rows, "row")  # written after its pid
+        trainer = int(pid_file.read_text())
+        os.kill(proc.pid, signal.SIGKILL)  # hpcrl alone, not its process group
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(trainer) and time.monotonic() < deadline:
+            assert rundir.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
+            time.sleep(0.02)
+        assert not alive(trainer), "the trainer outlived hpcrl by 10 s"
+    finally:
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    size = rows.stat().st_size
+    time.sleep(0.3)
+    assert rows.stat().st_size == size  # nothing writes the run any more
+    assert rundir.lock_holder(the_run(root)) is None  # a re-sweep may start the run again
+
+
 # ------------------------------------------------------------------------------------ output without newlines
 
 

@@ -5,7 +5,11 @@ PYTHONPATH, as a user's own module would be): a CartPole-sized env (Box(4) obser
 actions, episodes of 20 steps) that, in a worker process only, hangs for ever (`how: hang`) or
 exits (`how: exit`, code 3) when it is started (`fail_in: start`, every worker: no seed is known
 yet), or, in the env whose first reset had seed `seed` (with a run's seed 0, env i), at its first
-reset, its third step, or its close. Each env writes its process id into `pid_dir` when given, so
+reset, its third step, or its close. With `everywhere=True` every env fails there, in any process,
+as the copy gymnasium's AsyncVectorEnv builds in the trainer's own process to read the spaces would
+(only `start` and `close` can be reached without a reset). An env that lies instead (`lie: shape`
+or `lie: nan`) returns, at the failing env's third step and in any process, an observation of
+shape (5,) or one holding a NaN. Each process's env writes its process id into `pid_dir` when given, so
 a test can check that no worker outlives the run.
 """
 
@@ -24,19 +28,21 @@ class FailingEnv(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, fail_in: str = "", how: str = "hang", seed: int = 0, pid_dir: str | None = None) -> None:
-        self.fail_in, self.how, self.failing_seed = fail_in, how, seed
-        self.failing = False
+    def __init__(self, fail_in: str = "", how: str = "hang", seed: int = 0, pid_dir: str | None = None, everywhere: bool = False, lie: str = "") -> None:
+        self.fail_in, self.how, self.failing_seed, self.everywhere, self.lie = fail_in, how, seed, everywhere, lie
+        self.failing = everywhere
         self.t = 0
-        self.in_worker = multiprocessing.parent_process() is not None
-        if pid_dir and self.in_worker:
+        in_child = multiprocessing.parent_process() is not None
+        # hpcrl reads the spaces from a probe process (`Worker<probe>-0`) that fails only `everywhere`
+        self.in_worker = in_child and "<probe>" not in multiprocessing.current_process().name
+        if pid_dir and in_child:
             with open(os.path.join(pid_dir, str(os.getpid())), "w"):
                 pass
         if fail_in == "start":
             self._fail()
 
     def _fail(self) -> None:
-        if not self.in_worker:  # gymnasium builds one copy in the main process, to read the spaces
+        if not (self.in_worker or self.everywhere):  # gymnasium builds one copy in the main process, to read the spaces
             return
         if self.how == "exit":
             os._exit(3)
@@ -56,7 +62,10 @@ class FailingEnv(gym.Env):
         self.t += 1
         if self.failing and self.fail_in == "step" and self.t == 3:
             self._fail()
-        return np.full(4, self.t / 20, np.float32), 1.0, False, self.t >= 20, {}
+        obs = np.full(4, self.t / 20, np.float32)
+        if self.failing and self.t == 3 and self.lie:
+            obs = np.zeros(5, np.float32) if self.lie == "shape" else np.array([0.1, np.nan, 0.3, 0.4], np.float32)
+        return obs, 1.0, False, self.t >= 20, {}
 
     def close(self) -> None:
         if self.failing and self.fail_in == "close":

@@ -56,3 +56,62 @@ def test_grid_and_random_add_nothing_to_collect_and_hold_no_trials(tmp_path: Pat
     assert modes.of(exp).collect(tmp_path, tmp_path / "results") == ([], None)
     assert modes.of(exp).holders(tmp_path, exp, 0) == {}
     assert not (tmp_path / "results").exists()
+
+
+def test_actors_whose_learner_ended_keep_no_run_in_flight_and_are_cancelled_when_it_is_submitted_again(tmp_path: Path) -> None:
+    """A decoupled run's learner failed; its actors still wait for it (up to learner_timeout_s, 600 s).
+    The run is not in flight: it is submitted again at once, and its actors are named for cancelling.
+    A run whose learner still runs stays in flight with its actors."""
+    exp = load_experiment(config(tmp_path, random_search(2)))
+    runs = expand(exp)
+    dead, alive = runs[0], runs[1]
+    rundir.mark(run_dir(exp.dir, dead.run_id), rundir.FAILED, "train failed: killed")
+    rundir.write_manifest(exp.dir, "jobs/0-0.tasks", [dead.index, alive.index])
+    rundir.write_manifest(exp.dir, "jobs/0-0.actors.tasks", [dead.index, dead.index, alive.index, alive.index])
+    jobs = [Job("learner", "7", "slurm", "jobs/learner-0-0.sh", 2, "jobs/0-0.tasks"), Job("actors", "8", "slurm", "jobs/actors-0-0.sh", 4, "jobs/0-0.actors.tasks")]
+
+    def query(ids: list[str]) -> dict[str, dict[int, str]]:
+        return {"7": {1: "failed", 2: "running"}, "8": {1: "running", 2: "running", 3: "running", 4: "running"}}
+
+    plan = modes.of(exp).round(exp, runs, jobs, "slurm", query)
+    assert plan.todo == [dead.index] and plan.in_flight
+    assert plan.orphans == {"8": [1, 2]}  # the dead learner's actors, not the live one's
+
+
+def test_a_sweep_cancels_the_orphaned_actors_before_it_submits_their_run_again(tmp_path: Path, monkeypatch) -> None:
+    """The sweep asks the scheduler to cancel the dead learner's actors, then submits the run."""
+    from hpcrl.schedulers.base import Scheduler
+    from hpcrl.store.expdir import write_jobs
+    from hpcrl.submit import pipeline
+
+    calls: list[tuple[str, object]] = []
+
+    class Recording(Scheduler):
+        name, template = "slurm", "slurm.sh.j2"
+
+        def submit(self, script: Path, size: int, after: list) -> str:
+            calls.append(("submit", script.name))
+            return "9"
+
+        def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:
+            return {"7": {1: "failed"}, "8": {1: "running", 2: "running"}}
+
+        def cancel(self, job_ids: list[str]) -> None:
+            calls.append(("cancel", job_ids))
+
+        def cancel_tasks(self, tasks: dict[str, list[int]]) -> None:
+            calls.append(("cancel_tasks", tasks))
+
+        def max_array_size(self) -> int:
+            return 1000
+
+    exp = load_experiment(config(tmp_path, random_search(1)))
+    (run,) = expand(exp)
+    exp.dir.mkdir(parents=True)
+    rundir.write_manifest(exp.dir, "jobs/0-0.tasks", [run.index])
+    rundir.write_manifest(exp.dir, "jobs/0-0.actors.tasks", [run.index, run.index])
+    write_jobs(exp.dir, [Job("learner", "7", "slurm", "jobs/learner-0-0.sh", 1, "jobs/0-0.tasks"), Job("actors", "8", "slurm", "jobs/actors-0-0.sh", 2, "jobs/0-0.actors.tasks")])
+    rundir.mark(run_dir(exp.dir, run.run_id), rundir.FAILED, "train failed: killed")
+    monkeypatch.setattr(pipeline, "get_scheduler", lambda *args, **kwargs: Recording())
+    assert pipeline.submit_experiment(exp, "slurm") == 0
+    assert calls[0] == ("cancel_tasks", {"8": [1, 2]}) and calls[1][0] == "submit"

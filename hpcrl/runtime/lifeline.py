@@ -1,0 +1,39 @@
+"""A process a run starts dies with the process that started it, however that one dies.
+
+A trainer killed with SIGKILL (an OOM kill, a scheduler's or the local executor's kill) runs no
+cleanup: its env worker processes, forked ones holding each other's pipe ends, never saw end of
+file and lived on, one stuck in a user's env for ever. Linux's PR_SET_PDEATHSIG has the kernel
+send a signal to a child when its parent dies; the child asks for it itself, first thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl():  # noqa: ANN202 - a ctypes function, or None off Linux
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+"""Looked up at import, in the parent: a child between fork and exec (a preexec_fn) of a process
+with threads must not load libraries (dlopen's lock may be held by a thread that did not fork)."""
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Called in a child: have the kernel send it `sig` when its parent dies; exit at once when the
+    parent is already gone (adopted by init). The parent is the thread that started this process,
+    so call it only in processes started from a thread that lives as long as they should. Off
+    Linux, nothing: the scheduler's own process tracking is all there is."""
+    if _PRCTL is None:
+        return
+    _PRCTL(PR_SET_PDEATHSIG, sig)
+    if os.getppid() == 1:  # the parent died before the line above took effect
+        os._exit(1)
