@@ -273,7 +273,7 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
             continue
         lost = rundir.lost_starts(rd)
         if lost:
-            r.note = f"lost {lost[-1]}: node down or killed" + (f" ({len(lost)} lost starts)" if len(lost) > 1 else "")
+            r.note = f"lost {lost[-1].started()}: node down or killed" + (f" ({len(lost)} lost starts)" if len(lost) > 1 else "")
         elif r.eval == State.SKIPPED:
             r.note = ("eval skipped: " + rundir.first_line(rd, rundir.EVAL_SKIPPED))[:80]
         elif r.train == State.DONE and (rd / rundir.PRUNED).exists():

@@ -78,7 +78,9 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
         print(f"{run.run_id}: already done", file=out)
         return 0
     try:
-        with rundir.run_lock(rd):
+        with rundir.run_lock(rd) as lost:
+            for start in lost:
+                print(f"{run.run_id}: the start {start.started()} ended without a word: its node was lost, or it was killed", file=out)
             if rundir.is_done(rd):  # the holder we waited for finished it
                 print(f"{run.run_id}: already done", file=out)
                 return 0
@@ -86,14 +88,7 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
 
             for stale in rundir.remove_stale_temp(rd / rundir.CHECKPOINTS):
                 print(f"{run.run_id}: removed {stale.name}, left by a checkpoint write that was killed", file=out)
-            for lost in rundir.record_start(rd):
-                print(f"{run.run_id}: the start {lost} ended without a word: its node was lost, or it was killed", file=out)
-            code = 1
-            try:
-                code = _guarded(rd, run, body, out)
-                return code
-            finally:
-                rundir.record_end(rd, code)
+            return _guarded(rd, run, body, out)
     except rundir.RunLocked as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
         return rundir.LOCKED_EXIT

@@ -5,7 +5,8 @@ through this module, because every rule about them (what a torn line means, whic
 contradicts which, what line N of a manifest names) drifted when it lived in several places.
 
     runs/<run_id>/
-      .lock                  held (flock) by the one process that trains the run; holds "pid host"
+      .lock                  held (flock) by the one process that trains the run; holds "pid host time" while
+                             held, then one line per earlier holder that never let go ("lost pid host time")
       DONE | FAILED          train markers with a short reason (DONE: "step N", the steps trained)
       EVAL_DONE | EVAL_FAILED | EVAL_SKIPPED
       train.csv              appended one whole line per logged iteration by TrainLog (a user's program:
@@ -13,8 +14,6 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
       lifetimes              a user's program: one line per start of the run (requeues, retries)
       program.log            a user's program: its output, appended across lifetimes
       stalled_requeues       how many requeues in a row the run asked for without progress (guard.py)
-      starts                 one line per start of a trainer (train, learner) and one per its end: host, pid,
-                             time; a start with no end that no live process holds was lost with its node
       eval.csv               written once, atomically, by the eval stage
       eval_curve.csv         the evaluations during training (eval.every_steps), appended by EvalCurveLog:
                              step,wall_time,mean_return,std_return,mean_length,episodes
@@ -45,7 +44,7 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +69,6 @@ LADDER_COLUMNS = ("player_a", "player_b", "games", "a_wins", "draws", "b_wins")
 """The eval stage's round robin between `random` and a run's own policies (named by their step)."""
 TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
-STARTS = "starts"
 STALLED = "stalled_requeues"
 
 LOCKED_EXIT = 75
@@ -248,63 +246,11 @@ def lifetime_starts(run_dir: Path) -> list[float]:
     return sorted(starts)
 
 
-@dataclass(frozen=True)
-class Start:
-    """One start of a run's trainer as it recorded itself (`starts`): where, which process, when (that host's clock)."""
-
-    host: str
-    pid: int
-    at: str
-
-    def __str__(self) -> str:
-        return f"on {self.host} (pid {self.pid}, {self.at[11:19]})"
-
-
-def _starts(run_dir: Path) -> list[tuple[Start, bool]]:
-    """Each recorded start and whether its end was recorded, in order."""
-    try:
-        lines = _complete_lines((run_dir / STARTS).read_bytes())
-    except OSError:
-        return []
-    found: list[tuple[Start, bool]] = []
-    for line in lines:
-        words = line.decode(errors="replace").split()
-        if len(words) < 4 or not words[3].isdigit():
-            continue
-        start = Start(words[2], int(words[3]), words[1])
-        if words[0] == "start":
-            found.append((start, False))
-        elif words[0] == "end":
-            found = [(s, ended or (s.host, s.pid) == (start.host, start.pid)) for s, ended in found]
-    return found
-
-
-def record_start(run_dir: Path) -> list[Start]:
-    """Record this process's start of the run (it holds the run lock) and return the earlier starts that never
-    recorded an end: each was lost with everything on its node, or killed (kill -9, out of memory)."""
-    lost = [s for s, ended in _starts(run_dir) if not ended]
-    with (run_dir / STARTS).open("a") as f:  # one short line per write: a kill cannot tear it
-        f.write(f"start {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()}\n")
-    return lost
-
-
-def record_end(run_dir: Path, code: int) -> None:
-    with (run_dir / STARTS).open("a") as f:
-        f.write(f"end {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()} {code}\n")
-
-
-def lost_starts(run_dir: Path) -> list[Start]:
-    """The starts that ended without a word, the live holder of the run lock (the current start) left out."""
-    open_ = [s for s, ended in _starts(run_dir) if not ended]
-    holder = lock_holder(run_dir) if open_ else None
-    return [s for s in open_ if not (holder and (holder.host, holder.pid) == (s.host, s.pid))]
-
-
 def progress_mark(run_dir: Path) -> tuple[int, int, int]:
     """What the run's own output looks like now (files, bytes, newest mtime), hpcrl's bookkeeping
     (markers, the lock, the program's console logs, the lifetimes) left out: it changes when a
     lifetime writes a checkpoint, a train.csv row or any metric file under the run directory."""
-    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, STARTS, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
+    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
     files = size = newest = 0
     for path in run_dir.rglob("*"):
         if path.parent == run_dir and path.name in bookkeeping:
@@ -868,14 +814,25 @@ class Holder:
 
     pid: int
     host: str
+    at: str = field(default="", compare=False)
+    """When it took the lock, on its host's clock (ISO 8601), for messages only."""
 
     def __str__(self) -> str:
         return f"pid {self.pid} on {self.host}"
 
+    def started(self) -> str:
+        """`on node3 (pid 812, 14:31:07)`: where a start of the run was, and when."""
+        return f"on {self.host} (pid {self.pid}, {self.at[11:19] or '?'})"
+
+
+LOST_KEPT = 8
+"""Lost holders the lock file remembers (the newest): `status` names the last, the log each at the next start."""
+
 
 @contextmanager
-def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[None]:
-    """Hold the run's lock while training it; RunLocked if another live process holds it.
+def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[list[Holder]]:
+    """Hold the run's lock while training it; RunLocked if another live process holds it. Yields the
+    holder before this one if it never let go (died with its node, or was killed), for the log to name.
 
     An flock on `runs/<id>/.lock` belongs to the open file, so the kernel drops it when its holder
     dies, however it dies (kill -9, out of memory): a lock can never outlive a trainer, and a stale
@@ -902,13 +859,62 @@ def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[None]:
                 raise RunLocked(f"{run_dir.name} is being trained by {holder or 'another process'} (lock {run_dir / LOCK}); not starting a second trainer") from None
             time.sleep(0.05)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        previous, lost = _read_lock_file(fd)
+        if previous is not None:  # it took the lock and never let go: it died with its node, or was killed
+            lost.append(previous)
+        now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        _write_lock_file(fd, Holder(os.getpid(), socket.gethostname(), now), lost)
         _held[run_dir.resolve()] = fd
-        yield
+        yield lost[len(lost) - (previous is not None) :]
+        try:
+            _write_lock_file(fd, None, lost)  # let go: the next holder knows this start ended
+        except OSError:
+            pass  # a full disk: the next start names this one as lost, which says less but nothing false
     finally:
         _held.pop(run_dir.resolve(), None)
         os.close(fd)
+
+
+def _read_lock_file(fd: int) -> tuple[Holder | None, list[Holder]]:
+    """(the holder that has not let go, or None; the earlier holders that never let go), as written."""
+    lines = os.pread(fd, 8192, 0).decode(errors="replace").split("\n")
+    lost = []
+    for line in lines[1:]:
+        words = line.split()
+        if len(words) >= 3 and words[0] == "lost" and words[1].isdigit():
+            lost.append(Holder(int(words[1]), words[2], words[3] if len(words) > 3 else ""))
+    return _holder(lines[0]), lost[-LOST_KEPT:]
+
+
+def _write_lock_file(fd: int, holder: Holder | None, lost: list[Holder]) -> None:
+    """Written over the old content, then cut to length (never truncated first): the file keeps the block it
+    has, so a full disk cannot refuse this write, and a holder's line never exceeds the old first line's block."""
+    first = f"{holder.pid} {holder.host} {holder.at}" if holder else ""
+    text = "\n".join([first, *(f"lost {h.pid} {h.host} {h.at}" for h in lost[-LOST_KEPT:])]) + "\n"
+    data = text.encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
+
+def _holder(line: str) -> Holder | None:
+    words = line.split()
+    return Holder(int(words[0]), words[1], words[2] if len(words) > 2 else "") if len(words) in (2, 3) and words[0].isdigit() else None
+
+
+def lost_starts(run_dir: Path) -> list[Holder]:
+    """The starts of the run that took its lock and never let go (killed, or lost with their node), oldest
+    first: those the lock file remembers, and its last holder where no live process holds the lock now."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        previous, lost = _read_lock_file(fd)
+    finally:
+        os.close(fd)
+    if previous is not None and lock_holder(run_dir) is None:
+        lost.append(previous)
+    return lost
 
 
 _held: dict[Path, int] = {}
@@ -939,8 +945,7 @@ def lock_holder(run_dir: Path) -> Holder | None:
 
 
 def _read_holder(fd: int) -> Holder | None:
-    words = os.pread(fd, 256, 0).decode(errors="replace").split()
-    return Holder(int(words[0]), words[1]) if len(words) == 2 and words[0].isdigit() else None
+    return _read_lock_file(fd)[0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -157,10 +159,52 @@ def test_a_lock_that_stays_held_is_refused_after_wait_s_not_before(tmp_path: Pat
 
 
 def test_a_lock_file_with_a_word_too_many_names_no_holder(tmp_path: Path) -> None:
-    holder = hold(tmp_path, "4242 node07 extra\n", 0.5)
+    holder = hold(tmp_path, "4242 node07 2026-11-27T14:00:00+00:00 extra\n", 0.5)
     assert rundir.lock_holder(tmp_path) == rundir.Holder(0, "?")
     holder.join()
     assert rundir.lock_holder(tmp_path) is None
+
+
+def _hold_and_die(run_dir: Path, *, let_go: bool) -> int:
+    """A child process that takes the run's lock, then exits cleanly (let_go) or is SIGKILLed holding it."""
+    import multiprocessing as mp
+
+    ready = mp.get_context("fork").Event()
+
+    def child() -> None:
+        with rundir.run_lock(run_dir):
+            ready.set()
+            time.sleep(0 if let_go else 60)
+
+    proc = mp.get_context("fork").Process(target=child)
+    proc.start()
+    assert ready.wait(10)
+    if not let_go:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    return proc.pid
+
+
+def test_a_start_that_never_let_go_of_its_run_is_named_by_status_and_by_the_next_start(tmp_path: Path) -> None:
+    """A trainer killed (kill -9, an OOM kill) or lost with its node never releases the lock: the kernel drops
+    the flock, but the file still names it. `status` names it until the next start, which names it in its log,
+    and the file keeps the newest lost starts for `status` afterwards. A start that let go is never named."""
+    clean = _hold_and_die(tmp_path, let_go=True)
+    assert rundir.lost_starts(tmp_path) == []
+    killed = _hold_and_die(tmp_path, let_go=False)
+    host = os.uname().nodename
+    (lost,) = rundir.lost_starts(tmp_path)
+    assert (lost.pid, lost.host) == (killed, host) and re.fullmatch(rf"on {re.escape(host)} \(pid {killed}, \d\d:\d\d:\d\d\)", lost.started())
+    with rundir.run_lock(tmp_path) as named:
+        assert named == [lost] and clean not in [h.pid for h in named]
+        assert rundir.lock_holder(tmp_path) == rundir.Holder(os.getpid(), host)
+        assert rundir.lost_starts(tmp_path) == [lost]  # still remembered while this start runs
+    with rundir.run_lock(tmp_path) as named:
+        assert named == []  # the start before let go
+    assert rundir.lost_starts(tmp_path) == [lost]
+    for _ in range(rundir.LOST_KEPT + 2):
+        _hold_and_die(tmp_path, let_go=False)
+    assert len(rundir.lost_starts(tmp_path)) == rundir.LOST_KEPT + 1  # the kept ones, and the last holder, not yet followed
 
 
 # --------------------------------------------------------------------------------------------
