@@ -180,14 +180,14 @@ class SGEScheduler(Scheduler):
         queue, gpu = exp.resources.queue, exp.resources.sge_gpu_resource
         gpu_asks = [ask for ask in requests if ask.gpus > 0]
         try:
-            listing = self.run(["qstat", "-f", *(["-F", gpu] if gpu_asks else []), *(["-q", queue] if queue else [])])
+            listing = self.probe(["qstat", "-f", *(["-F", gpu] if gpu_asks else []), *(["-q", queue] if queue else [])])
         except SchedulerError:
             return None
         slots = host_slots(listing)
         if not slots:
             return None
         hosts = _Hosts(slots, offered(listing, gpu) if gpu_asks else {}, gpu, f"queue {queue}" if queue else "any queue")
-        return next((why for ask in requests if (why := hosts.refuse(ask, self.run))), None)
+        return next((why for ask in requests if (why := hosts.refuse(ask, self.probe))), None)
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["qsub", "-terse", *hold_argv(after), str(script)]).strip()

@@ -138,7 +138,7 @@ class SlurmScheduler(Scheduler):
         refuses them itself, but only when that stage is submitted, after the stages before it
         ("Requested node configuration is not available")."""
         try:
-            listing = self.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"])
+            listing = self.probe(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"])
         except SchedulerError:
             return None
         res = exp.resources

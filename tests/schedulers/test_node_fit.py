@@ -33,13 +33,13 @@ def ask(cpus: int, gpus: int, mem_mb: int = 1000, key: str = "resources.gpus") -
 
 
 class CannedSlurm(SlurmScheduler):
-    def run(self, argv: list[str], input: str | None = None) -> str:
+    def run(self, argv: list[str], input: str | None = None, timeout: float = 0) -> str:
         assert argv[0] == "sinfo", argv
         return SINFO
 
 
 class CannedSGE(SGEScheduler):
-    def run(self, argv: list[str], input: str | None = None) -> str:
+    def run(self, argv: list[str], input: str | None = None, timeout: float = 0) -> str:
         if argv[0] == "qstat":
             return QSTAT
         if argv[:2] == ["qconf", "-se"]:
