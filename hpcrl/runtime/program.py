@@ -129,7 +129,13 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
     }  # fmt: skip
     env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
     print(f"{run.run_id}: running {' '.join(words)}", file=out, flush=True)
-    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, getattr(signal, f"SIG{program.stop_signal}"), out)
+    stop_signal = getattr(signal, f"SIG{program.stop_signal}")
+
+    def passed_on(received: int) -> None:  # the warning's arrival and what the program got, in the job log and the run
+        rundir.record_signal(rd, rundir.PASSED_ON, stop_signal)
+        print(f"{run.run_id}: warning {signal.Signals(received).name} arrived: passed on to the program as SIG{program.stop_signal}", file=out, flush=True)
+
+    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, stop_signal, out, passed_on)
     if code == 0:
         steps = rundir.last_logged_step(rd)
         rundir.mark(rd, rundir.DONE, f"step {steps}" if steps else "program exited with 0")
@@ -137,7 +143,7 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
         return 0
     if code == REQUEUE_EXIT or stop.signal is not None:
         # After the warning any ending is the preemption's doing: the next lifetime resumes.
-        why = f"after signal {signal.Signals(stop.signal).name}" if stop.signal is not None else "on its own"
+        why = f"after the warning {signal.Signals(stop.signal).name} (passed on as SIG{program.stop_signal})" if stop.signal is not None else "on its own"
         print(f"{run.run_id}: program stopped ({describe_exit(code)}) {why}: asking for a requeue", file=out)
         return REQUEUE_EXIT
     raise rundir.RunError(failure(f"program {describe_exit(code)}", tail))
@@ -168,9 +174,11 @@ def describe_exit(code: int) -> str:
 
 
 def supervise(
-    words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int, out: TextIO | None = None
+    words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int, out: TextIO | None = None,
+    passed_on: Callable[[int], None] | None = None,
 ) -> tuple[int, list[str]]:
-    """Run `words`; copy its output to our stdout and to `log`; pass a stop on as `stop_signal`, once.
+    """Run `words`; copy its output to our stdout and to `log`; pass a stop on as `stop_signal`, once,
+    and then tell `passed_on` which warning it was (it logs that: a job killed next leaves no other word).
     Returns the exit code (negative: the signal that killed it) and the last lines it printed.
 
     The program runs in a session of its own: Grid Engine signals every process of the job's process
@@ -199,6 +207,8 @@ def supervise(
             if stop is not None and stop.signal is not None and not forwarded:
                 proc.send_signal(stop_signal)
                 forwarded = True
+                if passed_on is not None:
+                    passed_on(stop.signal)
             time.sleep(POLL_S)
         # The rest of its output: until EOF, unless the pipe stays quiet for OUTPUT_GRACE_S (something
         # it left holds it) or, whatever keeps writing, for long.

@@ -41,6 +41,7 @@ import io
 import math
 import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -53,7 +54,7 @@ import numpy as np
 
 from hpcrl.config.schema import ConfigError
 from hpcrl.io import atomic_write_csv, atomic_write_text
-from hpcrl.store.states import State
+from hpcrl.store.states import REQUEUE_EXIT, State
 
 DONE, FAILED = "DONE", "FAILED"
 PRUNED = "PRUNED"
@@ -140,7 +141,7 @@ def failed_line(stage: str, reason: str) -> str:
 
 def failure(run_dir: Path, stage: str = "train") -> str:
     """`failed_line` of a run's train (FAILED) or eval (EVAL_FAILED) marker."""
-    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED))
+    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED) or (silent_end(run_dir) if stage == "train" else ""))
 
 
 def is_done(run_dir: Path) -> bool:
@@ -286,6 +287,49 @@ def record_start(run_dir: Path) -> list[Start]:
     with (run_dir / STARTS).open("a") as f:  # one short line per write: a kill cannot tear it
         f.write(f"start {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()}\n")
     return lost
+
+
+WARNED, PASSED_ON = "warned", "passed"
+"""`starts` lines of a warning that reached the trainer, and of the stop signal it passed on to a
+user's program: a job killed after them (the time limit) leaves no marker, and they say what happened."""
+
+
+def record_signal(run_dir: Path, kind: str, signum: int) -> None:
+    """One `starts` line: a warning arrived (WARNED) or a stop signal was passed on (PASSED_ON). One
+    os.write of an O_APPEND file: safe from a signal handler, where a buffered file or print is not."""
+    line = f"{kind} {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()} {signal.Signals(signum).name}\n"
+    fd = os.open(run_dir / STARTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def silent_end(run_dir: Path) -> str:
+    """Why the last start of a run left no marker, from what it recorded (`starts`); empty when it
+    recorded nothing that says. A job killed at its time limit after the warning, or one that asked
+    for a requeue the scheduler never made, showed `train failed: no reason recorded`."""
+    try:
+        lines = [line.decode(errors="replace").split() for line in _complete_lines((run_dir / STARTS).read_bytes())]
+    except OSError:
+        return ""
+    last = max((i for i, words in enumerate(lines) if words[:1] == ["start"] and len(words) >= 4), default=None)
+    if last is None:
+        return ""
+    who = lines[last][2:4]
+    mine = [words for words in lines[last + 1 :] if len(words) >= 5 and words[2:4] == who]
+    warned = next((w for w in mine if w[0] == WARNED), None)
+    passed = next((w for w in mine if w[0] == PASSED_ON), None)
+    ended = next((w for w in mine if w[0] == "end"), None)
+    warning = f"the warning {warned[4]} at {warned[1][11:19]}" if warned else "no warning"
+    handed = f", passed on to the program as {passed[4]} at {passed[1][11:19]}" if passed else ""
+    if ended is not None:
+        if ended[4] != str(REQUEUE_EXIT):
+            return ""
+        return f"asked for a requeue at {ended[1][11:19]} (after {warning}{handed}) and was not started again: the scheduler ended the task instead (its time limit?)"
+    if warned:
+        return f"killed after {warning}{handed} on {who[0]} (pid {who[1]}): the job did not stop before the scheduler's time limit"
+    return ""
 
 
 def record_end(run_dir: Path, code: int) -> None:
