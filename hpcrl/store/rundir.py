@@ -400,6 +400,23 @@ def _step_of(line: bytes) -> int | None:
         return None
 
 
+def cell(value: object) -> str:
+    """A cell of a run's CSV files, as every writer here writes it: a float at full precision (the
+    shortest text that reads back as the same float: 1234567.8 stays 1234567.8, where 6 significant
+    digits wrote 1.23457e+06 and every mean and curve inherited the rounding; a whole number without
+    `.0`), empty for NaN or None; integers and text as they are."""
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isnan(number):
+            return ""
+        return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+    if isinstance(value, np.integer):
+        return str(int(value))
+    return str(value)
+
+
 class AppendLog:
     """An append-only CSV log: one whole line per row, flushed at once.
 
@@ -416,7 +433,7 @@ class AppendLog:
             self.write(columns)
 
     def write(self, values: Sequence[object]) -> None:
-        self._file.write(",".join(map(str, values)) + "\n")
+        self._file.write(",".join(map(cell, values)) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -640,7 +657,7 @@ def _field_starts(ends: np.ndarray, column: int, width: int) -> np.ndarray:
 def write_curve(run_dir: Path, steps: Sequence[float], returns: Sequence[float]) -> None:
     """train.csv of a user's program, converted whole from the metrics it wrote (hpcrl.runtime.metrics):
     one row per episode, which `read_curve` and the rest read as they read hpcrl's own log."""
-    rows = "".join(f"{int(s)},{r:.6g}\n" for s, r in zip(steps, returns))
+    rows = "".join(f"{int(s)},{cell(float(r))}\n" for s, r in zip(steps, returns))
     atomic_write_text(run_dir / TRAIN_LOG, "step,episodic_return\n" + rows)
 
 
@@ -698,7 +715,7 @@ def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, floa
     metric_names = sorted({name for *_, metrics in results for name in metrics})
     writer.writerow(["episode", "return", "length", *metric_names])
     for i, (ret, length, metrics) in enumerate(results):
-        writer.writerow([i, f"{ret:.6g}", length, *(f"{metrics[k]:.6g}" if k in metrics else "" for k in metric_names)])
+        writer.writerow([i, cell(float(ret)), length, *(cell(float(metrics[k])) if k in metrics else "" for k in metric_names)])
     atomic_write_text(run_dir / EVAL_LOG, buf.getvalue())
 
 
