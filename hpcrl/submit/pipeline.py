@@ -39,6 +39,7 @@ from hpcrl.submit.jobplan import (
     program_tasks,
     resolve_container_runtime,
 )
+from hpcrl.submit.program_module import check_module
 from hpcrl.sweep import modes, study
 from hpcrl.sweep import runs as sweep
 
@@ -153,6 +154,7 @@ def submit_experiment(
     # In-process tasks run in this Python, not in a container.
     exp.container.image = None if scheduler.in_process else resolved_image(exp)
     resolve_container_runtime(exp)
+    check_module(exp)
     if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
         if problems := tracking.missing_packages(exp.tracking):
             raise ConfigError("; ".join(problems))
