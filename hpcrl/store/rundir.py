@@ -596,11 +596,12 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     there; an empty step is an error there, so it leaves this path.
     """
     a = np.frombuffer(body, dtype=np.uint8)
-    ends = np.flatnonzero((a == 44) | (a == 10))  # the byte after each field: ',' or a newline
+    newline = a == 10
+    ends = np.flatnonzero(newline | (a == 44))  # the byte after each field: ',' or a newline
     width = body[: body.find(b"\n")].count(b",") + 1
     rows = ends.size // width
     row_ends = ends[width - 1 :: width]
-    if rows * width != ends.size or max(columns) >= width or body.count(b"\n") != rows or not (a[row_ends] == 10).all():
+    if rows * width != ends.size or max(columns) >= width or np.count_nonzero(newline) != rows or not newline[row_ends].all():
         return None  # rows of different lengths: the newlines are not exactly every width-th field end
     step, value = columns
     end = np.concatenate([ends[step::width], ends[value::width]])
@@ -632,8 +633,13 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     if ((digits > 9) & ~point).any() or points.max() > 1 or n_digits.max() > 15 or n_digits.min() < 1:
         return None
     digits[point] = 0
-    decimals = np.arange(longest - 1, -1, -1) @ point  # the places right of the point (0 without one)
-    total = _PLACE[17 - longest :] @ digits.astype(np.int64)  # every byte at its place, the point included
+    # Every byte at its place, the point included, and the places right of the point (0 without one):
+    # a multiply-add per byte position (at most 17), where an integer matmul has no BLAS behind it.
+    total = np.zeros(n * 2, dtype=np.int64)
+    decimals = np.zeros(n * 2, dtype=np.int64)
+    for k in range(longest):
+        total += digits[k].astype(np.int64) * int(_PLACE[17 - longest + k])
+        decimals += point[k] * (longest - 1 - k)
     tail = 10 ** (decimals + 1)  # what lies right of the point stays; what lies left moves one place down
     low = total % tail
     mantissa = np.where(points > 0, (total - low) // 10 + low, total)
