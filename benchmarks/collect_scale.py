@@ -32,14 +32,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_COMMIT = "eefd824"
 """The last commit before issue 17's collect work: `hpcrl collect` as it was measured in the issue."""
+REFERENCE_MODULE, CURRENT_MODULE = "hpcrl.collect", "hpcrl.results.collect"
+"""Where each side's `collect` lives: the reference predates the stage-folder layout (hpcrl/results/)."""
 TARGET_RUNS, TARGET_S = 10_000, 5.0
 COMPARED = ("summary.csv", "aggregate.csv", "improvement.csv", "curves.csv", "eval_curves.csv", "report.md", "report.html")
 
 DRIVER = """
-import io, sys, time
+import importlib, io, sys, time
 from pathlib import Path
 import hpcrl
-from hpcrl.results.collect import collect
+collect = importlib.import_module(sys.argv[3]).collect
 out = io.StringIO()
 wall, cpu = time.perf_counter(), time.process_time()
 rc = collect(Path(sys.argv[1]), out=out)
@@ -80,13 +82,13 @@ def reference_package(tmp: Path) -> Path:
     return target
 
 
-def timed_collect(exp: Path, package_root: Path, terminal: Path, blas_threads: int | None) -> tuple[float, float]:
+def timed_collect(exp: Path, package_root: Path, module: str, terminal: Path, blas_threads: int | None) -> tuple[float, float]:
     """(wall s, CPU s of all its threads) of one `collect` call, in a fresh process that imports hpcrl
-    from `package_root`."""
+    from `package_root` and `collect` from its `module`."""
     env = {**os.environ, "PYTHONPATH": str(package_root)}
     if blas_threads:
         env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(blas_threads)
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(exp), str(terminal)], capture_output=True, text=True, env=env, cwd=terminal.parent)
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(exp), str(terminal), module], capture_output=True, text=True, env=env, cwd=terminal.parent)
     if proc.returncode != 0:
         raise SystemExit(f"collect with {package_root} failed:\n{proc.stderr[-3000:]}")
     wall, cpu, rc, where = proc.stdout.split()
@@ -129,17 +131,17 @@ def main() -> None:
             began = time.perf_counter()
             exp = make_experiment(tmp / f"exp{runs}", runs, settings, args.rows)
             made = time.perf_counter() - began
-            contenders = ([("reference: collect before issue 17", reference)] if reference else []) + [("hpcrl collect", REPO)]
-            times: dict[str, list[tuple[float, float]]] = {what: [] for what, _ in contenders}
+            contenders = ([("reference: collect before issue 17", reference, REFERENCE_MODULE)] if reference else []) + [("hpcrl collect", REPO, CURRENT_MODULE)]
+            times: dict[str, list[tuple[float, float]]] = {what: [] for what, _, _ in contenders}
             outputs: dict[str, dict[str, str]] = {}
             load_before = os.getloadavg()[0]
             for _ in range(args.repeat):
-                for what, root in contenders:
+                for what, root, module in contenders:
                     terminal = tmp / "terminal.txt"
-                    times[what].append(timed_collect(exp, root, terminal, args.blas_threads))
+                    times[what].append(timed_collect(exp, root, module, terminal, args.blas_threads))
                     outputs[what] = snapshot(exp, terminal)
             load_after = os.getloadavg()[0]
-            for what, _ in contenders:
+            for what, _, _ in contenders:
                 walls, cpus = [w for w, _ in times[what]], [c for _, c in times[what]]
                 print(f"{runs:>6} {settings:>8}  {what:40} {statistics.median(walls):>7.2f} ({min(walls):5.2f}) {statistics.median(cpus):>7.2f}  {load_before:.1f}/{load_after:.1f}")
             if reference:

@@ -120,18 +120,80 @@ REFERENCE_COMMIT = "4ee4988"
 
 
 def old_status(tmp: Path) -> Path:
-    """`hpcrl/status.py` as it was at REFERENCE_COMMIT, importable as `status_before`."""
-    text = subprocess.run(["git", "-C", str(REPO), "show", f"{REFERENCE_COMMIT}:hpcrl/status.py"], capture_output=True, text=True, check=True).stdout
-    (tmp / "status_before.py").write_text(text)
-    return tmp
+    """The `hpcrl` package as it was at REFERENCE_COMMIT, importable from the returned directory: its
+    status.py imports modules of that layout (`from hpcrl import rundir`), which the stage-folder move
+    renamed, so the whole package is extracted, as collect_scale.py does."""
+    target = tmp / "reference"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", REFERENCE_COMMIT, "hpcrl"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
 
 
-def timed(argv: list[str], repeat: int, env: dict[str, str] | None = None) -> tuple[float, int, int]:
+REFERENCE_DRIVER = """
+import io, pathlib, sys, time
+from hpcrl.schedulers.base import Scheduler
+calls = []
+run = Scheduler.run
+def counted(self, argv, *args, **kwargs):
+    calls.append(argv[0])
+    return run(self, argv, *args, **kwargs)
+Scheduler.run = counted
+from hpcrl.status import print_status
+out = io.StringIO()
+began = time.perf_counter()
+print_status(pathlib.Path(sys.argv[1]), out=out)
+took = time.perf_counter() - began
+if sys.argv[2:] == ["--print"]:
+    sys.stdout.write(out.getvalue())
+else:
+    print(len(calls), took, out.getvalue().count(chr(10)), ", ".join(f"{n} x{calls.count(n)}" for n in dict.fromkeys(calls)) or "none")
+"""
+"""Runs the reference's `print_status` in its own process (REFERENCE_COMMIT's package on PYTHONPATH, a
+working directory without the current one), counting its scheduler commands; `--print`: its output."""
+
+REFERENCE_PRUNE = """
+import pathlib, re, sys, yaml
+from hpcrl.config import experiment_from_dict
+from hpcrl.schema import ConfigError
+Loader, Dumper = getattr(yaml, "CSafeLoader", yaml.SafeLoader), getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+configs = sorted(pathlib.Path(sys.argv[1]).glob("runs/*/config.yaml"))
+data = yaml.load(configs[0].read_text(), Loader=Loader)["config"]
+gone = []
+while True:
+    try:
+        experiment_from_dict(data)
+        break
+    except ConfigError as exc:
+        found = re.search(r"([A-Za-z_][\\w.]*): unknown key", str(exc))
+        if found is None or len(gone) > 200:
+            raise
+        *parents, key = found.group(1).split(".")
+        section = data
+        for name in parents:
+            section = section[name]
+        del section[key]
+        gone.append((parents, key))
+for path in configs:
+    data = yaml.load(path.read_text(), Loader=Loader)
+    for parents, key in gone:
+        section = data["config"]
+        for name in parents:
+            section = section.get(name, {})
+        section.pop(key, None)
+    path.write_text(yaml.dump(data, Dumper=Dumper, sort_keys=False))
+print(len(gone), "keys the reference does not know left out of", len(configs), "run configs")
+"""
+"""Leaves out of every run's config.yaml the keys REFERENCE_COMMIT's schema does not know (settings added
+since, written at their defaults), so that its status reads the synthetic experiment as the current one does."""
+
+
+def timed(argv: list[str], repeat: int, env: dict[str, str] | None = None, cwd: Path = REPO) -> tuple[float, int, int]:
     """Best wall time of `repeat` runs of a whole process, the lines and bytes it printed."""
     best, lines, size = float("inf"), 0, 0
     for _ in range(repeat):
         began = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, env=env, cwd=REPO)
+        proc = subprocess.run(argv, capture_output=True, env=env, cwd=cwd)
         took = time.perf_counter() - began
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
@@ -146,15 +208,16 @@ def bench_views(runs_list: list[int], settings: int, repeat: int) -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp_:
         tmp = Path(tmp_)
         before = old_status(tmp)
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{before}")
+        envs = {"reference": dict(os.environ, PYTHONPATH=str(before)), "current": dict(os.environ, PYTHONPATH=str(REPO))}
         for runs in runs_list:
             root = tmp / f"r{runs}"
             began = time.perf_counter()
             exp = make_experiment(root, runs, settings)
+            subprocess.run([py, "-c", REFERENCE_PRUNE, str(exp)], env=envs["reference"], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
             made = time.perf_counter() - began
             rows = [
                 ("reference: wc -l runs.csv", ["wc", "-l", str(exp / "runs.csv")]),
-                ("reference: status before issue 17 (per run)", [py, "-c", "import sys, status_before as s; s.print_status(__import__('pathlib').Path(sys.argv[1]))", str(exp)]),
+                ("reference: status before issue 17 (per run)", [py, "-c", REFERENCE_DRIVER, str(exp), "--print"]),
                 ("hpcrl status (default view)", [py, "-m", "hpcrl", "status", str(exp)]),
                 ("hpcrl status --runs", [py, "-m", "hpcrl", "status", str(exp), "--runs"]),
                 ("hpcrl status --runs --state failed", [py, "-m", "hpcrl", "status", str(exp), "--runs", "--state", "failed"]),
@@ -162,7 +225,8 @@ def bench_views(runs_list: list[int], settings: int, repeat: int) -> None:
             ]
             with live_runner(exp):
                 for what, argv in rows:
-                    took, lines, size = timed(argv, repeat, env)
+                    side = "reference" if what.startswith("reference: status") else "current"
+                    took, lines, size = timed(argv, repeat, envs[side], tmp if side == "reference" else REPO)
                     print(f"{runs:>6}  {what:44} {took:>7.2f} {lines:>7} {size:>9}", flush=True)
             print(f"{'':6}  (experiment written in {made:.1f} s)")
 
@@ -187,27 +251,28 @@ def bench_cluster(name: str, runs: int, settings: int) -> None:
     seeds = max(1, runs // settings)
     lrs = [round(1e-3 * (1 + k / settings), 8) for k in range(settings)]
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        sys.path.insert(0, str(old_status(Path(tmp))))
-        import status_before
-
+        before = old_status(Path(tmp))
         exp = load_experiment(CONFIG, [f"output={tmp}", f"sweep.seeds={list(range(seeds))}", f"sweep.grid.train.lr={lrs}", f'resources.extra=["{hold}"]'])
         began = time.perf_counter()
         with CallCounter() as c_sweep:
             assert submit_experiment(exp, name, out=io.StringIO()) == 0
         t_sweep = time.perf_counter() - began
+        env = dict(os.environ, PYTHONPATH=str(before))
+        subprocess.run([sys.executable, "-c", REFERENCE_PRUNE, str(exp.dir)], env=env, cwd=tmp, check=True, stdout=subprocess.DEVNULL)
         jobs = read_jobs(exp.dir)
         try:
             n_runs = len(load_runs(exp.dir))
             print(f"\n{name}: {n_runs} runs on hold, {len(jobs)} array jobs ({sum(j.stage == 'train' for j in jobs)} train chunks)")
             print(f"  {'':44} {'calls':>6} {'wall s':>7}")
             print(f"  {'hpcrl sweep':44} {len(c_sweep.calls):>6} {t_sweep:>7.2f}   {c_sweep.summary()}")
-            for what, show in (("reference: status before issue 17", status_before.print_status), ("hpcrl status (default view)", print_status)):
-                out = io.StringIO()
-                began = time.perf_counter()
-                with CallCounter() as c:
-                    show(exp.dir, out=out)
-                took = time.perf_counter() - began
-                print(f"  {what:44} {len(c.calls):>6} {took:>7.2f}   {c.summary()}; {out.getvalue().count(chr(10))} lines")
+            answer = subprocess.run([sys.executable, "-c", REFERENCE_DRIVER, str(exp.dir)], capture_output=True, text=True, env=env, cwd=tmp, check=True).stdout.split(maxsplit=3)
+            print(f"  {'reference: status before issue 17':44} {answer[0]:>6} {float(answer[1]):>7.2f}   {answer[3].strip()}; {answer[2]} lines")
+            out = io.StringIO()
+            began = time.perf_counter()
+            with CallCounter() as c:
+                print_status(exp.dir, out=out)
+            took = time.perf_counter() - began
+            print(f"  {'hpcrl status (default view)':44} {len(c.calls):>6} {took:>7.2f}   {c.summary()}; {out.getvalue().count(chr(10))} lines")
             label = load_runs(exp.dir)[0].setting_label
             began = time.perf_counter()
             with CallCounter() as c:

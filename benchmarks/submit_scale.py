@@ -52,11 +52,11 @@ class CallCounter:
     def __enter__(self) -> CallCounter:
         original, counter = self._run, self
 
-        def run(scheduler: Scheduler, argv: list[str], input: str | None = None) -> str:
+        def run(scheduler: Scheduler, argv: list[str], input: str | None = None, **kwargs: float) -> str:
             counter.calls.append(argv[0])
             began = time.perf_counter()
             try:
-                return original(scheduler, argv, input)
+                return original(scheduler, argv, input, **kwargs)
             finally:
                 counter.seconds += time.perf_counter() - began
 

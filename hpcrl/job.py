@@ -263,7 +263,7 @@ def _cell(name: str, value: object) -> str:
         raise ValueError(f"log: metric {name!r} must be a number, got {value!r}") from None
     if not math.isfinite(number):
         return ""
-    return str(int(number)) if number.is_integer() and abs(number) < 2**53 else f"{number:.10g}"
+    return rundir.cell(number)
 
 
 _install_at_import()

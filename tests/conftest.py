@@ -223,6 +223,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(_tier(item), 1))
 
 
+SCHEDULER_QUERIES = ("sinfo", "squeue", "sacct", "scontrol", "qstat", "qconf", "qacct")
+"""The machine's scheduler tools a sweep or status asks (never sbatch/qsub, which `--scheduler auto` looks
+for on PATH). Where Slurm is installed and its controller is down, each takes 9 s to fail."""
+
+
+@pytest.fixture(scope="session")
+def _scheduler_query_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of SCHEDULER_QUERIES stand-ins that fail at once, as on a machine without a cluster."""
+    stubs = tmp_path_factory.mktemp("scheduler-query-stubs")
+    for tool in SCHEDULER_QUERIES:
+        (stubs / tool).write_text(f"#!/bin/sh\necho '{tool}: not asked in the unit tier (tests/conftest.py)' >&2\nexit 1\n")
+        (stubs / tool).chmod(0o755)
+    return stubs
+
+
+@pytest.fixture(autouse=True)
+def _no_scheduler_queries_in_the_unit_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test never asks the machine's scheduler (sinfo, qstat, ...): its answer, or the 9 s it takes to
+    fail where a controller is down, made the unit tier depend on the machine (217 s against 65 s). Its PATH
+    starts with stand-ins that fail at once; a test that needs answers brings its own stand-ins first."""
+    if not _tier(request.node):
+        monkeypatch.setenv("PATH", f"{request.getfixturevalue('_scheduler_query_stubs')}{os.pathsep}{os.environ['PATH']}")
+
+
 _START = pytest.StashKey[tuple[float, float]]()
 
 

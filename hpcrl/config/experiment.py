@@ -59,6 +59,15 @@ def _env_name_problem(key: str) -> str | None:
     return "expected an environment variable name (letters, digits, underscore)"
 
 
+CONTAINER_RUNTIMES = ("singularity", "apptainer")
+
+
+def _runtime_problem(value: str) -> str | None:
+    if value in CONTAINER_RUNTIMES or (value.startswith("/") and not any(c.isspace() for c in value)):
+        return None
+    return f"expected one of {', '.join(map(repr, CONTAINER_RUNTIMES))} or an absolute path to one, got {value!r}"
+
+
 def _word_problem(text: str) -> str | None:
     return None if text.strip() and not any(c.isspace() for c in text) else f"expected one word without spaces, got {text!r}"
 
@@ -327,7 +336,9 @@ class Resources:
 class ContainerConfig:
     image: Optional[str] = None
     """Path to a .sif image; jobs run the host's Python when it is empty."""
-    runtime: Literal["singularity", "apptainer"] = "singularity"
+    runtime: str = setting("singularity", valid=_runtime_problem)
+    """`singularity`, `apptainer`, or the absolute path of either (a site's own install, off the PATH a job
+    gets). With `runs: program` a name is resolved on the sweep's PATH and the job gets the path."""
     binds: list[str] = setting(factory=list)
     home: Optional[str] = None
     nv: bool = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import random
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -116,11 +117,13 @@ def _check_game_class(spec: EnvConfig) -> None:
     """A two-player game: it loads, and a few random games keep to the protocol (hpcrl.rl.games)."""
     try:
         game = games.load(spec)
-        games.check_game(game)
+        warnings = games.check_game(game)
     except games.GameError as exc:
         raise ConfigError(f"env.id: {exc}") from None
     except GameParameterError as exc:  # its line starts with the key path
         raise ConfigError(str(exc)) from None
+    for warning in warnings:
+        print(f"hpcrl: warning: env.id: {warning}", file=sys.stderr)
 
 
 def _check_alphazero(exp: Experiment) -> None:

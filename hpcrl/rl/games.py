@@ -10,9 +10,18 @@ arguments) gives the initial position; the rest is this protocol, OpenSpiel's st
         def apply_action(self, action: int) -> None
         def is_terminal(self) -> bool
         def returns(self) -> Sequence[float]  # (player 0's, player 1's), in [-1, 1], summing to 0: +1/0/-1 as a rule
-        def observation(self) -> np.ndarray   # the same shape in every position, float-like
+        def observation(self) -> np.ndarray   # the same shape in every position, float-like, from the
+                                              # side of the player to move (see below)
         def clone(self) -> "MyGame"           # an independent copy
         mirror_actions: Sequence[int]         # optional: see below
+
+The network sees only `observation()` and predicts the value of the position for the player to move,
+so the observation must show the position from that player's side (its stones and the opponent's, as
+hpcrl's tic-tac-toe and connect four draw them), or say who moves: one board drawn alike for both
+players, where a position can arise with either to move, asks one input for two different values and
+learns nothing. `check_game` warns (one line) where its random games prove it: two positions with
+different players to move show one observation and the same move then leads apart. It cannot prove
+more: where the mover follows from the board (the count of stones), nothing is said.
 
 A game whose board looks the same mirrored left to right (connect four, tic-tac-toe) may say so
 with `mirror_actions`: the action each action becomes in the mirror image, when the observation
@@ -343,10 +352,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
+def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> list[str]:
     """Play `games` random games through the checked accessors above; GameError on the first
-    break of the protocol (or a game that does not end within MAX_MOVES moves, the most of any game)."""
+    break of the protocol (or a game that does not end within MAX_MOVES moves, the most of any game).
+    Returns warnings (one line each) for what the random games show but cannot prove fatal: see
+    `_Perspective`."""
     rng = random.Random(seed)
+    perspective = _Perspective(spec)
     for _ in range(games):
         state = first_position(spec)
         mirrored = spec.new_initial_state() if spec.mirror else None
@@ -357,6 +369,7 @@ def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
                 returns(state)
                 break
             _check_observation(state, spec.observation_shape)
+            perspective.see(state)  # `state` is never changed after this move: the walk goes on in its clone
             actions = legal_actions(state, spec.num_actions)
             before = _position(state, spec.num_actions)
             fields = _deep_fields(state) if move < CLONE_CHECKS else None
@@ -371,6 +384,56 @@ def check_game(spec: GameSpec, games: int = CHECK_GAMES, seed: int = 0) -> None:
                 apply(mirrored, spec.mirror[action])
         else:
             raise too_long(spec, "a random game", MAX_MOVES, None)
+    return [perspective.warning] if perspective.warning else []
+
+
+class _Perspective:
+    """Whether the observation shows whose move it is, as far as random games can tell honestly.
+
+    The network sees only the observation and predicts the value for the player to move: two positions
+    with different players to move and one observation must be worth the same to their movers. An
+    observation from the mover's side gives that (a position and its colours swapped show alike, and the
+    same move keeps them alike); a board drawn the same for both players does not, where one position
+    arises with either player to move (a pass). So when two positions of the random games show one
+    observation with different players to move, the same move is played in both: observations that
+    then differ (or returns that differ for the movers) prove the two were not alike, and the one line
+    says so. Where no such pair arises (a mover told by the count of stones, as OpenSpiel's tic-tac-toe)
+    nothing can be proved, and nothing is said."""
+
+    def __init__(self, spec: GameSpec) -> None:
+        self.spec = spec
+        self.seen: dict[bytes, Game] = {}
+        self.warning: str | None = None
+
+    def see(self, state: Game) -> None:
+        if self.warning is not None:
+            return
+        key = observation(state).tobytes()
+        other = self.seen.setdefault(key, state)
+        if other is not state and current_player(other) != current_player(state) and self._diverge(other, state):
+            self.warning = (
+                f"{self.spec.name}: two positions with different players to move show the same observation, and the same move then "
+                "leads to different ones: the network cannot tell whose move it is (observation() must show the position from the "
+                "side of the player to move, or say who moves)"
+            )
+
+    def _diverge(self, a: Game, b: Game) -> bool:
+        """After one move legal in both, the two no longer look alike to their movers."""
+        common = sorted(set(legal_actions(a, self.spec.num_actions)) & set(legal_actions(b, self.spec.num_actions)))
+        if not common:
+            return False
+        movers = current_player(a), current_player(b)
+        after = []
+        for state in (a, b):
+            state = clone(state)
+            apply(state, common[0])
+            after.append(state)
+        ends = is_terminal(after[0]), is_terminal(after[1])
+        if ends[0] != ends[1]:
+            return True
+        if ends[0]:
+            return returns(after[0])[movers[0]] != returns(after[1])[movers[1]]
+        return not np.array_equal(observation(after[0]), observation(after[1]))
 
 
 def _position(state: Game, num_actions: int) -> tuple[Any, ...]:

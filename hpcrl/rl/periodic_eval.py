@@ -87,7 +87,7 @@ class PeriodicEval:
         results = self._play_isolated(step, wall_time)
         returns = np.array([r for r, *_ in results], dtype=float)
         mean, std, length = float(returns.mean()), float(returns.std()), float(np.mean([n for _, n, _ in results]))
-        self.log.write([step, f"{wall_time:.3f}", f"{mean:.6g}", f"{std:.6g}", f"{length:.6g}", len(results)])
+        self.log.write([step, f"{wall_time:.3f}", float(mean), float(std), float(length), len(results)])
         self.last_step, self.next_due = step, (step // self.every + 1) * self.every
         if self.best is None or mean > float(self.best["mean_return"]):
             weights = {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}

@@ -44,16 +44,27 @@ def catch_warnings() -> None:
 
 
 class StopFlag:
-    """Set by a warning (WARNINGS) or SIGINT: the loop checkpoints at its next safe point."""
+    """Set by a warning (WARNINGS) or SIGINT: the loop checkpoints at its next safe point.
 
-    def __init__(self) -> None:
-        self.signal: int | None = _early[-1] if _early else None
+    `signal` is the FIRST that came, the one that stopped the run: Slurm's warning (USR1) is followed
+    by the TERM of the time limit, and a requeue line that named the last one blamed the limit for a
+    stop the warning made. `on_first` is told that first signal once (from a signal handler: it must
+    not print), so that a job killed later still says it was warned (guard records it in the run)."""
+
+    def __init__(self, on_first: Callable[[int], None] | None = None) -> None:
+        self.signal: int | None = _early[0] if _early else None
+        self._on_first = on_first
         _early.clear()
+        if self.signal is not None and on_first is not None:
+            on_first(self.signal)
         for sig in (*WARNINGS, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        self.signal = signum
+        if self.signal is None:
+            self.signal = signum
+            if self._on_first is not None:
+                self._on_first(signum)
 
     def __bool__(self) -> bool:
         return self.signal is not None
@@ -78,8 +89,8 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
         print(f"{run.run_id}: already done", file=out)
         return 0
     try:
-        with rundir.run_lock(rd) as lost:
-            for start in lost:
+        with rundir.run_lock(rd) as hold:
+            for start in hold.lost:
                 print(f"{run.run_id}: the start {start.started()} ended without a word: its node was lost, or it was killed", file=out)
             if rundir.is_done(rd):  # the holder we waited for finished it
                 print(f"{run.run_id}: already done", file=out)
@@ -88,14 +99,15 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
 
             for stale in rundir.remove_stale_temp(rd / rundir.CHECKPOINTS):
                 print(f"{run.run_id}: removed {stale.name}, left by a checkpoint write that was killed", file=out)
-            return _guarded(rd, run, body, out)
+            hold.code = _guarded(rd, run, body, out)
+            return hold.code
     except rundir.RunLocked as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
         return rundir.LOCKED_EXIT
 
 
 def _guarded(rd: Path, run: Run, body: Callable[[Path, StopFlag], int], out: TextIO | None) -> int:
-    stop = StopFlag()
+    stop = StopFlag(lambda signum: rundir.record_signal(rd, rundir.WARNED, signum))
     before = rundir.progress_mark(rd)
     try:
         code = body(rd, stop)

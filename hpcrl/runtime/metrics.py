@@ -15,7 +15,9 @@ the program (`program.metrics.source`):
   checkpoint, so what a later lifetime logged replaces the earlier lifetimes' values at and after
   the first step it logged. A file's lifetime is the run's `lifetimes` record it began after
   (rundir.lifetime_starts); without that record (files hpcrl did not supervise), each file is one.
-- `csv`, `jsonl`: configured `step` and `value` columns (keys).
+- `csv`, `jsonl`: configured `step` and `value` columns (keys). A file appended to by several lifetimes
+  holds them one after the other; each starts where the step goes down, and the same lifetime rule as
+  TensorBoard's keeps the latest lifetime's episodes from the step it logged first.
 - `hpcrl`: hpcrl's own train.csv, written through `hpcrl.job.log`.
 
 Every reader drops a torn last line (a job killed mid-write), drops non-finite values, and turns
@@ -70,9 +72,9 @@ def read_episodes(
     elif source == "tensorboard":
         steps, returns = _read_tensorboard(files, tag, rundir.lifetime_starts(run_dir))
     elif source == "csv":
-        steps, returns = _concat([_read_csv(f, step, value) for f in files])
+        steps, returns = _concat([_latest_lifetimes(_lifetimes_in_file(*_read_csv(f, step, value))) for f in files])
     elif source == "jsonl":
-        steps, returns = _concat([_read_jsonl(f, step, value) for f in files])
+        steps, returns = _concat([_latest_lifetimes(_lifetimes_in_file(*_read_jsonl(f, step, value))) for f in files])
     else:
         raise ValueError(f"unknown metrics source {source!r}")
     keep = np.isfinite(steps) & np.isfinite(returns)
@@ -181,14 +183,36 @@ def _read_tensorboard(files: list[Path], tag: str, lifetime_starts: list[float])
     if not by_lifetime:
         shown = ", ".join(sorted(tags)[:8]) or "none"
         raise MetricsError(f"metrics: no scalar {tag!r} in {len(files)} event file(s) under {files[0].parent} (scalars there: {shown})")
-    kept: list[tuple[int, float]] = []
-    for key in sorted(by_lifetime):
-        episodes = by_lifetime[key]
-        # Where it resumed, as near as the tag tells: not from other scalars, as one logged without a
-        # step sits at 0 (add_hparams' metrics) and would drop every earlier lifetime's episode.
-        resumed_at = min(step for step, _ in episodes)
-        kept = [episode for episode in kept if episode[0] < resumed_at] + episodes
+    # Where a lifetime resumed, as near as the tag tells: not from other scalars, as one logged without
+    # a step sits at 0 (add_hparams' metrics) and would drop every earlier lifetime's episode.
+    return _latest_lifetimes([by_lifetime[key] for key in sorted(by_lifetime)])
+
+
+def _latest_lifetimes(lifetimes: list[list[tuple[float, float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """The one lifetime rule of every source with steps: in order, each lifetime's (step, value) episodes
+    replace the earlier lifetimes' at and after the first step it logged (it produced them again, from a
+    checkpoint or afresh). A retry that started afresh kept every lifetime's rows (81 rows for 60 steps)."""
+    kept: list[tuple[float, float]] = []
+    for episodes in lifetimes:
+        if episodes:
+            resumed_at = min(step for step, _ in episodes)
+            kept = [episode for episode in kept if episode[0] < resumed_at] + episodes
     return np.asarray([step for step, _ in kept], dtype=float), np.asarray([value for _, value in kept], dtype=float)
+
+
+def _lifetimes_in_file(steps: np.ndarray, values: np.ndarray) -> list[list[tuple[float, float]]]:
+    """A CSV or JSONL file's rows split into the lifetimes that appended them: a step below the step
+    before it starts the next (a resumed or restarted program logs again from its checkpoint or from 0;
+    within one lifetime steps never go down, several episodes at one step included). Rows without a
+    number for a step are dropped here, as every reader drops them."""
+    lifetimes: list[list[tuple[float, float]]] = [[]]
+    for step, value in zip(steps.tolist(), values.tolist()):
+        if not math.isfinite(step):
+            continue
+        if lifetimes[-1] and step < lifetimes[-1][-1][0]:
+            lifetimes.append([])
+        lifetimes[-1].append((step, value))
+    return lifetimes
 
 
 def _read_csv(path: Path, step: str, value: str) -> tuple[np.ndarray, np.ndarray]:

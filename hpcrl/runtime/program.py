@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -132,7 +132,14 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
     print(f"{run.run_id}: running {' '.join(words)}", file=out, flush=True)
     lock = rundir.held_lock(rd)
     stop_signal = getattr(signal, f"SIG{program.stop_signal}")
-    code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, stop_signal, out, hold=[lock] if lock is not None else [])
+
+    def passed_on(received: int) -> None:  # the warning's arrival and what the program got, in the job log and the run
+        rundir.record_signal(rd, rundir.PASSED_ON, stop_signal)
+        print(f"{run.run_id}: warning {signal.Signals(received).name} arrived: passed on to the program as SIG{program.stop_signal}", file=out, flush=True)
+
+    code, tail = supervise(
+        words, env, workdir(program, values), rd / rundir.PROGRAM_LOG, stop, stop_signal, out, hold=[lock] if lock is not None else [], passed_on=passed_on,
+    )
     if code == 0:
         steps = rundir.last_logged_step(rd)
         rundir.mark(rd, rundir.DONE, f"step {steps}" if steps else "program exited with 0")
@@ -140,7 +147,7 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
         return 0
     if code == REQUEUE_EXIT or stop.signal is not None:
         # After the warning any ending is the preemption's doing: the next lifetime resumes.
-        why = f"after signal {signal.Signals(stop.signal).name}" if stop.signal is not None else "on its own"
+        why = f"after the warning {signal.Signals(stop.signal).name} (passed on as SIG{program.stop_signal})" if stop.signal is not None else "on its own"
         print(f"{run.run_id}: program stopped ({describe_exit(code)}) {why}: asking for a requeue", file=out)
         return REQUEUE_EXIT
     raise rundir.RunError(failure(f"program {describe_exit(code)}", tail))
@@ -171,9 +178,11 @@ def describe_exit(code: int) -> str:
 
 
 def supervise(
-    words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int, out: TextIO | None = None, hold: Sequence[int] = ()
+    words: list[str], env: dict[str, str], cwd: Path, log: Path, stop: StopFlag | None, stop_signal: int, out: TextIO | None = None, hold: Sequence[int] = (),
+    passed_on: Callable[[int], None] | None = None,
 ) -> tuple[int, list[str]]:
-    """Run `words`; copy its output to our stdout and to `log`; pass a stop on as `stop_signal`, once.
+    """Run `words`; copy its output to our stdout and to `log`; pass a stop on as `stop_signal`, once,
+    and then tell `passed_on` which warning it was (it logs that: a job killed next leaves no other word).
     Returns the exit code (negative: the signal that killed it) and the last lines it printed.
 
     The program runs under a keeper (hpcrl.runtime.keeper) in a session of its own: Grid Engine
@@ -213,6 +222,8 @@ def supervise(
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(program, stop_signal)
                     forwarded = True
+                    if passed_on is not None:
+                        passed_on(stop.signal)
                 code = reports.exit_code(POLL_S)
                 if code is None and reports.closed:  # the keeper was killed, and the program with it
                     code = keeper.wait()

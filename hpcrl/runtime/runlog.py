@@ -123,5 +123,5 @@ def open_runlog(
 
 
 def fmt(value: Any) -> str:
-    """A train.csv cell: 6 significant digits, empty for NaN and None."""
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.6g}"
+    """A train.csv cell of a metric (a Python or numpy number, a 0-d tensor): rundir's `cell` of its float."""
+    return rundir.cell(None if value is None else float(value))

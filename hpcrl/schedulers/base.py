@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,16 @@ class SchedulerError(RuntimeError):
     """A scheduler command failed; the message carries its command line and stderr."""
 
 
+class SchedulerTimeout(SchedulerError):
+    """A scheduler command gave no answer in its time: the controller may be down."""
+
+
+PROBE_TIMEOUT_S = 5.0
+"""How long a sweep waits for the answer to a question that only sharpens a check (node sizes, the array
+limit): a controller that is down makes sinfo fail only after its own 9-10 s message timeout, once per
+question, and a dry run asked two (18.6 s)."""
+
+
 class Scheduler(ABC):
     name: ClassVar[str]
     template: ClassVar[str]
@@ -116,6 +127,9 @@ class Scheduler(ABC):
     def __init__(self) -> None:
         self.calls = 0
         """Scheduler commands run so far (the submit benchmark counts them)."""
+        self.unreachable: str | None = None
+        """Set once a probe went unanswered: the controller is taken as down for the rest of this
+        object's life, and every later command fails at once with this line instead of waiting again."""
         self._max_array_size: int | None = None
 
     def render(self, context: dict[str, Any], cwd: Path | None = None) -> str:
@@ -134,7 +148,7 @@ class Scheduler(ABC):
         """An integer setting from the cluster's configuration listing (`pattern` captures it), or
         `default` when the listing lacks it or no cluster answers (a dry run on a machine without one)."""
         try:
-            found = re.search(pattern, self.run(argv), re.MULTILINE)
+            found = re.search(pattern, self.probe(argv), re.MULTILINE)
         except SchedulerError:
             found = None
         return int(found.group(1)) if found else default
@@ -167,15 +181,29 @@ class Scheduler(ABC):
         """Called after every stage is submitted. Clusters run on their own; the local backend works here."""
         return 0
 
-    def run(self, argv: list[str], input: str | None = None) -> str:
-        """Run one scheduler command (no shell), count it, and raise SchedulerError with its stderr."""
+    def probe(self, argv: list[str]) -> str:
+        """A question asked before submitting whose answer only sharpens a check (`refuse`, `config_value`):
+        bounded by PROBE_TIMEOUT_S. One left unanswered is said once on stderr, in one line, and marks the
+        controller unreachable (see `unreachable`); a command that fails at once is no such sign."""
+        try:
+            return self.run(argv, timeout=PROBE_TIMEOUT_S)
+        except SchedulerTimeout as exc:
+            self.unreachable = f"{exc}: {self.name}'s controller is not answering"
+            print(f"hpcrl: {self.unreachable}; the sweep goes on without {argv[0]}'s answer (a dry run shows defaults; a submission fails at once)", file=sys.stderr)
+            raise
+
+    def run(self, argv: list[str], input: str | None = None, timeout: float = 120.0) -> str:
+        """Run one scheduler command (no shell), count it, and raise SchedulerError with its stderr;
+        SchedulerTimeout after `timeout` seconds, and at once where the controller proved unreachable."""
+        if self.unreachable:
+            raise SchedulerError(f"{argv[0]}: not run: {self.unreachable}")
         self.calls += 1
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=120)
+            proc = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout)
         except FileNotFoundError:
             raise SchedulerError(f"{argv[0]}: not found on PATH") from None
         except subprocess.TimeoutExpired:
-            raise SchedulerError(f"{' '.join(argv)}: no answer within 120 s") from None
+            raise SchedulerTimeout(f"{' '.join(argv)}: no answer within {timeout:g} s") from None
         if proc.returncode != 0:
             raise SchedulerError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
         return proc.stdout

@@ -18,7 +18,7 @@ from __future__ import annotations
 import getpass
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hpcrl.config.experiment import Experiment
@@ -102,6 +102,55 @@ def hold_argv(after: list[Dependency]) -> list[str]:
     return (["-hold_jid_ad", ",".join(each)] if each else []) + (["-hold_jid", ",".join(whole)] if whole else [])
 
 
+class _Hosts:
+    """The hosts of one `refuse`: slots and free GPUs from `qstat -f`, what a host holds from `qconf -se`
+    (read once, only when a request exceeds what is free now)."""
+
+    def __init__(self, slots: dict[str, int], free: dict[str, float], gpu: str, where: str) -> None:
+        self.slots, self.free, self.gpu, self.where = slots, free, gpu, where
+        self._held: dict[str, float | None] | None = None
+
+    def refuse(self, ask: NodeRequest, run: Callable[[list[str]], str]) -> str | None:
+        """Why no host holds all of `ask` (its slots and its GPUs together), in one line; None where one
+        does or Grid Engine cannot say (a queue or global consumable, a host qconf does not answer for)."""
+        most = max(self.slots.values())
+        if ask.cpus > most:
+            return f"{ask.cpus_key}: {ask.cpus} slots on one host{ask.cpus_detail}, but the largest host of {self.where} has {most} (qstat -f): the task would wait for ever"
+        if ask.gpus <= 0:
+            return None
+        if not self.free:
+            return (
+                f"{ask.gpus_key}: {ask.gpus} GPUs as Grid Engine's consumable {self.gpu!r}, but no host of {self.where} offers it (qstat -f -F {self.gpu}): "
+                "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)"
+            )
+        roomy = [h for h in self.free if self.slots.get(h, 0) >= ask.cpus]
+        if any(self.free[h] >= ask.gpus for h in roomy):
+            return None
+        held = self._read_held(run)
+        if held is None or any((held[h] or 0) >= ask.gpus for h in roomy):
+            return None
+        if ask.gpus > max(v or 0 for v in held.values()):
+            return f"{ask.gpus_key}: {ask.gpus} GPUs on one host, but no host of {self.where} holds more than {max(v or 0 for v in held.values()):g} {self.gpu!r} (qconf -se): the task would wait for ever"
+        shown = "; ".join(f"{h}: {self.slots.get(h, 0)} slots, {held[h]:g} {self.gpu}" for h in sorted(held))
+        return (
+            f"{ask.cpus_key}, {ask.gpus_key}: {ask.cpus} slots{ask.cpus_detail} and {ask.gpus} GPUs on one host, but no host of {self.where} "
+            f"holds them together (qstat -f, qconf -se: {shown}): the task would wait for ever"
+        )
+
+    def _read_held(self, run: Callable[[list[str]], str]) -> dict[str, float | None] | None:
+        """Host -> its `complex_values` amount of the GPU consumable; None where a host's answer is missing or
+        the consumable is a queue or global one (its total is not the host's to say)."""
+        if self._held is None:
+            held: dict[str, float | None] = {}
+            for host in self.free:
+                try:
+                    held[host] = complex_value(run(["qconf", "-se", host]), self.gpu)
+                except SchedulerError:
+                    return None
+            self._held = held
+        return None if None in self._held.values() else self._held
+
+
 class SGEScheduler(Scheduler):
     name = "sge"
     template = "sge.sh.j2"
@@ -126,47 +175,19 @@ class SGEScheduler(Scheduler):
         where no instance shows it (`qstat -f -F gpu`; the complex is unknown, or no host has it),
         qsub refuses the job or Grid Engine never starts it, and a site that names its GPUs otherwise
         (`gpus`, `cuda`, ...) is told which key to set; more GPUs than any host holds wait for ever too
-        ("cannot run at host because it offers only hc:gpu=2")."""
+        ("cannot run at host because it offers only hc:gpu=2"). Each request must fit ONE host whole:
+        the host with the most slots may hold no GPU."""
         queue, gpu = exp.resources.queue, exp.resources.sge_gpu_resource
         gpu_asks = [ask for ask in requests if ask.gpus > 0]
         try:
-            listing = self.run(["qstat", "-f", *(["-F", gpu] if gpu_asks else []), *(["-q", queue] if queue else [])])
+            listing = self.probe(["qstat", "-f", *(["-F", gpu] if gpu_asks else []), *(["-q", queue] if queue else [])])
         except SchedulerError:
             return None
         slots = host_slots(listing)
         if not slots:
             return None
-        most = max(slots.values())
-        where = f"queue {queue}" if queue else "any queue"
-        for ask in requests:
-            if ask.cpus > most:
-                return f"{ask.cpus_key}: {ask.cpus} slots on one host{ask.cpus_detail}, but the largest host of {where} has {most} (qstat -f): the task would wait for ever"
-        return self._refuse_gpus(gpu_asks, listing, gpu, where) if gpu_asks else None
-
-    def _refuse_gpus(self, asks: list[NodeRequest], listing: str, gpu: str, where: str) -> str | None:
-        """GPUs under a consumable no host offers, or more than any host holds. What a host holds is read
-        (`qconf -se`, per host that offers any) only when the request exceeds what is free now."""
-        free = offered(listing, gpu)
-        ask = max(asks, key=lambda a: a.gpus)
-        if not free:
-            return (
-                f"{ask.gpus_key}: {ask.gpus} GPUs as Grid Engine's consumable {gpu!r}, but no host of {where} offers it (qstat -f -F {gpu}): "
-                "the task would never start; resources.sge_gpu_resource names the site's GPU complex (qconf -sc lists them)"
-            )
-        if ask.gpus <= max(free.values()):
-            return None
-        held = []
-        for host in free:
-            try:
-                held.append(complex_value(self.run(["qconf", "-se", host]), gpu))
-            except SchedulerError:
-                return None
-        if None in held:  # a queue or global consumable: its total is not the host's to say
-            return None
-        most = max(h for h in held if h is not None)
-        if ask.gpus > most:
-            return f"{ask.gpus_key}: {ask.gpus} GPUs on one host, but no host of {where} holds more than {most:g} {gpu!r} (qconf -se): the task would wait for ever"
-        return None
+        hosts = _Hosts(slots, offered(listing, gpu) if gpu_asks else {}, gpu, f"queue {queue}" if queue else "any queue")
+        return next((why for ask in requests if (why := hosts.refuse(ask, self.probe))), None)
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["qsub", "-terse", *hold_argv(after), str(script)]).strip()

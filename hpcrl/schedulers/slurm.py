@@ -79,6 +79,27 @@ def _node_rows(listing: str) -> list[tuple[str, int, int, int]]:
     return [(p, int(c), int(m), gres_gpus(g)) for p, c, m, g in (r for r in rows if len(r) == 4) if c.isdigit() and m.isdigit()]
 
 
+def _no_node_holds(ask: NodeRequest, nodes: list[tuple[int, int, int]], partition: str) -> str | None:
+    """Why no node of (CPUs, memory in MB, GPUs) holds all of `ask` at once, in one line; None where one
+    does or sinfo listed no node. A resource no node has enough of alone is named alone, as before."""
+    if not nodes or any(c >= ask.cpus and m >= ask.mem_mb and g >= ask.gpus for c, m, g in nodes):
+        return None
+    cpus, mem_mb, gpus = (max(n[i] for n in nodes) for i in range(3))
+    where = f"the largest node of Slurm partition {partition} has"
+    if ask.cpus > cpus:
+        return f"{ask.cpus_key}: {ask.cpus} CPUs per node{ask.cpus_detail}, but {where} {cpus} (sinfo): the job would stay pending for ever"
+    if ask.mem_mb > mem_mb:
+        return f"{ask.mem_key}: {ask.mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
+    if ask.gpus > gpus:
+        return f"{ask.gpus_key}: {ask.gpus} GPUs per node, but no node of Slurm partition {partition} has more than {gpus} (sinfo %G): sbatch would refuse the job"
+    shown = "; ".join(f"{c} CPUs, {m}M, {g} GPUs" for c, m, g in sorted(set(nodes), reverse=True)[:4])
+    keys = f"{ask.cpus_key}, {ask.mem_key}" + (f", {ask.gpus_key}" if ask.gpus else "")
+    return (
+        f"{keys}: {ask.cpus} CPUs{ask.cpus_detail}, {ask.mem}" + (f" and {ask.gpus} GPUs" if ask.gpus else "")
+        + f" on one node, but no node of Slurm partition {partition} holds them together (sinfo: {shown}): the job would stay pending for ever"
+    )
+
+
 def gres_gpus(gres: str) -> int:
     """GPUs in a node's generic resources as sinfo's %G writes them: `gpu:2`, `gpu:a100:4(S:0-1)`,
     `gpu:a100:2,gpu:v100:2,mps:200` (4), `(null)` (0)."""
@@ -109,30 +130,20 @@ class SlurmScheduler(Scheduler):
 
     def refuse(self, exp: Experiment, requests: Sequence[NodeRequest] = ()) -> str | None:
         """A job no node of its partition can hold: sbatch takes it, and Slurm keeps it pending for
-        ever (reason PartitionConfig; seen with `resources.cpus: 8` on 2-CPU nodes). Measured against
-        the partition's largest node as sinfo lists it; where sinfo does not answer (a dry run away
-        from the cluster) or knows no such partition, sbatch has the last word as before. GPUs
-        (`--gres=gpu:N`) likewise against the most any node has: sbatch refuses more itself, but only
-        when that stage is submitted, after the stages before it ("Requested node configuration is
-        not available")."""
+        ever (reason PartitionConfig; seen with `resources.cpus: 8` on 2-CPU nodes). Each request is
+        measured against the partition's nodes one by one as sinfo lists them: ONE node must hold its
+        CPUs, memory and GPUs together (a 64-CPU node without GPUs and an 8-CPU node with 4 GPUs do not
+        hold 32 CPUs with 4 GPUs). Where sinfo does not answer (a dry run away from the cluster) or knows
+        no such partition, sbatch has the last word as before. More GPUs than any node has: sbatch
+        refuses them itself, but only when that stage is submitted, after the stages before it
+        ("Requested node configuration is not available")."""
         try:
-            listing = self.run(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"])
+            listing = self.probe(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"])
         except SchedulerError:
             return None
         res = exp.resources
         nodes = [row[1:] for row in _node_rows(listing) if row[0].rstrip("*") == res.partition or (res.partition is None and row[0].endswith("*"))]
-        if not nodes:
-            return None
-        cpus, mem_mb, gpus = (max(n[i] for n in nodes) for i in range(3))
-        where = f"the largest node of Slurm partition {res.partition or 'default'} has"
-        for ask in requests:
-            if ask.cpus > cpus:
-                return f"{ask.cpus_key}: {ask.cpus} CPUs per node{ask.cpus_detail}, but {where} {cpus} (sinfo): the job would stay pending for ever"
-            if ask.mem_mb > mem_mb:
-                return f"{ask.mem_key}: {ask.mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
-            if ask.gpus > gpus:
-                return f"{ask.gpus_key}: {ask.gpus} GPUs per node, but no node of Slurm partition {res.partition or 'default'} has more than {gpus} (sinfo %G): sbatch would refuse the job"
-        return None
+        return next((why for ask in requests if (why := _no_node_holds(ask, nodes, res.partition or "default"))), None)
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         out = self.run(["sbatch", "--parsable", *dependency_argv(after), str(script)]).strip()

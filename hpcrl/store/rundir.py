@@ -6,7 +6,9 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
 
     runs/<run_id>/
       .lock                  held (flock) by the one process that trains the run; holds "pid host time" while
-                             held, then one line per earlier holder that never let go ("lost pid host time")
+                             held and "ended CODE pid host time" once it let go, then one line per earlier
+                             holder that never let go ("lost pid host time")
+      starts                 the warnings that reached a trainer and the stop signals it passed on to a program
       DONE | FAILED          train markers with a short reason (DONE: "step N", the steps trained)
       EVAL_DONE | EVAL_FAILED | EVAL_SKIPPED
       train.csv              appended one whole line per logged iteration by TrainLog (a user's program:
@@ -40,6 +42,7 @@ import io
 import math
 import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -52,7 +55,7 @@ import numpy as np
 
 from hpcrl.config.schema import ConfigError
 from hpcrl.io import atomic_write_csv, atomic_write_text
-from hpcrl.store.states import State
+from hpcrl.store.states import REQUEUE_EXIT, State
 
 DONE, FAILED = "DONE", "FAILED"
 PRUNED = "PRUNED"
@@ -69,6 +72,7 @@ LADDER_COLUMNS = ("player_a", "player_b", "games", "a_wins", "draws", "b_wins")
 """The eval stage's round robin between `random` and a run's own policies (named by their step)."""
 TENSORBOARD = "tensorboard"
 LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG = "lifetimes", "program.log", "program-eval.log"
+STARTS = "starts"
 STALLED = "stalled_requeues"
 
 LOCKED_EXIT = 75
@@ -138,7 +142,7 @@ def failed_line(stage: str, reason: str) -> str:
 
 def failure(run_dir: Path, stage: str = "train") -> str:
     """`failed_line` of a run's train (FAILED) or eval (EVAL_FAILED) marker."""
-    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED))
+    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED) or (silent_end(run_dir) if stage == "train" else ""))
 
 
 def is_done(run_dir: Path) -> bool:
@@ -246,11 +250,53 @@ def lifetime_starts(run_dir: Path) -> list[float]:
     return sorted(starts)
 
 
+WARNED, PASSED_ON = "warned", "passed"
+"""`starts` lines of a warning that reached the trainer, and of the stop signal it passed on to a
+user's program: a job killed after them (the time limit) leaves no marker, and they say what happened."""
+
+
+def record_signal(run_dir: Path, kind: str, signum: int) -> None:
+    """One `starts` line: a warning arrived (WARNED) or a stop signal was passed on (PASSED_ON). One
+    os.write of an O_APPEND file: safe from a signal handler, where a buffered file or print is not."""
+    line = f"{kind} {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {socket.gethostname()} {os.getpid()} {signal.Signals(signum).name}\n"
+    fd = os.open(run_dir / STARTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def silent_end(run_dir: Path) -> str:
+    """Why the last start of a run left no marker, from what its lock file and `starts` say; empty when
+    nothing says. A job killed at its time limit after the warning, or one that asked for a requeue the
+    scheduler never made, showed `train failed: no reason recorded`."""
+    last = last_start(run_dir)
+    if last is None:
+        return ""
+    who, code = last
+    try:
+        lines = [line.decode(errors="replace").split() for line in _complete_lines((run_dir / STARTS).read_bytes())]
+    except OSError:
+        lines = []
+    mine = [words for words in lines if len(words) >= 5 and words[2:4] == [who.host, str(who.pid)]]
+    warned = next((w for w in mine if w[0] == WARNED), None)
+    passed = next((w for w in mine if w[0] == PASSED_ON), None)
+    warning = f"the warning {warned[4]} at {warned[1][11:19]}" if warned else "no warning"
+    handed = f", passed on to the program as {passed[4]} at {passed[1][11:19]}" if passed else ""
+    if code is not None:
+        if code != REQUEUE_EXIT:
+            return ""
+        return f"asked for a requeue (after {warning}{handed}) and was not started again: the scheduler ended the task instead (its time limit?)"
+    if warned:
+        return f"killed after {warning}{handed} on {who.host} (pid {who.pid}): the job did not stop before the scheduler's time limit"
+    return ""
+
+
 def progress_mark(run_dir: Path) -> tuple[int, int, int]:
     """What the run's own output looks like now (files, bytes, newest mtime), hpcrl's bookkeeping
     (markers, the lock, the program's console logs, the lifetimes) left out: it changes when a
     lifetime writes a checkpoint, a train.csv row or any metric file under the run directory."""
-    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
+    bookkeeping = {DONE, FAILED, PRUNED, EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED, LOCK, LIFETIMES, STARTS, PROGRAM_LOG, PROGRAM_EVAL_LOG, STALLED}
     files = size = newest = 0
     for path in run_dir.rglob("*"):
         if path.parent == run_dir and path.name in bookkeeping:
@@ -302,6 +348,23 @@ def _step_of(line: bytes) -> int | None:
         return None
 
 
+def cell(value: object) -> str:
+    """A cell of a run's CSV files, as every writer here writes it: a float at full precision (the
+    shortest text that reads back as the same float: 1234567.8 stays 1234567.8, where 6 significant
+    digits wrote 1.23457e+06 and every mean and curve inherited the rounding; a whole number without
+    `.0`), empty for NaN or None; integers and text as they are."""
+    if value is None:
+        return ""
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isnan(number):
+            return ""
+        return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+    if isinstance(value, np.integer):
+        return str(int(value))
+    return str(value)
+
+
 class AppendLog:
     """An append-only CSV log: one whole line per row, flushed at once.
 
@@ -318,7 +381,7 @@ class AppendLog:
             self.write(columns)
 
     def write(self, values: Sequence[object]) -> None:
-        self._file.write(",".join(map(str, values)) + "\n")
+        self._file.write(",".join(map(cell, values)) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -481,11 +544,12 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     there; an empty step is an error there, so it leaves this path.
     """
     a = np.frombuffer(body, dtype=np.uint8)
-    ends = np.flatnonzero((a == 44) | (a == 10))  # the byte after each field: ',' or a newline
+    newline = a == 10
+    ends = np.flatnonzero(newline | (a == 44))  # the byte after each field: ',' or a newline
     width = body[: body.find(b"\n")].count(b",") + 1
     rows = ends.size // width
     row_ends = ends[width - 1 :: width]
-    if rows * width != ends.size or max(columns) >= width or body.count(b"\n") != rows or not (a[row_ends] == 10).all():
+    if rows * width != ends.size or max(columns) >= width or np.count_nonzero(newline) != rows or not newline[row_ends].all():
         return None  # rows of different lengths: the newlines are not exactly every width-th field end
     step, value = columns
     end = np.concatenate([ends[step::width], ends[value::width]])
@@ -517,8 +581,13 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     if ((digits > 9) & ~point).any() or points.max() > 1 or n_digits.max() > 15 or n_digits.min() < 1:
         return None
     digits[point] = 0
-    decimals = np.arange(longest - 1, -1, -1) @ point  # the places right of the point (0 without one)
-    total = _PLACE[17 - longest :] @ digits.astype(np.int64)  # every byte at its place, the point included
+    # Every byte at its place, the point included, and the places right of the point (0 without one):
+    # a multiply-add per byte position (at most 17), where an integer matmul has no BLAS behind it.
+    total = np.zeros(n * 2, dtype=np.int64)
+    decimals = np.zeros(n * 2, dtype=np.int64)
+    for k in range(longest):
+        total += digits[k].astype(np.int64) * int(_PLACE[17 - longest + k])
+        decimals += point[k] * (longest - 1 - k)
     tail = 10 ** (decimals + 1)  # what lies right of the point stays; what lies left moves one place down
     low = total % tail
     mantissa = np.where(points > 0, (total - low) // 10 + low, total)
@@ -542,7 +611,7 @@ def _field_starts(ends: np.ndarray, column: int, width: int) -> np.ndarray:
 def write_curve(run_dir: Path, steps: Sequence[float], returns: Sequence[float]) -> None:
     """train.csv of a user's program, converted whole from the metrics it wrote (hpcrl.runtime.metrics):
     one row per episode, which `read_curve` and the rest read as they read hpcrl's own log."""
-    rows = "".join(f"{int(s)},{r:.6g}\n" for s, r in zip(steps, returns))
+    rows = "".join(f"{int(s)},{cell(float(r))}\n" for s, r in zip(steps, returns))
     atomic_write_text(run_dir / TRAIN_LOG, "step,episodic_return\n" + rows)
 
 
@@ -600,7 +669,7 @@ def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, floa
     metric_names = sorted({name for *_, metrics in results for name in metrics})
     writer.writerow(["episode", "return", "length", *metric_names])
     for i, (ret, length, metrics) in enumerate(results):
-        writer.writerow([i, f"{ret:.6g}", length, *(f"{metrics[k]:.6g}" if k in metrics else "" for k in metric_names)])
+        writer.writerow([i, cell(float(ret)), length, *(cell(float(metrics[k])) if k in metrics else "" for k in metric_names)])
     atomic_write_text(run_dir / EVAL_LOG, buf.getvalue())
 
 
@@ -829,10 +898,19 @@ LOST_KEPT = 8
 """Lost holders the lock file remembers (the newest): `status` names the last, the log each at the next start."""
 
 
+@dataclass
+class Hold:
+    """What `run_lock` gives its holder: the start before it if that one never let go (died with its node, or
+    was killed), for the log to name; and `code`, which the holder sets to what its start ended with."""
+
+    lost: list[Holder]
+    code: int | None = None
+
+
 @contextmanager
-def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[list[Holder]]:
-    """Hold the run's lock while training it; RunLocked if another live process holds it. Yields the
-    holder before this one if it never let go (died with its node, or was killed), for the log to name.
+def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[Hold]:
+    """Hold the run's lock while training it; RunLocked if another live process holds it. The lock file
+    says who holds it, and once it let go, what its start ended with (`last_start`).
 
     An flock on `runs/<id>/.lock` belongs to the open file, so the kernel drops it when its holder
     dies, however it dies (kill -9, out of memory): a lock can never outlive a trainer, and a stale
@@ -862,12 +940,13 @@ def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[list[Holder]]:
         previous, lost = _read_lock_file(fd)
         if previous is not None:  # it took the lock and never let go: it died with its node, or was killed
             lost.append(previous)
-        now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        _write_lock_file(fd, Holder(os.getpid(), socket.gethostname(), now), lost)
+        me = Holder(os.getpid(), socket.gethostname(), datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+        _write_lock_file(fd, f"{me.pid} {me.host} {me.at}", lost)
         _held[run_dir.resolve()] = fd
-        yield lost[len(lost) - (previous is not None) :]
-        try:
-            _write_lock_file(fd, None, lost)  # let go: the next holder knows this start ended
+        hold = Hold(lost[len(lost) - (previous is not None) :])
+        yield hold
+        try:  # let go: the next holder knows this start ended, and how
+            _write_lock_file(fd, f"ended {'-' if hold.code is None else hold.code} {me.pid} {me.host} {me.at}", lost)
         except OSError:
             pass  # a full disk: the next start names this one as lost, which says less but nothing false
     finally:
@@ -886,10 +965,9 @@ def _read_lock_file(fd: int) -> tuple[Holder | None, list[Holder]]:
     return _holder(lines[0]), lost[-LOST_KEPT:]
 
 
-def _write_lock_file(fd: int, holder: Holder | None, lost: list[Holder]) -> None:
+def _write_lock_file(fd: int, first: str, lost: list[Holder]) -> None:
     """Written over the old content, then cut to length (never truncated first): the file keeps the block it
-    has, so a full disk cannot refuse this write, and a holder's line never exceeds the old first line's block."""
-    first = f"{holder.pid} {holder.host} {holder.at}" if holder else ""
+    has, so a full disk cannot refuse this write."""
     text = "\n".join([first, *(f"lost {h.pid} {h.host} {h.at}" for h in lost[-LOST_KEPT:])]) + "\n"
     data = text.encode()
     os.pwrite(fd, data, 0)
@@ -899,6 +977,23 @@ def _write_lock_file(fd: int, holder: Holder | None, lost: list[Holder]) -> None
 def _holder(line: str) -> Holder | None:
     words = line.split()
     return Holder(int(words[0]), words[1], words[2] if len(words) > 2 else "") if len(words) in (2, 3) and words[0].isdigit() else None
+
+
+def last_start(run_dir: Path) -> tuple[Holder, int | None] | None:
+    """The last start that took the run's lock, and the code it ended with (None: it has not let go, or did
+    without one); None when no start took it."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        first = os.pread(fd, 512, 0).decode(errors="replace").split("\n")[0].split()
+    finally:
+        os.close(fd)
+    if first[:1] == ["ended"] and len(first) >= 4 and first[2].isdigit():
+        return Holder(int(first[2]), first[3], first[4] if len(first) > 4 else ""), (int(first[1]) if first[1].lstrip("-").isdigit() else None)
+    holder = _holder(" ".join(first))
+    return (holder, None) if holder else None
 
 
 def lost_starts(run_dir: Path) -> list[Holder]:

@@ -193,6 +193,20 @@ def program_in_container(exp: Experiment) -> bool:
     return bool(exp.container.image) and exp.container.runs == "program"
 
 
+def resolve_container_runtime(exp: Experiment) -> None:
+    """`container.runs: program`: hpcrl starts the runtime from the job, on the node's PATH, which may lack
+    it (Grid Engine's minimal one): the name is resolved here, at sweep time, and the job gets the path;
+    a runtime missing here is refused in one line before anything is written."""
+    if not program_in_container(exp):
+        return
+    runtime = exp.container.runtime
+    found = executable(runtime, Path("/")) if runtime.startswith("/") else executable(runtime, Path("."))
+    if found is None:
+        where = "is not an executable file here" if runtime.startswith("/") else "is not on PATH here"
+        raise ConfigError(f"container.runtime: {runtime} {where}; container.runs: program starts it from each job (install it, or give its absolute path)")
+    exp.container.runtime = found
+
+
 def located(exp: Experiment, words: list[str]) -> list[str]:
     """A program's command line as its job script shows it. Without an image the command runs on
     the cluster's own nodes, where a batch job's PATH may lack what the login shell has (Grid Engine

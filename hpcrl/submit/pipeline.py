@@ -28,7 +28,18 @@ from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
 from hpcrl.submit.distributed import plan_distributed
-from hpcrl.submit.jobplan import PlannedJob, node_requests, plan_aggregate, plan_eval_only, plan_study, plan_train, program_in_container, program_tasks
+from hpcrl.submit.jobplan import (
+    PlannedJob,
+    node_requests,
+    plan_aggregate,
+    plan_eval_only,
+    plan_study,
+    plan_train,
+    program_in_container,
+    program_tasks,
+    resolve_container_runtime,
+)
+from hpcrl.submit.program_module import check_module
 from hpcrl.sweep import modes, study
 from hpcrl.sweep import runs as sweep
 
@@ -142,6 +153,8 @@ def submit_experiment(
         raise ConfigError(refused)
     # In-process tasks run in this Python, not in a container.
     exp.container.image = None if scheduler.in_process else resolved_image(exp)
+    resolve_container_runtime(exp)
+    check_module(exp)
     if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
         if problems := tracking.missing_packages(exp.tracking):
             raise ConfigError("; ".join(problems))

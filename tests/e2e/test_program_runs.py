@@ -349,7 +349,7 @@ def test_a_program_that_dies_of_its_stop_signal_is_requeued_and_resumes(tmp_path
     Local().warn(exp_dir, read_jobs(exp_dir)[0], 1)
     wait_finished(exp_dir, Local(), since, timeout=180)
     jobs_log = "".join(p.read_text() for p in sorted((exp_dir / "jobs" / "logs").glob("train-*")))
-    assert "program stopped (killed by SIGUSR1) after signal SIGUSR1: asking for a requeue" in jobs_log, jobs_log
+    assert "program stopped (killed by SIGUSR1) after the warning SIGUSR1 (passed on as SIGUSR1): asking for a requeue" in jobs_log, jobs_log
     resumed = re.search(r"resumed at step (\d+)", (rd / "program.log").read_text())
     assert resumed and int(resumed.group(1)) >= 3
     assert (rd / "lifetimes").read_text().count("\n") == 2

@@ -68,7 +68,10 @@ def test_the_seeds_job_runs_its_program_in_its_image_and_hpcrl_on_the_host() -> 
     assert '"${HPCRL[@]}" train /scratch/hpcrl/habitat_own_trainer --manifest jobs/0-0.tasks --task "$TASK_ID" -- "${PROGRAM[@]}" &' in train
 
 
-def test_the_dry_run_names_the_first_runs_command_and_its_image(tmp_path: Path, capsys) -> None:
+def test_the_dry_run_names_the_first_runs_command_and_its_image(tmp_path: Path, capsys, monkeypatch) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "singularity").symlink_to(STANDIN)  # the runtime is looked up at sweep time
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     overrides = [f"output={tmp_path}", *PINNED[1:]]
     assert main(["sweep", str(REPO / "configs" / "habitat_own_trainer.yaml"), "--scheduler", "sge", "--dry-run", *(w for o in overrides for w in ("-p", o))]) == 0
     out = capsys.readouterr().out
@@ -249,3 +252,49 @@ def test_workdir_refuses_other_placeholders(tmp_path: Path, capsys, workdir: str
     assert main(["sweep", str(tmp_path / "c.yaml"), "--scheduler", "local"]) == 2
     err = capsys.readouterr().err
     assert f"program.workdir: {message}" in err and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------------------------------------ the runtime, where the job runs
+
+
+def program_in_image(tmp_path: Path, runtime: str) -> Path:
+    image = tmp_path / "own.sif"
+    image.write_text("an image\n")
+    data = {
+        "name": "rt", "algo": "program", "output": str(tmp_path / "logs"), "sweep": {"seeds": [0]},
+        "container": {"image": str(image), "runtime": runtime, "runs": "program"}, "program": {"command": ["python", "train.py"]},
+    }  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    return tmp_path / "c.yaml"
+
+
+def test_the_container_runtime_is_resolved_at_sweep_time_so_the_jobs_path_does_not_matter(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`container.runs: program`: hpcrl starts the runtime from the job, and Grid Engine's minimal PATH had
+    no `apptainer`. The script shows the path found at sweep time, as for a bare program command."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").symlink_to(STANDIN)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert main(["sweep", str(program_in_image(tmp_path, "apptainer")), "--scheduler", "sge", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"PROGRAM=({bin_dir / 'apptainer'} exec --nv " in out and f"{tmp_path / 'own.sif'} python train.py)" in out
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "/opt/nowhere/apptainer"])
+def test_a_runtime_missing_at_sweep_time_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys, runtime: str) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["sweep", str(program_in_image(tmp_path, runtime)), "--scheduler", "sge"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"hpcrl: error: container.runtime: {runtime} is not ") and "Traceback" not in err, err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_the_container_runtime_may_be_an_absolute_path(tmp_path: Path, capsys) -> None:
+    """A site's own install, off the PATH a job gets: the path is taken as it is."""
+    runtime = tmp_path / "site" / "apptainer"
+    runtime.parent.mkdir()
+    runtime.symlink_to(STANDIN)
+    assert main(["sweep", str(program_in_image(tmp_path, str(runtime))), "--scheduler", "sge", "--dry-run"]) == 0
+    assert f"PROGRAM=({runtime} exec --nv " in capsys.readouterr().out
+    with pytest.raises(Exception, match=r"container.runtime: expected one of 'singularity', 'apptainer' or an absolute path to one, got 'bin/apptainer'"):
+        load_experiment(program_in_image(tmp_path, "bin/apptainer"))

@@ -237,3 +237,21 @@ def test_a_long_monitor_file_is_read_whole(tmp_path: Path) -> None:
     (tmp_path / "0.monitor.csv").write_text('#{"t_start": 0}\nr,l,t\n' + rows)
     ep = metrics.read_episodes(tmp_path, "monitor")
     assert len(ep.returns) == 200_000
+
+
+@pytest.mark.parametrize("source", ["csv", "jsonl"])
+def test_a_file_appended_by_several_lifetimes_keeps_the_latest_from_where_it_logged_again(tmp_path: Path, source: str) -> None:
+    """Issue 37 item 16: a retry that started afresh appended its rows after the first lifetime's (81 rows
+    for 60 steps), and the curve averaged an abandoned lifetime. The rule TensorBoard's reader applies holds
+    for every source: a lifetime starts where the step goes down, and replaces what came at and after it."""
+    first = [(step, 1.0) for step in range(10, 220, 10)]  # 21 rows, then killed
+    afresh = [(step, 2.0) for step in range(10, 610, 10)]  # 60 rows from the start
+    resumed = [(500, 3.0), (500, 3.5), (600, 4.0), (610, 5.0)]  # from a checkpoint at 500; two episodes at 500
+    rows = first + afresh + resumed
+    if source == "csv":
+        (tmp_path / "m.csv").write_text("step,return\n" + "".join(f"{s},{r}\n" for s, r in rows))
+    else:
+        (tmp_path / "m.jsonl").write_text("".join(json.dumps({"step": s, "return": r}) + "\n" for s, r in rows))
+    ep = read_episodes(tmp_path, source, f"m.{source}", step="step", value="return")
+    expected = [p for p in afresh if p[0] < 500] + resumed
+    assert list(zip(ep.steps.tolist(), ep.returns.tolist())) == [(float(s), r) for s, r in expected]

@@ -227,3 +227,76 @@ def test_a_program_that_checkpoints_before_each_requeue_is_never_capped(tmp_path
     codes = [subprocess.run([sys.executable, "-m", "hpcrl", "train", str(root), "--task", "0"], env=ENV, capture_output=True, text=True, timeout=60).returncode for _ in range(3)]
     assert codes == [99] * 3
     assert not rundir.is_failed(the_run(root))
+
+
+# ------------------------------------------------------------------------------------ a job killed after its warning
+
+
+def test_a_program_killed_at_the_time_limit_says_it_was_warned_and_what_it_was_sent(tmp_path: Path) -> None:
+    # The time limit: the warning (USR1) reaches hpcrl, the program ignores its stop signal, and the
+    # scheduler then SIGKILLs the whole job. Nothing can write FAILED; the run's `starts` says what happened,
+    # where `train failed: no reason recorded` was all status had.
+    root = experiment(tmp_path, "ignore", stop_signal="TERM")
+    proc = start(root)
+    wait_for(tmp_path / "notes", "ready")
+    proc.send_signal(signal.SIGUSR1)
+    rd = the_run(root)
+    wait_for(rd / "starts", "passed ", timeout=30)
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=30)
+    assert "warning SIGUSR1 arrived: passed on to the program as SIGTERM" in out
+    line = rundir.failure(rd)
+    assert line.startswith("train failed: killed after the warning SIGUSR1 at ") and ", passed on to the program as SIGTERM at " in line, line
+    assert "time limit" in line
+
+
+def test_the_requeue_line_names_the_warning_that_stopped_the_program_not_a_later_signal(tmp_path: Path) -> None:
+    # Slurm's warning (USR1) and then the TERM of the time limit: the program stopped on the first.
+    root = experiment(tmp_path, "stop", stop_signal="TERM")
+    proc = start(root)
+    wait_for(tmp_path / "notes", "ready")
+    proc.send_signal(signal.SIGUSR1)
+    wait_for(the_run(root) / "starts", "passed ", timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc, timeout=60)
+    assert proc.returncode == 99, out + err
+    assert "program stopped (exited with 99) after the warning SIGUSR1 (passed on as SIGTERM): asking for a requeue" in out, out
+
+
+def test_a_requeue_the_scheduler_never_made_is_named(tmp_path: Path) -> None:
+    rd = tmp_path / "run"
+    rd.mkdir()
+    with rundir.run_lock(rd) as hold:
+        rundir.record_signal(rd, rundir.WARNED, signal.SIGUSR2)
+        hold.code = 99
+    line = rundir.failure(rd)
+    assert line.startswith("train failed: asked for a requeue (after the warning SIGUSR2") and "not started again" in line, line
+    # A later start (another process) that recorded nothing yet: no story of the earlier one is told for it.
+    later = subprocess.Popen([sys.executable, "-c", LATER_START, str(rd)], stdout=subprocess.PIPE, text=True)
+    assert later.stdout is not None and later.stdout.readline().strip() == "holding"
+    try:
+        assert rundir.failure(rd) == "train failed: no reason recorded (see the train log under jobs/logs)"
+    finally:
+        later.kill()
+        later.wait()
+
+
+LATER_START = """
+import sys, time
+from pathlib import Path
+from hpcrl.store import rundir
+with rundir.run_lock(Path(sys.argv[1])):
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_stop_flag_keeps_the_first_signal_and_reports_it_once() -> None:
+    from hpcrl.runtime.guard import StopFlag
+
+    seen: list[int] = []
+    stop = StopFlag(seen.append)
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2):
+        os.kill(os.getpid(), sig)
+        time.sleep(0.01)
+    assert stop.signal == signal.SIGUSR1 and seen == [signal.SIGUSR1]

@@ -73,7 +73,7 @@ def test_a_row_reaches_train_csv_and_every_tracker_formatted_once(tmp_path: Path
         log.row(200, 2, 2.5, 80.0, [], {"loss": math.nan, "queue_depth": 0})
     assert (tmp_path / "train.csv").read_text().splitlines() == [
         "step,iteration,wall_time,sps,episodes,episodic_return,episodic_length,loss,queue_depth",
-        "100,1,1.235,81.9,2,1.5,15,0.123457,1234567",  # a count is written whole; `extra` is no column
+        "100,1,1.235,81.9,2,1.5,15,0.1234567,1234567",  # full precision (issue 37 item 16); a count is written whole; `extra` is no column
         "200,2,2.500,80.0,0,,,,0",
     ]
     assert scalars == {"sps": 81.94, "episodes": 2, "episodic_return": 1.5, "episodic_length": 15.0, "loss": 0.1234567, "queue_depth": 1234567, "extra": 5.0}

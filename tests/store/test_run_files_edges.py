@@ -195,12 +195,12 @@ def test_a_start_that_never_let_go_of_its_run_is_named_by_status_and_by_the_next
     host = os.uname().nodename
     (lost,) = rundir.lost_starts(tmp_path)
     assert (lost.pid, lost.host) == (killed, host) and re.fullmatch(rf"on {re.escape(host)} \(pid {killed}, \d\d:\d\d:\d\d\)", lost.started())
-    with rundir.run_lock(tmp_path) as named:
-        assert named == [lost] and clean not in [h.pid for h in named]
+    with rundir.run_lock(tmp_path) as hold:
+        assert hold.lost == [lost] and clean not in [h.pid for h in hold.lost]
         assert rundir.lock_holder(tmp_path) == rundir.Holder(os.getpid(), host)
         assert rundir.lost_starts(tmp_path) == [lost]  # still remembered while this start runs
-    with rundir.run_lock(tmp_path) as named:
-        assert named == []  # the start before let go
+    with rundir.run_lock(tmp_path) as hold:
+        assert hold.lost == []  # the start before let go
     assert rundir.lost_starts(tmp_path) == [lost]
     for _ in range(rundir.LOST_KEPT + 2):
         _hold_and_die(tmp_path, let_go=False)

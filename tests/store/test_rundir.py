@@ -300,3 +300,21 @@ def test_stale_temp_files_are_removed(tmp_path: Path) -> None:
     (tmp_path / f".{kept.name}.k3j4.tmp").write_bytes(b"half")
     assert [p.name for p in rundir.remove_stale_temp(tmp_path)] == [f".{kept.name}.k3j4.tmp"]
     assert os.listdir(tmp_path) == [kept.name]
+
+
+def test_returns_reach_train_csv_and_eval_csv_at_full_precision(tmp_path: Path) -> None:
+    """Issue 37 item 16: 6 significant digits turned 1234567.8 into 1.23457e+06 in train.csv and
+    eval.csv, and every mean and curve inherited it. Each writer goes through rundir's one cell format."""
+    from hpcrl.runtime.runlog import fmt
+
+    values = [1234567.8, 0.1 + 0.2, -3.0000001, 1e-07]
+    with rundir.TrainLog(tmp_path, ("step", "episodic_return"), resume_step=0) as log:
+        for step, value in enumerate(values, start=1):
+            log.write([step, fmt(value)])
+    assert rundir.read_curve(tmp_path)[1].tolist() == values
+    rundir.write_eval(tmp_path, [(v, 10, {"success": v}) for v in values])
+    assert rundir.read_eval_returns(tmp_path) == values
+    assert "1234567.8," in (tmp_path / rundir.EVAL_LOG).read_text()
+    rundir.write_curve(tmp_path, [1, 2, 3, 4], values)  # a program's episodes, converted
+    assert rundir.read_curve(tmp_path)[1].tolist() == values
+    assert fmt(float("nan")) == fmt(None) == ""

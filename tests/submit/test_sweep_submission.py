@@ -86,7 +86,7 @@ def test_auto_detection_follows_path_and_says_why(tools: tuple[str, ...], expect
 def test_sweep_prints_which_scheduler_auto_chose(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     standin(bin_dir, "sbatch", "exit 0\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}  # the unit tier's stand-ins for sinfo & co. stay in front of the machine's
     proc = hpcrl("sweep", str(write_config(tmp_path)), "--dry-run", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert f"hpcrl: --scheduler auto chose slurm: sbatch is on PATH ({bin_dir}/sbatch)" in proc.stderr

@@ -1,0 +1,79 @@
+"""A cluster's node-size check (issue 37 item 14): ONE node must hold all of a stage's request. A 64-CPU
+node without GPUs and an 8-CPU node with 4 GPUs do not hold 32 CPUs with 4 GPUs, whatever each resource's
+largest value is. The scheduler's listings are canned here (no sinfo or qstat is run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from factories import write_config
+
+from hpcrl.config.experiment import load_experiment
+from hpcrl.schedulers.base import NodeRequest, SchedulerError
+from hpcrl.schedulers.sge import SGEScheduler
+from hpcrl.schedulers.slurm import SlurmScheduler
+
+SINFO = "debug*|64|256000|(null)\ndebug*|8|64000|gpu:a100:4(S:0-1)\n"
+"""A partition of a 64-CPU node without GPUs and an 8-CPU node with 4 GPUs."""
+
+QSTAT = """queuename                      qtype resv/used/tot. load_avg arch          states
+---------------------------------------------------------------------------------
+all.q@big                      BIP   0/0/64         0.01     lx-amd64
+\thc:gpu=0
+---------------------------------------------------------------------------------
+all.q@gpunode                  BIP   0/0/8          0.01     lx-amd64
+\thc:gpu=4
+"""
+QCONF = {"big": "complex_values        gpu=0\n", "gpunode": "complex_values        gpu=4,mem_free=64G\n"}
+
+
+def ask(cpus: int, gpus: int, mem_mb: int = 1000, key: str = "resources.gpus") -> NodeRequest:
+    return NodeRequest("resources.cpus", cpus, "resources.mem", f"{mem_mb}M", mem_mb, gpus=gpus, gpus_key=key)
+
+
+class CannedSlurm(SlurmScheduler):
+    def run(self, argv: list[str], input: str | None = None, timeout: float = 0) -> str:
+        assert argv[0] == "sinfo", argv
+        return SINFO
+
+
+class CannedSGE(SGEScheduler):
+    def run(self, argv: list[str], input: str | None = None, timeout: float = 0) -> str:
+        if argv[0] == "qstat":
+            return QSTAT
+        if argv[:2] == ["qconf", "-se"]:
+            return QCONF[argv[2]]
+        raise SchedulerError(f"{argv}: not canned")
+
+
+@pytest.fixture
+def exp(tmp_path: Path):
+    return load_experiment(write_config(tmp_path))
+
+
+@pytest.mark.parametrize("scheduler", [CannedSlurm, CannedSGE])
+def test_a_request_split_across_two_nodes_is_refused(scheduler: type, exp) -> None:
+    refusal = scheduler().refuse(exp, [ask(32, 4)])
+    assert refusal is not None and "\n" not in refusal
+    assert "resources.cpus" in refusal and "resources.gpus" in refusal and "on one " in refusal and "together" in refusal
+
+
+@pytest.mark.parametrize("scheduler", [CannedSlurm, CannedSGE])
+@pytest.mark.parametrize(("cpus", "gpus"), [(64, 0), (8, 4), (32, 0), (1, 1)])
+def test_a_request_one_node_holds_passes(scheduler: type, exp, cpus: int, gpus: int) -> None:
+    assert scheduler().refuse(exp, [ask(cpus, gpus)]) is None
+
+
+@pytest.mark.parametrize("scheduler", [CannedSlurm, CannedSGE])
+def test_every_stage_is_checked_not_only_the_first(scheduler: type, exp) -> None:
+    """Train fits the GPU node; eval asks the CPUs of the big node with the GPUs of the other."""
+    refusal = scheduler().refuse(exp, [ask(8, 4), ask(32, 4, key="eval.gpus")])
+    assert refusal is not None and "eval.gpus" in refusal
+
+
+def test_slurm_memory_counts_on_the_same_node(exp) -> None:
+    """100 GB with a GPU: the node with the GPUs has 64 GB, the one with 256 GB has no GPU."""
+    refusal = CannedSlurm().refuse(exp, [ask(4, 1, mem_mb=100_000)])
+    assert refusal is not None and "resources.mem" in refusal and "together" in refusal
+    assert CannedSlurm().refuse(exp, [ask(4, 0, mem_mb=100_000)]) is None

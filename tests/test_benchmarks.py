@@ -1,0 +1,107 @@
+"""Every script in benchmarks/ runs in the suite at a tiny size (issue 37), so a move or a renamed module
+that breaks one fails here and not months later: collect_scale.py and status_scale.py had both died on
+modules the stage-folder move renamed, and nothing had run them since.
+
+Each runs as a user runs it (`python benchmarks/X.py ...`, its own process), for seconds, and must exit 0;
+the figures it prints are not judged here. Scripts that need what a machine may lack (a cluster, Redis,
+cosmic-ray, OpenSpiel's JAX AlphaZero, a GPU) carry its marker or skip with the reason; what can be checked
+without it (that mutation.py's targets and gpu_node.sh's paths still exist) is checked always.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+
+TINY: dict[str, tuple[list[str], tuple[pytest.MarkDecorator, ...]]] = {
+    "algos.py": (["--scale", "0.002", "--skip-vizdoom", "--no-ftz-reference", "--algos", "ppo"], (pytest.mark.slow,)),
+    "alphazero.py": (["--games", "2", "--set", "train.total_steps=64", "train.simulations=2", "train.eval_simulations=2"], (pytest.mark.slow,)),
+    "alphazero_jobs.py": (["--total-steps", "64", "--actors", "1", "--timeout", "240"], (pytest.mark.slurm, pytest.mark.redis, pytest.mark.e2e)),
+    "collect_scale.py": (["--runs", "20", "--settings", "4", "--rows", "10", "--repeat", "1"], (pytest.mark.e2e,)),
+    "ddppo.py": (["--ranks", "2", "--envs", "2", "--num-steps", "8", "--steps", "64", "--epochs", "1", "--repeats", "1", "--raw-seconds", "0"], (pytest.mark.slow,)),
+    "distributed.py": (["pipe", "--actors", "1", "--seconds", "0.5"], (pytest.mark.redis, pytest.mark.e2e)),
+    "mutation.py": (["--only", "templates", "--max-mutants", "1", "--budget-minutes", "3"], (pytest.mark.slow,)),
+    "openspiel_alphazero.py": (["--minutes", "0.2", "--games", "2", "--simulations", "2", "--opponents", "2"], (pytest.mark.slow,)),
+    "periodic_eval.py": (["--steps", "1024"], (pytest.mark.slow,)),
+    "stats_scale.py": (["--settings", "2", "--seeds", "2", "--points", "10", "--repeats", "1"], (pytest.mark.e2e,)),
+    "status_scale.py": (["--runs", "20", "--settings", "2", "--repeat", "1", "--schedulers"], (pytest.mark.e2e,)),
+    "study_storage.py": (["--trials", "4", "--reports", "2", "--workers", "1", "--repeats", "1"], (pytest.mark.e2e,)),
+    "submit_scale.py": (["--runs", "10", "--loop-max", "10", "--schedulers", "slurm", "sge"], (pytest.mark.slurm, pytest.mark.sge, pytest.mark.e2e)),
+    "vizdoom_speed.py": (["--sides", "random", "--num-envs", "1", "--seconds", "1", "--out", "{tmp}/speed"], (pytest.mark.e2e,)),
+    "vizdoom_start.py": (["2", "--steps", "5"], (pytest.mark.e2e,)),
+}
+"""A tiny run of each script: arguments (`{tmp}`: the test's directory) and markers."""
+NEEDS = {"mutation.py": "cosmic_ray", "openspiel_alphazero.py": "jax", "vizdoom_speed.py": "vizdoom", "vizdoom_start.py": "vizdoom"}
+"""A package a script needs that hpcrl's environment may not have: the test skips without it."""
+FIXTURES = {"alphazero_jobs.py": ("slurm_cluster", "redis_installed"), "distributed.py": ("redis_installed",), "submit_scale.py": ("slurm_cluster", "sge_cluster")}
+
+
+def test_every_benchmark_has_a_tiny_run() -> None:
+    scripts = {p.name for p in BENCHMARKS.iterdir() if p.suffix == ".py"}
+    assert scripts == set(TINY), f"benchmarks without a tiny run here: {sorted(scripts - set(TINY))}; gone: {sorted(set(TINY) - scripts)}"
+
+
+@pytest.mark.parametrize("script", [pytest.param(name, marks=marks) for name, (_, marks) in TINY.items()])
+def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if script in NEEDS and importlib.util.find_spec(NEEDS[script]) is None:
+        pytest.skip(f"{script} needs {NEEDS[script]}, which is not installed here")
+    for fixture in FIXTURES.get(script, ()):
+        request.getfixturevalue(fixture)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in TINY[script][0]]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=420)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_the_mutation_audits_targets_and_test_selections_exist() -> None:
+    """What mutation.py mutates and the tests it runs: a module or a test moved or renamed is named here,
+    where cosmic-ray (not in the test environment) would only report it when someone runs the audit."""
+    spec = importlib.util.spec_from_file_location("mutation_benchmark", BENCHMARKS / "mutation.py")
+    assert spec is not None and spec.loader is not None
+    mutation = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mutation  # its dataclasses look their module up while they are made
+    spec.loader.exec_module(mutation)
+    problems = []
+    for target in mutation.TARGETS:
+        module = REPO / target.module
+        if not module.is_file():
+            problems.append(f"{target.name}: no {target.module}")
+            continue
+        problems += [f"{target.name}: no function {f} in {target.module}" for f in sorted(set(target.functions) - mutation.function_names(module))]
+        for node in target.tests:
+            path, _, name = node.partition("::")
+            if not (REPO / path).is_file():
+                problems.append(f"{target.name}: no {path}")
+            elif name and not re.search(rf"^(async )?def {re.escape(name.split('[')[0])}\(", (REPO / path).read_text(), re.MULTILINE):
+                problems.append(f"{target.name}: no test {name} in {path}")
+    assert not problems, "; ".join(problems)
+
+
+GPU_NODE = BENCHMARKS / "gpu_node.sh"
+
+
+def test_the_gpu_node_script_parses_and_what_it_names_exists() -> None:
+    """gpu_node.sh runs only on a lent GPU machine: here it is parsed (`bash -n`), and every repository
+    file it names (configs, tests, benchmarks) must still be where it says."""
+    assert subprocess.run(["bash", "-n", str(GPU_NODE)], capture_output=True).returncode == 0
+    named = set(re.findall(r"\b((?:configs|tests|benchmarks)/[\w./-]+\.(?:py|yaml|sh))", GPU_NODE.read_text()))
+    assert named and not [p for p in sorted(named) if not (REPO / p).is_file()]
+
+
+@pytest.mark.slow
+def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("gpu_node.sh needs an NVIDIA GPU (run it on a lent machine: benchmarks/gpu_node.sh OUT_DIR)")
+    proc = subprocess.run(["bash", str(GPU_NODE), str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=1200, env={**os.environ, "SKIP_SPEED": "1"})
+    summary = (tmp_path / "summary.txt").read_text() if (tmp_path / "summary.txt").exists() else ""
+    assert proc.returncode == 0 and summary and "rc=0" in summary, summary + proc.stderr[-2000:]
