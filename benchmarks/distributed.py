@@ -35,12 +35,21 @@ reach 0.93M/s. `1/trip` 0.38/0.62/0.70; batch 512 5.30/4.35/3.57.
 At bound 8 the queue holds 512 transitions, and a learner that drains it as fast as it can moves at
 most that per round trip: the rate is the round trip's (0.5-1 ms on this loaded machine), not the codec's.
 
+Part 3, `bridge` (seconds; root, with the test cluster's namespace nodes up: `tests/clusters/slurm.sh start
+--nodes 2`): the same pipe (`default` setting) with the redis-server on the head's bridge address and each
+actor process in a namespace node (it enters the node's network namespace before it connects), beside the
+same on loopback; and DD-PPO's collective, gloo's all-reduce of a flat gradient buffer (the 64x64 CartPole
+policy's 9k floats, and 1M), between 2 ranks in two nodes over the bridge, beside 2 ranks on loopback. A
+figure, not a target: the namespaces share this machine's 2 cores, so the bridge costs the veth and
+bridge's packet path, not a network's.
+
 Part 2, `learning` (minutes): `hpcrl sweep` through the local executor of configs/cartpole_apex.yaml
 with 1, 2 and 4 actors and of configs/cartpole_dqn.yaml (single process), then per run: env steps/s
 of the learner (or trainer) over the whole run, and the final evaluation return.
 
     PYTHONPATH=. python benchmarks/distributed.py pipe [--actors 1 2 4] [--seconds 5] [--repeats 3] [--bound 64]
     PYTHONPATH=. python benchmarks/distributed.py learning [--actors 1 2 4] [--seeds 0 1 2] [--output /tmp/h7bench]
+    PYTHONPATH=. python benchmarks/distributed.py bridge [--actors 1 2] [--seconds 3] [--nodes slurm-node1 slurm-node2]
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from __future__ import annotations
 import argparse
 import csv
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import subprocess
@@ -104,7 +114,8 @@ def settings(d: DistributedConfig, bound: int | None) -> list[Setting]:
     ]
 
 
-def pipe_actor(address: tuple[str, int, str], prefix: str, actor: int, s: Setting, stop) -> None:
+def pipe_actor(address: tuple[str, int, str], prefix: str, actor: int, s: Setting, stop, node: str | None = None) -> None:
+    enter_node(node)
     client = connect(*address)
     board = Board(client, prefix)
     producer = Producer(client, board.keys.queue, board.keys.status, s.bound)
@@ -178,7 +189,7 @@ def raw_taker(conn: RawConnection, key: str) -> int:
     return n
 
 
-def measure(server: RedisServer, actors: int, seconds: float, setting: Setting | None, learner: ApexLearner) -> float:
+def measure(server: RedisServer, actors: int, seconds: float, setting: Setting | None, learner: ApexLearner, nodes: list[str] | None = None) -> float:
     """Transitions/s received by this (learner) process over `seconds`, after a 1 s warm-up; raw Redis when `setting` is None."""
     client = server.client()
     client.flushall()
@@ -189,7 +200,8 @@ def measure(server: RedisServer, actors: int, seconds: float, setting: Setting |
     stop = mp.Event()
     order: dict[int, list[int]] = {}
     if setting is not None:
-        procs = [mp.Process(target=pipe_actor, args=(address, prefix, i, setting, stop)) for i in range(actors)]
+        where = [nodes[i % len(nodes)] if nodes else None for i in range(actors)]
+        procs = [mp.Process(target=pipe_actor, args=(address, prefix, i, setting, stop, where[i])) for i in range(actors)]
         consumer = Consumer(client, board.keys.queue, learner.validate, max_lag=0)
 
         def take() -> int:
@@ -261,6 +273,101 @@ def pipe(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# ------------------------------------------------------------------------------------------ across the bridge
+
+HEAD_IP = "10.251.0.1"
+"""The head's address on the test clusters' bridge (tests/clusters/nodes.sh)."""
+CLONE_NEWNET = 0x40000000
+
+
+def enter_node(node: str | None) -> None:
+    """Move this process into a namespace node's network (setns): it then dials as that node does."""
+    if node is None:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/run/netns/{node}") as ns:
+        if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {node}")
+
+
+def allreduce_rank(rank: int, master: str, port: int, node: str | None, sizes: list[int], seconds: float, results) -> None:
+    """One of 2 gloo ranks: all-reduces of each size for `seconds`, after a warm-up; rank 0 reports ms per call."""
+    import torch.distributed as dist
+
+    from hpcrl.netaddr import advertised_address, interface_of
+
+    enter_node(node)
+    os.environ["GLOO_SOCKET_IFNAME"] = interface_of(advertised_address()) or "lo" if node else "lo"
+    store = dist.TCPStore(master, port, 2, is_master=rank == 0, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    for size in sizes:
+        buf = torch.ones(size)
+        for _ in range(5):
+            dist.all_reduce(buf)
+        calls, start = 0, time.monotonic()
+        flag = torch.zeros(1)
+        while True:
+            dist.all_reduce(buf)
+            calls += 1
+            flag[0] = float(time.monotonic() - start >= seconds) if rank == 0 else 0.0
+            dist.broadcast(flag, 0)  # both ranks stop at the same call
+            if flag.item():
+                break
+        if rank == 0:
+            results.put((size, 1000 * (time.monotonic() - start) / calls))
+    dist.destroy_process_group()
+
+
+def allreduce_ms(nodes: list[str] | None, sizes: list[int], seconds: float) -> dict[int, float]:
+    ctx = mp.get_context("spawn")  # fresh interpreters: gloo in a child forked from a process with torch's threads can hang
+    results = ctx.Queue()
+    master = node_address(nodes[0]) if nodes else "127.0.0.1"
+    port = 29000 + os.getpid() % 1000 + (500 if nodes else 0)
+    procs = [ctx.Process(target=allreduce_rank, args=(r, master, port, nodes[r] if nodes else None, sizes, seconds, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    found = dict(results.get(timeout=120) for _ in sizes)
+    for p in procs:
+        p.join(timeout=30)
+    return found
+
+
+def node_address(node: str) -> str:
+    """A namespace node's address, from the hosts file tests/clusters/nodes.sh wrote for it."""
+    for line in Path(f"/etc/netns/{node}/hosts").read_text().splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[1] == node and not words[0].startswith("127."):
+            return words[0]
+    raise SystemExit(f"bridge: no address for {node} in /etc/netns/{node}/hosts")
+
+
+def bridge(args: argparse.Namespace) -> int:
+    missing = [n for n in args.nodes if not Path(f"/run/netns/{n}").exists()]
+    if os.geteuid() != 0 or missing:
+        print(f"bridge: needs root and the namespace nodes {' '.join(args.nodes)} (bash tests/clusters/slurm.sh start --nodes 2); missing: {' '.join(missing) or 'root'}", file=sys.stderr)
+        return 2
+    exp = load_experiment(CONFIG)
+    d = exp.distributed
+    assert d is not None
+    default = settings(d, None)[0]
+    learner = ApexLearner(exp.train, d, OBS_SPACE, gym.spaces.Discrete(2), torch.device("cpu"))
+    print(f"{mp.cpu_count()} CPUs shared by every node; pipe at {CONFIG.relative_to(REPO)}'s settings, {args.seconds:g} s a cell; actors in {', '.join(args.nodes)}")
+    print(f"{'actors':>6}  {'loopback':>10}  {'bridge':>10}  {'bridge/loopback':>15}   (M transitions/s)")
+    with RedisServer("127.0.0.1") as local, RedisServer(HEAD_IP) as head:
+        for n in args.actors:
+            here = measure(local, n, args.seconds, default, learner)
+            there = measure(head, n, args.seconds, default, learner, args.nodes)
+            print(f"{n:>6}  {here / 1e6:>10.2f}  {there / 1e6:>10.2f}  {there / here:>15.2f}", flush=True)
+    sizes = [9_218, 1_000_000]
+    here, there = allreduce_ms(None, sizes, args.seconds), allreduce_ms(args.nodes[:2], sizes, args.seconds)
+    print(f"DD-PPO's all-reduce, 2 ranks (gloo): {'floats':>9}  {'loopback ms':>11}  {'bridge ms':>9}  {'bridge/loopback':>15}")
+    for size in sizes:
+        print(f"{'':36}{size:>10}  {here[size]:>11.3f}  {there[size]:>9.3f}  {there[size] / here[size]:>15.2f}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ learning
 
 
@@ -313,6 +420,11 @@ def main() -> int:
     learn.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     learn.add_argument("--output", type=Path, default=Path("/tmp/hpcrl-distributed-bench"))
     learn.set_defaults(func=learning)
+    across = sub.add_parser("bridge")
+    across.add_argument("--actors", type=int, nargs="+", default=[1, 2])
+    across.add_argument("--seconds", type=float, default=3.0, help="per measurement, after a 1 s warm-up")
+    across.add_argument("--nodes", nargs="+", default=["slurm-node1", "slurm-node2"], help="namespace nodes (tests/clusters/nodes.sh)")
+    across.set_defaults(func=bridge)
     args = parser.parse_args()
     return args.func(args)
 

@@ -368,3 +368,17 @@ def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and
     assert steps == sorted(steps), "two writers' rows interleaved in train.csv"
     print(f"\npartition: learner on {cut} cut off; actors stopped {stopped_after:.0f} s later, the requeued learner refused the held run "
           f"{refused_after:.0f} s after the cut; after a reboot of {cut}, `hpcrl sweep` resumed the run to step 30000")
+
+
+def test_the_bridge_benchmark_runs_at_a_tiny_size(nodes: None, redis_installed: None) -> None:
+    """benchmarks/distributed.py bridge (the pipe and DD-PPO's all-reduce across the bridge beside loopback)."""
+    import os
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "distributed.py"), "bridge", "--actors", "1", "--seconds", "0.3"], capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert re.search(r"^\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+$", proc.stdout, re.M) and re.search(r"^\s+1000000\s+[\d.]+\s+[\d.]+\s+[\d.]+$", proc.stdout, re.M), proc.stdout
