@@ -143,6 +143,13 @@ stop_pidfile() {
     fi
 }
 
+# stop_execds FILE...: stop_pidfile for several execds at once (each takes seconds to exit after SIGTERM).
+stop_execds() {
+    local f pids=()
+    for f in "$@"; do stop_pidfile "$f" sge_execd & pids+=($!); done
+    for f in "${pids[@]}"; do wait "$f" || true; done
+}
+
 # The all.q@HOST line of `qstat -f`: "all.q@vm  BIP  0/0/2  0.01  lx-amd64  [states]".
 queue_line() { qstat -f -q all.q 2>/dev/null | awk -v q="all.q@$HOST" '$1 == q'; }
 
@@ -493,14 +500,13 @@ cmd_revive_host() {
 
 cmd_stop() {
     [[ $EUID -eq 0 ]] || die "run as root"
-    local f name
-    for name in $(sge_hosts); do stop_pidfile "$(host_execd_pidfile "$name")" sge_execd; done
+    local name files=()
+    for name in $(sge_hosts); do files+=("$(host_execd_pidfile "$name")"); done
+    stop_execds "${files[@]}"
     # While the hosts' names still resolve (qconf checks them).
     if running "$QMASTER_PID" sge_qmaster; then unconfigure_hosts; fi
     nodes_remove sge
-    for f in "$SPOOL"/execd/*/execd.pid; do
-        stop_pidfile "$f" sge_execd
-    done
+    stop_execds "$SPOOL"/execd/*/execd.pid
     stop_pidfile "$QMASTER_PID" sge_qmaster
     log "stopped"
 }
