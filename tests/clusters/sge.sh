@@ -332,8 +332,9 @@ EOF
         qc -Aq "$d/all.q"
     fi
     [[ -z $(sge_hosts) ]] || configure_hosts
-    # Last: qmaster copies reschedule_unknown into each exec host when the global configuration is loaded,
-    # so hosts added before this load get it (a host added after a load never rescheduled its jobs).
+    # Last: qmaster copies reschedule_unknown into each exec host only when a load changes the global
+    # configuration: a host added after the last change never rescheduled its jobs (nor after a load of the
+    # same configuration again), so with hosts it is loaded once without the value and once with it.
     # Global configuration: root may run jobs; accounting flushed every second so qacct sees jobs soon;
     # execd reports every 2 s: a task that exits 99 is rescheduled only once its host has reported the
     # previous run cleaned up ("cannot run on host ... until clean up of a previous run has finished"),
@@ -345,6 +346,11 @@ EOF
         -e "s/^(max_unheard[[:space:]]+).*/\\1$MAX_UNHEARD/" \
         -e "s/^(reschedule_unknown[[:space:]]+).*/\\1$RESCHEDULE_UNKNOWN/" \
         -e 's/flush_time=[0-9:]+/flush_time=00:00:01/' >"$d/global"
+    if [[ -n $(sge_hosts) ]]; then
+        mkdir "$d/unset"  # qconf -Mconf names the configuration after the file
+        sed -E 's/^(reschedule_unknown[[:space:]]+).*/\100:00:00/' "$d/global" >"$d/unset/global"
+        qc -Mconf "$d/unset/global"
+    fi
     qc -Mconf "$d/global"
     rm -rf "$d"
 }
