@@ -180,7 +180,7 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        return _wait(children, labels, run_dir, out)
+        return _wait(children, labels, run_dir, out, f"all {ranks} ranks")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -217,14 +217,15 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        return _wait(children, [f"rank {first + r} on {socket.gethostname()}" for r in range(count)], None, out)
+        return _wait(children, [f"rank {first + r} on {socket.gethostname()}" for r in range(count)], None, out, f"ranks {first}-{first + count - 1} on {socket.gethostname()}")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop(children, grace_s=0.0)
 
 
-def _wait(children: list[subprocess.Popen], labels: list[str], run_dir: Path | None, out: TextIO | None) -> int:
+def _wait(children: list[subprocess.Popen], labels: list[str], run_dir: Path | None, out: TextIO | None, which: str = "") -> int:
+    """Until every child ended or one failed; `which`: the ranks, for the requeue line (all of them by default)."""
     while True:
         codes = [child.poll() for child in children]
         failed = [(i, c) for i, c in enumerate(codes) if c is not None and c not in (0, REQUEUE_EXIT)]
@@ -240,7 +241,7 @@ def _wait(children: list[subprocess.Popen], labels: list[str], run_dir: Path | N
             return 1
         if all(c is not None for c in codes):
             if all(c == REQUEUE_EXIT for c in codes):
-                print(f"hpcrl: all {len(children)} ranks checkpointed; asking for a requeue", file=out)
+                print(f"hpcrl: {which or f'all {len(children)} ranks'} checkpointed; asking for a requeue", file=out)
                 return REQUEUE_EXIT
             return max(codes)  # type: ignore[type-var]
         time.sleep(0.1)
