@@ -25,6 +25,14 @@ environment, so the group's command line carries it. A group is one child of the
 is: a group that fails (one of its ranks died, its host is gone) ends the run, and its REQUEUE_EXIT
 counts as its ranks' ask for a requeue. The warning reaches the other hosts' ranks through the ranks
 themselves: every rank stops at the iteration any rank was warned (Ranks.any).
+
+A host that dies under a run that spans hosts: while the run goes on, the launcher asks every
+LOST_POLL_S whether qmaster marks one of the other hosts unknown (`qstat -f -qs u`, once its load
+reports stop: max_unheard) and, if so, whether its execd still takes a connection. A host gone both
+ways ends the run's start at once, as a failure that host caused does, and the launcher asks for a
+requeue instead of failing the run: Grid Engine reschedules the task (-r y) onto the hosts left and the
+run restarts whole from its last checkpoint. (The host of the launcher itself is Grid Engine's to
+handle: reschedule_unknown reschedules a job whose master task was there.)
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
@@ -60,6 +69,8 @@ HOST_VARS = re.compile(
 )
 """What Grid Engine and the shell set for each host or task: another host's group gets its own."""
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LOST_POLL_S = 5.0
+"""How often a launcher whose ranks span hosts asks whether one of them is lost."""
 
 
 def how_it_ended(code: int) -> str:
@@ -136,6 +147,31 @@ def spread(ranks: int, env: dict[str, str] | None = None) -> list[tuple[str, int
     return _this_host_first(placed) if len(placed) > 1 else None
 
 
+def execd_answers(host: str, timeout_s: float = 5.0) -> bool:
+    """Whether `host`'s sge_execd takes a TCP connection (SGE_EXECD_PORT, else the sge_execd service, else 6445)."""
+    try:
+        port = int(os.environ.get("SGE_EXECD_PORT") or socket.getservbyname("sge_execd", "tcp"))
+    except (OSError, ValueError):
+        port = 6445
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def lost_hosts(hosts: list[str]) -> list[str]:
+    """The hosts of `hosts` that are gone: qmaster marks their queue instances unknown (`qstat -f -qs u`)
+    and their execd takes no connection. Unknown alone is not enough: every host is unknown for a while
+    after qmaster restarts. Where qstat does not answer, none."""
+    try:
+        listing = subprocess.run(["qstat", "-f", "-qs", "u"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    unknown = {fields[0].partition("@")[2] for fields in (line.split() for line in listing.splitlines()) if fields and "@" in fields[0]}
+    return [host for host in hosts if host in unknown and not execd_answers(host)]
+
+
 def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None = None) -> int:
     """Run `argv` as `ranks` processes and wait for all of them; returns the run's exit code
     (REQUEUE_EXIT when every rank asked for a requeue). On one host unless the job's parallel
@@ -180,7 +216,8 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        return _wait(children, labels, run_dir, out, f"all {ranks} ranks")
+        others = [host for host, _ in hosts[1:]] if hosts else []
+        return _wait(children, labels, run_dir, out, f"all {ranks} ranks", (lambda: lost_hosts(others)) if others else None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -224,11 +261,24 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         _stop(children, grace_s=0.0)
 
 
-def _wait(children: list[subprocess.Popen], labels: list[str], run_dir: Path | None, out: TextIO | None, which: str = "") -> int:
-    """Until every child ended or one failed; `which`: the ranks, for the requeue line (all of them by default)."""
+def _wait(
+    children: list[subprocess.Popen], labels: list[str], run_dir: Path | None, out: TextIO | None, which: str = "",
+    lost: Callable[[], list[str]] | None = None,
+) -> int:
+    """Until every child ended or one failed; `which`: the ranks, for the requeue line (all of them by default).
+    `lost`: the hosts of the run that are gone (asked every LOST_POLL_S, and when a child failed): the run's
+    start ends and asks for a requeue, to restart whole on the hosts left."""
+    asked = time.monotonic()
     while True:
         codes = [child.poll() for child in children]
         failed = [(i, c) for i, c in enumerate(codes) if c is not None and c not in (0, REQUEUE_EXIT)]
+        if lost is not None and (failed or time.monotonic() - asked >= LOST_POLL_S):
+            asked = time.monotonic()
+            gone = lost()
+            if gone:
+                _stop(children, GRACE_S)
+                print(f"hpcrl: {', '.join(gone)} lost (qmaster: unknown; its execd does not answer): the run restarts whole from its last checkpoint; asking for a requeue", file=sys.stderr)
+                return REQUEUE_EXIT
         if failed:
             i, code = failed[0]
             _stop(children, GRACE_S)

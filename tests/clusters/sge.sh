@@ -496,11 +496,16 @@ known_host() { [[ -n ${1:-} && -f $NODES_DIR/$1 && $(awk '{print $1}' "$NODES_DI
 cmd_kill_host() { known_host "${1:-}"; node_kill "$1"; log "host $1: link cut, every process on it killed"; }
 cmd_cut_host() { known_host "${1:-}"; node_cut "$1"; log "host $1: link cut (its processes live on)"; }
 cmd_heal_host() { known_host "${1:-}"; node_heal "$1"; log "host $1: link up"; }
+# head_reachable NAME: qmaster's port answers from host NAME (a freshly healed link takes a moment; an execd
+# started before that backgrounds and retries its registration only much later).
+head_reachable() { node_run "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/6444" 2>/dev/null; }
+
 cmd_revive_host() {
     known_host "${1:-}"
     node_heal "$1"
+    wait_for 20 "qmaster's port from $1" head_reachable "$1" || true
     start_host_execd "$1"
-    wait_for 60 "multi.q@$1 to return to service" host_ready "$1" || die "multi.q@$1 is '$(host_line "$1")'"
+    wait_for 120 "multi.q@$1 to return to service" host_ready "$1" || die "multi.q@$1 is '$(host_line "$1")'"
     log "host $1: $(host_line "$1" | tr -s ' ' | sed 's/ *$//')"
 }
 
