@@ -25,11 +25,14 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from factories import write_config
 from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, wait_until
 
+from hpcrl.cli import main
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
@@ -94,6 +97,24 @@ def running_host(job_id: str, task: int) -> str | None:
         if fields and fields[0] == job_id and fields[-1] == str(task) and "@" in line:
             return next(f.partition("@")[2] for f in fields if "@" in f)
     return None
+
+
+def test_nodes_over_a_parallel_environment_that_keeps_to_one_host_are_refused_at_sweep_time(hosts: None, tmp_path: Path) -> None:
+    # The cell's own PEs, read with qconf -sp: smp ($pe_slots) is refused in one line before anything is
+    # written; mpi ($round_robin, control_slaves TRUE) is taken.
+    for pe, refused in (("smp", True), ("mpi", False)):
+        (tmp_path / pe).mkdir()
+        config = write_config(tmp_path / pe, {"resources": {"ranks": 2, "nodes": 2, "sge_pe": pe}})
+        err, out = io.StringIO(), io.StringIO()
+        with redirect_stderr(err), redirect_stdout(out):
+            code = main(["sweep", str(config), "--scheduler", "sge", "--dry-run"])
+        if refused:
+            assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
+            assert "resources.nodes: 2 nodes per run, but sge parallel environment 'smp' puts all of a job's slots on one host" in err.getvalue()
+            assert not (tmp_path / pe / "logs").exists()
+        else:
+            assert code == 0, err.getvalue()
+            assert "#$ -pe mpi 2" in out.getvalue() and "spans hosts" in out.getvalue(), out.getvalue()
 
 
 def test_array_tasks_and_train_eval_aggregate_spread_over_two_hosts(hosts: None, tmp_path: Path) -> None:
