@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import fcntl
 import io
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -248,3 +250,43 @@ def test_a_warned_two_host_run_checkpoints_on_every_rank_and_resumes_on_both(hos
     steps = [int(r["step"]) for r in csv_rows(rd / "train.csv")]
     assert steps == sorted(set(steps)) and steps[-1] == 40960, steps  # no step twice, none lost
     print(f"\nsge DD-PPO 2 hosts: warned at step {signalled[0]}, resumed on both ranks from it")
+
+
+def _processes_on(host: str, needle: str) -> list[tuple[int, str]]:
+    """(pid, environment's RANK) of the processes on `host` (its namespace) whose command line holds `needle`."""
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in cmdline:
+            rank = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"RANK=")), "")
+            found.append((int(pid), rank))
+    return found
+
+
+def test_a_rank_killed_on_the_other_host_fails_the_run_with_its_reason_and_leaves_no_process(hosts: None, tmp_path: Path) -> None:
+    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=10000000", "train.checkpoint_every=5")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    try:
+        wait_until("a checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
+        other = re.search(r"ranks 1-1 started on (\S+)", logs(exp_dir, "train")).group(1)
+        (pid,) = [p for p, rank in _processes_on(other, str(exp_dir)) if rank == "1" and p]
+        os.kill(pid, signal.SIGKILL)
+        wait_until("the run to fail", lambda: (rd / "FAILED").exists() and not active_train(exp_dir), 120)
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+    reason = (rd / "FAILED").read_text()
+    # The launcher's line: the other host's group that lost its rank (or rank 0, had its collective failed first);
+    # the group's own line in the job log names the rank and how it died.
+    assert re.fullmatch(rf"(ranks 1-1 of 2 on {other}|rank 0 of 2) exited with code 1; the other ranks were stopped\s*", reason), reason
+    assert f"hpcrl: error: rank 1 on {other} was killed by SIGKILL; the other ranks were stopped" in logs(exp_dir, "train")
+    wait_until("no process of the run on any host", lambda: not any(_processes_on(h, str(exp_dir)) for h in HOSTS), 30)
+
+
+def active_train(exp_dir: Path) -> bool:
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+    return bool(running_host(train.job_id, 1)) or train.job_id in subprocess.run(["qstat", "-u", "*"], capture_output=True, text=True).stdout.split()
