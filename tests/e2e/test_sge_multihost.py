@@ -8,10 +8,13 @@ A host "dies" as a host does: its link goes down and every process on it is kill
 (`sge.sh kill-host`); qmaster marks it unknown once its load reports stop (max_unheard) and reschedules its
 rerunnable jobs (reschedule_unknown, as sites set it).
 
+- nodes > 1 over a PE that keeps to one host ($pe_slots) is refused at sweep time, in one line;
 - a sweep's array tasks, and its train -> eval -> aggregate, spread over both hosts (qacct's hostname);
 - DD-PPO, 2 hosts x 1 rank in the parallel environment `mpi` ($round_robin, control_slaves TRUE): the
-  launcher reads $PE_HOSTFILE and starts the other host's rank with `qrsh -inherit`; the run learns
-  CartPole and its ranks ran on two hosts;
+  launcher reads $PE_HOSTFILE and starts the other host's rank with `qrsh -inherit`; the ranks ran on two
+  hosts, and when rank 1's host is killed the run restarts whole from its checkpoint and learns CartPole;
+- a warned 2-host run checkpoints on every rank, is rescheduled and resumes on both;
+- a rank killed on the other host fails the run with its reason and leaves no process anywhere;
 - a host killed mid-training: its task is rescheduled onto the other host and resumes from its checkpoint.
 
 The tests hold one lock for the whole test: one kills a host that another's jobs may use.
