@@ -196,6 +196,7 @@ def test_ddppo_two_hosts_learn_cartpole_and_restart_whole_when_the_other_host_di
         f"whole from step {resumed['0']} {resumed_after:.0f} s after the kill; final eval {float(row['mean']):.0f}"
     )
     assert float(row["mean"]) >= 475, row
+    assert subprocess.run(["qstat"], capture_output=True, timeout=30).returncode == 0  # qmaster lived (hold_argv: no -hold_jid_ad on this job)
 
 
 def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hosts: None, tmp_path: Path) -> None:
