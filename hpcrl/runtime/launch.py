@@ -143,8 +143,12 @@ def spread(ranks: int, env: dict[str, str] | None = None) -> list[tuple[str, int
     hosts = pe_hosts(Path(path))
     if len(hosts) <= 1:
         return None
-    placed = place(ranks, hosts)
-    return _this_host_first(placed) if len(placed) > 1 else None
+    placed = dict(place(ranks, hosts))
+    ordered = _this_host_first([(host, placed.get(host, 0)) for host, _ in hosts])
+    if ordered[0][1] == ranks:
+        return None  # every rank here: the single-host launcher
+    # This host first even with no rank of its own (too few slots here for one): it holds the store.
+    return [ordered[0], *(entry for entry in ordered[1:] if entry[1] > 0)]
 
 
 def execd_answers(host: str, timeout_s: float = 5.0) -> bool:

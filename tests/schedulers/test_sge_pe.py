@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,11 @@ def test_one_host_in_the_pe_hostfile_is_the_single_host_launcher(tmp_path: Path)
     f.write_text("thishost 4 all.q@thishost UNDEFINED\n")
     assert spread(2, {"PE_HOSTFILE": str(f)}) is None
     assert spread(2, {}) is None
+    me = socket.gethostname()
+    f.write_text(f"other 2 q@other UNDEFINED\n{me} 1 q@{me} UNDEFINED\nthird 2 q@third UNDEFINED\n")
+    assert spread(2, {"PE_HOSTFILE": str(f)}) == [(me, 0), ("other", 1), ("third", 1)]  # too few slots here for a rank: the store is
+    f.write_text(f"{me} 2 q@{me} UNDEFINED\nother 2 q@other UNDEFINED\n")
+    assert spread(2, {"PE_HOSTFILE": str(f)}) == [(me, 1), ("other", 1)]
     f.write_text("elsewhere1 1 q@e1 UNDEFINED\nelsewhere2 1 q@e2 UNDEFINED\n")
     with pytest.raises(LaunchError, match="not in \\$PE_HOSTFILE"):
         spread(2, {"PE_HOSTFILE": str(f)})
