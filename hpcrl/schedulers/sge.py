@@ -200,7 +200,9 @@ class SGEScheduler(Scheduler):
 
     def _refuse_gpus(self, asks: list[NodeRequest], listing: str, gpu: str, where: str) -> str | None:
         """GPUs under a consumable no host offers, or more than any host holds. What a host holds is read
-        (`qconf -se`, per host that offers any) only when the request exceeds what is free now."""
+        (`qconf -se`, per host that offers any) only when the request exceeds what is free now. A host
+        whose name this machine cannot resolve (qconf: "can't resolve hostname"; the test cell's
+        namespace hosts, seen from the head) is left out, the others decide."""
         free = offered(listing, gpu)
         ask = max(asks, key=lambda a: a.gpus)
         if not free:
@@ -214,9 +216,11 @@ class SGEScheduler(Scheduler):
         for host in free:
             try:
                 held.append(complex_value(self.run(["qconf", "-se", host]), gpu))
-            except SchedulerError:
+            except SchedulerError as exc:
+                if "can't resolve hostname" in str(exc):
+                    continue  # qconf resolves the name here, and this machine cannot: the others decide
                 return None
-        if None in held:  # a queue or global consumable: its total is not the host's to say
+        if None in held or not held:  # a queue or global consumable: its total is not the host's to say
             return None
         most = max(h for h in held if h is not None)
         if ask.gpus > most:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.runtime.launch import LaunchError, group_argv, pe_hosts, place, spread
-from hpcrl.schedulers.sge import hold_argv, pe_refusal
+from hpcrl.schedulers.base import NodeRequest, SchedulerError
+from hpcrl.schedulers.sge import SGEScheduler, hold_argv, pe_refusal
 from hpcrl.store.expdir import Dependency
 
 PE = """pe_name            {name}
@@ -109,3 +110,27 @@ def test_a_job_whose_tasks_span_hosts_is_held_on_as_a_whole() -> None:
     after = [Dependency("7", "each"), Dependency("8", "each"), Dependency("9", "all")]
     assert hold_argv(after) == ["-hold_jid_ad", "7,8", "-hold_jid", "9"]
     assert hold_argv(after, {"8"}) == ["-hold_jid_ad", "7", "-hold_jid", "8,9"]
+
+
+class _Cell(SGEScheduler):
+    """qconf -se answers from a table; a host missing from it is one this machine cannot resolve."""
+
+    def __init__(self, held: dict[str, str]) -> None:
+        super().__init__()
+        self.held = held
+
+    def run(self, argv: list[str], input: str | None = None) -> str:
+        if argv[:2] == ["qconf", "-se"]:
+            if argv[2] not in self.held:
+                raise SchedulerError(f"qconf -se {argv[2]} exited 1: can't resolve hostname \"{argv[2]}\"")
+            return f"hostname {argv[2]}\ncomplex_values        gpu={self.held[argv[2]]}\n"
+        raise SchedulerError("no such command here")
+
+
+def test_a_host_this_machine_cannot_resolve_is_left_out_of_the_gpu_bound() -> None:
+    listing = "all.q@vm BIP 0/0/4 0.01 lx-amd64\n\thc:gpu=2\nmulti.q@sge-host1 BIP 0/0/4 0.01 lx-amd64\n\thc:gpu=2\n"
+    asks = [NodeRequest("resources.cpus", 1, "resources.mem", "1G", 1024, gpus=3, gpus_key="resources.gpus")]
+    why = _Cell({"vm": "2"})._refuse_gpus(asks, listing, "gpu", "any queue")
+    assert why and "no host of any queue holds more than 2 'gpu'" in why
+    assert _Cell({"vm": "2", "sge-host1": "4"})._refuse_gpus(asks, listing, "gpu", "any queue") is None
+    assert _Cell({})._refuse_gpus(asks, listing, "gpu", "any queue") is None  # nothing readable: qsub decides
