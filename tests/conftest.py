@@ -78,9 +78,13 @@ def slurm_cluster() -> None:
     _start("slurm", "--nodes", str(SLURM_NODES))
 
 
+SGE_HOSTS = 2
+"""Namespace execution hosts sge-host1..2 (queue multi.q, FORCED complex multihost) beside the head (all.q)."""
+
+
 @pytest.fixture(scope="session")
 def sge_cluster() -> None:
-    _start("sge")
+    _start("sge", "--hosts", str(SGE_HOSTS))
     _source_env()
 
 

@@ -119,6 +119,12 @@ class Scheduler(ABC):
         None where it can. `requests`: what one node must hold for each kind of job it submits."""
         return None
 
+    def refuse_nodes(self, res: Any) -> str | None:
+        """Why a run's ranks cannot span `res.nodes` nodes here (the end of a one-line refusal of
+        resources.nodes > 1, after the backend's name); None where they can. `one_host` unless the
+        backend asks its cluster (Grid Engine: whether the parallel environment spans hosts)."""
+        return self.one_host
+
     def task_slots(self, max_concurrent: int | None, cpus: int) -> int | None:
         """How many tasks of `cpus` CPUs each run at once, where this backend decides it (local's
         pool); None where the cluster does."""

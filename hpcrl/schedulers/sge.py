@@ -20,6 +20,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpcrl.config.experiment import Experiment
 from hpcrl.schedulers.base import CANCELLED, FAILED, PENDING, RUNNING, NodeRequest, Scheduler, SchedulerError, compress_ranges, expand_ranges
@@ -95,10 +96,43 @@ def complex_value(host_config: str, resource: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def hold_argv(after: list[Dependency]) -> list[str]:
-    """qsub options for a stage's dependencies (see the module docstring for why these kinds)."""
-    each = [d.job_id for d in after if d.kind == "each"]
-    whole = [d.job_id for d in after if d.kind == "all"]
+def pe_refusal(pe: str, listing: str, slots: int, nodes: int) -> str | None:
+    """Why the parallel environment `pe` (`qconf -sp` listing) cannot run one run's `slots` slots on
+    `nodes` hosts, or None: its allocation_rule must span hosts ($round_robin, $fill_up, or a fixed
+    number of slots per host that gives `nodes` hosts) and control_slaves must be TRUE (the ranks on
+    the other hosts are started with qrsh -inherit)."""
+    fields = dict(line.split(None, 1) for line in listing.splitlines() if len(line.split(None, 1)) == 2)
+    rule = fields.get("allocation_rule", "").strip()
+    fix = "set resources.sge_pe to one that does (qconf -spl lists them)"
+    if rule == "$pe_slots":
+        return f"parallel environment {pe!r} puts all of a job's slots on one host (allocation_rule $pe_slots): {fix}"
+    if rule.isdigit():
+        per_host = int(rule)
+        if per_host < 1 or slots % per_host or slots // per_host != nodes:
+            return (
+                f"parallel environment {pe!r} puts {per_host} slots on each host (allocation_rule {rule}), and a run's {slots} slots "
+                f"(resources.ranks x resources.cpus) would not make {nodes} hosts: {fix}, or make the slots per node {per_host}"
+            )
+    elif rule not in ("$round_robin", "$fill_up"):
+        return f"parallel environment {pe!r} has allocation_rule {rule or 'missing'!r}, which hpcrl cannot place ranks by: {fix}"
+    if fields.get("control_slaves", "").strip().upper() != "TRUE":
+        return f"parallel environment {pe!r} has control_slaves FALSE: the ranks on the other hosts start with qrsh -inherit, which needs TRUE; {fix}"
+    return None
+
+
+SPANS_HOSTS = "# hpcrl: each task of this job spans hosts"
+"""The line sge.sh.j2 writes into a job whose tasks start ranks on other hosts (qrsh -inherit)."""
+
+
+def hold_argv(after: list[Dependency], spanning: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """qsub options for a stage's dependencies (see the module docstring for why these kinds).
+
+    A task-by-task hold on a job whose tasks spanned hosts is a hold on the whole job instead: Grid
+    Engine 8.1.9's qmaster dies ("JB_ja_tasks not found in element", a CRITICAL in its messages) when an
+    array task that ran parallel tasks under `qrsh -inherit` ends while a `-hold_jid_ad` successor
+    waits on it; `-hold_jid` on the same job does not. Eval task i still starts after train task i."""
+    each = [d.job_id for d in after if d.kind == "each" and d.job_id not in spanning]
+    whole = [d.job_id for d in after if d.kind == "all" or (d.kind == "each" and d.job_id in spanning)]
     return (["-hold_jid_ad", ",".join(each)] if each else []) + (["-hold_jid", ",".join(whole)] if whole else [])
 
 
@@ -127,7 +161,7 @@ class _Hosts:
         if any(self.free[h] >= ask.gpus for h in roomy):
             return None
         held = self._read_held(run)
-        if held is None or any((held[h] or 0) >= ask.gpus for h in roomy):
+        if held is None or any((held.get(h) or 0) >= ask.gpus for h in roomy):
             return None
         if ask.gpus > max(v or 0 for v in held.values()):
             return f"{ask.gpus_key}: {ask.gpus} GPUs on one host, but no host of {self.where} holds more than {max(v or 0 for v in held.values()):g} {self.gpu!r} (qconf -se): the task would wait for ever"
@@ -139,22 +173,49 @@ class _Hosts:
 
     def _read_held(self, run: Callable[[list[str]], str]) -> dict[str, float | None] | None:
         """Host -> its `complex_values` amount of the GPU consumable; None where a host's answer is missing or
-        the consumable is a queue or global one (its total is not the host's to say)."""
+        the consumable is a queue or global one (its total is not the host's to say). A host whose name this
+        machine cannot resolve (qconf: "can't resolve hostname"; the test cell's namespace hosts, seen from
+        the head) is left out: the others decide."""
         if self._held is None:
             held: dict[str, float | None] = {}
             for host in self.free:
                 try:
                     held[host] = complex_value(run(["qconf", "-se", host]), self.gpu)
-                except SchedulerError:
+                except SchedulerError as exc:
+                    if "can't resolve hostname" in str(exc):
+                        continue
                     return None
             self._held = held
+        if not self._held:
+            return None
         return None if None in self._held.values() else self._held
 
 
 class SGEScheduler(Scheduler):
     name = "sge"
     template = "sge.sh.j2"
-    one_host = "starts a run's ranks on one host of its parallel environment (for several hosts, see the README: qrsh -inherit with torchrun)"
+    one_host = None  # several hosts where the parallel environment spans them: refuse_nodes asks the cell
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pe_refusals: dict[tuple[str, int, int], str | None] = {}
+        self._spanning: set[str] = set()
+        """Jobs submitted here whose tasks span hosts (hold_argv)."""
+
+    def refuse_nodes(self, res: Any) -> str | None:
+        """A run over several hosts needs a parallel environment that spans hosts and lets the job start
+        its tasks there (`qrsh -inherit`, hpcrl.runtime.launch): asked of the cell once per PE
+        (`qconf -sp`); where no cell answers, refused too, since Grid Engine would keep every rank on
+        one host or never start the job."""
+        key = (res.sge_pe, res.ranks * res.cpus, res.nodes)
+        if key not in self._pe_refusals:
+            try:
+                listing = self.run(["qconf", "-sp", res.sge_pe])
+            except SchedulerError as exc:
+                self._pe_refusals[key] = f"cannot read parallel environment {res.sge_pe!r} to see whether it spans hosts ({str(exc).splitlines()[0]})"
+            else:
+                self._pe_refusals[key] = pe_refusal(res.sge_pe, listing, res.ranks * res.cpus, res.nodes)
+        return self._pe_refusals[key]
 
     def _read_max_array_size(self) -> int:
         """The cell's max_aj_tasks (0 means no limit); SGE's task ids start at 1 like hpcrl's.
@@ -190,11 +251,16 @@ class SGEScheduler(Scheduler):
         return next((why for ask in requests if (why := hosts.refuse(ask, self.probe))), None)
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
-        out = self.run(["qsub", "-terse", *hold_argv(after), str(script)]).strip()
+        out = self.run(["qsub", "-terse", *hold_argv(after, self._spanning), str(script)]).strip()
         # `<id>` for a plain job, `<id>.1-N:1` for an array.
         job_id = out.splitlines()[-1].split(".")[0] if out else ""
         if not job_id.isdigit():
             raise SchedulerError(f"qsub -terse {script}: expected a job id, got {out!r}")
+        try:
+            if SPANS_HOSTS in script.read_text(errors="replace"):
+                self._spanning.add(job_id)
+        except OSError:
+            pass
         return job_id
 
     def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:

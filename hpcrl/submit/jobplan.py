@@ -265,8 +265,8 @@ def plan_stage(
     """One job of a stage: its resources, its rendered script, its dependencies."""
     root = exp.dir.resolve()
     res = stage_resources(exp, stage)
-    if res.nodes > 1 and scheduler.one_host:
-        raise ConfigError(f"resources.nodes: {res.nodes} nodes per run, but {scheduler.name} {scheduler.one_host}")
+    if res.nodes > 1 and (why := scheduler.refuse_nodes(res)):
+        raise ConfigError(f"resources.nodes: {res.nodes} nodes per run, but {scheduler.name} {why}")
     size = len(runs) if array is None else array
     ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res, program_tasks=program_tasks)
     return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [], 0 if array is None else array)

@@ -32,6 +32,7 @@ nodes_of() {
         [[ -f $f && $f != "$NODES_HEAD_HOSTS" ]] || continue
         [[ $(awk '{print $1}' "$f") == "$1" ]] && basename "$f"
     done | sort -V
+    return 0  # no node of this owner is an empty list, not a failure (pipefail)
 }
 
 all_nodes() {
@@ -61,9 +62,12 @@ $(node_ip "$name") $name"
     done
     # The head keeps its own names and learns the nodes' (for head daemons started with node_head_run).
     {
-        cat /etc/hosts
-        for n in $(all_nodes); do printf '%s %s\n' "$(node_ip "$n")" "$n"; done
-    } >"$NODES_HEAD_HOSTS"
+        # The machine's own file, as pid 1 sees it: a caller under node_head_run sees this file in its place.
+        grep -v ' # hpcrl-node$' /proc/1/root/etc/hosts
+        for n in $(all_nodes); do printf '%s %s # hpcrl-node\n' "$(node_ip "$n")" "$n"; done
+    } >"$NODES_HEAD_HOSTS.tmp"
+    cat "$NODES_HEAD_HOSTS.tmp" >"$NODES_HEAD_HOSTS"  # in place: a daemon's bind mount follows the inode
+    rm -f "$NODES_HEAD_HOSTS.tmp"
 }
 
 nodes_bridge_up() {

@@ -1,0 +1,295 @@
+"""Grid Engine across execution hosts, and through a host that dies (issue 36).
+
+The cell is tests/clusters/sge.sh's, started with `--hosts 2`: qmaster and the execd of all.q on this host,
+and sge-host1..2, each a real sge_execd in its own network and UTS namespace with its own address on a
+private bridge, in queue multi.q. multi.q carries the FORCED complex `multihost`: only a job that asks
+`-l multihost=TRUE` runs there (ON_HOSTS), so no other test's job lands on a host these tests kill.
+A host "dies" as a host does: its link goes down and every process on it is killed at once
+(`sge.sh kill-host`); qmaster marks it unknown once its load reports stop (max_unheard) and reschedules its
+rerunnable jobs (reschedule_unknown, as sites set it).
+
+- nodes > 1 over a PE that keeps to one host ($pe_slots) is refused at sweep time, in one line;
+- a sweep's array tasks, and its train -> eval -> aggregate, spread over both hosts (qacct's hostname);
+- DD-PPO, 2 hosts x 1 rank in the parallel environment `mpi` ($round_robin, control_slaves TRUE): the
+  launcher reads $PE_HOSTFILE and starts the other host's rank with `qrsh -inherit`; the ranks ran on two
+  hosts, and when rank 1's host is killed the run restarts whole from its checkpoint and learns CartPole;
+- a warned 2-host run checkpoints on every rank, is rescheduled and resumes on both;
+- a rank killed on the other host fails the run with its reason and leaves no process anywhere;
+- a host killed mid-training: its task is rescheduled onto the other host and resumes from its checkpoint.
+
+The tests hold one lock for the whole test: one kills a host that another's jobs may use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+from factories import write_config
+from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, wait_until
+
+from hpcrl.cli import main
+from hpcrl.status import cancel_experiment
+from hpcrl.store import rundir
+from hpcrl.store.expdir import load_runs, read_jobs, run_dir
+
+pytestmark = [pytest.mark.multinode, pytest.mark.sge, pytest.mark.e2e]
+
+SGE_SH = Path(__file__).resolve().parents[1] / "clusters" / "sge.sh"
+HOSTS = ["sge-host1", "sge-host2"]
+ON_HOSTS = ["resources.extra=['-l multihost=TRUE']"]
+
+
+def cluster(*args: str) -> str:
+    proc = subprocess.run(["bash", str(SGE_SH), *args], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture
+def hosts(sge_cluster: None) -> Iterator[None]:
+    """The cell with its two execution hosts (started here when the session's cell has none), every host up
+    for this test alone, and back in service afterwards whatever the test did."""
+    with open("/tmp/hpcrl-tests-sge.lock", "w") as lock:  # tests/conftest.py's lock for sge.sh start
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster("start", "--hosts", str(len(HOSTS)))
+    with open("/tmp/hpcrl-tests-sge-multihost.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in HOSTS:
+            cluster("revive-host", name)
+        try:
+            yield
+        finally:
+            for name in HOSTS:
+                cluster("revive-host", name)
+
+
+def qacct_hosts(job_id: str) -> list[tuple[int, str]]:
+    """(task, hostname) of every accounting record of a job: one per array task, per parallel task (qrsh
+    -inherit) and per rescheduled run. qacct can miss a job for a second or two after it ends."""
+    records: list[tuple[int, str]] = []
+    for _ in range(40):
+        out = subprocess.run(["qacct", "-j", job_id], capture_output=True, text=True).stdout
+        records = []
+        for block in out.split("=" * 62)[1:]:
+            fields = dict(line.split(None, 1) for line in block.strip().splitlines() if len(line.split(None, 1)) == 2)
+            task = fields.get("taskid", "undefined").strip()
+            records.append((0 if task == "undefined" else int(task), fields["hostname"].strip()))
+        if records:
+            break
+        time.sleep(0.5)
+    return records
+
+
+def logs(exp_dir: Path, stage: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((exp_dir / "jobs" / "logs").glob(f"{stage}-*")))
+
+
+def running_host(job_id: str, task: int) -> str | None:
+    """The host of a running array task, from `qstat` (`multi.q@sge-host1` in its queue column)."""
+    out = subprocess.run(["qstat", "-u", "*", "-s", "r", "-g", "d"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and fields[0] == job_id and fields[-1] == str(task) and "@" in line:
+            return next(f.partition("@")[2] for f in fields if "@" in f)
+    return None
+
+
+def test_nodes_over_a_parallel_environment_that_keeps_to_one_host_are_refused_at_sweep_time(hosts: None, tmp_path: Path) -> None:
+    # The cell's own PEs, read with qconf -sp: smp ($pe_slots) is refused in one line before anything is
+    # written; mpi ($round_robin, control_slaves TRUE) is taken.
+    for pe, refused in (("smp", True), ("mpi", False)):
+        (tmp_path / pe).mkdir()
+        config = write_config(tmp_path / pe, {"resources": {"ranks": 2, "nodes": 2, "sge_pe": pe}})
+        err, out = io.StringIO(), io.StringIO()
+        with redirect_stderr(err), redirect_stdout(out):
+            code = main(["sweep", str(config), "--scheduler", "sge", "--dry-run"])
+        if refused:
+            assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
+            assert "resources.nodes: 2 nodes per run, but sge parallel environment 'smp' puts all of a job's slots on one host" in err.getvalue()
+            assert not (tmp_path / pe / "logs").exists()
+        else:
+            assert code == 0, err.getvalue()
+            assert "#$ -pe mpi 2" in out.getvalue() and "spans hosts" in out.getvalue(), out.getvalue()
+
+
+def test_array_tasks_and_train_eval_aggregate_spread_over_two_hosts(hosts: None, tmp_path: Path) -> None:
+    # 3 CPUs a task on hosts of 4 slots: one task per host at a time, so the two that run at once hold
+    # both hosts (with equal loads, Grid Engine would otherwise fill sge-host1 first).
+    since = time.time()
+    exp_dir, _ = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0, 1, 2, 3]", "resources.cpus=3", "resources.max_concurrent=4")
+    wait_finished(exp_dir, SGE(), since, timeout=240)
+    assert not list(exp_dir.glob("runs/*/FAILED")), status_text(exp_dir)
+    placed: dict[str, set[str]] = {}
+    for job in read_jobs(exp_dir):
+        records = qacct_hosts(job.job_id)
+        assert len(records) == (job.size or 1), (job, records)
+        placed.setdefault(job.stage, set()).update(host for _, host in records)
+    print(f"\nsge multi-host sweep: train on {sorted(placed['train'])}, eval on {sorted(placed['eval'])}, aggregate on {sorted(placed['aggregate'])}")
+    assert placed["train"] == set(HOSTS), placed
+    assert placed["eval"] == set(HOSTS), placed
+    assert placed["aggregate"] and not placed["aggregate"] & set(HOSTS), placed  # no multihost request: all.q on the head
+    assert len(csv_rows(exp_dir / "results" / "summary.csv")) == 1
+
+
+# CartPole PPO that solves it in 100k steps on one rank of 8 envs (RL Zoo's tuned settings, tests/rl/test_ddppo.py),
+# as 2 hosts x 1 rank x 4 envs.
+DDPPO = [
+    *ON_HOSTS, "resources.sge_pe=mpi", "env.num_envs=4", "resources.ranks=2", "resources.nodes=2", "sweep.seeds=[0]", "eval.episodes=10",
+    "resources.collective_timeout=60",
+    # Each host names itself 127.0.1.1 (Debian's way): hpcrl gives gloo the interface other hosts reach (hpcrl.rl.ddp).
+    "train={total_steps: 100000, lr: 1.0e-3, num_steps: 32, num_minibatches: 1, update_epochs: 20, gamma: 0.98, gae_lambda: 0.8, "
+    "clip_vloss: false, anneal_clip: true, ent_coef: 0.0, hidden_sizes: [64, 64], checkpoint_every: 20}",
+]  # fmt: skip
+
+
+def test_ddppo_two_hosts_learn_cartpole_and_restart_whole_when_the_other_host_dies(hosts: None, tmp_path: Path) -> None:
+    since = time.time()
+    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO)
+    script = (exp_dir / "jobs" / "train-0-0.sh").read_text()
+    assert "#$ -pe mpi 2" in script, script
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+
+    # The ranks meet across the two hosts; once the run has checkpointed, the host of rank 1 dies.
+    wait_until("a checkpoint past 10k steps", lambda: rundir.last_logged_step(rd) >= 10_000 and any((rd / "checkpoints").glob("*.pt")), 180)
+    log = logs(exp_dir, "train")
+    placed = re.search(r"2 ranks on 2 hosts: 1 on (\S+), 1 on (\S+) \(MASTER_ADDR (\S+)\)", log)
+    assert placed, log
+    master, other = placed.group(1).rstrip(","), placed.group(2)
+    assert {master, other} == set(HOSTS) and placed.group(3) == master, log
+    assert re.search(rf"ranks 1-1 started on {other}\b", log), log  # the qrsh -inherit group, on the other host
+    killed_at = time.monotonic()
+    cluster("kill-host", other)
+
+    # The launcher sees the host gone, ends this start and asks for a requeue; Grid Engine reschedules the task
+    # onto the host left, and the run restarts whole from its checkpoint there.
+    wait_until("the run to resume", lambda: "resumed from step" in logs(exp_dir, "train"), 180)
+    resumed_after = time.monotonic() - killed_at
+    wait_finished(exp_dir, SGE(), since, timeout=420)
+    log = logs(exp_dir, "train")
+    assert not list(exp_dir.glob("runs/*/FAILED")), status_text(exp_dir) + log
+    assert re.search(rf"{other} lost \(qmaster: unknown; its execd does not answer\): the run restarts whole", log), log
+    resumed = dict(re.findall(r"\(rank (\d)/2\): resumed from step (\d+)", log))
+    assert set(resumed) == {"0", "1"} and len(set(resumed.values())) == 1 and int(resumed["0"]) > 0, log  # both ranks, one checkpoint
+    assert int(rundir.done_step(rd) or 0) >= 100_000
+    # Accounting: the first start and the restart, both on the host left; the parallel task on the killed host
+    # left no record (its execd died with it).
+    records = qacct_hosts(train.job_id)
+    assert [host for _, host in records] == [master, master], records
+    steps = [int(row["step"]) for row in csv_rows(rd / "train.csv")]
+    assert steps == sorted(set(steps)), "a step was logged twice: the restart did not resume where the checkpoint stopped"
+    (row,) = csv_rows(exp_dir / "results" / "summary.csv")
+    print(
+        f"\nsge DD-PPO 2 hosts x 1 rank: rank 0 on {master}, rank 1 on {other} (qrsh -inherit); {other} killed, the run restarted "
+        f"whole from step {resumed['0']} {resumed_after:.0f} s after the kill; final eval {float(row['mean']):.0f}"
+    )
+    assert float(row["mean"]) >= 475, row
+    assert subprocess.run(["qstat"], capture_output=True, timeout=30).returncode == 0  # qmaster lived (hold_argv: no -hold_jid_ad on this job)
+
+
+def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hosts: None, tmp_path: Path) -> None:
+    exp_dir, _ = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+    try:
+        wait_until("a checkpoint", lambda: rundir.last_logged_step(rd) >= 1000 and any((rd / "checkpoints").glob("*.pt")), 120)
+        first = running_host(train.job_id, 1)
+        assert first in HOSTS, first
+        killed_at = time.monotonic()
+        cluster("kill-host", first)
+        wait_until(f"qmaster to mark {first} unknown", lambda: f"multi.q@{first}" in subprocess.run(["qstat", "-f", "-qs", "u"], capture_output=True, text=True).stdout, 90)
+        unknown_after = time.monotonic() - killed_at
+        wait_until("the task to resume", lambda: "resumed from step" in logs(exp_dir, "train"), 120)
+        resumed_after = time.monotonic() - killed_at
+        second = running_host(train.job_id, 1)
+        assert second in HOSTS and second != first, (first, second)
+        log = logs(exp_dir, "train")
+        resumed = int(re.search(r"resumed from step (\d+)", log).group(1))
+        assert resumed > 0, log
+        wait_until("a step past the resume", lambda: rundir.last_logged_step(rd) > resumed, 60)
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+    steps = [int(row["step"]) for row in csv_rows(rd / "train.csv")]
+    assert steps == sorted(set(steps)), "a step was logged twice: the second lifetime did not resume where the first stopped"
+    print(
+        f"\nsge host killed: {first} unknown {unknown_after:.0f} s after the kill; task resumed from step {resumed} on {second} "
+        f"{resumed_after:.0f} s after the kill"
+    )
+
+
+def test_a_warned_two_host_run_checkpoints_on_every_rank_and_resumes_on_both(hosts: None, tmp_path: Path) -> None:
+    # Grid Engine's warning (qmod -sj with -notify: SIGUSR1) reaches the job on its first host only; the rank
+    # there stops the others at the same iteration (Ranks.any), every rank exits 99, the other host's group
+    # passes that back through qrsh, and the task is rescheduled and resumes on both ranks.
+    since = time.time()
+    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=40960", "train.checkpoint_every=5")
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_until("the first checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
+    SGE().warn(exp_dir, train, 1)
+    wait_finished(exp_dir, SGE(), since, timeout=300)
+    log = logs(exp_dir, "train")
+    assert not list(exp_dir.glob("runs/*/FAILED")), status_text(exp_dir) + log
+    signalled = re.findall(r"signal \S+ at step (\d+): checkpointed", log)
+    resumed = dict(re.findall(r"\(rank (\d)/2\): resumed from step (\d+)", log))
+    assert len(signalled) == 1 and resumed == {"0": signalled[0], "1": signalled[0]}, log  # one checkpoint, by rank 0; both ranks resumed from it
+    # The first lifetime spanned both hosts. The second goes where $round_robin deals its slots: a host
+    # whose last run is still being cleaned up takes none, and then both ranks run on the other (the
+    # launcher on one host, as $PE_HOSTFILE then lists one).
+    assert log.index("2 ranks on 2 hosts") < log.index("checkpointed, asking for a requeue"), log
+    steps = [int(r["step"]) for r in csv_rows(rd / "train.csv")]
+    assert steps == sorted(set(steps)) and steps[-1] == 40960, steps  # no step twice, none lost
+    print(f"\nsge DD-PPO 2 hosts: warned at step {signalled[0]}, resumed on both ranks from it")
+
+
+def _processes_on(host: str, needle: str) -> list[tuple[int, str]]:
+    """(pid, environment's RANK) of the processes on `host` (its namespace) whose command line holds `needle`."""
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in cmdline:
+            rank = next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"RANK=")), "")
+            found.append((int(pid), rank))
+    return found
+
+
+def test_a_rank_killed_on_the_other_host_fails_the_run_with_its_reason_and_leaves_no_process(hosts: None, tmp_path: Path) -> None:
+    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=10000000", "train.checkpoint_every=5")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    try:
+        wait_until("a checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
+        other = re.search(r"ranks 1-1 started on (\S+)", logs(exp_dir, "train")).group(1)
+        (pid,) = [p for p, rank in _processes_on(other, str(exp_dir)) if rank == "1" and p]
+        os.kill(pid, signal.SIGKILL)
+        wait_until("the run to fail", lambda: (rd / "FAILED").exists() and not active_train(exp_dir), 120)
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+    reason = (rd / "FAILED").read_text()
+    # The launcher's line: the other host's group that lost its rank (or rank 0, had its collective failed first);
+    # the group's own line in the job log names the rank and how it died.
+    assert re.fullmatch(rf"(ranks 1-1 of 2 on {other}|rank 0 of 2) exited with code 1; the other ranks were stopped\s*", reason), reason
+    assert f"hpcrl: error: rank 1 on {other} was killed by SIGKILL; the other ranks were stopped" in logs(exp_dir, "train")
+    wait_until("no process of the run on any host", lambda: not any(_processes_on(h, str(exp_dir)) for h in HOSTS), 30)
+
+
+def active_train(exp_dir: Path) -> bool:
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+    return bool(running_host(train.job_id, 1)) or train.job_id in subprocess.run(["qstat", "-u", "*"], capture_output=True, text=True).stdout.split()
