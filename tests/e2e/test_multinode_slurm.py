@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from test_conformance import Slurm as SlurmBackend
 from test_conformance import active_tasks, csv_rows, status_text, sweep, wait_finished, wait_until
+from test_distributed_selfplay import wait_stats
 
 from hpcrl.store import rundir
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
@@ -170,7 +171,7 @@ def submit_config(tmp_path: Path, config: dict) -> Path:
 
 
 def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learner_node_and_an_actor_node(nodes: None, tmp_path: Path) -> None:
-    from hpcrl.distributed import rendezvous, runstats
+    from hpcrl.distributed import rendezvous
 
     since = time.time()
     exp_dir = submit_config(tmp_path, APEX)
@@ -179,20 +180,7 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
     jobs = {j.stage: j for j in read_jobs(exp_dir)}
 
     def stats_when(ok, timeout: float, what: str) -> dict:
-        found: dict = {}
-
-        def check() -> bool:
-            s = runstats.read(rd)
-            if s is not None and ok(s):
-                found.update(s)
-                return True
-            return False
-
-        try:
-            wait_until(what, check, timeout)
-        except AssertionError:
-            raise AssertionError(f"{what}: not within {timeout:g} s; last stats: {runstats.read(rd)}") from None
-        return found
+        return wait_stats(rd, ok, timeout, what)
 
     # Placed across nodes: the learner on one, each actor on another, dialling the learner node's own address
     # (never the 127.0.1.1 its name resolves to on its own node).
