@@ -43,6 +43,8 @@ from hpcrl.runtime.launch import LAUNCH_ID
 from hpcrl.store.rundir import RunError
 
 RENDEZVOUS = ".rendezvous-{}.json"
+CURRENT_START = ".ranks-start"
+"""The launch id (HPCRL_LAUNCH_ID) of the run's current multi-rank start, written by its rank 0."""
 
 
 class RankError(RunError):
@@ -115,8 +117,20 @@ class Ranks:
             raise
         except Exception as exc:
             raise RankError(f"{self.label()}: the {self.world} ranks did not meet within {timeout_s:.0f} s ({_short(exc)})") from None
+        if self.is_main:  # rank 0 holds the run's lock: its start is the run's current one
+            atomic_write_text(run_dir / CURRENT_START, os.environ.get(LAUNCH_ID, ""))
         if self.source == "slurm" and self.is_main:
             (run_dir / RENDEZVOUS.format(os.environ[LAUNCH_ID])).unlink(missing_ok=True)
+
+    def current(self, run_dir: Path) -> bool:
+        """Whether this rank's start is still the run's current one. A rank cut off from its peers (a network
+        partition) learns that they left only at the next collective's timeout, by which time the scheduler
+        may have requeued the run and started it again on other nodes: the run's FAILED marker is then not
+        this stale rank's to write (it marked a healthy run failed under its new start)."""
+        try:
+            return (run_dir / CURRENT_START).read_text() == os.environ.get(LAUNCH_ID, "")
+        except OSError:
+            return True  # no start recorded one: as before, the failure is the run's
 
     def _slurm_store(self, run_dir: Path, timeout_s: float) -> dist.TCPStore:
         """Rank 0 opens the store on a free port of the head node and publishes it; the others read it."""

@@ -95,7 +95,9 @@ def _other_rank(experiment_dir: Path, run: Run, ranks: Ranks, body: Callable[[Pa
     try:
         return body(rd, StopFlag())
     except RankError as exc:
-        if ranks.met and not rundir.is_done(rd):  # rank 0 may have finished the run before this rank saw its peers leave
+        # Rank 0 may have finished the run before this rank saw its peers leave, or the run may have started
+        # again elsewhere while this rank sat cut off from them: then the failure is not the run's.
+        if ranks.met and not rundir.is_done(rd) and ranks.current(rd):
             rundir.mark(rd, rundir.FAILED, str(exc))
         print(f"hpcrl: error: {run.run_id}: {rundir.failed_line('train', str(exc))}", file=sys.stderr)
         return 1

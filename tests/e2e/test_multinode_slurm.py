@@ -370,3 +370,54 @@ def test_the_bridge_benchmark_runs_at_a_tiny_size(nodes: None, redis_installed: 
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert re.search(r"^\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+$", proc.stdout, re.M) and re.search(r"^\s+1000000\s+[\d.]+\s+[\d.]+\s+[\d.]+$", proc.stdout, re.M), proc.stdout
+
+
+def stale_ranks(node: str, exp_dir: Path) -> list[int]:
+    """Pids of the run's trainer processes still alive on a namespace node."""
+    pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(exp_dir) in cmd and " train " in cmd and "srun" not in cmd:
+            found.append(int(pid))
+    return found
+
+
+def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_timeout_and_resumes(nodes: None, tmp_path: Path) -> None:
+    """A partition under DD-PPO: the rank on the cut node and its peer each wait at most collective_timeout for
+    the other (no hang), Slurm requeues the job, and the run resumes whole from its checkpoint on nodes that
+    answer; the cut-off rank never writes the run after its start ended (one writer: train.csv stays ordered)."""
+    since = time.time()
+    # The ranks wait longer for each other than Slurm takes to declare the cut node DOWN (25-30 s): the start
+    # ends as the node's (NODE_FAIL, requeued), not as the run's own failure.
+    exp_dir, _ = sweep(tmp_path, SlurmBackend(), *DDPPO, "resources.collective_timeout=90")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+    wait_until("a checkpoint past 25k steps", lambda: rundir.last_logged_step(rd) >= 25_000 and any((rd / "checkpoints").glob("*.pt")), 240)
+    held = job_nodes(f"{train.job_id}_1")
+    assert len(held) == 2, held
+    cut = held[1]  # rank 1's: it outlives its start, cut off, until its collective times out under the new start
+    cluster("cut-node", cut)
+    cut_at = time.monotonic()
+    try:
+        wait_until("the run to resume", lambda: "resumed from step" in logs(exp_dir, "train"), 240)
+        resumed_after = time.monotonic() - cut_at
+        # The cut-off rank times out only now, under the new start (its words reach no log: its srun died with
+        # the other node's job): it must not mark the run failed.
+        assert stale_ranks(cut, exp_dir), "rank 1 did not outlive its start on the cut node"
+        wait_until("the cut-off rank to time out and exit", lambda: not stale_ranks(cut, exp_dir), 150)
+        assert not rundir.is_failed(rd), rundir.reason(rd, rundir.FAILED)
+    finally:
+        cluster("heal-node", cut)
+    wait_finished(exp_dir, SlurmBackend(), since, timeout=300)
+    log = logs(exp_dir, "train")
+    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
+    assert steps == sorted(steps), "two writers' rows interleaved in train.csv"
+    assert int(rundir.done_step(rd) or 0) >= 100_000
+    (row,) = csv_rows(exp_dir / "results" / "summary.csv")
+    print(f"\nDD-PPO partition: {cut} cut at >= 25k steps; the run resumed {resumed_after:.0f} s later on {rank_hosts(log)[-1]}; final eval {float(row['mean']):.0f}")
+    assert float(row["mean"]) >= 475, row
