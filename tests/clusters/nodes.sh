@@ -50,7 +50,7 @@ node_link() { echo "hpcrl-v$(node_ip "$1" | cut -d. -f4)"; }
 # which is what hpcrl must not advertise. Written in place (not renamed over): a daemon's bind mount of the
 # file follows its inode, so running nodes see new names.
 nodes_hosts_refresh() {
-    local lines n name
+    local lines n name tmp
     lines="$NODES_HEAD_IP $NODES_HEAD"
     for name in $(all_nodes); do
         lines+="
@@ -61,13 +61,15 @@ $(node_ip "$name") $name"
         printf '127.0.0.1 localhost\n127.0.1.1 %s\n%s\n' "$name" "$lines" >"/etc/netns/$name/hosts"
     done
     # The head keeps its own names and learns the nodes' (for head daemons started with node_head_run).
+    tmp=$(mktemp)
     {
-        # The machine's own file, as pid 1 sees it: a caller under node_head_run sees this file in its place.
-        grep -v ' # hpcrl-node$' /proc/1/root/etc/hosts
+        # The machine's own lines (a caller under node_head_run reads this file in /etc/hosts' place: its node
+        # lines, marked, are left out and written anew).
+        grep -v ' # hpcrl-node$' /etc/hosts || true
         for n in $(all_nodes); do printf '%s %s # hpcrl-node\n' "$(node_ip "$n")" "$n"; done
-    } >"$NODES_HEAD_HOSTS.tmp"
-    cat "$NODES_HEAD_HOSTS.tmp" >"$NODES_HEAD_HOSTS"  # in place: a daemon's bind mount follows the inode
-    rm -f "$NODES_HEAD_HOSTS.tmp"
+    } >"$tmp"
+    cat "$tmp" >"$NODES_HEAD_HOSTS"  # in place: a daemon's bind mount follows the inode
+    rm -f "$tmp"
 }
 
 nodes_bridge_up() {

@@ -73,9 +73,8 @@ execd_pid() {
     return 1
 }
 
-# sge_hosts: this cluster's namespace hosts, in order. (nodes_of ends non-zero when the last node file it
-# reads is another cluster's; under pipefail that would end an assignment such as have=$(... | wc -l).)
-sge_hosts() { nodes_of sge || true; }
+# sge_hosts: this cluster's namespace hosts, in order.
+sge_hosts() { nodes_of sge; }
 
 host_execd_pidfile() { echo "$SPOOL/execd/$1/execd.pid"; }
 
