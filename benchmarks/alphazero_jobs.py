@@ -87,7 +87,7 @@ def main() -> None:
     span = float(last["wall_time"]) - float(first["wall_time"])
     games = sum(int(r["episodes"]) for r in rows[1:])
     positions = int(last["step"]) - int(first["step"])
-    busy, learning = float(stats["busy_s"]), float(stats["learning_s"])
+    busy, learning = float(stats["busy_s"]), max(float(stats["learning_s"]), 1e-9)  # a tiny run may learn for no measurable time
     batch_interval = learning / max(1, int(stats["batches"]))
     trainer_wait = float(stats["wait_max_s"]) / batch_interval
     actor_waits = []

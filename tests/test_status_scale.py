@@ -108,9 +108,9 @@ class Queries:
             monkeypatch.setattr(cls, "cancel_tasks", counted_cancel)
         run = Scheduler.run
 
-        def counted_run(self_, argv, input=None):
+        def counted_run(self_, argv, input=None, **kwargs):
             self.commands.append(argv[0])
-            return run(self_, argv, input)
+            return run(self_, argv, input, **kwargs)
 
         monkeypatch.setattr(Scheduler, "run", counted_run)
 

@@ -16,7 +16,7 @@ import pytest
 
 from hpcrl.runtime.launch import LaunchError, group_argv, pe_hosts, place, spread
 from hpcrl.schedulers.base import NodeRequest, SchedulerError
-from hpcrl.schedulers.sge import SGEScheduler, hold_argv, pe_refusal
+from hpcrl.schedulers.sge import SGEScheduler, _Hosts, hold_argv, host_slots, offered, pe_refusal
 from hpcrl.store.expdir import Dependency
 
 PE = """pe_name            {name}
@@ -129,8 +129,12 @@ class _Cell(SGEScheduler):
 
 def test_a_host_this_machine_cannot_resolve_is_left_out_of_the_gpu_bound() -> None:
     listing = "all.q@vm BIP 0/0/4 0.01 lx-amd64\n\thc:gpu=2\nmulti.q@sge-host1 BIP 0/0/4 0.01 lx-amd64\n\thc:gpu=2\n"
-    asks = [NodeRequest("resources.cpus", 1, "resources.mem", "1G", 1024, gpus=3, gpus_key="resources.gpus")]
-    why = _Cell({"vm": "2"})._refuse_gpus(asks, listing, "gpu", "any queue")
+    ask = NodeRequest("resources.cpus", 1, "resources.mem", "1G", 1024, gpus=3, gpus_key="resources.gpus")
+
+    def refusal(held: dict[str, str]) -> str | None:
+        return _Hosts(host_slots(listing), offered(listing, "gpu"), "gpu", "any queue").refuse(ask, _Cell(held).run)
+
+    why = refusal({"vm": "2"})
     assert why and "no host of any queue holds more than 2 'gpu'" in why
-    assert _Cell({"vm": "2", "sge-host1": "4"})._refuse_gpus(asks, listing, "gpu", "any queue") is None
-    assert _Cell({})._refuse_gpus(asks, listing, "gpu", "any queue") is None  # nothing readable: qsub decides
+    assert refusal({"vm": "2", "sge-host1": "4"}) is None
+    assert refusal({}) is None  # nothing readable: qsub decides
