@@ -943,7 +943,7 @@ def run_lock(run_dir: Path, wait_s: float = 1.0) -> Iterator[Hold]:
         me = Holder(os.getpid(), socket.gethostname(), datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
         _write_lock_file(fd, f"{me.pid} {me.host} {me.at}", lost)
         _held[run_dir.resolve()] = fd
-        hold = Hold(lost[len(lost) - (previous is not None) :])
+        hold = Hold([previous] if previous is not None else [])
         yield hold
         try:  # let go: the next holder knows this start ended, and how
             _write_lock_file(fd, f"ended {'-' if hold.code is None else hold.code} {me.pid} {me.host} {me.at}", lost)

@@ -179,12 +179,9 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
     rd = run_dir(exp_dir, run.run_id)
     jobs = {j.stage: j for j in read_jobs(exp_dir)}
 
-    def stats_when(ok, timeout: float, what: str) -> dict:
-        return wait_stats(rd, ok, timeout, what)
-
     # Placed across nodes: the learner on one, each actor on another, dialling the learner node's own address
     # (never the 127.0.1.1 its name resolves to on its own node).
-    before = stats_when(lambda s: s["actors_alive"] == 2 and s["env_steps"] >= 10_000 and any((rd / "checkpoints").glob("*.pt")), 240, "two actors feeding the learner")
+    before = wait_stats(rd, lambda s: s["actors_alive"] == 2 and s["env_steps"] >= 10_000 and any((rd / "checkpoints").glob("*.pt")), 240, "two actors feeding the learner")
     assert before["env_steps"] < APEX["train"]["total_steps"] / 3, "the run went too fast to lose nodes mid-run: raise train.total_steps"
     learner_node = job_nodes(f"{jobs['learner'].job_id}_1")
     actor_nodes = {t: job_nodes(f"{jobs['actors'].job_id}_{t}") for t in (1, 2)}
@@ -210,7 +207,7 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
     assert moved is not None and moved.learner_host not in (lost, victim) and moved.host.startswith("10.251.0.") and moved.host != info.host, moved
     text = status_text(exp_dir)
     assert re.search(rf"lost on {lost} \(pid \d+, [\d:]+\): node down or killed", text), text
-    after = stats_when(lambda s: s["instance"] == moved.instance and s["actors_alive"] == 2, 240, "both actors feeding the resumed learner")
+    after = wait_stats(rd, lambda s: s["instance"] == moved.instance and s["actors_alive"] == 2, 240, "both actors feeding the resumed learner")
     rejoined_after = time.monotonic() - killed
     wait_finished(exp_dir, SlurmBackend(), since, timeout=400)
 
