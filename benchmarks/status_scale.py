@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument("--settings", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--schedulers", nargs="*", default=["slurm", "sge"], choices=["slurm", "sge"])
-    parser.add_argument("--show", action="store_true", help="print `hpcrl status` of the synthetic experiment of --runs[0] runs (the README's capture) and stop")
+    parser.add_argument("--show", action="store_true", help="print `hpcrl status` of the synthetic experiment of --runs[0] runs (the capture in docs/how-to/status-at-scale.md) and stop")
     args = parser.parse_args()
     if args.show:
         with tempfile.TemporaryDirectory(dir="/tmp") as tmp:

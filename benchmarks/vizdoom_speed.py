@@ -25,7 +25,7 @@ its own session with a hard limit (`--timeout`, default 3 x seconds + 180 s for 
 that fails or hangs prints its error, its process group is killed, and the others go on. The table
 goes to stdout, and `speed.json` and `speed.csv` to `--out`.
 
-Figures (2026-11-26): README "Benchmarks". On one H200 with 16 cores (`--device cuda --num-envs 8 32
+Figures (2026-11-26): docs/reference/benchmarks.md. On one H200 with 16 cores (`--device cuda --num-envs 8 32
 --seconds 15`): 8 envs: random 6,031, sync 1,583, async 2,172, SB3 1,708; 32 envs: random 10,447,
 sync 5,091, async 6,311, SB3 4,548. The rollout alone (the update replaced by nothing) ran at 2,679
 with 8 envs, so what is left is the rollout's per-step inference round trip, not the update.

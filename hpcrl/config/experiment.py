@@ -75,9 +75,12 @@ def _word_problem(text: str) -> str | None:
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
+    """The environment: a gymnasium id (`module:Id` imports its module first), a ViZDoom scenario, Habitat's
+    task, an OpenSpiel game's name, or a game class `module:Class`."""
     backend: Literal["gymnasium", "vizdoom", "habitat", "openspiel", "game"] = "gymnasium"
     """`openspiel` (a game by name) and `game` (a class, `module:Class`) are two-player games for algo alphazero."""
     num_envs: int = setting(8, ge=1, le=MAX_ENVS)
+    """Environments one run steps together (one batched forward pass per step); each is a simulator."""
     vectorization: Literal["auto", "sync", "async"] = setting("auto", learned=False)
     """`auto`: sync for cheap envs (IPC dominates), async for simulators."""
     worker_timeout_s: float = setting(120.0, gt=0, le=86400, learned=False)
@@ -85,9 +88,14 @@ class EnvConfig:
     that does not answer in time is killed and fails the run in one line, instead of holding the
     job (and its GPU) until the time limit."""
     kwargs: dict[str, Any] = setting(factory=dict)
+    """Keyword arguments of the environment's constructor (`gymnasium.make(id, **kwargs)`, the game class)."""
     frame_stack: int = setting(1, ge=1, le=64)
+    """Observations stacked along a new first axis (Box observations only); 1: none."""
     normalize_obs: bool = False
+    """Refused when the run starts: set train.normalize_obs, which keeps the statistics in the policy
+    (so evaluation uses them)."""
     max_episode_steps: Optional[int] = setting(None, ge=1)
+    """Truncate episodes after this many steps (gymnasium's TimeLimit); null: the env's own limit."""
 
 
 @dataclass
@@ -108,8 +116,11 @@ class Distribution:
     [tanh, relu]}`. Both bounds are included; the values are typed by the key's own field."""
 
     type: Literal["uniform", "loguniform", "int", "choice"]
+    """`uniform` and `loguniform` between low and high, `int` (integers between low and high), or `choice` among values."""
     low: Optional[float] = None
+    """Smallest value (included); above 0 on a log scale."""
     high: Optional[float] = None
+    """Largest value (included); above low."""
     log: bool = False
     """For `int`: sample on a log scale (loguniform is `uniform` with log: true)."""
     values: list[Verbatim] = setting(factory=list)
@@ -149,6 +160,7 @@ class SearchConfig:
     space: dict[str, Distribution] = setting(factory=dict)
     """Dotted key -> distribution; each run samples every key. Keys may not also be in the grid."""
     method: Literal["random", "optuna"] = "random"
+    """`random`: `samples` points; `optuna`: a study of `n_trials` trials run by the train array's tasks."""
     samples: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
     """random: how many points. Sample i is the same whatever the count, so a re-sweep with more
     samples trains only the new ones."""
@@ -157,10 +169,12 @@ class SearchConfig:
     n_trials: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
     """optuna: trials of the study (complete, pruned and failed); a re-sweep with more adds trials."""
     sampler: Literal["tpe", "random"] = "tpe"
+    """optuna: TPE, or random sampling."""
     pruner: Literal["none", "median", "hyperband", "asha"] = "median"
     """Stops trials whose intermediate metric is poor: median (MedianPruner), hyperband
     (HyperbandPruner) or asha (SuccessiveHalvingPruner)."""
     direction: Literal["maximize", "minimize"] = "maximize"
+    """optuna: whether a higher or a lower metric is better."""
     metric: Literal["auto", "eval", "train"] = "auto"
     """What a trial reports and is judged on: the evaluations during training (`eval`, needs
     eval.every_steps), the training episodes' return (`train`), or `auto`: eval when it is set."""
@@ -209,12 +223,13 @@ def _seed_shorthand(value: Any) -> Any:
 @dataclass
 class SweepConfig:
     seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1, shorthand=_seed_shorthand)
-    """A list, a count (`5`: seeds 0..4) or an inclusive range (`"10..19"`)."""
-    """Seeds of numpy and torch: 0 .. 2**32-1."""
+    """Seeds of numpy and torch, each a run (0 .. 2**32-1): a list, a count (`5`: seeds 0..4) or an inclusive
+    range (`"10..19"`)."""
     grid: dict[str, list[Verbatim]] = setting(factory=dict)
     """Dotted key -> values; the runs are the product of all lists times the seeds. `algo` and
     `env.id` may be swept: settings that only some points need go in `when`."""
     when: list[WhenRule] = setting(factory=list)
+    """Rules that set keys for the grid points they match, in order (a later rule wins)."""
     search: Optional[SearchConfig] = None
     """Sampled keys beside the grid: random points, or an Optuna study."""
 
@@ -275,14 +290,19 @@ class Resources:
     directives are checked with `hpcrl.config.directives`, the rule the job templates apply again."""
 
     gpus: int = setting(0, ge=0)
+    """GPUs per task (per node for a run of several ranks)."""
     cpus: int = setting(1, ge=1)
+    """CPUs per task (per rank); also the job's OMP_NUM_THREADS for a user's program."""
     mem: str = setting("4G", valid=_mem_problem)
+    """Memory per task (per node), with a unit: `4G`, `500M`, `1.5T`."""
     time: str = setting("01:00:00", valid=_time_problem)
+    """Time limit of a train task, `HH:MM:SS` or `D-HH:MM:SS`; the warning signal comes signal_seconds before it."""
     queue: Optional[str] = setting(None, directive="word")
     """SGE queue (`-q`)."""
     partition: Optional[str] = setting(None, directive="word")
     """Slurm partition (`--partition`)."""
     account: Optional[str] = setting(None, directive="word")
+    """Slurm account to charge (`--account`)."""
     max_concurrent: Optional[int] = setting(None, ge=1)
     """Cap on array tasks running at once (`%N` / `-tc N`); also the local pool size."""
     extra: list[str] = setting(factory=list, directive="line")
@@ -293,11 +313,13 @@ class Resources:
     """Requeues in a row a run may ask for without progress (no new checkpoint, step or metric file in
     its directory) before it is FAILED instead: a program that exits 99 whatever happens."""
     sge_pe: str = setting("smp", directive="word")
+    """Grid Engine parallel environment that holds a task's CPUs (`-pe smp N`)."""
     sge_gpu_resource: str = setting("gpu", directive="word")
     """Grid Engine complex that counts GPUs; it should be consumable per JOB, not per slot."""
     sge_mem_resource: Optional[str] = setting("mem_free", directive="word")
     """Grid Engine memory request; h_vmem caps virtual memory, which CUDA processes exceed at once."""
     eval_time: str = setting("00:30:00", valid=_time_problem)
+    """Time limit of an eval task, `HH:MM:SS` or `D-HH:MM:SS`."""
     ranks: int = setting(1, ge=1, le=4096)
     """Processes of one run (DD-PPO: each steps its own envs, gradients are all-reduced); one per
     GPU when `gpus` > 0. `cpus` is per rank, `gpus` and `mem` per node."""
@@ -307,7 +329,9 @@ class Resources:
     """Seconds a rank waits in a collective (the rendezvous, an all-reduce) before the run fails:
     a rank that died never leaves the others hanging longer than this."""
     max_gpus_per_node: int = setting(16, ge=0)
+    """The most GPUs a task may ask for: a larger request is a typo, refused at sweep time."""
     max_cpus_per_node: int = setting(1024, ge=1)
+    """The most CPUs a task may ask for (cpus x ranks per node): a larger request is refused at sweep time."""
 
     def check(self) -> list[tuple[str, str]]:
         errors = []
@@ -340,10 +364,15 @@ class ContainerConfig:
     """`singularity`, `apptainer`, or the absolute path of either (a site's own install, off the PATH a job
     gets). With `runs: program` a name is resolved on the sweep's PATH and the job gets the path."""
     binds: list[str] = setting(factory=list)
+    """Bind mounts, `SRC[:DST[:OPTS]]` as `--bind` takes them; the experiment directory is bound anyway."""
     home: Optional[str] = None
+    """`--home`: the home directory inside the container (a cluster home may be slow or over quota)."""
     nv: bool = True
+    """`--nv`: the host's NVIDIA driver and GPUs inside the container."""
     env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
+    """Variables set inside the container, exported by the job as `SINGULARITYENV_*` and `APPTAINERENV_*`."""
     cleanenv: bool = False
+    """`--cleanenv`: start from an empty environment inside the container, but for what container.env sets."""
     runs: Literal["hpcrl", "program"] = "hpcrl"
     """What runs inside the image. `hpcrl`: each job runs `hpcrl` there (the image has hpcrl, as
     `hpcrl build-image` makes it). `program` (algo: program only): hpcrl supervises from the host
@@ -356,17 +385,23 @@ class CudaConfig:
     lib_path: Optional[str] = None
     """Prepended to LD_LIBRARY_PATH in the job when it is not already there."""
     modules: list[str] = setting(factory=list)
+    """Environment modules the job loads first (`module load cuda/12.4`)."""
 
 
 @dataclass
 class EvalConfig:
     episodes: int = setting(10, ge=1, le=1_000_000)
+    """Episodes (for a game: games against each opponent) the eval stage plays per run, on held-out seeds."""
     deterministic: bool = True
+    """Act with the most likely action rather than sampling from the policy."""
     threshold: Optional[float] = None
     """Skip evaluating runs whose final training return is below this."""
     video: bool = False
+    """Record videos of evaluation episodes into the run's `videos/` (`pip install 'hpcrl[video]'`)."""
     video_episodes: int = setting(1, ge=0, le=1000)
+    """Episodes recorded when `video` is on."""
     gpus: int = setting(0, ge=0, sweepable=False)
+    """GPUs of each eval task (evaluation rarely needs one)."""
     every_steps: Optional[int] = setting(None, ge=1)
     """Evaluate inside the training process every N environment steps (and at the end), on held-out
     seeds, without changing what is learned; null: only the eval stage evaluates, once at the end."""
@@ -395,7 +430,9 @@ class TrackingConfig:
     """Weights & Biases in offline mode (jobs have no network); `wandb sync` the run directories'
     `wandb/` folders later from a login node."""
     wandb_project: str = setting("hpcrl", valid=_word_problem)
+    """W&B project of the offline runs."""
     wandb_entity: Optional[str] = setting(None, valid=_word_problem)
+    """W&B entity (user or team); null: W&B's default."""
 
 
 @dataclass
@@ -403,7 +440,9 @@ class ScoreReference:
     """A task's random and reference scores: normalised score = (score - random) / (reference - random)."""
 
     random: float
+    """A uniformly random policy's mean return on the task."""
     reference: float
+    """The return that counts as 1 (solved, or a published score)."""
 
     def check(self) -> list[tuple[str, str]]:
         if self.reference == self.random:
@@ -464,10 +503,13 @@ class ImageConfig:
     python: str = setting("3.11", valid=_python_problem)
     """Python of the image's conda environment (Miniforge), whatever Python the base ships."""
     torch: str = setting("torch==2.5.1", valid=_requirement_problem)
+    """The torch requirement pip installs from torch_index (match the base's CUDA)."""
     torch_index: Optional[str] = setting("https://download.pytorch.org/whl/cu124", valid=_non_empty)
     """The index that holds the torch build for the base's CUDA (cu124 for CUDA 12.4); null for PyPI."""
     pip: list[str] = setting(factory=list, valid=_requirement_problem)
+    """More requirements pip installs into the image's environment."""
     extras: list[Literal["vizdoom", "habitat", "distributed", "video", "tensorboard"]] = setting(factory=list)
+    """hpcrl's extras installed with it, each with the OS packages and conda packages it needs (habitat: habitat-sim)."""
     habitat_channel: str = setting("aihabitat-nightly", valid=_non_empty)
     """Conda channel of habitat-sim: the stable `aihabitat` channel has Linux builds for Python 3.9 only,
     older than hpcrl supports."""
@@ -477,8 +519,12 @@ class ImageConfig:
     """Source checkout or wheel of hpcrl copied into the image through `%files`; by default the
     checkout this hpcrl runs from."""
     env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
+    """Variables of the image's `%environment`, set in every job that runs it."""
     labels: dict[str, str] = setting(factory=dict, keys=_label_problem)
+    """`%labels` of the image (`apptainer inspect` shows them), beside hpcrl's own."""
     output_dir: str = setting("images", valid=_non_empty)
+    """Directory of the built images: `<output_dir>/<name>-<content hash>.sif`, which `hpcrl sweep` uses
+    when container.image is not set."""
     cachedir: Optional[str] = setting(None, valid=_non_empty)
     """APPTAINER_CACHEDIR of the build (default `~/.apptainer/cache`, a quota trap); `$VARS` expand
     where the build runs, so `--submit` can use the node's scratch."""
@@ -487,6 +533,7 @@ class ImageConfig:
     template: str = setting("hpcrl.def.j2", valid=_non_empty)
     """Template name, looked up in ./singularity/ first, then in hpcrl's bundled singularity/."""
     build_time: str = setting("02:00:00", valid=_time_problem)
+    """Time limit of the `--submit` build job, `HH:MM:SS`."""
     build_mem: str = setting("8G", valid=_mem_problem)
     """Limits of the `--submit` build job: a build takes longer, and more memory, than many training tasks."""
 
@@ -539,6 +586,7 @@ class RedisConfig:
     """Address the learner's own redis-server listens on; `auto`: the address the learner node's host name
     resolves to (what actors on other nodes dial); `127.0.0.1` keeps it to one machine."""
     executable: str = setting("redis-server", valid=_non_empty)
+    """The redis-server a learner job starts (a name on the job's PATH, or a path)."""
 
 
 @dataclass
@@ -551,6 +599,7 @@ class DistributedConfig:
     """
 
     actors: int = setting(2, ge=1, le=10_000)
+    """Actor jobs per run (AlphaZero: self-play jobs)."""
     envs_per_actor: int = setting(4, ge=1, le=MAX_ENVS)
     """Envs per actor; for AlphaZero, the games a self-play job plays in lockstep (one forward pass for all their leaves)."""
     batch_transitions: int = setting(64, ge=1, le=1_000_000)
@@ -577,14 +626,17 @@ class DistributedConfig:
     batches and owes the updates (hpcrl/distributed/pace.py). 0: the ratio is held exactly, and the
     faster side waits for the slower one; `hpcrl status` shows the realised ratio."""
     epsilon: float = setting(0.4, gt=0, le=1)
+    """Ape-X's base ε: each env slot explores with a power of it (epsilon_alpha)."""
     epsilon_alpha: float = setting(7.0, ge=0)
     """Env slot k of K acts with epsilon ** (1 + alpha * k / (K - 1)) (Ape-X's per-actor exploration)."""
     prioritized: bool = False
     """Prioritised replay on the learner (proportional, with importance weights)."""
     priority_alpha: float = setting(0.6, ge=0)
+    """Prioritised replay's exponent: how much the TD error shapes sampling (0: uniform)."""
     priority_beta: float = setting(0.4, ge=0, le=1)
     """Initial importance-sampling exponent, annealed to 1 over total_steps."""
     heartbeat_s: float = setting(1.0, gt=0, learned=False)
+    """Seconds between an actor's heartbeats (and the learner's reports to `hpcrl status`)."""
     dead_after_s: float = setting(3.0, gt=0, learned=False)
     """An actor whose heartbeat is older than this is reported dead (its key expires)."""
     learner_timeout_s: float = setting(600.0, gt=0, learned=False)
@@ -593,7 +645,9 @@ class DistributedConfig:
     """Runs whose learner and actors run at once; later runs wait for the earlier learners. Default: all on
     a cluster; on the local executor, as many as its task pool (resources.max_concurrent) holds."""
     actor_cpus: int = setting(1, ge=1, learned=False)
+    """CPUs of each actor job."""
     actor_mem: str = setting("2G", valid=_mem_problem, learned=False)
+    """Memory of each actor job, with a unit (`2G`)."""
     redis: RedisConfig = setting(factory=RedisConfig, learned=False)
 
     def check(self) -> list[tuple[str, str]]:
@@ -615,17 +669,28 @@ def _name_problem(name: str) -> str | None:
 
 @dataclass
 class Experiment:
+    """A config file: what runs learn (algo, env, train), which runs there are (sweep), where and how they
+    run (resources, container, cuda, image), and how they are evaluated and reported (eval, tracking, results)."""
+
     name: str = setting(valid=_name_problem, learned=False)
+    """The experiment's name: its directory `<output>/<name>/` and its jobs' names. A letter, then letters,
+    digits, `.`, `_` or `-`."""
     algo: Literal["ppo", "a2c", "dqn", "alphazero", "program"] = "ppo"
     """`program`: the user's own trainer (the `program:` section) instead of hpcrl's PPO, A2C or DQN."""
     env: EnvConfig = setting(factory=EnvConfig)
+    """The environment (or game) each run learns."""
     train: TrainConfig = setting(factory=TrainConfig)
     sweep: SweepConfig = setting(factory=SweepConfig, learned=False)
+    """Which runs the experiment holds: seeds, a grid, rules per grid point, a search."""
     resources: Resources = setting(factory=Resources, learned=False)
     container: ContainerConfig = setting(factory=ContainerConfig, learned=False)
+    """The Singularity/Apptainer image the jobs run in; none: the host's Python."""
     cuda: CudaConfig = setting(factory=CudaConfig, learned=False)
+    """What a GPU job sets up before it starts."""
     eval: EvalConfig = setting(factory=EvalConfig, learned=False, sweepable=True)
+    """The eval stage and the evaluations during training."""
     image: Optional[ImageConfig] = setting(None, learned=False)
+    """How `hpcrl build-image` builds the image of this config (and names it for container.image)."""
     output: str = setting("logs", valid=_non_empty, learned=False)
     """Root under which `<output>/<name>/` is created."""
     python: Optional[str] = setting(None, valid=_non_empty, learned=False)

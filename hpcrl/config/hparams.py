@@ -37,10 +37,16 @@ class TrainConfig:
     """What every algorithm shares: budget, optimiser basics, network, checkpoints, device."""
 
     total_steps: int = setting(100_000, ge=1)
+    """Environment steps (transitions, every env and rank counted) the run learns from; rounded up to whole
+    iterations. AlphaZero counts self-play moves."""
     lr: float = setting(2.5e-4, gt=0)
+    """Learning rate of the optimiser (Adam; RMSprop for A2C)."""
     anneal_lr: bool = True
+    """Lower the learning rate linearly to 0 over total_steps."""
     gamma: float = setting(0.99, ge=0, le=1)
+    """Discount factor of future rewards."""
     max_grad_norm: float = setting(0.5, gt=0)
+    """Gradients are clipped to this global L2 norm before each optimiser step."""
     hidden_sizes: list[int] = setting(factory=lambda: [64, 64], ge=1, le=MAX_WIDTH, min_items=1)
     """MLP layers for vector observations; for images, the width of the layer after the Nature CNN."""
     cnn_channels: list[int] = setting(factory=lambda: list(NATURE_CNN), ge=1, le=MAX_CHANNELS, min_items=3, max_items=3)
@@ -49,11 +55,13 @@ class TrainConfig:
     time: configs/vizdoom_ppo.yaml halves it ([16, 32, 32]: about a third of the CNN's cost, final
     scores on `basic` within the issue-26 target)."""
     activation: Literal["tanh", "relu"] = "tanh"
+    """Activation of the MLP layers."""
     reward_scale: float = setting(1.0, gt=0)
     """Rewards are multiplied by this before learning (ViZDoom's +100 kills); logged returns stay raw."""
     checkpoint_every: int = setting(10, ge=1, learned=False)
     """Write a checkpoint every N updates (and always at the end and on a preemption signal)."""
     keep_checkpoints: int = setting(2, ge=1, learned=False)
+    """Newest checkpoints kept on disk; older ones are deleted after each save (`best.pt` is never pruned)."""
     device: str = setting("auto", valid=device_problem, learned=False)
     """`auto` takes the GPU when there is one; `cpu`, `cuda`, `cuda:1` force a device."""
     amp: Literal["none", "bf16", "fp16"] = "none"
@@ -73,9 +81,13 @@ class OnPolicyConfig(TrainConfig):
     """Vector steps per rollout; the batch is num_steps x num_envs transitions (at most
     `hpcrl.config.experiment.MAX_ROLLOUT`)."""
     gae_lambda: float = setting(0.95, ge=0, le=1)
+    """λ of generalised advantage estimation (1: Monte Carlo returns, 0: one-step TD)."""
     ent_coef: float = setting(0.01, ge=0)
+    """Weight of the entropy bonus in the loss."""
     vf_coef: float = setting(0.5, ge=0)
+    """Weight of the value loss in the loss."""
     norm_adv: bool = True
+    """Normalise the advantages of each minibatch to mean 0 and standard deviation 1."""
     recurrent_size: int = setting(0, ge=0, le=MAX_WIDTH)
     """Width of a GRU core between encoder and heads; 0 for a feed-forward policy. Recurrent
     minibatches are whole env sequences (truncated BPTT over `num_steps`)."""
@@ -98,12 +110,20 @@ class OnPolicyConfig(TrainConfig):
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
+    """PPO's clipped objective (Schulman et al. 2017); defaults are CleanRL's."""
+
     num_minibatches: int = setting(4, ge=1)
+    """Minibatches each rollout is split into per epoch."""
     update_epochs: int = setting(4, ge=1)
+    """Passes over each rollout per update."""
     clip_coef: float = setting(0.2, gt=0)
+    """PPO's clipping range ε of the probability ratio."""
     anneal_clip: bool = False
+    """Lower clip_coef linearly to 0 over total_steps (as SB3 does with a schedule)."""
     clip_vloss: bool = True
+    """Clip the value loss around the old values as the policy loss is clipped (CleanRL's default)."""
     target_kl: Optional[float] = setting(None, gt=0)
+    """Stop an update's epochs early once the approximate KL divergence to the behaviour policy passes this; null: never."""
 
 
 @dataclass
@@ -120,7 +140,9 @@ class A2CConfig(OnPolicyConfig):
     ent_coef: float = 0.0
     norm_adv: bool = False
     rms_alpha: float = setting(0.99, ge=0, le=1)
+    """RMSprop's smoothing constant."""
     rms_eps: float = setting(1e-5, gt=0)
+    """RMSprop's ε, added to the denominator."""
     checkpoint_every: int = 500
 
 
@@ -132,7 +154,9 @@ class DQNConfig(TrainConfig):
     lr: float = 2.5e-4
     anneal_lr: bool = False
     buffer_size: int = setting(10_000, ge=1, le=MAX_BUFFER)
+    """Transitions the replay buffer holds (allocated whole when training starts)."""
     batch_size: int = setting(128, ge=1)
+    """Transitions per gradient step, sampled from the buffer."""
     learning_starts: int = setting(10_000, ge=0)
     """Gradient steps begin after this many environment steps. A run resumed without its buffer
     also waits until the new buffer holds this many (or is full) before it trains again."""
@@ -147,7 +171,9 @@ class DQNConfig(TrainConfig):
     tau: float = setting(1.0, gt=0, le=1)
     """1.0 copies the online network; below 1, Polyak averaging at each target update."""
     start_e: float = setting(1.0, ge=0, le=1)
+    """ε of the ε-greedy exploration at the start."""
     end_e: float = setting(0.05, ge=0, le=1)
+    """ε after exploration_fraction of total_steps, kept to the end."""
     exploration_fraction: float = setting(0.5, gt=0, le=1)
     """Fraction of total_steps over which epsilon falls linearly from start_e to end_e."""
     n_step: int = setting(1, ge=1)
@@ -156,6 +182,7 @@ class DQNConfig(TrainConfig):
     double_dqn: bool = False
     """Pick the next action with the online network, value it with the target (van Hasselt et al. 2016)."""
     loss: Literal["huber", "mse"] = "mse"
+    """TD loss: Huber (smooth L1) or mean squared error."""
     hidden_sizes: list[int] = setting(factory=lambda: [120, 84])
     activation: Literal["tanh", "relu"] = "relu"
     max_grad_norm: float = 10.0
@@ -206,9 +233,11 @@ class AlphaZeroConfig(TrainConfig):
     eval_simulations: Optional[int] = setting(None, ge=1, le=100_000, learned=False)
     """MCTS simulations per move when the agent plays the opponents; null: `simulations`."""
     c_puct: float = setting(1.5, gt=0, le=100)
+    """Exploration constant of PUCT: the weight of the network's prior against the search's values."""
     dirichlet_alpha: float = setting(0.5, gt=0, le=100)
     """Concentration of the root noise in self-play (AlphaZero: about 10 / typical legal moves)."""
     dirichlet_fraction: float = setting(0.25, ge=0, le=1)
+    """Share of the Dirichlet noise in the root's priors in self-play (AlphaZero: 0.25)."""
     value_target_q: float = setting(0.0, ge=0, le=1)
     """Weight w of the search's value at the root in each position's value target, (1 - w) z + w q
     with z the game's outcome: 0 is AlphaZero's z alone; the search's value is less noisy than one
@@ -222,10 +251,13 @@ class AlphaZeroConfig(TrainConfig):
     games_per_iteration: int = setting(32, ge=1, le=100_000)
     """Self-play games played in lockstep per iteration (their leaves share each network call)."""
     train_steps_per_iteration: int = setting(50, ge=1, le=1_000_000)
+    """Gradient steps after each iteration's self-play games."""
     batch_size: int = setting(128, ge=1, le=65_536)
+    """Positions per gradient step, sampled from the replay window."""
     replay_window: int = setting(20_000, ge=1, le=10_000_000)
     """The newest positions kept for training; a checkpoint holds them."""
     weight_decay: float = setting(1e-4, ge=0, le=1)
+    """L2 weight decay of the optimiser."""
     mirror: bool = True
     """Train on a random half of each minibatch mirrored left to right, where the game declares its
     mirror image (`mirror_actions`: connect four, tic-tac-toe; hpcrl.rl.games): the data of twice

@@ -94,8 +94,9 @@ class MetricsConfig:
     tag: str = "charts/episodic_return"
     """TensorBoard scalar holding each episode's return (CleanRL's name)."""
     step: str = "step"
+    """csv/jsonl: the column of the step."""
     value: str = "episodic_return"
-    """csv/jsonl: the columns of the step and of the episode's return."""
+    """csv/jsonl: the column of the episode's return."""
     last_episodes: int = setting(10, ge=1, le=1_000_000)
     """Without `program.eval`, a run's final score is the mean return of its last N training episodes."""
 
@@ -110,6 +111,7 @@ class ProgramEvalConfig:
     """A command that evaluates a trained run; the eval stage runs it after training."""
 
     command: list[str] = setting(min_items=1, valid=_command_problem)
+    """The evaluation's command, with the same placeholders and environment as program.command."""
     metrics: MetricsConfig = setting(factory=MetricsConfig)
     """Where the evaluation's episodes are read from; `hpcrl`: the eval.csv it wrote with `hpcrl.job.log_eval`."""
 
@@ -123,7 +125,10 @@ class ProgramConfig:
     params: dict[str, Verbatim] = setting(factory=dict, keys=param_key_problem)
     """Hyperparameters: rendered as arguments in `style`, swept as `program.params.NAME`, hashed into run ids."""
     style: Literal["argparse", "equals", "hydra", "none"] = "argparse"
+    """How params become arguments: `--lr 3e-4` (argparse), `--lr=3e-4` (equals), `lr=3e-4` (hydra), or
+    none (only where `{params.NAME}` places them)."""
     names: Literal["as_written", "dashes", "underscores"] = "as_written"
+    """Parameter names as written, or with `_` turned into `-` (dashes) or `-` into `_` (underscores)."""
     args: list[str] = setting(factory=list, valid=_plain_problem)
     """Fixed arguments after the parameters (placeholders allowed)."""
     resume_args: list[str] = setting(factory=list, valid=_resume_problem, learned=False)
@@ -136,6 +141,7 @@ class ProgramConfig:
     writes `runs/` into its working directory). A relative path is relative to where `hpcrl sweep` ran."""
     metrics: MetricsConfig = setting(factory=MetricsConfig, learned=False)
     eval: Optional[ProgramEvalConfig] = setting(None, learned=False)
+    """A command that scores a trained run; without it, the score is the mean of the last training episodes."""
 
     def check(self) -> list[tuple[str, str]]:
         """Parameter values are words or lists of words; every `{params.NAME}` names a parameter."""
