@@ -165,6 +165,18 @@ def _completion(args: argparse.Namespace) -> int:
     return 0
 
 
+MULTIRUN = ("-m", "--multirun")
+"""Hydra's flag for a sweep, which hpcrl's sweep takes from the config's sweep.grid instead."""
+
+
+def multirun_line(flag: str, overrides: list[str]) -> str:
+    """The one line for Hydra's `-m`: where sweeps go, with the grid key to write for each
+    comma-separated override (`-m train.lr=1e-3,3e-4` -> `sweep.grid.train.lr=[1e-3,3e-4]`)."""
+    swept = [f"sweep.grid.{key}=[{values}]" for key, _, values in (w.partition("=") for w in overrides) if "," in values and not values.startswith(("[", "{"))]
+    write = " ".join(swept) if swept else "the values under sweep.grid (sweep.grid.train.lr=[1e-3,3e-4])"
+    return f"{flag}: Hydra's multirun; hpcrl sweeps the lists in sweep.grid, without {flag}: write {write}"
+
+
 def _experiment_dir(text: str) -> Path:
     from hpcrl.api import experiment_dir
 
@@ -329,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, program = argv[:cut], argv[cut + 1 :]
     args, extra = parser().parse_known_args(argv)
+    if hasattr(args, "overrides") and (multirun := [w for w in extra if w in MULTIRUN]):
+        print(f"hpcrl: error: {multirun_line(multirun[0], [w for w in [*args.overrides, *extra] if '=' in w])}", file=sys.stderr)
+        return 2
     if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
         args.overrides += extra  # `hpcrl sweep c.yaml --scheduler local train.lr=3e-4`: overrides after options too
     elif extra:
@@ -345,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"{word!r}: expected KEY.PATH=VALUE after the config (an override, as -p takes)")
         return args.func(args)
     except ConfigError as exc:
-        print(f"hpcrl: error: {exc}", file=sys.stderr)
+        for line in exc.lines:  # every problem of a config, one line each
+            print(f"hpcrl: error: {line}", file=sys.stderr)
         return 2
     except SchedulerError as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
