@@ -348,8 +348,12 @@ class ContainerConfig:
     """`singularity`, `apptainer`, or the absolute path of either (a site's own install, off the PATH a job
     gets). With `runs: program` a name is resolved on the sweep's PATH and the job gets the path."""
     binds: list[str] = setting(factory=list)
+    """`src[:dst[:opts]]` mounts into the image; the experiment directory (and a program's working
+    directory, and cuda.lib_path) are added where no bind shows them at the same path."""
     home: Optional[str] = None
     nv: bool = True
+    """`--nv` (the host's NVIDIA driver in the image) for the stages that ask for GPUs (resources.gpus,
+    eval.gpus); a stage without one (the aggregate) runs without it."""
     env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
     cleanenv: bool = False
     runs: Literal["hpcrl", "program"] = "hpcrl"
@@ -362,8 +366,10 @@ class ContainerConfig:
 @dataclass
 class CudaConfig:
     lib_path: Optional[str] = None
-    """Prepended to LD_LIBRARY_PATH in the job when it is not already there."""
+    """Prepended to LD_LIBRARY_PATH in the job when it is not already there; with an image, also bound
+    into it read-only at the same path (unless container.binds already show it there)."""
     modules: list[str] = setting(factory=list)
+    """Environment modules the job loads (`module load`) before hpcrl runs; one that fails stops the job."""
 
 
 @dataclass
