@@ -257,7 +257,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     add_params(s)
     s.add_argument("--scheduler", choices=SWEEP_CHOICES, default="auto", help="debug: every stage in this process, for a debugger")
-    s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
+    s.add_argument("--dry-run", action="store_true", help="print the job scripts, what each task trains and the sbatch/qsub lines with their dependencies; write and submit nothing")
     s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
     s.set_defaults(func=_sweep)

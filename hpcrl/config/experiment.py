@@ -770,13 +770,17 @@ def _unknown(where: str, key: str, algo: str) -> ConfigError:
     train.lr?), and else the keys whose last part is close to the key's (`lr`, `trian.num_env`: the
     section left out or misspelt: did you mean train.lr?, env.num_envs?)."""
     paths = known_paths(algo)
-    hint = did_you_mean(key, paths)
-    if not hint:
-        leaf = key.rpartition(".")[2]
-        close = difflib.get_close_matches(leaf, list(dict.fromkeys(p.rpartition(".")[2] for p in paths)), n=2, cutoff=0.7)
-        found = [p for name in close for p in paths if p.rpartition(".")[2] == name][:2]
-        hint = f"did you mean {' or '.join(found)}?" if found else ""
+    hint = did_you_mean(key, paths) or _leaf_hint(key, paths)
     return ConfigError(f"{where}: unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _leaf_hint(key: str, paths: list[str]) -> str:
+    """`did you mean train.lr?` for `lr`: the known keys whose last part is close to the key's last
+    part (a key written without its section, or in the wrong one), or ''."""
+    leaf = key.rpartition(".")[2]
+    close = difflib.get_close_matches(leaf, list(dict.fromkeys(p.rpartition(".")[2] for p in paths)), n=2, cutoff=0.7)
+    found = [p for name in close for p in paths if p.rpartition(".")[2] == name][:2]
+    return f"did you mean {' or '.join(found)}?" if found else ""
 
 
 def _check_hydra_sweep(key: str, value: Any, text: str, algo: str) -> None:
@@ -1041,10 +1045,11 @@ def _build_experiment(data: dict[str, Any]) -> Experiment:
     train_data = data.pop("train", None)
     image_data = data.pop("image", None)
     problems = Problems()  # the sections are built apart: a problem in one leaves the others looked at
+    paths = known_paths(algo)
     with problems.kept():
-        exp = build(Experiment, data, "")
+        exp = build(Experiment, data, "", elsewhere=lambda key: _leaf_hint(key, paths))
     with problems.kept():
-        train = build(ALGORITHMS.get(algo, TrainConfig), {} if train_data is None else train_data, "train")
+        train = build(ALGORITHMS.get(algo, TrainConfig), {} if train_data is None else train_data, "train", elsewhere=lambda key: _leaf_hint(key, [p for p in paths if not p.startswith("train.")]))
     with problems.kept():
         image = None if image_data is None else build(ImageConfig, image_data, "image")
     problems.raise_any()

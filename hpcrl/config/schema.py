@@ -437,11 +437,13 @@ def _check_rules(rules: Rules, value: Any, path: str) -> None:
             raise ConfigError(f"{where}: {problem}")
 
 
-def build(cls: type, data: Any, path: str) -> Any:
+def build(cls: type, data: Any, path: str, elsewhere: Callable[[str], str] | None = None) -> Any:
     """An instance of config class `cls` from a mapping: types, declared rules, then `check()`.
     Every key is looked at before anything is raised: the ConfigError names each problem (unknown
     keys, values of the wrong type or out of bounds, in nested sections too), one line each;
-    `check()`, which needs every field, runs when they are all valid."""
+    `check()`, which needs every field, runs when they are all valid. An unknown key with no close
+    sibling gets `elsewhere(key)`'s did-you-mean, where the caller knows the whole schema (a
+    top-level `seeds` is sweep.seeds)."""
     prefix = f"{path}." if path else ""
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'top level'}: expected a mapping, got {data!r}")
@@ -451,7 +453,7 @@ def build(cls: type, data: Any, path: str) -> Any:
     problems = Problems()
     for key in data:
         if key not in fields_:
-            hint = did_you_mean(str(key), list(fields_), prefix)
+            hint = did_you_mean(str(key), list(fields_), prefix) or (elsewhere(str(key)) if elsewhere else "")
             problems.errors.append(ConfigError(f"{key_path(path, key)}: unknown key ({hint + ' ' if hint else ''}expected one of: {', '.join(sorted(fields_))})"))
     kwargs = {}
     for name, f in fields_.items():

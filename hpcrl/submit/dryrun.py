@@ -85,7 +85,7 @@ def submission(scheduler: Scheduler, root: Path, planned: list[PlannedJob]) -> s
         scheduler.submitted(f"@{names[job.script]}@", job.text)
     if any(line.startswith("#") for line in lines):
         return f"# {scheduler.name} runs the jobs on this machine, in this order:\n" + "\n".join(lines) + "\n"
-    return "# submitted in this order ($NAME: the job id its command printed):\n" + "\n".join(lines) + "\n"
+    return "# submitted in this order ($NAME: the id of that job, read from its command's output):\n" + "\n".join(lines) + "\n"
 
 
 def _variable(script: str) -> str:

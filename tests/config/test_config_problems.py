@@ -116,3 +116,13 @@ def test_a_grid_key_without_its_section_names_the_key(tmp_path: Path, grid: dict
     with pytest.raises(ConfigError) as err:
         load_experiment(write_config(tmp_path, {"sweep": {"grid": grid}}))
     assert expected in str(err.value), err.value
+
+
+def test_a_key_in_the_wrong_section_names_where_it_goes(tmp_path: Path) -> None:
+    """`seeds: 5` at the top, `lr` without `train:`, `num_envs` under `train:`: each line names the key's place."""
+    config = write_config(tmp_path, {"seeds": 5, "lr": 1e-3, "train": {"num_envs": 4}})
+    with pytest.raises(ConfigError) as err:
+        load_experiment(config)
+    lines = err.value.lines
+    for key, hint in (("seeds", "did you mean sweep.seeds"), ("lr", "did you mean train.lr?"), ("train.num_envs", "did you mean env.num_envs?")):
+        assert sum(line.startswith(f"{config}: {key}: unknown key ({hint}") for line in lines) == 1, (key, lines)
