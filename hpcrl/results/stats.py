@@ -355,9 +355,9 @@ def interval_withheld(n_x: int, n_y: int, low: float, high: float) -> str:
     (each run of one side beat each of the other, or all tied): the bootstrap cannot see past the
     runs it has, and `[1, 1]` would read as certainty."""
     if min(n_x, n_y) < MIN_SEEDS_FOR_INTERVAL:
-        return f"{n_x} vs {n_y} seeds"
+        return f"{n_x} vs {n_y} seed{'s' if n_y != 1 else ''}"
     if low == high:
-        return f"every resample gives {low:.4g}"
+        return "no spread"
     return ""
 
 

@@ -387,8 +387,9 @@ def _document(
         table = report.Table(["P(row > column)", *shown], [[x, *[cell.get((x, y), "-") for y in shown]] for x in shown])
         sections.append(report.Section("Probability of improvement", [
             "P(X > Y): the chance that a run of X beats a run of Y on the same task, averaged over tasks, with 95% bootstrap CIs "
-            f"(also in improvement.csv). No CI where a side has fewer than {stats.MIN_SEEDS_FOR_INTERVAL} seeds or every resample "
-            "gives the same value: a bootstrap cannot see past the runs it has.", table]))  # fmt: skip
+            f"(also in improvement.csv). No CI where a side has fewer than {stats.MIN_SEEDS_FOR_INTERVAL} seeds, or where every "
+            "bootstrap resample gives the same value (no spread: each run of one side beat each of the other): "
+            "a bootstrap cannot see past the runs it has.", table]))  # fmt: skip
     for name, path in made.items():
         sections.append(report.Section(name, [report.Image(name, path)]))
     if lines:

@@ -30,7 +30,7 @@ def test_compare_names_different_budgets_and_seeds_in_one_line_each(tmp_path: Pa
     assert "1 (no CI: 2 vs 3 seeds)" in out and "0 (no CI: 3 vs 2 seeds)" in out, out
     rows = {(r["setting_x"], r["setting_y"]): r for r in csv.DictReader((tmp_path / "cmp" / "improvement.csv").open())}
     assert rows["short", "long"] == {"setting_x": "short", "setting_y": "long", "p_x_better": "1", "ci_low": "", "ci_high": "", "no_ci": "2 vs 3 seeds"}
-    assert "1 (no CI: 2 vs 3 seeds)" in html and "No CI where a side has fewer than 3 seeds" in html
+    assert "1 (no CI: 2 vs 3 seeds)" in html and "No CI where a side has fewer than 3 seeds, or where every bootstrap resample gives the same value" in html
 
 
 def test_compare_of_equal_experiments_says_nothing_of_the_kind(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_compare_of_equal_experiments_says_nothing_of_the_kind(tmp_path: Path) -
 
 def test_an_interval_is_withheld_only_where_it_says_nothing() -> None:
     assert stats.interval_withheld(3, 2, 1.0, 1.0) == "3 vs 2 seeds"
-    assert stats.interval_withheld(5, 5, 1.0, 1.0) == "every resample gives 1"
+    assert stats.interval_withheld(5, 5, 1.0, 1.0) == "no spread" and stats.interval_withheld(4, 1, 1.0, 1.0) == "4 vs 1 seed"
     assert stats.interval_withheld(5, 5, 0.4, 0.9) == "" and stats.interval_withheld(3, 3, 0.2, 0.7) == ""
 
 
