@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from hpcrl import __version__
 from hpcrl.config.experiment import ConfigError
@@ -94,6 +95,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _collect(args: argparse.Namespace) -> int:
+    if args.experiment is None:
+        return _which_experiment("collect")
     from hpcrl.results.collect import collect
 
     return collect(_experiment_dir(args.experiment), agg=args.agg, evaluate=args.evaluate, normalize=args.normalize)
@@ -106,6 +109,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.experiment is None:
+        return _which_experiment("status")
     from hpcrl.status import print_status
 
     return print_status(
@@ -115,6 +120,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    if args.experiment is None:
+        return _which_experiment("cancel")
     from hpcrl.status import cancel_experiment
 
     return cancel_experiment(_experiment_dir(args.experiment), states=args.state, settings=args.setting, run_ids=args.run)
@@ -139,16 +146,48 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _configs(args: argparse.Namespace) -> int:
+    _print_configs(sys.stdout)
+    return 0
+
+
+def _print_configs(out: TextIO, indent: str = "") -> None:
+    """The bundled configs, one line each: what `hpcrl configs` prints and `hpcrl init` starts from."""
     from hpcrl.starters import list_configs
 
     configs = list_configs()
     width = max(len(name) for name, _ in configs)
     for name, summary in configs:
-        print(f"{name:<{width}}  {summary}")
-    return 0
+        print(f"{indent}{name:<{width}}  {summary}", file=out)
+
+
+def _which_experiment(command: str) -> int:
+    """`hpcrl status` (collect, cancel) without an experiment: the experiments it may mean, newest
+    first, one line each, and exit 2 (a usage error: nothing was shown, collected or cancelled)."""
+    import time
+
+    from hpcrl.store.expdir import find_experiments
+
+    found = find_experiments()
+    if not found:
+        print(f"hpcrl {command}: give an experiment directory; there is none under ./logs or here (`hpcrl sweep CONFIG` makes <output>/<name>, logs/<name> by default)", file=sys.stderr)
+        return 2
+    print(f"hpcrl {command}: give an experiment directory, e.g. hpcrl {command} {found[0]}; these are under ./logs and here, newest sweep first:", file=sys.stderr)
+    width = max(len(str(d)) for d in found)
+    for d in found:
+        with (d / "runs.csv").open("rb") as f:
+            runs = max(0, sum(1 for _ in f) - 1)
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime((d / "runs.csv").stat().st_mtime))
+        print(f"  {str(d):<{width}}  {runs} run{'s' if runs != 1 else ''}, swept {when}", file=sys.stderr)
+    return 2
 
 
 def _init(args: argparse.Namespace) -> int:
+    if args.name is None:
+        from hpcrl.starters import DEFAULT
+
+        print(f"hpcrl init: give the new config's name: hpcrl init NAME [--from CONFIG] (--from: one of these, {DEFAULT} by default)", file=sys.stderr)
+        _print_configs(sys.stderr, "  ")
+        return 2
     from hpcrl.starters import init
 
     path = init(args.name, args.source, Path(args.dir), force=args.force)
@@ -163,6 +202,18 @@ def _completion(args: argparse.Namespace) -> int:
         raise ConfigError("completion needs argcomplete: pip install 'hpcrl[completion]'") from None
     print(argcomplete.shellcode(["hpcrl"], shell=args.shell))
     return 0
+
+
+MULTIRUN = ("-m", "--multirun")
+"""Hydra's flag for a sweep, which hpcrl's sweep takes from the config's sweep.grid instead."""
+
+
+def multirun_line(flag: str, overrides: list[str]) -> str:
+    """The one line for Hydra's `-m`: where sweeps go, with the grid key to write for each
+    comma-separated override (`-m train.lr=1e-3,3e-4` -> `sweep.grid.train.lr=[1e-3,3e-4]`)."""
+    swept = [f"sweep.grid.{key}=[{values}]" for key, _, values in (w.partition("=") for w in overrides) if "," in values and not values.startswith(("[", "{"))]
+    write = " ".join(swept) if swept else "the values under sweep.grid (sweep.grid.train.lr=[1e-3,3e-4])"
+    return f"{flag}: Hydra's multirun; hpcrl sweeps the lists in sweep.grid, without {flag}: write {write}"
 
 
 def _experiment_dir(text: str) -> Path:
@@ -196,8 +247,7 @@ def parser() -> argparse.ArgumentParser:
     """Built once per process: argparse looks up a translation for every help string (~50 ms)."""
     p = argparse.ArgumentParser(prog="hpcrl", description="RL sweeps from one YAML file to evaluated, plotted results.")
     p.add_argument("--version", action=_Version, help="the version, and the git commit when run from a checkout")
-    sub = p.add_subparsers(dest="command", required=True)
-    p.epilog = "hpcrl train|eval EXPERIMENT --task N -- PROGRAM [ARGS...]: a user's program (algo: program), as its job script runs it"
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS)  # listed by _group_commands
 
     def add_params(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-p", "--param", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
@@ -207,7 +257,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     add_params(s)
     s.add_argument("--scheduler", choices=SWEEP_CHOICES, default="auto", help="debug: every stage in this process, for a debugger")
-    s.add_argument("--dry-run", action="store_true", help="print the job scripts; write and submit nothing")
+    s.add_argument("--dry-run", action="store_true", help="print the job scripts, what each task trains and the sbatch/qsub lines with their dependencies; write and submit nothing")
     s.add_argument("--name", help="experiment name (default: the config's name), taken as typed")
     s.add_argument("--detach", action="store_true", help="local scheduler: return at once and run in the background")
     s.set_defaults(func=_sweep)
@@ -235,7 +285,7 @@ def parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=_search_worker)
 
     c = sub.add_parser("collect", help="gather runs, report missing ones, write summary, curves and plots")
-    c.add_argument("experiment")
+    c.add_argument("experiment", nargs="?", help="the experiment directory (logs/<name>); without it, the experiments under ./logs are listed")
     c.add_argument("--agg", choices=["iqm", "mean"], default="iqm", help="aggregate for curves and intervals")
     c.add_argument("--evaluate", action="store_true", help="first evaluate, in parallel local processes, trained runs that have no eval yet")
     c.add_argument("--normalize", action="store_true", default=None, help="score each env as (score - random) / (reference - random) (default: results.normalize)")
@@ -249,7 +299,7 @@ def parser() -> argparse.ArgumentParser:
     cm.set_defaults(func=_compare)
 
     st = sub.add_parser("status", help="runs x stages: pending, running, done, failed (one line per setting past 50 runs)")
-    st.add_argument("experiment")
+    st.add_argument("experiment", nargs="?", help="the experiment directory (logs/<name>); without it, the experiments under ./logs are listed")
     view = st.add_mutually_exclusive_group()
     view.add_argument("--runs", action="store_true", help="one line per run (the default up to 50 runs, or with a selection)")
     view.add_argument("--summary", action="store_true", help="one line per setting, the failures named (the default past 50 runs)")
@@ -257,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", nargs="?", const="5", metavar="SECONDS", help="refresh every SECONDS (default 5, at least 1) until nothing is pending or running")
 
     ca = sub.add_parser("cancel", help="cancel every job of an experiment, or the tasks of some runs")
-    ca.add_argument("experiment")
+    ca.add_argument("experiment", nargs="?", help="the experiment directory (logs/<name>); without it, the experiments under ./logs are listed")
     for sp, verb in ((st, "show"), (ca, "cancel")):
         states = "pending, running, orphaned" if sp is ca else "pending, running, orphaned, done, failed, cancelled, skipped, not-submitted"
         sp.add_argument("--state", action="append", default=[], metavar="STATE", help=f"{verb} runs in this state (repeatable): {states}")
@@ -284,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
     cf.set_defaults(func=_configs)
 
     it = sub.add_parser("init", help="write NAME.yaml, a starter config copied from a bundled one")
-    it.add_argument("name", help="the experiment's name, and the file's")
+    it.add_argument("name", nargs="?", help="the experiment's name, and the file's; without it, the bundled configs to start from are listed")
     it.add_argument("--from", dest="source", default="cartpole_ppo", help="the bundled config to start from (`hpcrl configs` lists them)")
     it.add_argument("--dir", default=".", help="where to write it (default: here)")
     it.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -293,8 +343,36 @@ def parser() -> argparse.ArgumentParser:
     co = sub.add_parser("completion", help="print the shell completion script: eval \"$(hpcrl completion bash)\"")
     co.add_argument("shell", choices=["bash", "zsh"])
     co.set_defaults(func=_completion)
+    _group_commands(p, sub)
     _completers(p)
     return p
+
+
+USER_COMMANDS = ("sweep", "status", "collect", "compare", "cancel", "build-image", "init", "configs", "schema", "completion")
+"""The commands a user types, in the order `hpcrl --help` lists them (the order of a first hour)."""
+JOB_COMMANDS = ("train", "eval", "learner", "actor", "search-worker")
+"""The in-job entry points (hpcrl.stages): what job scripts run. Callable like any command, and
+listed apart in `hpcrl --help`, after the user's commands."""
+
+
+def _group_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """`hpcrl --help`: the user's commands under "commands", the in-job entry points in a group of
+    their own after them. argparse lists one subparsers action as one group, so the subparsers
+    action is hidden and its help lines (one per command) are listed by two groups instead; every
+    parser stays in `sub`, callable as before. Each command's help is also its parser's description
+    (`hpcrl status --help`, and the CLI reference the docs generate from this parser)."""
+    lines = {action.dest: action for action in sub._choices_actions}
+    for name, action in lines.items():
+        sub.choices[name].description = sub.choices[name].description or action.help
+    p.usage = "%(prog)s [-h] [--version] COMMAND ..."
+    p.add_argument_group("commands")._group_actions.extend(lines[name] for name in USER_COMMANDS)
+    jobs = p.add_argument_group(
+        "in-job entry points",
+        "what the job scripts run, one task each (`hpcrl sweep --dry-run` shows them); "
+        "`hpcrl train|eval EXPERIMENT --task N -- PROGRAM [ARGS...]` runs a user's program (algo: program) as its job script does",
+    )
+    jobs._group_actions.extend(lines[name] for name in JOB_COMMANDS)
+    assert sorted(lines) == sorted(USER_COMMANDS + JOB_COMMANDS), "a command missing from USER_COMMANDS or JOB_COMMANDS"
 
 
 def _completers(p: argparse.ArgumentParser) -> None:
@@ -329,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, program = argv[:cut], argv[cut + 1 :]
     args, extra = parser().parse_known_args(argv)
+    if hasattr(args, "overrides") and (multirun := [w for w in extra if w in MULTIRUN]):
+        print(f"hpcrl: error: {multirun_line(multirun[0], [w for w in [*args.overrides, *extra] if '=' in w])}", file=sys.stderr)
+        return 2
     if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
         args.overrides += extra  # `hpcrl sweep c.yaml --scheduler local train.lr=3e-4`: overrides after options too
     elif extra:
@@ -345,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"{word!r}: expected KEY.PATH=VALUE after the config (an override, as -p takes)")
         return args.func(args)
     except ConfigError as exc:
-        print(f"hpcrl: error: {exc}", file=sys.stderr)
+        for line in exc.lines:  # every problem of a config, one line each
+            print(f"hpcrl: error: {line}", file=sys.stderr)
         return 2
     except SchedulerError as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import itertools
 import math
 import re
@@ -26,6 +27,7 @@ from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, OnPolicyConfig, TrainCo
 from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
 from hpcrl.config.schema import (
     ConfigError,
+    Problems,
     Verbatim,
     build,
     choice_problem,
@@ -239,13 +241,19 @@ class SweepConfig:
         return []
 
 
-_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)B?$", re.IGNORECASE)
+_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B)?$", re.IGNORECASE)
+_BARE = re.compile(r"^\d+(?:\.\d+)?$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
 
 
 def parse_mem_mb(text: str) -> int:
-    """'4G' -> 4096. Slurm's and SGE's own suffixes, so a value reads the same in both templates."""
+    """'4G' -> 4096. Slurm's and SGE's own suffixes (K, M, G, T; `GB` and `GiB` read as G), so a
+    value reads the same in both templates. The unit is required: Slurm reads a bare `--mem=32` as
+    32 MB while most who write `mem: 32` mean 32 GB, and a job that gets 32 MB dies at its first
+    import; one rule that cannot surprise is to take no number without its unit."""
     m = _MEM.match(text.strip())
+    if _BARE.match(number := text.strip()):
+        raise ValueError(f"{number} has no unit (Slurm would read {number} MB): write {number}G for gigabytes or {number}M for megabytes")
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"expected a memory size such as 4G or 500M, got {text!r}")
     factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[m.group(2).upper()]
@@ -364,11 +372,13 @@ class ContainerConfig:
     """`singularity`, `apptainer`, or the absolute path of either (a site's own install, off the PATH a job
     gets). With `runs: program` a name is resolved on the sweep's PATH and the job gets the path."""
     binds: list[str] = setting(factory=list)
-    """Bind mounts, `SRC[:DST[:OPTS]]` as `--bind` takes them; the experiment directory is bound anyway."""
+    """`src[:dst[:opts]]` mounts into the image; the experiment directory (and a program's working
+    directory, and cuda.lib_path) are added where no bind shows them at the same path."""
     home: Optional[str] = None
     """`--home`: the home directory inside the container (a cluster home may be slow or over quota)."""
     nv: bool = True
-    """`--nv`: the host's NVIDIA driver and GPUs inside the container."""
+    """`--nv` (the host's NVIDIA driver in the image) for the stages that ask for GPUs (resources.gpus,
+    eval.gpus); a stage without one (the aggregate) runs without it."""
     env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
     """Variables set inside the container, exported by the job as `SINGULARITYENV_*` and `APPTAINERENV_*`."""
     cleanenv: bool = False
@@ -383,9 +393,10 @@ class ContainerConfig:
 @dataclass
 class CudaConfig:
     lib_path: Optional[str] = None
-    """Prepended to LD_LIBRARY_PATH in the job when it is not already there."""
+    """Prepended to LD_LIBRARY_PATH in the job when it is not already there; with an image, also bound
+    into it read-only at the same path (unless container.binds already show it there)."""
     modules: list[str] = setting(factory=list)
-    """Environment modules the job loads first (`module load cuda/12.4`)."""
+    """Environment modules the job loads (`module load`) before hpcrl runs; one that fails stops the job."""
 
 
 @dataclass
@@ -817,9 +828,49 @@ def known_paths(algo: str) -> list[str]:
 
 
 def _unknown(where: str, key: str, algo: str) -> ConfigError:
-    """`unknown key`, with the closest known keys when one is close (`train.lrr`: did you mean train.lr?)."""
-    hint = did_you_mean(key, known_paths(algo))
+    """`unknown key`, with the closest known keys when one is close (`train.lrr`: did you mean
+    train.lr?), and else the keys whose last part is close to the key's (`lr`, `trian.num_env`: the
+    section left out or misspelt: did you mean train.lr?, env.num_envs?)."""
+    paths = known_paths(algo)
+    hint = did_you_mean(key, paths) or _leaf_hint(key, paths)
     return ConfigError(f"{where}: unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _leaf_hint(key: str, paths: list[str]) -> str:
+    """`did you mean train.lr?` for `lr`: the known keys whose last part is close to the key's last
+    part (a key written without its section, or in the wrong one), or ''."""
+    leaf = key.rpartition(".")[2]
+    close = difflib.get_close_matches(leaf, list(dict.fromkeys(p.rpartition(".")[2] for p in paths)), n=2, cutoff=0.7)
+    found = [p for name in close for p in paths if p.rpartition(".")[2] == name][:2]
+    return f"did you mean {' or '.join(found)}?" if found else ""
+
+
+def _check_hydra_sweep(key: str, value: Any, text: str, algo: str) -> None:
+    """Hydra's sweep syntax in an override (`train.lr=1e-3,3e-4`, `train.lr=choice(1e-3,3e-4)`):
+    hpcrl sweeps what `sweep.grid` lists, so the override is refused with the grid key to write,
+    where the key is one a grid may vary and holds one value of the schema (a free-form value,
+    such as a program's parameter `--gpus 0,1`, may hold a comma; a list is written in brackets)."""
+    if not isinstance(value, str) or "," not in value:
+        return
+    if key != "algo" and (not _known_path(key, algo) or _free_form(key, algo) or not is_sweepable(key, algo)):
+        return
+    raw = text.split("=", 1)[1].strip()
+    if found := re.fullmatch(r"choice\((.*)\)", raw):
+        raw = found.group(1)
+    raise ConfigError(
+        f"-p {key}={text.split('=', 1)[1].strip()}: Hydra's sweep syntax; hpcrl sweeps the lists in sweep.grid: "
+        f"write sweep.grid.{key}=[{raw}]"
+    )
+
+
+def _free_form(dotted: str, algo: str) -> bool:
+    """Whether a (known) dotted key holds a free-form value or a list rather than one typed scalar."""
+    cls: Any = Experiment
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return True  # inside a free-form mapping (env.kwargs, program.params)
+        cls = _field_type(cls, part, algo)
+    return cls in (Any, Verbatim) or typing.get_origin(cls) in (list, dict) or dataclasses.is_dataclass(cls)
 
 
 def _path_rules(dotted: str, algo: str) -> list[Any]:
@@ -1050,34 +1101,49 @@ def _build_experiment(data: dict[str, Any]) -> Experiment:
     data = dict(data)
     algo = _algo(data)
     if algo == "program":
-        for key in PROGRAM_UNUSED:
-            if key in data:
-                raise _unused_by_program(key)
+        if unused := [key for key in PROGRAM_UNUSED if key in data]:
+            raise ConfigError(*(str(_unused_by_program(key)) for key in unused))
         _nest_params(data)
     train_data = data.pop("train", None)
     image_data = data.pop("image", None)
-    exp = build(Experiment, data, "")
-    exp.train = build(ALGORITHMS.get(algo, TrainConfig), {} if train_data is None else train_data, "train")
-    exp.image = None if image_data is None else build(ImageConfig, image_data, "image")
-    for key, message in exp.check():  # again: train was a TrainConfig when build() checked it first
-        raise ConfigError(f"{key}: {message}")
+    problems = Problems()  # the sections are built apart: a problem in one leaves the others looked at
+    paths = known_paths(algo)
+    with problems.kept():
+        exp = build(Experiment, data, "", elsewhere=lambda key: _leaf_hint(key, paths))
+    with problems.kept():
+        train = build(ALGORITHMS.get(algo, TrainConfig), {} if train_data is None else train_data, "train", elsewhere=lambda key: _leaf_hint(key, [p for p in paths if not p.startswith("train.")]))
+    with problems.kept():
+        image = None if image_data is None else build(ImageConfig, image_data, "image")
+    problems.raise_any()
+    exp.train, exp.image = train, image
+    if found := exp.check():  # again: train was a TrainConfig when build() checked it first
+        raise ConfigError(*(f"{key}: {message}" for key, message in found))
     return exp
 
 
 def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
     """Validate plain data (with `-p` overrides applied) into an Experiment."""
     data = copy.deepcopy(data)
+    problems = Problems()  # every problem of the overrides and the config, then of the sweep: one line each
     for text in overrides:
-        key, value = parse_override(text)
-        if key != "algo" and not _known_path(key, _algo(data)):
-            raise _unknown(f"-p {key_path('', key)}", key, _algo(data))
-        if _algo(data) == "program" and key.split(".")[0] in PROGRAM_UNUSED:
-            raise _unused_by_program(f"-p {key}")
-        _set_override(data, key, value)
-    exp = _build_experiment(data)
-    _check_grid(exp, data)
-    _check_search(exp, data)
-    _check_normalize(exp)
+        with problems.kept():
+            key, value = parse_override(text)
+            algo = _algo(data)
+            if key != "algo" and not _known_path(key, algo):
+                raise _unknown(f"-p {key_path('', key)}", key, algo)
+            if algo == "program" and key.split(".")[0] in PROGRAM_UNUSED:
+                raise _unused_by_program(f"-p {key}")
+            _check_hydra_sweep(key, value, text, algo)
+            _set_override(data, key, value)
+    with problems.kept():
+        exp = _build_experiment(data)
+    problems.raise_any()
+    for check in (_check_grid, _check_search):
+        with problems.kept():
+            check(exp, data)
+    with problems.kept():
+        _check_normalize(exp)
+    problems.raise_any()
     exp.given = data
     return exp
 
@@ -1106,23 +1172,11 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
     the values `sweep.when` matches on.
     """
     grid = exp.sweep.grid
+    problems = Problems()  # each grid key on its own: every misspelt key is named at once
     for key, values in grid.items():
-        where = f"sweep.grid.{key}"
-        if key != "algo" and not _known_path(key, exp.algo):
-            raise _unknown(where, key, exp.algo)
-        if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED + ("algo",):
-            raise _unused_by_program(where)
-        if key != "algo" and not is_sweepable(key, exp.algo):
-            raise ConfigError(f"{where}: cannot be swept: it changes how or where runs execute, not what they learn (set it once, outside the grid)")
-        if not values:
-            raise ConfigError(f"{where}: expected a non-empty list of values")
-        for other in grid:
-            if other.startswith(key + "."):
-                raise ConfigError(f"sweep.grid.{other}: overlaps sweep.grid.{key} (sweep each key once)")
-    if "algo" in grid:
-        for value in grid["algo"]:
-            if not isinstance(value, str) or value not in ALGORITHMS:
-                raise ConfigError(f"sweep.grid.algo: expected values among {', '.join(map(repr, ALGORITHMS))} (a user's program is its own experiment), got {_show(value)}")
+        with problems.kept():
+            _check_grid_key(exp, key, values)
+    problems.raise_any()
     runs = math.prod(len(v) for v in grid.values()) * len(exp.sweep.seeds)
     if runs > MAX_RUNS:
         raise ConfigError(f"sweep.grid: {runs:,} runs (grid points x seeds) pass the limit of {MAX_RUNS:,}")
@@ -1131,8 +1185,33 @@ def _check_grid(exp: Experiment, data: dict[str, Any]) -> None:
     if "algo" in grid:  # a value of another key is typed under the first algorithm of the grid
         base["algo"] = grid["algo"][0]
     for key, values in grid.items():
-        grid[key] = _typed_values(base, key, values, f"sweep.grid.{key}")
+        with problems.kept():
+            grid[key] = _typed_values(base, key, values, f"sweep.grid.{key}")
+    problems.raise_any()
     _check_when(exp, base)
+
+
+def _check_grid_key(exp: Experiment, key: str, values: list[Any]) -> None:
+    """One key of `sweep.grid`: known (or a did-you-mean), sweepable, with values, swept once."""
+    where = f"sweep.grid.{key}"
+    if key != "algo" and not _known_path(key, exp.algo):
+        raise _unknown(where, key, exp.algo)
+    if exp.algo == "program" and key.split(".")[0] in PROGRAM_UNUSED + ("algo",):
+        raise _unused_by_program(where)
+    if key != "algo" and not is_sweepable(key, exp.algo):
+        raise ConfigError(f"{where}: cannot be swept: it changes how or where runs execute, not what they learn (set it once, outside the grid)")
+    if not values:
+        raise ConfigError(f"{where}: expected a non-empty list of values")
+    for other in exp.sweep.grid:
+        if other.startswith(key + "."):
+            raise ConfigError(f"sweep.grid.{other}: overlaps sweep.grid.{key} (sweep each key once)")
+    for value in values if key == "algo" else []:
+        if not isinstance(value, str) or value not in ALGORITHMS:
+            hint = did_you_mean(value, list(ALGORITHMS), quote=True) if isinstance(value, str) else ""
+            raise ConfigError(
+                f"sweep.grid.algo: expected values among {', '.join(map(repr, ALGORITHMS))} (a user's program is its own experiment), got {_show(value)}"
+                + (f" ({hint})" if hint else "")
+            )
 
 
 def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
@@ -1180,16 +1259,21 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
 def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str) -> list[Any]:
     """Each value validated as one point on `base` and replaced by its typed value; no repeats."""
     typed_values: list[Any] = []
+    given: list[Any] = []
+    problems = Problems()  # every bad value of the key, one line each
     for value in values:
         point = copy.deepcopy(base)
         _set_dotted(point, key, value, merge=True)
         try:
             typed = _canonical(_get_dotted(_build_experiment(point), key), value)
         except ConfigError as exc:
-            raise ConfigError(f"{where}={_show(value)}: {exc}") from None
+            problems.errors.append(exc.within(f"{where}={_show(value)}: "))
+            continue
         if typed in typed_values:
-            raise ConfigError(f"{where}: {_show(value)} repeats {_show(values[typed_values.index(typed)])} (the same value once typed)")
+            raise ConfigError(f"{where}: {_show(value)} repeats {_show(given[typed_values.index(typed)])} (the same value once typed)")
         typed_values.append(typed)
+        given.append(value)
+    problems.raise_any()
     return typed_values
 
 
@@ -1238,7 +1322,7 @@ def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
             for key in others:
                 _typed_values(point, key, grid[key], f"sweep.grid.{key}")
         except ConfigError as exc:
-            raise ConfigError(f"sweep: the grid point {label}{' with sweep.when settings' if extra else ''}: {exc}") from None
+            raise exc.within(f"sweep: the grid point {label}{' with sweep.when settings' if extra else ''}: ") from None
 
 
 def _canonical(typed: Any, given: Any) -> Any:
@@ -1292,7 +1376,7 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         exp = experiment_from_dict(data, overrides)
         _check_output(exp)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise exc.within(f"{path}: ") from None
     exp.source = str(path)
     if exp.program is not None:  # jobs start elsewhere: the program's directory is fixed now, absolute
         exp.program.workdir = anchored_workdir(exp.program.workdir, Path.cwd())

@@ -12,6 +12,7 @@ No torch, no gymnasium: configs are validated on login nodes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -20,7 +21,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -35,8 +36,55 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
 
 
+MAX_PROBLEMS = 12
+"""Problems one ConfigError lists at most; the rest are counted in a last line (a config with 300
+broken values is usually one mistake: a wrong file, or a section indented one level too deep)."""
+
+
 class ConfigError(ValueError):
-    """A config that must not reach a scheduler. The message is the whole story, on one line."""
+    """A config that must not reach a scheduler. Each problem is the whole story on one line
+    (`train.lr: expected a number, got 'fast'`); where the loader can go on past a problem (the
+    other keys of a section, the other overrides, the other grid keys) it does, and every problem
+    of the config comes in one error, one line each (`lines`), so a config is fixed in one edit."""
+
+    def __init__(self, *lines: str) -> None:
+        super().__init__("\n".join(lines))
+
+    @property
+    def lines(self) -> list[str]:
+        """One line per problem."""
+        return str(self).split("\n")
+
+    @classmethod
+    def joined(cls, errors: typing.Sequence[ConfigError]) -> ConfigError:
+        """Every line of `errors`, each once, at most MAX_PROBLEMS of them."""
+        lines = list(dict.fromkeys(line for error in errors for line in error.lines))
+        if len(lines) > MAX_PROBLEMS:
+            lines = [*lines[: MAX_PROBLEMS - 1], f"... and {len(lines) - MAX_PROBLEMS + 1} more problems"]
+        return cls(*lines)
+
+    def within(self, prefix: str) -> ConfigError:
+        """The same problems, each line prefixed (`cartpole.yaml: `): a wrapped error keeps one line each."""
+        return ConfigError(*(line if line.startswith("... and ") else prefix + line for line in self.lines))
+
+
+class Problems:
+    """The problems found so far in one pass over a config: `with problems.kept():` around a step
+    that may raise lets the pass go on to the next step; `raise_any()` raises them all at once."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as exc:
+            self.errors.append(exc)
+
+    def raise_any(self) -> None:
+        if self.errors:
+            raise ConfigError.joined(self.errors)
 
 
 class YamlInt(int):
@@ -389,36 +437,44 @@ def _check_rules(rules: Rules, value: Any, path: str) -> None:
             raise ConfigError(f"{where}: {problem}")
 
 
-def build(cls: type, data: Any, path: str) -> Any:
-    """An instance of config class `cls` from a mapping: types, declared rules, then `check()`."""
+def build(cls: type, data: Any, path: str, elsewhere: Callable[[str], str] | None = None) -> Any:
+    """An instance of config class `cls` from a mapping: types, declared rules, then `check()`.
+    Every key is looked at before anything is raised: the ConfigError names each problem (unknown
+    keys, values of the wrong type or out of bounds, in nested sections too), one line each;
+    `check()`, which needs every field, runs when they are all valid. An unknown key with no close
+    sibling gets `elsewhere(key)`'s did-you-mean, where the caller knows the whole schema (a
+    top-level `seeds` is sweep.seeds)."""
     prefix = f"{path}." if path else ""
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'top level'}: expected a mapping, got {data!r}")
     fields_ = public_fields(cls)
     types_ = hints(cls)
     rules = field_rules(cls)
+    problems = Problems()
     for key in data:
         if key not in fields_:
-            hint = did_you_mean(str(key), list(fields_), prefix)
-            raise ConfigError(f"{key_path(path, key)}: unknown key ({hint + ' ' if hint else ''}expected one of: {', '.join(sorted(fields_))})")
+            hint = did_you_mean(str(key), list(fields_), prefix) or (elsewhere(str(key)) if elsewhere else "")
+            problems.errors.append(ConfigError(f"{key_path(path, key)}: unknown key ({hint + ' ' if hint else ''}expected one of: {', '.join(sorted(fields_))})"))
     kwargs = {}
     for name, f in fields_.items():
         if name in data:
-            value = data[name]
-            if rules[name].shorthand is not None:
-                try:
-                    value = rules[name].shorthand(value)
-                except ValueError as exc:
-                    raise ConfigError(f"{prefix}{name}: {exc}") from None
-            kwargs[name] = convert(value, types_[name], f"{prefix}{name}")
-            _check_rules(rules[name], kwargs[name], f"{prefix}{name}")
+            with problems.kept():
+                value = data[name]
+                if rules[name].shorthand is not None:
+                    try:
+                        value = rules[name].shorthand(value)
+                    except ValueError as exc:
+                        raise ConfigError(f"{prefix}{name}: {exc}") from None
+                typed = convert(value, types_[name], f"{prefix}{name}")
+                _check_rules(rules[name], typed, f"{prefix}{name}")
+                kwargs[name] = typed
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{prefix}{name}: required key is missing")
+            problems.errors.append(ConfigError(f"{prefix}{name}: required key is missing"))
+    problems.raise_any()
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
-    if check is not None:
-        for key, message in check():
-            raise ConfigError(f"{prefix}{key}: {message}")
+    if check is not None and (found := check()):  # the first problem of each key: later ones often restate it
+        raise ConfigError(*(f"{prefix}{key}: {message}" for key, message in dict(reversed(found)).items()))
     return obj
 
 

@@ -3,8 +3,10 @@
 A paper's comparison is usually several experiments: hpcrl's PPO beside an RL Zoo program run,
 an old sweep beside a new one. Each experiment's settings keep their own labels, prefixed with the
 experiment's name, and experiments are joined on their tasks (env ids): only tasks every experiment
-has are compared, and runs on the others are named as left out. Nothing in the experiments is
-written; everything goes to the output directory.
+has are compared, and runs on the others are named as left out. What makes the join unequal is
+said in one line each (in the terminal's notes and the report's): experiments trained for different
+budgets, or with different numbers of seeds. Nothing in the experiments is written; everything goes
+to the output directory.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def compare(experiment_dirs: list[Path], output: Path | None = None, agg: str = 
                 joined.append(r)
     if len(score_names) > 1:
         notes.append("the experiments score runs differently (an evaluation, or a program's last training episodes): " + "; ".join(f"{n}: {score_name(c)}" for n, c in zip(names, configs)))
+    notes += unequal_notes(names, configs, [[r for r in rs if r.task in common] for rs in gathered])
     output = Path(output) if output is not None else dirs[0].parent / ("compare-" + "-vs-".join(n.replace("/", "_") for n in names))[:200]
     facts = [("compared", ", ".join(names)), ("tasks", ", ".join(common))]
     for name, d, meta in zip(names, dirs, metas):
@@ -89,6 +92,37 @@ def compare(experiment_dirs: list[Path], output: Path | None = None, agg: str = 
         facts.append((f"{name}: directory", str(d.resolve())))
     print(f"comparing {', '.join(names)} on {', '.join(common)}", file=out)
     return write_results(output, "Comparison: " + " vs ".join(names), facts, joined, scoring, notes, out)
+
+
+def unequal_notes(names: list[str], configs: list[dict], joined: list[list[RunResult]]) -> list[str]:
+    """One line each where the compared experiments differ in what makes their scores comparable:
+    the training budget (a score after 20,000 steps beside one after 100,000), and the seeds each
+    setting has (an interval, and P(X > Y), rest on the fewer)."""
+    notes = []
+    budgets = [_budgets(config, results) for config, results in zip(configs, joined)]
+    if len({tuple(b) for b in budgets}) > 1:
+        shown = "; ".join(f"{n}: {' and '.join(f'{b:,}' for b in bs) or '?'} steps" for n, bs in zip(names, budgets))
+        notes.append(f"different training budgets ({shown}): each score is taken at the end of its own budget")
+    seeds = [len({r.seed for r in results}) for results in joined]
+    if len(set(seeds)) > 1:
+        shown = "; ".join(f"{n}: {k}" for n, k in zip(names, seeds))
+        notes.append(f"different numbers of seeds ({shown}): intervals and P(X > Y) rest on {min(seeds)} seed{'s' if min(seeds) != 1 else ''} where one has fewer")
+    return notes
+
+
+def _budgets(config: dict, results: list[RunResult]) -> list[int]:
+    """The training budgets (train.total_steps) an experiment's config gives its runs: the value, the
+    grid's values and the `sweep.when` rules' values; for a program, whose budget hpcrl does not set,
+    the last step its runs logged."""
+    if config.get("algo") == "program":
+        return sorted({int(r.steps[-1]) for r in results if r.steps.size})
+    sweep_ = config.get("sweep") or {}
+    grid = sweep_.get("grid") or {}
+    found = set(grid["train.total_steps"]) if "train.total_steps" in grid else {(config.get("train") or {}).get("total_steps")}
+    for rule in sweep_.get("when") or []:
+        values = rule.get("set") or {}
+        found |= {values.get("train.total_steps"), (values.get("train") or {}).get("total_steps")}
+    return sorted(int(b) for b in found if isinstance(b, (int, float)))
 
 
 def compare_command(experiment_dirs: list[str], output: str | None, agg: str, normalize: bool | None) -> int:

@@ -94,8 +94,11 @@ def _draw_curves(ax: Axes, curves: Mapping[str, Curve], styles: Mapping[str, tup
         if n == 0 or np.size(grid) == 0:
             ax.plot([], [], linestyle="none", label=f"{setting} (n=0 seeds, no data)")
             continue
-        ax.plot(grid, center, color=color, linestyle=linestyle, linewidth=1.6, label=f"{setting} ({_plural(n, 'seed')})")
-        if n >= 2:
+        point = np.size(grid) == 1  # one evaluation (a short budget): a line through it would be invisible
+        ax.plot(grid, center, color=color, linestyle=linestyle, linewidth=1.6, marker="o" if point else None, label=f"{setting} ({_plural(n, 'seed')})")
+        if n >= 2 and point:
+            ax.vlines(grid, low, high, color=color, linewidth=2.0, alpha=0.6)
+        elif n >= 2:
             ax.fill_between(grid, low, high, color=color, alpha=band_alpha, linewidth=0)
         drawn += 1
     if not drawn:

@@ -344,6 +344,23 @@ def probability_of_improvement_ci(
     return float(low), float(high)
 
 
+MIN_SEEDS_FOR_INTERVAL = 3
+"""Runs each side of P(X > Y) needs before its bootstrap interval is shown: two runs resample to three
+distinct sets, and 3 runs against 2 that all lose gave `1 [1, 1]`, a certainty no such count gives."""
+
+
+def interval_withheld(n_x: int, n_y: int, low: float, high: float) -> str:
+    """Why a P(X > Y) interval says nothing and is not shown (empty when it is shown): a side with
+    fewer than MIN_SEEDS_FOR_INTERVAL runs, or an interval of zero width, which every resample gave
+    (each run of one side beat each of the other, or all tied): the bootstrap cannot see past the
+    runs it has, and `[1, 1]` would read as certainty."""
+    if min(n_x, n_y) < MIN_SEEDS_FOR_INTERVAL:
+        return f"{n_x} vs {n_y} seed{'s' if n_y != 1 else ''}"
+    if low == high:
+        return "no spread"
+    return ""
+
+
 def summarize(
     scores_by_setting: Mapping[str, ArrayLike],
     reps: int = 2000,

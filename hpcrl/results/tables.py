@@ -12,6 +12,7 @@ because raw returns of different environments do not average.
       summary.csv        per setting and task: n expected, n, mean, median, IQM, std, CIs, missing runs
       aggregate.csv      per setting across tasks (more than one task): IQM, mean, median, optimality gap + CIs
       improvement.csv    P(X > Y) between the settings shown (the best MAX_PLOTTED by the aggregate), with CIs
+                         (none, and why in no_ci, where stats.interval_withheld says one would say nothing)
       curves.csv         training curves per setting and task; eval_curves.csv the same for the
                          evaluations during training (eval.every_steps)
       plots/*.png        curves, eval curves, final scores, aggregate metrics, performance profile
@@ -107,8 +108,9 @@ def _cell(x: object) -> str:
     return str(x)
 
 
-def _p_cell(p: str, low: str, high: str) -> str:
-    return f"{_cell(p)} [{_cell(low)}, {_cell(high)}]"
+def _p_cell(p: str, low: str, high: str, withheld: str = "") -> str:
+    """`0.5 [0.25, 0.75]`, or `1 (no CI: 3 vs 2 seeds)` where the interval says nothing (stats.interval_withheld)."""
+    return f"{_cell(p)} (no CI: {withheld})" if withheld else f"{_cell(p)} [{_cell(low)}, {_cell(high)}]"
 
 
 def score_matrices(groups: Groups, task_names: list[str], refs: dict[str, tuple[float, float]] | None) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -258,8 +260,10 @@ def write_results(
         for y in shown:
             if x != y:
                 low, high = stats.probability_of_improvement_ci(matrices[x], matrices[y])
-                improvement.append([x, y, _fmt(float(stats.probability_of_improvement(matrices[x], matrices[y]))), _fmt(low), _fmt(high)])
-    atomic_write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high"], improvement)
+                withheld = stats.interval_withheld(len(matrices[x]), len(matrices[y]), low, high)
+                p = _fmt(float(stats.probability_of_improvement(matrices[x], matrices[y])))
+                improvement.append([x, y, p, *(["", ""] if withheld else [_fmt(low), _fmt(high)]), withheld])
+    atomic_write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high", "no_ci"], improvement)
 
     # Curves and figures.
     made: dict[str, Path] = {}
@@ -360,7 +364,7 @@ def _aggregate_cells(aggregate: list[dict]) -> tuple[list[str], list[list[str]]]
 def _improvement_table(improvement: list[list], shown: list[str]) -> str:
     if not improvement:
         return ""
-    cell = {(x, y): _p_cell(p, lo, hi) for x, y, p, lo, hi in improvement}
+    cell = {(x, y): _p_cell(p, lo, hi, why) for x, y, p, lo, hi, why in improvement}
     return text_table(["P(X > Y)", *shown], [[x, *[cell.get((x, y), "-") for y in shown]] for x in shown])
 
 
@@ -379,11 +383,13 @@ def _document(
         header, rows = _aggregate_cells(aggregate)
         sections.append(report.Section(f"Across {len(task_names)} tasks", [_scale_note(scoring).capitalize() + ".", report.Table(header, rows)]))
     if improvement:
-        cell = {(x, y): _p_cell(p, lo, hi) for x, y, p, lo, hi in improvement}
+        cell = {(x, y): _p_cell(p, lo, hi, why) for x, y, p, lo, hi, why in improvement}
         table = report.Table(["P(row > column)", *shown], [[x, *[cell.get((x, y), "-") for y in shown]] for x in shown])
         sections.append(report.Section("Probability of improvement", [
             "P(X > Y): the chance that a run of X beats a run of Y on the same task, averaged over tasks, with 95% bootstrap CIs "
-            "(also in improvement.csv).", table]))  # fmt: skip
+            f"(also in improvement.csv). No CI where a side has fewer than {stats.MIN_SEEDS_FOR_INTERVAL} seeds, or where every "
+            "bootstrap resample gives the same value (no spread: each run of one side beat each of the other): "
+            "a bootstrap cannot see past the runs it has.", table]))  # fmt: skip
     for name, path in made.items():
         sections.append(report.Section(name, [report.Image(name, path)]))
     if lines:

@@ -114,9 +114,16 @@ class Scheduler(ABC):
         its state in the experiment; debug runs tasks through `stages` and prints to `out`."""
         return cls()
 
+    def cannot(self, exp: Any) -> str | None:
+        """Why this backend cannot run the experiment whatever machines it has (one line; debug: work
+        that needs several processes), before anything is written, a dry run included; None where it can."""
+        return None
+
     def refuse(self, exp: Any, requests: Sequence[NodeRequest] = ()) -> str | None:
-        """Why this backend cannot run the experiment at all (one line), before anything is written;
-        None where it can. `requests`: what one node must hold for each kind of job it submits."""
+        """Why the machines this backend would run on cannot hold the experiment now (one line: a live
+        cluster's largest node, this machine's GPUs), before anything is written; None where they can.
+        A dry run prints the scripts with it as a warning. `requests`: what one node must hold for each
+        kind of job it submits."""
         return None
 
     def refuse_nodes(self, res: Any) -> str | None:
@@ -162,6 +169,17 @@ class Scheduler(ABC):
     @abstractmethod
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
         """Submit a rendered script; return the job id."""
+
+    def submit_argv(self, script: Path, after: list[Dependency]) -> list[str] | None:
+        """The command `submit` runs for `script` with its dependencies (a dry run shows it as it
+        would run); None for a backend that runs no command to submit (local, debug)."""
+        return None
+
+    def submitted(self, job_id: str, text: str) -> None:
+        """What a backend keeps of a job it submitted (its script's `text`) for the jobs after it: a
+        dry run tells it of each planned job too, under a stand-in id, so its commands read as a sweep's.
+        Nothing by default."""
+        return None
 
     @abstractmethod
     def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:

@@ -14,12 +14,12 @@ rank per run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from hpcrl.config.experiment import Experiment
-from hpcrl.schedulers.base import NodeRequest, Scheduler, SchedulerError
+from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Dependency, load_run, read_jobs
 
@@ -42,7 +42,7 @@ class DebugScheduler(Scheduler):
     def create(cls, experiment_dir: Path, stages: Mapping[str, Callable[..., int]] | None, out: IO[str] | None) -> DebugScheduler:
         return cls(experiment_dir, stages, out)
 
-    def refuse(self, exp: Experiment, requests: Sequence[NodeRequest] = ()) -> str | None:
+    def cannot(self, exp: Experiment) -> str | None:
         if exp.distributed is not None:
             return "--scheduler debug: distributed (Ape-X) runs a learner beside actor jobs, which one process cannot; debug the learner on a cluster or locally"
         if exp.resources.ranks > 1:

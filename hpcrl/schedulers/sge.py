@@ -250,18 +250,25 @@ class SGEScheduler(Scheduler):
         hosts = _Hosts(slots, offered(listing, gpu) if gpu_asks else {}, gpu, f"queue {queue}" if queue else "any queue")
         return next((why for ask in requests if (why := hosts.refuse(ask, self.probe))), None)
 
+    def submit_argv(self, script: Path, after: list[Dependency]) -> list[str]:
+        return ["qsub", "-terse", *hold_argv(after, self._spanning), str(script)]
+
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
-        out = self.run(["qsub", "-terse", *hold_argv(after, self._spanning), str(script)]).strip()
+        out = self.run(self.submit_argv(script, after)).strip()
         # `<id>` for a plain job, `<id>.1-N:1` for an array.
         job_id = out.splitlines()[-1].split(".")[0] if out else ""
         if not job_id.isdigit():
             raise SchedulerError(f"qsub -terse {script}: expected a job id, got {out!r}")
         try:
-            if SPANS_HOSTS in script.read_text(errors="replace"):
-                self._spanning.add(job_id)
+            self.submitted(job_id, script.read_text(errors="replace"))
         except OSError:
             pass
         return job_id
+
+    def submitted(self, job_id: str, text: str) -> None:
+        """A job whose tasks span hosts is held on as a whole by the jobs after it (hold_argv)."""
+        if SPANS_HOSTS in text:
+            self._spanning.add(job_id)
 
     def query(self, job_ids: list[str]) -> dict[str, dict[int, str]]:
         if not job_ids:

@@ -81,22 +81,23 @@ def _node_rows(listing: str) -> list[tuple[str, int, int, int]]:
 
 def _no_node_holds(ask: NodeRequest, nodes: list[tuple[int, int, int]], partition: str) -> str | None:
     """Why no node of (CPUs, memory in MB, GPUs) holds all of `ask` at once, in one line; None where one
-    does or sinfo listed no node. A resource no node has enough of alone is named alone, as before."""
+    does or sinfo listed no node. A resource no node has enough of alone is named alone, as before.
+    `partition` names it in words (`Slurm partition gpu`, `Slurm's default partition debug`)."""
     if not nodes or any(c >= ask.cpus and m >= ask.mem_mb and g >= ask.gpus for c, m, g in nodes):
         return None
     cpus, mem_mb, gpus = (max(n[i] for n in nodes) for i in range(3))
-    where = f"the largest node of Slurm partition {partition} has"
+    where = f"the largest node of {partition} has"
     if ask.cpus > cpus:
         return f"{ask.cpus_key}: {ask.cpus} CPUs per node{ask.cpus_detail}, but {where} {cpus} (sinfo): the job would stay pending for ever"
     if ask.mem_mb > mem_mb:
         return f"{ask.mem_key}: {ask.mem} per node, but {where} {mem_mb}M (sinfo): the job would stay pending for ever"
     if ask.gpus > gpus:
-        return f"{ask.gpus_key}: {ask.gpus} GPUs per node, but no node of Slurm partition {partition} has more than {gpus} (sinfo %G): sbatch would refuse the job"
+        return f"{ask.gpus_key}: {ask.gpus} GPUs per node, but no node of {partition} has more than {gpus} (sinfo %G): sbatch would refuse the job"
     shown = "; ".join(f"{c} CPUs, {m}M, {g} GPUs" for c, m, g in sorted(set(nodes), reverse=True)[:4])
     keys = f"{ask.cpus_key}, {ask.mem_key}" + (f", {ask.gpus_key}" if ask.gpus else "")
     return (
         f"{keys}: {ask.cpus} CPUs{ask.cpus_detail}, {ask.mem}" + (f" and {ask.gpus} GPUs" if ask.gpus else "")
-        + f" on one node, but no node of Slurm partition {partition} holds them together (sinfo: {shown}): the job would stay pending for ever"
+        + f" on one node, but no node of {partition} holds them together (sinfo: {shown}): the job would stay pending for ever"
     )
 
 
@@ -141,12 +142,17 @@ class SlurmScheduler(Scheduler):
             listing = self.probe(["sinfo", "-h", "-N", "-o", "%P|%c|%m|%G"])
         except SchedulerError:
             return None
-        res = exp.resources
-        nodes = [row[1:] for row in _node_rows(listing) if row[0].rstrip("*") == res.partition or (res.partition is None and row[0].endswith("*"))]
-        return next((why for ask in requests if (why := _no_node_holds(ask, nodes, res.partition or "default"))), None)
+        res, rows = exp.resources, _node_rows(listing)
+        nodes = [row[1:] for row in rows if row[0].rstrip("*") == res.partition or (res.partition is None and row[0].endswith("*"))]
+        default = next((row[0].rstrip("*") for row in rows if row[0].endswith("*")), "")
+        where = f"Slurm partition {res.partition}" if res.partition else f"Slurm's default partition {default}".rstrip()  # sinfo marks it with *
+        return next((why for ask in requests if (why := _no_node_holds(ask, nodes, where))), None)
+
+    def submit_argv(self, script: Path, after: list[Dependency]) -> list[str]:
+        return ["sbatch", "--parsable", *dependency_argv(after), str(script)]
 
     def submit(self, script: Path, size: int, after: list[Dependency]) -> str:
-        out = self.run(["sbatch", "--parsable", *dependency_argv(after), str(script)]).strip()
+        out = self.run(self.submit_argv(script, after)).strip()
         job_id = out.split(";")[0]  # `<id>;<cluster>` on multi-cluster setups
         if not job_id.isdigit():
             raise SchedulerError(f"sbatch --parsable {script}: expected a job id, got {out!r}")

@@ -355,6 +355,21 @@ def is_experiment(path: Path) -> bool:
     return (path / "runs.csv").exists()
 
 
+def find_experiments(where: Path | None = None) -> list[Path]:
+    """The experiment directories a command given none may mean, newest sweep first: those under
+    `<where>/logs` (a sweep writes `<output>/<name>` and `output` is `logs` unless a config says
+    otherwise) and those directly in `where` (a user inside the output directory), `where`
+    defaulting to the working directory. Relative to `where`, as a user would type them."""
+    base = where or Path(".")
+    found: set[Path] = set()
+    for root in (Path(Experiment.output), Path(".")):
+        try:
+            found.update(path.parent.relative_to(base) for path in (base / root).glob("*/runs.csv"))
+        except OSError:
+            continue
+    return sorted(found, key=lambda d: (-(base / d / "runs.csv").stat().st_mtime, str(d)))
+
+
 def load_experiment_config(experiment_dir: Path) -> tuple[Experiment, int]:
     """The experiment as its last sweep wrote it (experiment.yaml), validated again, and the
     generation of that config (the runs.csv rows its trials get)."""

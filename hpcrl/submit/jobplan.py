@@ -161,13 +161,9 @@ def job_context(
     `program_tasks`: for a user's program, the command line of each array task, in task order."""
     res = resources or stage_resources(exp, stage)
     container = dataclasses.asdict(exp.container)
+    container["nv"] = exp.container.nv and res.gpus > 0  # --nv where the stage has a GPU: the aggregate has none
     if exp.container.image:
-        # The job writes into the experiment directory, and a user's program runs in its working
-        # directory: make sure the container can see both.
-        needed = [str(exp.dir.resolve())] + ([program_spec.fixed_dir(program_spec.anchored_workdir(exp.program.workdir, Path.cwd()))] if exp.program else [])
-        for path in needed:
-            if path and path not in container["binds"]:
-                container["binds"] = [*container["binds"], path]
+        container["binds"] = container_binds(exp)
     return {
         "experiment_name": exp.name,
         "hpcrl_version": hpcrl.__version__,
@@ -186,6 +182,35 @@ def job_context(
         "program_tasks": program_tasks,
         "program_in_container": program_in_container(exp),
     }
+
+
+def container_binds(exp: Experiment) -> list[str]:
+    """`container.binds`, and what a job in the image must see that they do not already show at the
+    same path: the experiment directory (the job writes there), a user's program's working
+    directory, and `cuda.lib_path` (read-only), which the job puts on LD_LIBRARY_PATH: the image
+    gets the host's LD_LIBRARY_PATH, and a directory there that the image lacks is a CUDA library
+    the program cannot load."""
+    binds = list(exp.container.binds)
+    needed = [str(exp.dir.resolve())]
+    if exp.program:
+        needed.append(program_spec.fixed_dir(program_spec.anchored_workdir(exp.program.workdir, Path.cwd())))
+    for path in needed:
+        if path and not _shown(path, binds):
+            binds.append(path)
+    if (lib := exp.cuda.lib_path) and not _shown(lib, binds):
+        binds.append(f"{lib}:{lib}:ro")
+    return binds
+
+
+def _shown(path: str, binds: list[str]) -> bool:
+    """Whether a bind (`src[:dst[:opts]]`) shows `path` inside the image at the same path: a bind of
+    it or of a directory above it, mounted where it is on the host."""
+    for bind in binds:
+        src, _, rest = bind.partition(":")
+        dst = rest.partition(":")[0] or src
+        if src == dst and (path == src or path.startswith(src.rstrip("/") + "/")):
+            return True
+    return False
 
 
 def program_in_container(exp: Experiment) -> bool:

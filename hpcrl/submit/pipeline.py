@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from hpcrl.schedulers.base import Scheduler, SchedulerError
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, Job, read_jobs, write_jobs
 from hpcrl.submit.distributed import plan_distributed
+from hpcrl.submit.dryrun import print_dry_run
 from hpcrl.submit.jobplan import (
     PlannedJob,
     node_requests,
@@ -35,8 +35,6 @@ from hpcrl.submit.jobplan import (
     plan_eval_only,
     plan_study,
     plan_train,
-    program_in_container,
-    program_tasks,
     resolve_container_runtime,
 )
 from hpcrl.submit.program_module import check_module
@@ -115,21 +113,6 @@ def plan_scripts(
     return [*out, plan_aggregate(exp, scheduler, attempt, evals, cwd)]
 
 
-def print_dry_run(exp: Experiment, scheduler: Scheduler, runs: list[expdir.Run], out: IO[str] | None, cwd: Path | None) -> int:
-    n_runs = len(runs)
-    workers = modes.of(exp).first_workers(exp)
-    for planned in plan_scripts(exp, scheduler, list(range(n_runs)), 0, cwd, runs=runs, workers=workers):
-        size = planned.tasks
-        print(f"# ---- {planned.script} ({planned.stage}, {size or 'single'} task{'s' if size != 1 else ''}) ----", file=out)
-        print(planned.text, file=out)
-    if exp.program is not None and runs:
-        first = program_tasks(exp, {runs[0].index: runs[0]}, [runs[0].index], "train")[0]
-        where = f" (in the image {exp.container.image})" if program_in_container(exp) else ""
-        print(f"# first run's command line{where}: {shlex.join(first)}", file=out)
-    print(f"# dry run: {modes.of(exp).planned(exp, n_runs, workers)}, nothing written, nothing submitted", file=out)
-    return 0
-
-
 def submit_experiment(
     exp: Experiment,
     scheduler_name: str = "auto",
@@ -149,8 +132,10 @@ def submit_experiment(
         scheduler_name, why = detect_with_reason()
         print(f"hpcrl: --scheduler auto chose {scheduler_name}: {why}", file=sys.stderr)
     scheduler = get_scheduler(scheduler_name, root, stages=stages, out=out)
-    if refused := scheduler.refuse(exp, node_requests(exp)):
-        raise ConfigError(refused)
+    if cannot := scheduler.cannot(exp):
+        raise ConfigError(cannot)
+    if (refused := scheduler.refuse(exp, node_requests(exp))) and not dry_run:
+        raise ConfigError(refused)  # the machines are too small: a dry run prints the scripts with it as a warning
     # In-process tasks run in this Python, not in a container.
     exp.container.image = None if scheduler.in_process else resolved_image(exp)
     resolve_container_runtime(exp)
@@ -164,7 +149,8 @@ def submit_experiment(
         print(f"# dry run (--scheduler {scheduler.name}): {what} would train, be evaluated and collected in this process; nothing written", file=out)
         return 0
     if dry_run:
-        return print_dry_run(exp, scheduler, runs, out, cwd)
+        planned = plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, runs=runs, workers=modes.of(exp).first_workers(exp))
+        return print_dry_run(exp, scheduler, planned, runs, out, warning=refused)
     check_output_writable(exp)
     # Every template renders before anything is written: a refused directive value leaves nothing.
     plan_scripts(exp, scheduler, list(range(len(runs))), 0, cwd, eval_todo=[0], runs=runs, workers=modes.of(exp).first_workers(exp))

@@ -239,7 +239,9 @@ def test_the_local_scheduler_refuses_training_that_needs_more_gpus_than_the_mach
     else nvidia-smi) and refuses at sweep time; a GPU config with `train.device: auto` still runs on
     a machine without one."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert says in refused(tmp_path, changes, "resources.gpus")
+    assert says in refused(tmp_path, changes, "resources.gpus", dry_run=False)
+    code, stderr = sweep(write_config(tmp_path, changes))  # a dry run shows the scripts, and why a sweep refuses them
+    assert code == 0 and stderr.startswith("hpcrl: warning: resources.gpus: ") and says in stderr, stderr
     code, stderr = sweep(write_config(tmp_path, {"resources": {"gpus": 2}}))
     assert code == 0, stderr
 

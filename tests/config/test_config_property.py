@@ -2,8 +2,8 @@
 
 The keys are found by walking the config dataclasses, so a field added later is covered without
 editing this file. Each value goes into an otherwise valid config; the sweep must then either run
-(with `--dry-run`, for values that happen to be valid) or refuse with exit 2 and exactly one line
-on stderr, and write nothing. A value this file's oracle knows to be invalid for the field's type
+(with `--dry-run`, for values that happen to be valid) or refuse with exit 2 and one line on stderr
+for each problem (a malformed mapping may hold several), and write nothing. A value this file's oracle knows to be invalid for the field's type
 (`must_refuse`) must be refused, and the line must name the key path.
 """
 
@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hpcrl.cli import main
 from hpcrl.config.experiment import Experiment
 from hpcrl.config.hparams import ALGORITHMS
-from hpcrl.config.schema import Verbatim, hints, public_fields
+from hpcrl.config.schema import MAX_PROBLEMS, Verbatim, hints, public_fields
 
 NEGATIVE_OK = {"eval.threshold"}
 """Float fields where a negative value is meaningful (a return threshold); every other number of
@@ -199,7 +199,8 @@ def check(algo: str, key: str, tp: Any, value: Any, dry_run: bool) -> None:
         assert re.search(rf": {re.escape(key)}(\.|\[|:| |=)", stderr), f"{key}={value!r}: {stderr}"
     assert code in (0, 2), stderr
     if code == 2:
-        assert stderr.count("\n") == 1 and stderr.startswith("hpcrl: error: "), stderr
+        lines = stderr.splitlines()  # one line per problem of the config, each the whole story
+        assert stderr.endswith("\n") and 1 <= len(lines) <= MAX_PROBLEMS and all(line.startswith("hpcrl: error: ") for line in lines), stderr
         assert written == [], f"{key}={value!r} wrote {written}"
 
 

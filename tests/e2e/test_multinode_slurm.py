@@ -282,19 +282,57 @@ def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_neve
           f"perfect play: {perfect}; {log.count('connected to learner')} connections")
 
 
-def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal(nodes: None, tmp_path: Path) -> None:
+def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_survives_losing_one(nodes: None, tmp_path: Path) -> None:
+    """Three study workers on three nodes, one journal on the shared filesystem. A worker's node dies in the
+    middle of its trial: Slurm requeues the task (same task id) onto another node, where the worker finds its
+    record of the trial and resumes the trial's run from its checkpoint. Every trial is asked once and told
+    once, and `hpcrl status` names the node the trial's first start was lost with."""
     pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
     from test_study import assert_every_trial_once, search, study_sweep
 
     since = time.time()
-    exp_dir, _ = study_sweep(tmp_path, "slurm", search(6), "resources.max_concurrent=3", "train.total_steps=4096", *ON_NODES)
+    exp_dir, _ = study_sweep(
+        tmp_path, "slurm", search(6), "resources.max_concurrent=3", "train.total_steps=24576", "train.checkpoint_every=2", *ON_NODES,
+    )  # fmt: skip
     (job,) = [j for j in read_jobs(exp_dir) if j.stage == "study"]
-    wait_finished(exp_dir, SlurmBackend(), since, timeout=400)
-    found = assert_every_trial_once(exp_dir, 6)  # each trial asked once and told once, whichever node asked
+
+    def training() -> tuple[Path, rundir.Holder] | None:
+        """A trial's run with a checkpoint, well short of its end, and the live worker that trains it."""
+        for rd in sorted((exp_dir / "runs").glob("*")):
+            holder = rundir.lock_holder(rd)
+            if holder and holder.host in NODES and any((rd / "checkpoints").glob("*.pt")) and rundir.last_logged_step(rd) < 12_000:
+                return rd, holder
+        return None
+
+    wait_until("a trial half-way with a checkpoint", lambda: training() is not None, 240)
+    found = training()
+    assert found is not None, "the trial ended between two looks: raise train.total_steps"
+    rd, holder = found
+    killed_at = time.monotonic()
+    cluster("kill-node", holder.host)
+    seen: list[rundir.Holder] = []
+    wait_until("the lost trial to resume elsewhere", lambda: (h := rundir.lock_holder(rd)) is not None and h.host != holder.host and not seen.append(h), 180)
+    resumed_after = time.monotonic() - killed_at
+    wait_until(f"Slurm to mark {holder.host} down", lambda: node_state(holder.host).startswith("down"), 90)
+    text = status_text(exp_dir)
+    assert re.search(rf"lost on {holder.host} \(pid {holder.pid}, [\d:]+\): node down or killed", text), text
+    wait_finished(exp_dir, SlurmBackend(), since, timeout=500)
+
+    found_trials = assert_every_trial_once(exp_dir, 6)  # each trial asked once and told once, whichever node asked
+    assert rundir.lost_starts(rd) == [holder]
+    log = "".join(p.read_text(errors="replace") for p in sorted((exp_dir / "jobs" / "logs").glob("study-*")))
+    resumed = re.search(rf"{rd.name}: resumed from step ([1-9]\d*)\b", log)
+    assert resumed, log
+    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
+    assert steps == sorted(set(steps)), "a step of the lost trial was logged twice"
     listing = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job.job_id, "-o", "JobID,NodeList,State"], capture_output=True, text=True).stdout
     hosts = {line.split("|")[1] for line in listing.split() if line}
-    assert len(hosts) == 3 and hosts <= set(NODES), listing  # three workers, three nodes, one journal file
-    print(f"\nOptuna: 6 trials by 3 workers on {sorted(hosts)}; best value {max(t.value for t in found if t.value is not None):.0f}")
+    assert len(hosts) >= 3 and all(h.startswith("slurm-node") for h in hosts), listing  # three workers on three nodes, one journal file
+    print(
+        f"\nOptuna: 6 trials by 3 workers on {sorted(hosts)}; {holder.host} killed mid-trial, the trial resumed from step "
+        f"{resumed.group(1)} on {seen[0].host} {resumed_after:.0f} s later; "
+        f"best value {max(t.value for t in found_trials if t.value is not None):.0f}"
+    )
 
 
 def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and_the_run_resumes_after(nodes: None, tmp_path: Path) -> None:

@@ -219,6 +219,8 @@ def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hos
         resumed = int(re.search(r"resumed from step (\d+)", log).group(1))
         assert resumed > 0, log
         wait_until("a step past the resume", lambda: rundir.last_logged_step(rd) > resumed, 60)
+        text = status_text(exp_dir)  # the user's first look: which host the run lost, and that it goes on
+        assert re.search(rf"lost on {first} \(pid \d+, [\d:]+\): node down or killed", text), text
     finally:
         cancel_experiment(exp_dir, out=io.StringIO())
     steps = [int(row["step"]) for row in csv_rows(rd / "train.csv")]

@@ -38,7 +38,10 @@ from hpcrl.sweep import runs as sweep
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standins" / "apptainer"
 PINNED = ["output=/scratch/hpcrl", "python=/opt/venv/bin/python", "container.image=/images/habitat.sif", "program.workdir=/work/project"]
-SEED_EXEC = "singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project /images/habitat.sif"
+SEED_EXEC = (
+    "singularity exec --nv --bind /sps/hep/habitat/data:/data --bind /scratch/hpcrl/habitat_own_trainer --bind /work/project"
+    " --bind /opt/cuda-9.2/lib64:/opt/cuda-9.2/lib64:ro /images/habitat.sif"  # cuda.lib_path, which the job puts on LD_LIBRARY_PATH
+)
 
 
 def seed_scripts(*overrides: str) -> dict[str, str]:
@@ -105,6 +108,7 @@ def test_container_values_reach_the_runtime_as_words_and_run_nothing(tmp_path: P
         "name": "p", "algo": "program", "output": str(tmp_path / "logs"),
         "program": {"command": ["python", f"t {poison}.py"], "style": "equals", "params": {"x": poison}, "workdir": str(tmp_path / poison)},
         "container": {"image": f"/img/{poison}.sif", "binds": [poison], "home": poison, "runs": "program", "cleanenv": True, "env": {"A": poison}},
+        "resources": {"gpus": 1},  # --nv
     })  # fmt: skip
     runs = sweep.expand(exp)
     planned = plan_scripts(exp, get_scheduler("slurm", exp.dir), [0], 0, runs=runs)
@@ -277,7 +281,7 @@ def test_the_container_runtime_is_resolved_at_sweep_time_so_the_jobs_path_does_n
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert main(["sweep", str(program_in_image(tmp_path, "apptainer")), "--scheduler", "sge", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"PROGRAM=({bin_dir / 'apptainer'} exec --nv " in out and f"{tmp_path / 'own.sif'} python train.py)" in out
+    assert f"PROGRAM=({bin_dir / 'apptainer'} exec --bind " in out and f"{tmp_path / 'own.sif'} python train.py)" in out  # no GPU: no --nv
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "/opt/nowhere/apptainer"])
@@ -295,6 +299,6 @@ def test_the_container_runtime_may_be_an_absolute_path(tmp_path: Path, capsys) -
     runtime.parent.mkdir()
     runtime.symlink_to(STANDIN)
     assert main(["sweep", str(program_in_image(tmp_path, str(runtime))), "--scheduler", "sge", "--dry-run"]) == 0
-    assert f"PROGRAM=({runtime} exec --nv " in capsys.readouterr().out
+    assert f"PROGRAM=({runtime} exec --bind " in capsys.readouterr().out
     with pytest.raises(Exception, match=r"container.runtime: expected one of 'singularity', 'apptainer' or an absolute path to one, got 'bin/apptainer'"):
         load_experiment(program_in_image(tmp_path, "bin/apptainer"))

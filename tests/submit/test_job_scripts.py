@@ -128,6 +128,7 @@ def test_config_values_never_execute_in_job_scripts(tmp_path: Path) -> None:
             "env": {"id": poison, "num_envs": 2},
             "container": {"image": str(image), "binds": [poison], "home": poison, "env": {"INJECT": poison}},
             "cuda": {"lib_path": poison, "modules": [poison]},
+            "resources": {"gpus": 1},  # --nv: a stage with a GPU
         },
     )
     exp = load_experiment(config)
@@ -158,7 +159,7 @@ def test_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "slurm", "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "#SBATCH --array=1-2%2" in proc.stdout and "aftercorr" not in proc.stdout
+    assert "#SBATCH --array=1-2%2" in proc.stdout and "--dependency=aftercorr:$TRAIN_0_0 " in proc.stdout
     assert not (tmp_path / "logs").exists()
 
 

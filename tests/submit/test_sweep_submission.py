@@ -104,8 +104,8 @@ def test_a_refused_first_submission_leaves_no_experiment(slurm_cluster: None, tm
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("override,message", [
-    ("resources.cpus=3", r"resources.cpus: 3 CPUs per node, but the largest node of Slurm partition default has 2 \(sinfo\)"),
-    ("resources.mem=9999G", r"resources.mem: 9999G per node, but the largest node of Slurm partition default has \d+M \(sinfo\)"),
+    ("resources.cpus=3", r"resources.cpus: 3 CPUs per node, but the largest node of Slurm's default partition debug has 2 \(sinfo\)"),
+    ("resources.mem=9999G", r"resources.mem: 9999G per node, but the largest node of Slurm's default partition debug has \d+M \(sinfo\)"),
 ])
 def test_a_request_no_node_of_the_partition_can_hold_is_refused_before_anything_is_submitted(slurm_cluster: None, tmp_path: Path, override: str, message: str) -> None:
     """sbatch takes a job bigger than every node and Slurm keeps it pending for ever (PartitionConfig):
@@ -126,7 +126,7 @@ def test_more_gpus_than_any_node_has_are_refused_before_anything_is_submitted(sl
     proc = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "-p", f"output={tmp_path}", "-p", override, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     key = override.partition("=")[0]
-    assert proc.stderr == f"hpcrl: error: {key}: 3 GPUs per node, but no node of Slurm partition default has more than 2 (sinfo %G): sbatch would refuse the job\n"
+    assert proc.stderr == f"hpcrl: error: {key}: 3 GPUs per node, but no node of Slurm's default partition debug has more than 2 (sinfo %G): sbatch would refuse the job\n"
     assert list(tmp_path.iterdir()) == []
     fits = hpcrl("sweep", str(CONFORMANCE), "--scheduler", "slurm", "--dry-run", "-p", f"output={tmp_path}", "-p", override.replace("3", "2"), cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr

@@ -8,10 +8,8 @@ set -uo pipefail
 TASK_ID="${HPCRL_TASK_ID:-0}"
 HPCRL=(/opt/venv/bin/python -m hpcrl)
 
-# The work runs in the background so that this shell can catch the scheduler's warning signal
-# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
-# The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
-# job, a repeated scancel --signal) must never end this shell, whenever it comes.
+# The work runs in the background so that this shell can pass a stop signal (TERM) on to it and
+# exit with its status; this stage asks for no warning signal and is not requeued.
 child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" eval /scratch/hpcrl/cartpole_ppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
@@ -21,5 +19,4 @@ while :; do
   status=$?
   kill -0 "$child" 2>/dev/null || break
 done
-# Exit code 99 makes the local executor run the task again, as a cluster would requeue it.
 exit "$status"

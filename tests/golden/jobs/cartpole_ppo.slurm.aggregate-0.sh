@@ -11,10 +11,8 @@ set -uo pipefail
 TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
 HPCRL=(/opt/venv/bin/python -m hpcrl)
 
-# The work runs in the background so that this shell can catch the scheduler's warning signal
-# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
-# The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
-# job, a repeated scancel --signal) must never end this shell, whenever it comes.
+# The work runs in the background so that this shell can pass a stop signal (TERM) on to it and
+# exit with its status; this stage asks for no warning signal and is not requeued.
 child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" collect /scratch/hpcrl/cartpole_ppo &
@@ -24,11 +22,4 @@ while :; do
   status=$?
   kill -0 "$child" 2>/dev/null || break
 done
-# scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
-# even a cancelled job: requeue only a task that Slurm still counts as running.
-if [ "$status" -eq 99 ] && [ -n "${SLURM_ARRAY_JOB_ID:-}" ] &&
-   [ "$(squeue -h -j "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" -o %T 2>/dev/null)" = RUNNING ]; then
-  echo "hpcrl: checkpoint written; requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" >&2
-  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" && exit 0
-fi
 exit "$status"

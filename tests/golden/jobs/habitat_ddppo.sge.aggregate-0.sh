@@ -20,12 +20,10 @@ export SINGULARITYENV_MAGNUM_LOG=quiet
 export APPTAINERENV_MAGNUM_LOG=quiet
 export SINGULARITYENV_GLOG_minloglevel=2
 export APPTAINERENV_GLOG_minloglevel=2
-HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --home /work/home /images/habitat.sif hpcrl)
+HPCRL=(singularity exec --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --bind /opt/cuda-9.2/lib64:/opt/cuda-9.2/lib64:ro --home /work/home /images/habitat.sif hpcrl)
 
-# The work runs in the background so that this shell can catch the scheduler's warning signal
-# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
-# The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
-# job, a repeated scancel --signal) must never end this shell, whenever it comes.
+# The work runs in the background so that this shell can pass a stop signal (TERM) on to it and
+# exit with its status; this stage asks for no warning signal and is not requeued.
 child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" collect /scratch/hpcrl/habitat_ddppo &
@@ -35,5 +33,4 @@ while :; do
   status=$?
   kill -0 "$child" 2>/dev/null || break
 done
-# Exit code 99 makes Grid Engine reschedule the task (the job was submitted with -r y).
 exit "$status"

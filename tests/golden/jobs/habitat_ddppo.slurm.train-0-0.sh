@@ -24,7 +24,7 @@ export SINGULARITYENV_MAGNUM_LOG=quiet
 export APPTAINERENV_MAGNUM_LOG=quiet
 export SINGULARITYENV_GLOG_minloglevel=2
 export APPTAINERENV_GLOG_minloglevel=2
-HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --home /work/home /images/habitat.sif hpcrl)
+HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ddppo --bind /opt/cuda-9.2/lib64:/opt/cuda-9.2/lib64:ro --home /work/home /images/habitat.sif hpcrl)
 
 # DD-PPO: srun starts 4 ranks (4 per node, each reads SLURM_PROCID and
 # SLURM_NTASKS). Rank 0 runs on the allocation's first node, opens the rendezvous store there on a

@@ -28,7 +28,7 @@ export SINGULARITYENV_MAGNUM_LOG=quiet
 export APPTAINERENV_MAGNUM_LOG=quiet
 export SINGULARITYENV_GLOG_minloglevel=2
 export APPTAINERENV_GLOG_minloglevel=2
-HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ppo --home /work/home /images/habitat.sif hpcrl)
+HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ppo --bind /opt/cuda-9.2/lib64:/opt/cuda-9.2/lib64:ro --home /work/home /images/habitat.sif hpcrl)
 
 # The work runs in the background so that this shell can catch the scheduler's warning signal
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.

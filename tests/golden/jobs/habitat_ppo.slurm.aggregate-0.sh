@@ -18,12 +18,10 @@ export SINGULARITYENV_MAGNUM_LOG=quiet
 export APPTAINERENV_MAGNUM_LOG=quiet
 export SINGULARITYENV_GLOG_minloglevel=2
 export APPTAINERENV_GLOG_minloglevel=2
-HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ppo --home /work/home /images/habitat.sif hpcrl)
+HPCRL=(singularity exec --bind /work:/work --bind /storage:/storage --bind /scratch/hpcrl/habitat_ppo --bind /opt/cuda-9.2/lib64:/opt/cuda-9.2/lib64:ro --home /work/home /images/habitat.sif hpcrl)
 
-# The work runs in the background so that this shell can catch the scheduler's warning signal
-# and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
-# The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
-# job, a repeated scancel --signal) must never end this shell, whenever it comes.
+# The work runs in the background so that this shell can pass a stop signal (TERM) on to it and
+# exit with its status; this stage asks for no warning signal and is not requeued.
 child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" collect /scratch/hpcrl/habitat_ppo &
@@ -33,11 +31,4 @@ while :; do
   status=$?
   kill -0 "$child" 2>/dev/null || break
 done
-# scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
-# even a cancelled job: requeue only a task that Slurm still counts as running.
-if [ "$status" -eq 99 ] && [ -n "${SLURM_ARRAY_JOB_ID:-}" ] &&
-   [ "$(squeue -h -j "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" -o %T 2>/dev/null)" = RUNNING ]; then
-  echo "hpcrl: checkpoint written; requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" >&2
-  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" && exit 0
-fi
 exit "$status"
