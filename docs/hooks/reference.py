@@ -218,23 +218,41 @@ def _anchor(title: str) -> str:
 # The command line: one section per command of the parser.
 
 
-def cli_commands() -> list[tuple[str, str, argparse.ArgumentParser]]:
-    """(name, one-line help, parser) of every subcommand, in the parser's order. A command whose help
-    is suppressed (`help=argparse.SUPPRESS`) still has a parser, and is listed with its description."""
+def cli_groups() -> list[tuple[str, str, list[tuple[str, str, argparse.ArgumentParser]]]]:
+    """(title, description, commands) of each group of subcommands as `hpcrl --help` lists them: a group
+    of the root parser whose lines name subcommands (the user's commands, the in-job entry points); a
+    subcommand no group lists comes under "Commands". A command is (name, one-line help, parser)."""
     from hpcrl.cli import parser
 
     root = parser()
     subparsers = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
     helps = {a.dest: a.help for a in subparsers._choices_actions}
-    out = []
-    seen: set[int] = set()
-    for name, sub in subparsers.choices.items():
-        if id(sub) in seen:  # an alias of a command already listed
-            continue
-        seen.add(id(sub))
+
+    def command(name: str) -> tuple[str, str, argparse.ArgumentParser]:
+        sub = subparsers.choices[name]
         text = helps.get(name)
-        out.append((name, text if text and text != argparse.SUPPRESS else (sub.description or ""), sub))
-    return out
+        return name, text if text and text != argparse.SUPPRESS else (sub.description or ""), sub
+
+    groups, listed = [], set()
+    for group in root._action_groups:
+        names = [a.dest for a in group._group_actions if a.dest in subparsers.choices and not isinstance(a, argparse._SubParsersAction)]
+        if names:
+            groups.append((group.title or "Commands", group.description or "", [command(n) for n in names]))
+            listed.update(names)
+    seen = {id(subparsers.choices[n]) for n in listed}
+    rest = []
+    for name, sub in subparsers.choices.items():
+        if id(sub) not in seen:  # an alias shares its command's parser
+            seen.add(id(sub))
+            rest.append(command(name))
+    if rest:
+        groups.append(("Commands", "", rest))
+    return groups
+
+
+def cli_commands() -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """Every subcommand, as (name, one-line help, parser), in the order `hpcrl --help` lists them."""
+    return [c for _, _, commands in cli_groups() for c in commands]
 
 
 def cli_markdown() -> str:
@@ -247,11 +265,15 @@ def cli_markdown() -> str:
     lines += _arguments_markdown(root, skip_subcommands=True)
     if root.epilog:
         lines += [root.epilog, ""]
-    commands = cli_commands()
-    lines += ["## Commands", "", "| command | what it does |", "| --- | --- |"]
-    lines += [f"| [`{name}`](#hpcrl-{_anchor(name)}) | {_cell(text)} |" for name, text, _ in commands]
-    lines.append("")
-    for name, text, sub in commands:
+    groups = cli_groups()
+    for title, description, commands in groups:
+        lines += [f"## {title[0].upper() + title[1:]}", ""]
+        if description:
+            lines += [description[0].upper() + description[1:] + ("" if description.endswith(".") else "."), ""]
+        lines += ["| command | what it does |", "| --- | --- |"]
+        lines += [f"| [`{name}`](#hpcrl-{_anchor(name)}) | {_cell(text)} |" for name, text, _ in commands]
+        lines.append("")
+    for name, text, sub in cli_commands():
         lines += [f"## `hpcrl {name}` {{#hpcrl-{_anchor(name)}}}", ""]
         if text:
             lines += [text[0].upper() + text[1:] + ("" if text.endswith(".") else "."), ""]
