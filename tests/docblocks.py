@@ -11,9 +11,8 @@ GitHub), so that nothing is left out silently:
     <!-- docs-test: skip reason="..." -->       shell: not run (the reason says why); each `hpcrl` line in it
                                                 is still parsed by hpcrl's argument parser
     <!-- docs-test: cluster=slurm -->           shell: runs only against the test cluster (tests marked slurm/sge)
-    <!-- docs-test: exit=2 -->                  shell: the block's last command must exit with this code
+    <!-- docs-test: exit=2 -->                  shell: the block must end with this exit code (a refusal shown on purpose)
     <!-- docs-test: timeout=120 -->             shell: seconds the block may take (default 60)
-    <!-- docs-test: not-config reason="..." --> yaml: not an hpcrl config (still parsed as YAML)
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SHELLS = ("bash", "sh", "shell", "console")
 YAMLS = ("yaml", "yml")
-KNOWN = {"fragment", "base", "file", "skip", "reason", "cluster", "exit", "timeout", "not-config"}
+KNOWN = {"fragment", "base", "file", "skip", "reason", "cluster", "exit", "timeout"}
 """Every word a docs-test comment may hold: a typo in one is an error, not a block quietly run as the default."""
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)(?P<rest>.*)$")
