@@ -84,11 +84,11 @@ def _record_gradients(agent: Any) -> list[torch.Tensor]:
     return seen
 
 
-def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], start: torch.Tensor, results: Any) -> None:
+def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], start: torch.Tensor, results: Any, run_dir: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
     torch.set_num_threads(1)
     ranks = Ranks(rank, 2, rank, "env")
-    ranks.init(Path("."), torch.device("cpu"), 60)
+    ranks.init(run_dir, torch.device("cpu"), 60)
     agent = _agent(algo, 4, ranks)
     assert torch.equal(agent.gradient_step.flat.detach(), start), "rank 0's initial weights were not broadcast"
     cols = slice(4 * rank, 4 * rank + 4)
@@ -104,7 +104,7 @@ def _rank(rank: int, port: int, algo: str, rollout: dict[str, torch.Tensor], sta
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("algo", ["ppo", "a2c"])
-def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
+def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str, tmp_path: Path) -> None:
     from torch.distributed import TCPStore
 
     one = _agent(algo, 8)
@@ -122,7 +122,7 @@ def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     store = TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, store.port, algo, rollout, start, results)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, store.port, algo, rollout, start, results, tmp_path)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
@@ -145,16 +145,16 @@ def test_two_ranks_of_4_envs_take_the_step_of_one_rank_of_8(algo: str) -> None:
     assert (half.gradient_step.flat.detach() - expected).abs().max() > 1e-4
 
 
-def _collectives(rank: int, port: int, results: Any) -> None:
+def _collectives(rank: int, port: int, results: Any, run_dir: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
     ranks = Ranks(rank, 2, rank, "env")
-    ranks.init(Path("."), torch.device("cpu"), 60)
+    ranks.init(run_dir, torch.device("cpu"), 60)
     results.put((rank, ranks.any(False), ranks.any(rank == 1), ranks.gather([f"episode {rank}.0", f"episode {rank}.1"])))
     ranks.close()
 
 
 @pytest.mark.e2e  # two rank processes over gloo: 4-5 CPU-seconds, at --fast's 5 CPU-second line (failed it 2 times in 4 this stop)
-def test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_episodes() -> None:
+def test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_episodes(tmp_path: Path) -> None:
     """The ranks stop at the same iteration: a warning one rank saw stops all, no warning stops none;
     rank 0 logs the episodes of every rank. One rank (no process group) answers alone."""
     from torch.distributed import TCPStore
@@ -164,7 +164,7 @@ def test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_e
     store = TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_collectives, args=(r, store.port, results)) for r in range(2)]
+    procs = [ctx.Process(target=_collectives, args=(r, store.port, results, tmp_path)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
