@@ -203,9 +203,7 @@ def test_the_narrow_version_of_a_figure_stacks_its_panels_with_the_legend_below(
     narrow = plots.narrow_of(path)
     assert narrow == tmp_path / "narrow" / "curves.png"
     assert imread(narrow).shape[1] < imread(path).shape[1] / 1.8 and imread(narrow).shape[0] > imread(path).shape[0]
-    single = plots.plot_curves(_curves(SETTINGS), tmp_path / "one.png", "iqm")
     one = plots.curves_figure(_curves(SETTINGS), "iqm", narrow=True)
     renderer = FigureCanvasAgg(one).get_renderer()
     assert one.axes[0].get_legend().get_window_extent(renderer).y1 < one.axes[0].get_window_extent(renderer).y0  # below the axes, not beside
-    assert plots.narrow_of(single) is not None
-    assert plots.narrow_of(plots.plot_final_intervals([], tmp_path / "final.png")) is None
+    assert plots.narrow_of(plots.plot_final_intervals([], tmp_path / "final.png")) is None  # a figure without a narrow version
