@@ -81,6 +81,8 @@ class RunStatus:
     """A distributed run's learner report (actors alive, env steps/s, queue, lag, drops)."""
     trial: bool = False
     """A run of an Optuna study: trained by the study's workers, not by a task of its own."""
+    eval_games: tuple[int, int] | None = None
+    """A game's eval stage under way: (games played, games in all), from its eval_progress file."""
 
     @property
     def state(self) -> str:
@@ -265,10 +267,16 @@ def _failed_workers(workers: dict[int, tuple[Job, str]], holding: set[int]) -> s
 
 
 def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
-    """Each run's step (from DONE, else train.csv's last row) and the reason of a skipped evaluation or a pruned trial."""
+    """Each run's step (from DONE, else train.csv's last row), how far a game's running eval stage
+    is, and the reason of a skipped evaluation or a pruned trial."""
     for r in rows:
         rd = expdir.run_dir(experiment_dir, r.run_id)
         r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == State.DONE else rundir.last_logged_step(rd)
+        evaluating = rundir.read_eval_progress(rd) if r.eval == RUNNING else None
+        if evaluating is not None:
+            done, total, what = evaluating
+            r.eval_games = (done, total)
+            r.note = r.note or f"eval {done}/{total} games: {what}"[:80]
         if r.note:
             continue
         lost = rundir.lost_starts(rd)
@@ -327,7 +335,11 @@ def selection(experiment_dir: Path, states: Iterable[str] = (), settings: Iterab
 
 
 def _progress(r: RunStatus) -> str:
-    """Percent of the budget; a user's program has no budget hpcrl knows: the step it logged."""
+    """Percent of the budget; a user's program has no budget hpcrl knows: the step it logged. A
+    game's eval stage, which plays for minutes after training is done: the percent of its games."""
+    if r.eval_games is not None:
+        done, total = r.eval_games
+        return f"eval {min(100, 100 * done // max(total, 1))}%"
     if r.total_steps:
         return f"{min(100, 100 * r.step // r.total_steps):3d}%"
     return f"step {r.step}" if r.step else ("done" if r.train == State.DONE else "-")

@@ -267,6 +267,11 @@ class AlphaZeroConfig(TrainConfig):
     ladder_games: int = setting(10, ge=0, le=10_000, learned=False)
     """Games per pair in the eval stage's Elo ladder (a round robin of `random`, the snapshots of the
     evaluations during training and the evaluated checkpoint, each colour half); 0: no ladder."""
+    ladder_players: int = setting(8, ge=1, le=64, learned=False)
+    """Snapshots of the evaluations during training in the Elo ladder, evenly spaced (the last always
+    in), besides `random` and the evaluated checkpoint: p players play p^2 / 2 matches, at
+    `simulations` per move. With `eval.episodes` games against each opponent at `eval_simulations`,
+    this sizes the eval stage, which `hpcrl eval` prints as it starts."""
     checkpoint_every: int = 5
 
     def check(self) -> list[tuple[str, str]]:

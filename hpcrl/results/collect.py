@@ -124,11 +124,13 @@ def score_name(config: dict) -> str:
 
 def scoring_of(config: dict, agg: str, normalize: bool | None, task_names: list[str]) -> Scoring:
     """The experiment's scoring: its score's name, and normalisation when asked (by `--normalize` or
-    `results.normalize`), with the references of its tasks or one ConfigError naming those without."""
+    `results.normalize`), with the references of its tasks or one ConfigError naming those without;
+    a two-player agent's (AlphaZero) is read as a game's, its steps as self-play positions."""
     if normalize is None:
         normalize = bool((config.get("results") or {}).get("normalize"))
     refs = tasks.normalizer(task_names, tasks.references(config)) if normalize else None
-    return Scoring(score_name(config), refs, agg)
+    game = config.get("algo") == "alphazero"
+    return Scoring(score_name(config), refs, agg, game=game, steps="self-play positions" if game else "environment steps")
 
 
 def facts_of(experiment_dir: Path, meta: dict) -> list[tuple[str, str]]:
@@ -174,7 +176,7 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
     mode_notes, extra_plots = modes.of_config(config).collect(experiment_dir, experiment_dir / "results")
     notes += mode_notes
     sections = []
-    if config.get("algo") == "alphazero":  # a two-player agent's strength: tables per opponent, curves, the Elo ladder
-        sections, strength_notes = write_strength(results, experiment_dir / "results", agg)
+    if scoring.game:  # a two-player agent's strength: tables per opponent, the Elo ladder, curves
+        sections, strength_notes = write_strength(results, experiment_dir / "results", agg, scoring.steps)
         notes += strength_notes
     return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots, sections)

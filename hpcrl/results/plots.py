@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 from numpy.typing import ArrayLike
 
 from hpcrl.io import atomic_open
@@ -37,6 +37,13 @@ _COLORS = [f"C{i}" for i in range(10)]
 _LINESTYLES = ["-", "--", ":", "-."]
 # Legend rows per column before it wraps into another column beside the axes.
 _LEGEND_ROWS = 20
+MARKED_POINTS = 25
+"""A curve of at most this many points (evaluations during training, a ladder's policies) gets a
+marker at each: the line between two is an interpolation, the markers are what was measured.
+Training curves, on collect's grid of 100 points, stay plain lines."""
+RATE_LIMITS = (-0.02, 1.02)
+"""The y range of a rate (win, draw, loss): [0, 1] whatever the data, with room for a line at 0 or 1.
+Left to autoscale, a rate that stayed 0 was drawn on an axis from -0.04 to 0.04."""
 
 
 def _styles() -> Iterator[tuple[str, str]]:
@@ -69,6 +76,11 @@ def _legend_outside(ax: Axes, count: int) -> None:
     )
 
 
+def _legend_below(ax: Axes) -> None:
+    """Legend under the axes, one entry a line: the narrow figures' (a phone's screen has no room beside them)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), borderaxespad=0.0, frameon=False, fontsize="small")
+
+
 def _band_alpha(count: int) -> float:
     """Fainter bands when many overlap, so lines stay readable through a stack of them."""
     return 0.2 if count <= 6 else 0.08
@@ -94,8 +106,9 @@ def _draw_curves(ax: Axes, curves: Mapping[str, Curve], styles: Mapping[str, tup
         if n == 0 or np.size(grid) == 0:
             ax.plot([], [], linestyle="none", label=f"{setting} (n=0 seeds, no data)")
             continue
-        point = np.size(grid) == 1  # one evaluation (a short budget): a line through it would be invisible
-        ax.plot(grid, center, color=color, linestyle=linestyle, linewidth=1.6, marker="o" if point else None, label=f"{setting} ({_plural(n, 'seed')})")
+        point = np.size(grid) == 1  # one evaluation (a short budget): a band through it would be invisible
+        marker = "o" if np.size(grid) <= MARKED_POINTS else None
+        ax.plot(grid, center, color=color, linestyle=linestyle, linewidth=1.6, marker=marker, markersize=4, label=f"{setting} ({_plural(n, 'seed')})")
         if n >= 2 and point:
             ax.vlines(grid, low, high, color=color, linewidth=2.0, alpha=0.6)
         elif n >= 2:
@@ -104,6 +117,7 @@ def _draw_curves(ax: Axes, curves: Mapping[str, Curve], styles: Mapping[str, tup
     if not drawn:
         _no_data(ax)
     ax.xaxis.set_major_formatter(FuncFormatter(_abbreviate))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))  # "1.25k 1.5k 1.75k ..." ran into each other in a narrow panel
     ax.grid(alpha=0.3)
     return drawn
 
@@ -120,6 +134,8 @@ def curves_figure(
     ylabel: str = "episodic return",
     title: str | None = None,
     confidence: float = 0.95,
+    ylim: tuple[float, float] | None = None,
+    narrow: bool = False,
 ) -> Figure:
     """One line per setting from `hpcrl.results.stats.aggregate_curves` output, with its bootstrap band.
 
@@ -127,15 +143,21 @@ def curves_figure(
     were computed with; ``confidence`` is likewise the level their bands were computed at. A
     setting with one seed gets a line and no band (a bootstrap of one seed has zero width, and
     drawing one would suggest certainty); a setting with no seeds is listed in the legend as
-    having no data, so a missing setting is visible rather than silently absent.
+    having no data, so a missing setting is visible rather than silently absent. ``ylim``: fixed
+    limits (`RATE_LIMITS` for rates) instead of the data's. ``narrow``: for a phone's screen
+    (`narrow_of`), smaller, with the legend below the axes instead of beside them.
     """
-    fig = Figure(figsize=(7.0, 4.2))
+    fig = Figure(figsize=(4.6, 3.4 + 0.2 * len(curves)) if narrow else (7.0, 4.2))
     ax = fig.add_subplot()
     _draw_curves(ax, curves, _style_map(list(curves)), _band_alpha(len(curves)))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI")
-    if curves:
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI", wrap=narrow)
+    if curves and narrow:
+        _legend_below(ax)
+    elif curves:
         _legend_outside(ax, len(curves))
     return fig
 
@@ -147,14 +169,19 @@ def curves_by_task_figure(
     ylabel: str = "episodic return",
     title: str | None = None,
     confidence: float = 0.95,
+    ylim: tuple[float, float] | None = None,
+    narrow: bool = False,
 ) -> Figure:
     """One panel per task (environment), each with a line per setting; a setting keeps its colour
-    in every panel and the legend is drawn once, beside the last panel of the first row."""
+    in every panel and the legend is drawn once, beside the last panel of the first row. ``ylim``:
+    fixed limits for every panel (`RATE_LIMITS` for rates). ``narrow``: the panels stacked in one
+    column with the legend below them, for a phone's screen (report.html shows it there): three
+    panels side by side, shrunk to 390 pixels, have text a few pixels high."""
     tasks = list(curves_by_task)
     names = list(dict.fromkeys(s for curves in curves_by_task.values() for s in curves))
-    cols = min(3, max(1, len(tasks)))
+    cols = 1 if narrow else min(3, max(1, len(tasks)))
     rows = math.ceil(len(tasks) / cols) if tasks else 1
-    fig = Figure(figsize=(4.2 * cols + 2.0, 3.4 * rows + 0.6))
+    fig = Figure(figsize=(4.6, 2.9 * rows + 0.9 + 0.22 * len(names)) if narrow else (3.4 * cols + 2.0, 2.9 * rows + 0.6))
     axes = fig.subplots(rows, cols, squeeze=False)
     styles = _style_map(names)
     for i, ax in enumerate(axes.flat):
@@ -163,7 +190,10 @@ def curves_by_task_figure(
             continue
         _draw_curves(ax, curves_by_task[tasks[i]], styles, _band_alpha(len(names)))
         ax.set_title(tasks[i], fontsize="medium")
-        ax.set_xlabel(xlabel)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        if not narrow or i == len(tasks) - 1:
+            ax.set_xlabel(xlabel)
         if i % cols == 0:
             ax.set_ylabel(ylabel)
     if names:
@@ -173,15 +203,38 @@ def curves_by_task_figure(
         for name in names:
             ns = sorted({curves[name][4] for curves in curves_by_task.values() if name in curves})
             labels.append(f"{name} (n={ns[0] if len(ns) == 1 else f'{ns[0]}-{ns[-1]}'} seeds)")
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize="small")
-    fig.suptitle(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI")
+        if narrow:
+            fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), frameon=False, fontsize="small")
+        else:
+            fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), frameon=False, fontsize="small")
+    fig.suptitle(title if title is not None else f"{_AGG_LABELS.get(agg_name, agg_name)} ± {confidence:.0%} bootstrap CI", wrap=narrow)
     fig.tight_layout()
     return fig
 
 
+def narrow_path(path: str | Path) -> Path:
+    """Where the narrow version of a figure goes: plots/narrow/, beside the figures, so that
+    plots/*.png stays one file per figure."""
+    path = Path(path)
+    return path.parent / "narrow" / path.name
+
+
+def narrow_of(path: str | Path) -> Path | None:
+    """The narrow version of the figure at ``path``, where its kind has one (None otherwise)."""
+    narrow = narrow_path(path)
+    return narrow if narrow.is_file() else None
+
+
+def save_with_narrow(figure: Callable[[bool], Figure], path: str | Path) -> Path:
+    """Write ``figure(False)`` at ``path`` and ``figure(True)``, its narrow version, at `narrow_path`;
+    return ``path``. (The ``plot_*`` functions of figures that have a narrow version end here.)"""
+    _save(figure(True), narrow_path(path))
+    return _save(figure(False), path)
+
+
 def plot_curves_by_task(curves_by_task: Mapping[str, Mapping[str, Curve]], path: str | Path, agg_name: str, **kwargs: object) -> Path:
-    """Write `curves_by_task_figure` as a PNG at ``path`` and return the path."""
-    return _save(curves_by_task_figure(curves_by_task, agg_name, **kwargs), path)  # type: ignore[arg-type]
+    """Write `curves_by_task_figure` as a PNG at ``path`` (and its narrow version: `narrow_of`) and return the path."""
+    return save_with_narrow(lambda narrow: curves_by_task_figure(curves_by_task, agg_name, narrow=narrow, **kwargs), path)  # type: ignore[arg-type]
 
 
 def plot_curves(
@@ -192,9 +245,10 @@ def plot_curves(
     ylabel: str = "episodic return",
     title: str | None = None,
     confidence: float = 0.95,
+    ylim: tuple[float, float] | None = None,
 ) -> Path:
-    """Write `curves_figure` as a PNG at ``path`` and return the path."""
-    return _save(curves_figure(curves, agg_name, xlabel, ylabel, title, confidence), path)
+    """Write `curves_figure` as a PNG at ``path`` (and its narrow version: `narrow_of`) and return the path."""
+    return save_with_narrow(lambda narrow: curves_figure(curves, agg_name, xlabel, ylabel, title, confidence, ylim, narrow), path)
 
 
 def _draw_intervals(ax: Axes, summary_rows: Sequence[Mapping[str, object]], metric: str, xlabel: str) -> None:
@@ -249,24 +303,27 @@ def aggregate_intervals_figure(
     xlabel: str,
     title: str | None = None,
     confidence: float = 0.95,
+    narrow: bool = False,
 ) -> Figure:
     """rliable's aggregate-metrics figure: one panel per metric (``{key: panel title}``, e.g. IQM,
-    mean, optimality gap), a row per setting with its point estimate and bootstrap interval."""
-    fig = Figure(figsize=(3.2 * len(metrics) + 2.5, 1.4 + 0.45 * max(1, len(rows))))
-    axes = fig.subplots(1, len(metrics), squeeze=False, sharey=True)[0]
+    mean, optimality gap), a row per setting with its point estimate and bootstrap interval.
+    ``narrow``: the panels stacked in one column, for a phone's screen."""
+    height = 1.4 + 0.45 * max(1, len(rows))
+    fig = Figure(figsize=(5.0, (height - 0.6) * len(metrics) + 0.6) if narrow else (3.2 * len(metrics) + 2.5, height))
+    axes = fig.subplots(len(metrics), 1, squeeze=False)[:, 0] if narrow else fig.subplots(1, len(metrics), squeeze=False, sharey=True)[0]
     for i, (ax, (key, name)) in enumerate(zip(axes, metrics.items())):
         _draw_intervals(ax, rows, key, xlabel)
         ax.set_title(name, fontsize="medium")
-        if i:
+        if i and not narrow:
             ax.tick_params(labelleft=False)
-    fig.suptitle(title if title is not None else f"Aggregate metrics with {confidence:.0%} stratified bootstrap CIs")
+    fig.suptitle(title if title is not None else f"Aggregate metrics with {confidence:.0%} stratified bootstrap CIs", wrap=narrow)
     fig.tight_layout()
     return fig
 
 
 def plot_aggregate_intervals(rows: Sequence[Mapping[str, object]], path: str | Path, metrics: Mapping[str, str], xlabel: str, title: str | None = None) -> Path:
-    """Write `aggregate_intervals_figure` as a PNG at ``path`` and return the path."""
-    return _save(aggregate_intervals_figure(rows, metrics, xlabel, title), path)
+    """Write `aggregate_intervals_figure` as a PNG at ``path`` (and its narrow version: `narrow_of`) and return the path."""
+    return save_with_narrow(lambda narrow: aggregate_intervals_figure(rows, metrics, xlabel, title, narrow=narrow), path)
 
 
 def plot_final_intervals(

@@ -41,6 +41,9 @@ class Image:
     path: Path
     """A PNG on disk: embedded into the HTML, linked relatively from the markdown."""
     caption: str = ""
+    narrow: Path | None = None
+    """The same figure with its panels in one column (hpcrl.results.plots.narrow_of): the HTML shows
+    it instead on a narrow screen, where panels side by side shrink to unreadable text."""
 
 
 @dataclass
@@ -62,6 +65,20 @@ class Document:
     facts: list[tuple[str, str]]
     """Provenance shown at the top: algorithm, env, git commit, host..."""
     sections: list[Section]
+
+    def images(self) -> list[Image]:
+        """Every figure of the document, in reading order (collect counts its plots here)."""
+        found: list[Image] = []
+
+        def walk(blocks: list) -> None:
+            for block in blocks:
+                if isinstance(block, Image):
+                    found.append(block)
+                elif isinstance(block, Section):
+                    walk(block.blocks)
+
+        walk(list(self.sections))
+        return found
 
 
 def write(doc: Document, results_dir: Path) -> tuple[Path, Path]:
@@ -259,7 +276,7 @@ nav.toc ul { margin: 4px 0; padding-left: 20px; }
 figure { margin: 16px 0; }
 figcaption { color: var(--muted); font-size: 0.92em; margin: 4px 0; }
 figure img { display: block; max-width: 100%; height: auto; margin: 0 auto; }
-.scroll { overflow: auto; max-height: 80vh; border: 1px solid var(--line); border-radius: 4px; }
+.scroll { overflow: auto; max-width: 100%; max-height: 80vh; border: 1px solid var(--line); border-radius: 4px; }
 table { border-collapse: collapse; font-size: 0.9em; min-width: 100%; }
 th, td { padding: 4px 10px; text-align: left; vertical-align: top; border-bottom: 1px solid var(--line); }
 th { position: sticky; top: 0; background: #eef1f4; white-space: nowrap; }
@@ -268,7 +285,19 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 .missing { border: 1px dashed #c0392b; color: #c0392b; padding: 12px; border-radius: 4px; }
 ul.links { padding-left: 20px; }
 ul.links video { display: block; max-width: 100%; max-height: 360px; margin: 4px 0 12px; }
+@media (max-width: 700px) {
+  main { padding: 12px 12px 32px; }
+  h1 { font-size: 1.4em; }
+  .scroll table, .scroll tbody, .scroll tr, .scroll td { display: block; min-width: 0; }
+  .scroll thead { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); }
+  .scroll tr { padding: 6px 0; border-bottom: 1px solid var(--line); }
+  .scroll td, .scroll td.num { border: 0; padding: 1px 10px; text-align: right; white-space: normal; overflow-wrap: anywhere; }
+  .scroll td::before { content: attr(data-label); float: left; padding-right: 12px; color: var(--muted); text-align: left; }
+  .scroll td:first-child { font-weight: 600; }
+}
 """
+_NARROW = "(max-width: 700px)"
+"""Screens that get a figure's one-column version (Image.narrow): a phone's, held upright."""
 
 # The page needs no script, so none may run: escaping already keeps text from becoming markup, and
 # this keeps a slip in it from becoming code. Images are data URIs, videos relative files: both allowed.
@@ -346,6 +375,8 @@ def _html_table(table: Table) -> str:
     cls = [' class="num"' if num else "" for num in numeric]
     cell = lambda tag, text, c: f"<{tag}{c}>{_html_text(text)}</{tag}>"
     head = "<tr>" + "".join(cell("th", t, c) for t, c in zip(header, cls)) + "</tr>"
+    # Each cell names its column (data-label): on a phone the rows become cards of "column value" lines (_CSS).
+    cls = [f'{c} data-label="{html.escape(" ".join(h.split()))}"' for h, c in zip(header, cls)]
     body = "\n".join("<tr>" + "".join(cell("td", t, c) for t, c in zip(row, cls)) + "</tr>" for row in rows)
     caption = f"<figcaption>{_html_inline(table.caption)}</figcaption>" if table.caption else ""
     return f'<figure class="table">{caption}<div class="scroll"><table><thead>{head}</thead><tbody>\n{body}\n</tbody></table></div></figure>'
@@ -362,7 +393,13 @@ def _html_image(image: Image, section_title: str, results_dir: Path) -> str:
     label = [f"<strong>{html.escape(image.title)}</strong>"] if image.title and image.title != section_title else []
     label += [_html_inline(image.caption)] if image.caption else []
     caption = f"<figcaption>{' — '.join(label)}</figcaption>" if label else ""
-    return f'<figure><img src="{src}" alt="{html.escape(image.title)}" width="{width}" height="{height}">{caption}</figure>'
+    img = f'<img src="{src}" alt="{html.escape(image.title)}" width="{width}" height="{height}">'
+    narrow = _read_png(image.narrow) if image.narrow is not None else "none"
+    if not isinstance(narrow, str):  # a narrow version that is missing is no hole: the wide one shows
+        data, width, height = narrow
+        source = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+        img = f'<picture><source media="{_NARROW}" srcset="{source}" width="{width}" height="{height}">{img}</picture>'
+    return f"<figure>{img}{caption}</figure>"
 
 
 def _html_links(links: Links, results_dir: Path) -> str:

@@ -492,9 +492,11 @@ def aggregate_curves_many(
     confidence: float = 0.95,
     seed: int = 0,
     n_points: int = 100,
+    grids: Sequence[ArrayLike | None] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | ValueError]:
-    """`aggregate_curves` of many ``(steps_per_seed, values_per_seed)`` on their default grids:
-    each one's answer, or the ValueError it raises, float for float the same.
+    """`aggregate_curves` of many ``(steps_per_seed, values_per_seed)`` on their default grids (or
+    ``grids``, one per curve, None for the default): each one's answer, or the ValueError it
+    raises, float for float the same.
 
     The difference is BLAS's threads: each curve's bootstrap is one small matmul (reps x seeds by
     seeds x points), and on a machine whose cores are busy, every such call made with a pool of
@@ -506,8 +508,11 @@ def aggregate_curves_many(
     Wider products, which collect does not make (its grids have 100 points), can differ in the
     last bit between thread counts, as they did in the code before, from one machine to another.
     """
+    grids = list(grids) if grids is not None else [None] * len(seeds_of_curves)
+    if len(grids) != len(seeds_of_curves):
+        raise ValueError(f"{len(grids)} grids for {len(seeds_of_curves)} curves")
     with _one_blas_thread():
-        return [_answer(lambda s=s, v=v: aggregate_curves(s, v, None, agg, reps, confidence, seed, n_points)) for s, v in seeds_of_curves]
+        return [_answer(lambda s=s, v=v, g=g: aggregate_curves(s, v, g, agg, reps, confidence, seed, n_points)) for (s, v), g in zip(seeds_of_curves, grids)]
 
 
 @contextlib.contextmanager

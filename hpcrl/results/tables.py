@@ -22,6 +22,7 @@ because raw returns of different environments do not average.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,13 @@ class Scoring:
     name: str = "Final evaluation return"
     refs: dict[str, tuple[float, float]] | None = None
     agg: str = "iqm"
+    game: bool = False
+    """A two-player agent's (AlphaZero): its eval return pools +1 / 0 / -1 over opponents of every
+    strength (random, MCTS, perfect play), so it is no score to show, rank, profile or compare: the
+    strength sections lead its report instead (hpcrl.results.strength), and its training curve is
+    self-play's outcome, which falls toward a draw as both sides improve. summary.csv keeps it."""
+    steps: str = "environment steps"
+    """What the runs count as steps: the x axis of every curve (AlphaZero: self-play positions)."""
 
     @property
     def unit(self) -> str:
@@ -72,6 +80,14 @@ class Scoring:
             return "normalised score"
         return "final eval return" if self.name == "Final evaluation return" else "final score (last training episodes)"
 
+
+SELF_PLAY = "Self-play outcome"
+SELF_PLAY_CAPTION = (
+    "The first player's mean result in the run's own self-play games (+1 a win, 0 a draw, -1 a loss): it falls toward 0 "
+    "as both sides improve and more games are drawn, so it is no measure of strength; the strength against fixed "
+    "opponents and the Elo ladder above are."
+)
+"""A game's training curve, named for what it is: a falling line there is no collapse."""
 
 Groups = dict[str, dict[str, list[RunResult]]]
 """setting -> task -> its runs, in the order they came."""
@@ -218,9 +234,10 @@ def write_results(
 ) -> int:
     """Every results file, the report, and the tables on `out`. 0 when any run had a score, else 1.
     `extra_plots` (title -> PNG, an Optuna study's) join the report after hpcrl's own. `sections`
-    (a two-player agent's strength: hpcrl.results.strength) follow the summary, their tables
-    printed after it on `out`."""
-    agg = scoring.agg
+    (a two-player agent's strength: hpcrl.results.strength) lead the report and the terminal when
+    `scoring.game`, else follow the summary. The plots counted on the last line are the report's
+    figures: every plot a collect writes is shown there, and only there are they all in one place."""
+    agg, game = scoring.agg, scoring.game
     groups, task_names = _group(results)
     multi = len(task_names) > 1
     plots_dir = results_dir / "plots"
@@ -242,7 +259,7 @@ def write_results(
 
     # Across tasks: whole matrices; ranked by the aggregate (or the one task's summary).
     matrices, matrix_notes = score_matrices(groups, task_names, scoring.refs)
-    aggregate = aggregate_rows(matrices, scoring.refs is not None) if (multi or scoring.refs is not None) else []
+    aggregate = aggregate_rows(matrices, scoring.refs is not None) if (multi or scoring.refs is not None) and not game else []
     if aggregate:
         cols = [k for k in aggregate[0] if k not in ("setting",)]
         atomic_write_csv(results_dir / "aggregate.csv", ["setting", *cols], [[row["setting"], *[_fmt(row[k]) for k in cols]] for row in aggregate])
@@ -256,33 +273,34 @@ def write_results(
     in_plot = set(shown) if n_settings > MAX_PLOTTED else set(groups)
 
     improvement = []
-    for x in shown:
+    for x in shown if not game else ():
         for y in shown:
             if x != y:
                 low, high = stats.probability_of_improvement_ci(matrices[x], matrices[y])
                 withheld = stats.interval_withheld(len(matrices[x]), len(matrices[y]), low, high)
                 p = _fmt(float(stats.probability_of_improvement(matrices[x], matrices[y])))
                 improvement.append([x, y, p, *(["", ""] if withheld else [_fmt(low), _fmt(high)]), withheld])
-    atomic_write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high", "no_ci"], improvement)
+    if not game:
+        atomic_write_csv(results_dir / "improvement.csv", ["setting_x", "setting_y", "p_x_better", "ci_low", "ci_high", "no_ci"], improvement)
 
     # Curves and figures.
     made: dict[str, Path] = {}
     train_curves, curve_rows, partial = _curves(groups, task_names, agg, "train")
     atomic_write_csv(results_dir / "curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], curve_rows)
-    eval_curves, eval_rows, eval_partial = _curves(groups, task_names, agg, "eval")
+    eval_curves, eval_rows, eval_partial = _curves(groups, task_names, agg, "eval") if not game else ({}, [], [])  # a game's: strength curves
     if eval_rows:
         atomic_write_csv(results_dir / "eval_curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], eval_rows)
     band = f"{agg.upper()} ± 95% bootstrap CI{cut_note}"
-    for name, curves, key, ylabel in (("Training curves", train_curves, "curves", "episodic return (training)"),
-                                      ("Evaluation during training", eval_curves, "eval_curves", "mean eval return")):  # fmt: skip
+    train_name, train_label = (SELF_PLAY, "first player's outcome in self-play") if game else ("Training curves", "episodic return (training)")
+    for name, curves, key, ylabel in ((train_name, train_curves, "curves", train_label), ("Evaluation during training", eval_curves, "eval_curves", "mean eval return")):
         kept = {t: {s: c for s, c in cs.items() if s in in_plot} for t, cs in curves.items()}
         if not kept:
             continue
         if multi:
-            made[name] = plots.plot_curves_by_task(kept, plots_dir / f"{key}.png", agg, ylabel=ylabel, title=f"{name}: {band}")
+            made[name] = plots.plot_curves_by_task(kept, plots_dir / f"{key}.png", agg, xlabel=scoring.steps, ylabel=ylabel, title=f"{name}: {band}")
         else:
-            made[name] = plots.plot_curves(next(iter(kept.values())), plots_dir / f"{key}.png", agg, ylabel=ylabel, title=f"{name}: {band}")
-    if any(len(s) for s in (_scores(rs) for by in groups.values() for rs in by.values())):
+            made[name] = plots.plot_curves(next(iter(kept.values())), plots_dir / f"{key}.png", agg, xlabel=scoring.steps, ylabel=ylabel, title=f"{name}: {band}")
+    if not game and any(len(s) for s in (_scores(rs) for by in groups.values() for rs in by.values())):
         for task in task_names:
             rows_shown = [s for s in per_task[task] if s["n"] and s["setting"] in in_plot]
             suffix = f"-{_file_part(task)}" if multi else ""
@@ -306,11 +324,11 @@ def write_results(
 
     # The terminal.
     problems = [(r, p) for r in results for p in (r.problem, r.curve_problem) if p]
-    for task in task_names:
+    for task in task_names if not game else ():
         print(f"{scoring.name}" + (f", {task}:" if multi else ":"), file=out)
         print(text_table(*summary_table(per_task[task], {s: n_expected[s, task] for s, by in groups.items() if task in by})), file=out)
-    for section in sections:
-        _print_section(section, out)
+    for i, section in enumerate(sections):
+        _print_section(section, out, first=game and i == 0)
     if aggregate:
         print(f"\nAcross {len(task_names)} tasks ({_scale_note(scoring)}):", file=out)
         print(text_table(*_aggregate_cells(aggregate)), file=out)
@@ -325,16 +343,21 @@ def write_results(
         print(f"run {r.run_id} ({r.setting}{', ' + r.task if multi else ''}, seed {r.seed}): {problem}", file=out)
 
     doc = _document(title, facts, results_dir, scoring, task_names, per_task, n_expected, groups, aggregate, improvement, shown, made, lines, problems, results)
-    at = next((i for i, sec in enumerate(doc.sections) if not sec.title.startswith(scoring.name)), len(doc.sections))
+    at = 0 if game else next((i for i, sec in enumerate(doc.sections) if not sec.title.startswith(scoring.name)), len(doc.sections))
     doc.sections[at:at] = list(sections)
     report.write(doc, results_dir)
-    extra = "aggregate.csv, " if aggregate else ""
-    print(f"wrote {results_dir}/summary.csv, {extra}curves.csv, improvement.csv, report.md, report.html and {len(made)} plots in {results_dir}/plots", file=out)
+    written = ["summary.csv", *(["aggregate.csv"] if aggregate else []), "curves.csv", *([] if game else ["improvement.csv"]), "report.md"]
+    print(f"wrote {results_dir}/{', '.join(written)}, report.html and {len(doc.images())} plots in {results_dir}/plots", file=out)
     return 0 if matrices or any(len(_scores(rs)) for by in groups.values() for rs in by.values()) else 1
 
 
-def _print_section(section: report.Section, out: TextIO | None) -> None:
-    """A report section's tables on the terminal, under their (sub)section's heading."""
+def _print_section(section: report.Section, out: TextIO | None, first: bool = False) -> None:
+    """A report section's tables on the terminal, under their (sub)section's heading; a `first`
+    section (what leads a game's results) opens with its title and first paragraph, which say what
+    its tables hold."""
+    if first:
+        intro = next((b for b in section.blocks if isinstance(b, str)), "")
+        print(textwrap.fill(f"{section.title}: {intro}".replace("`", ""), 100), file=out)
     for block in section.blocks:
         if isinstance(block, report.Table):
             print(f"\n{section.title}:", file=out)
@@ -376,7 +399,7 @@ def _document(
     """The report's content; hpcrl.results.report renders it as Markdown and self-contained HTML."""
     multi = len(task_names) > 1
     sections = []
-    for task in task_names:
+    for task in task_names if not scoring.game else ():
         header, rows = summary_table(per_task[task], {s: n_expected[s, task] for s, by in groups.items() if task in by})
         sections.append(report.Section(f"{scoring.name}" + (f": {task}" if multi else ""), [report.Table(header, rows)]))
     if aggregate:
@@ -391,7 +414,7 @@ def _document(
             "bootstrap resample gives the same value (no spread: each run of one side beat each of the other): "
             "a bootstrap cannot see past the runs it has.", table]))  # fmt: skip
     for name, path in made.items():
-        sections.append(report.Section(name, [report.Image(name, path)]))
+        sections.append(report.Section(name, [report.Image(name, path, SELF_PLAY_CAPTION if name == SELF_PLAY else "", plots.narrow_of(path))]))
     if lines:
         sections.append(report.Section("Notes", list(lines)))
     if problems:

@@ -1,15 +1,18 @@
-"""Which class implements an algorithm, and which device it runs on.
+"""Which class implements an algorithm, which device it runs on, and the process-wide torch settings.
 
-Apart from train.py because evaluation needs both and train.py runs evaluations during training
+Apart from train.py because evaluation needs them all and train.py runs evaluations during training
 (periodic_eval.py -> evaluate.py): kept in train.py, they would make an import cycle.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import torch
+
+from hpcrl.store import rundir
 
 ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN", "alphazero": "hpcrl.rl.alphazero:AlphaZero"}
 
@@ -23,3 +26,25 @@ def pick_device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(spec)
+
+
+def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> torch.device:
+    """Process-wide torch settings for a training or evaluation process; returns its device.
+
+    Denormal floats are flushed to zero (as TensorFlow does by default, and as GPU kernels do):
+    Adam's second-moment estimates of rarely-active units decay through the denormal range, where
+    x86 arithmetic is up to 100 times slower, and late in a DQN run on a CPU that made the fused
+    Adam step 10x and the backward matmuls 4x slower (1.65 -> 1.16 ms per update on CartPole).
+    Called before the first parallel op, so the intra-op threads inherit the mode.
+    """
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(threads)
+    device = pick_device(device_spec)
+    if device.type == "cuda" and device.index is None:  # one GPU per rank of a node (rank 0 of one: cuda:0)
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():  # CUDA_VISIBLE_DEVICES leaves this task fewer GPUs
+            raise rundir.RunError(f"train.device {device_spec!r}: this task sees {torch.cuda.device_count()} GPU(s) and needs GPU {device.index} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    return device

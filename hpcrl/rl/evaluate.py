@@ -1,20 +1,30 @@
 """`hpcrl eval`: play N episodes with a run's final (or best) policy and write eval.csv.
 
 The eval stage runs after the train task on every scheduler; hpcrl.runtime.guard.guarded_eval decides from
-the run's markers whether there is anything to evaluate, and records a failure.
+the run's markers whether there is anything to evaluate, and records a failure. It sets torch up as
+training does (`train.torch_threads`): left at torch's default, a thread per core of the node, the
+small forward passes of a game's searches spent 20 ms each instead of 0.3 on a busy 2-core VM (and
+an eval task given one core of a 64-core node runs 64 threads on it).
+
+A two-player game's eval stage plays for minutes (`eval.episodes` games against each opponent, then
+the Elo ladder): it prints what it will play and which keys size that as it starts, then each
+match's games as they finish, at least every PROGRESS_EVERY_S seconds (flushed: a job's log is a
+file), and keeps the same in the run's eval_progress file for `hpcrl status`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from hpcrl.rl import checkpoint, games, strength
-from hpcrl.rl.algorithms import algorithm_class, pick_device
+from hpcrl.rl.algorithms import algorithm_class, pick_device, setup_torch
 from hpcrl.rl.alphazero import make_network
 from hpcrl.rl.envs import episode_metrics, make_vec_env
 from hpcrl.rl.networks import obs_to_tensor
@@ -25,6 +35,8 @@ from hpcrl.store.expdir import Run
 
 EVAL_SEED_OFFSET = 1_000_003
 """Evaluation episodes use seeds no training env used."""
+PROGRESS_EVERY_S = 20.0
+"""The longest a game's eval stage goes without a line on its log (and a new eval_progress)."""
 
 
 def play_envs(run: Run, episodes: int) -> gym.vector.VectorEnv:
@@ -87,7 +99,7 @@ def _evaluate(rd: Path, run: Run, out) -> int:
             print(f"{run.run_id}: eval skipped, final training return {final:.4g} < {ecfg.threshold:g}", file=out)
             return 0
     state_dict, which = _checkpoint_to_evaluate(rd, ecfg.checkpoint)
-    device = eval_device(run.config.train.device)
+    device = setup_torch(run.config.train.torch_threads, str(eval_device(run.config.train.device)))
     if run.config.train.device.startswith("cuda") and device.type == "cpu":
         print(f"{run.run_id}: train.device is {run.config.train.device}, but this eval task has no GPU (eval.gpus: {ecfg.gpus}): evaluating on the CPU", file=out)
     if games.is_game_env(run.config.env):
@@ -112,40 +124,95 @@ def _evaluate(rd: Path, run: Run, out) -> int:
     return 0
 
 
+class EvalProgress:
+    """What a game's eval stage has played: a line on its log as each match against an opponent
+    starts and ends (the ladder's short matches only as it starts and ends) and at least every
+    `every_s` seconds in between, and the run's eval_progress file, replaced with each line (`hpcrl
+    status` shows it) and removed at the end (`close`)."""
+
+    def __init__(self, rd: Path, run_id: str, total: int, out: TextIO | None, every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rd, self.run_id, self.total, self.out, self.every_s, self.clock = rd, run_id, total, out, every_s, clock
+        self.finished = 0
+        """Games of the matches played to their end."""
+        self.last = clock()
+
+    def match(self, what: str, games_in_it: int, announce: bool = True) -> strength.Progress:
+        """The progress of one match of `games_in_it` games (`what`: `against mcts:100`, `random vs
+        5000`); `announce`: a line as it starts and ends, besides those every `every_s` seconds."""
+        started = self.clock()
+        if announce:
+            self.tell(f"{what}: {games_in_it} games")
+
+        def update(done: int, moves: int) -> None:
+            due = self.clock() - self.last >= self.every_s
+            if done == games_in_it:
+                self.finished += games_in_it
+                if announce or due:
+                    self.tell(f"{what}: {games_in_it}/{games_in_it} games done in {self.clock() - started:.0f} s")
+            elif due:
+                self.tell(f"{what}: {done}/{games_in_it} games done, {moves} moves played", done)
+
+        return update
+
+    def tell(self, text: str, done_in_match: int = 0) -> None:
+        """A line on the log and in eval_progress: the games played so far, then `text`."""
+        self.last = self.clock()
+        done = self.finished + done_in_match
+        print(f"{self.run_id}: eval {done}/{self.total} games: {text}", file=self.out, flush=True)
+        rundir.write_eval_progress(self.rd, done, self.total, text)
+
+    def close(self) -> None:
+        rundir.clear(self.rd, rundir.EVAL_PROGRESS)
+
+
 def _evaluate_game(rd: Path, run: Run, weights: dict, weights_step: int, which: str, device: torch.device, out) -> int:
     """A two-player agent: eval.episodes games against each of train.opponents, both colours;
-    every game in eval.csv (return +1 / 0 / -1), the counts per opponent in strength.csv; and the
-Elo ladder's round robin (`weights_step` names the evaluated policy in it) in ladder.csv."""
-    cfg = run.config.train
+    every game in eval.csv (return +1 / 0 / -1, and the opponent), the counts per opponent in
+    strength.csv; and the Elo ladder's round robin (`weights_step` names the evaluated policy in it)
+    in ladder.csv."""
+    cfg, episodes = run.config.train, run.config.eval.episodes
     spec = games.load(run.config.env)
     net = make_network(cfg, spec).to(device)  # type: ignore[arg-type]  # cfg is the run's AlphaZeroConfig
     net.load_state_dict(weights)
     net.eval()
-    by_opponent = strength.evaluate_strength(spec, net, device, cfg, run.config.eval.episodes, EVAL_SEED_OFFSET + run.seed)
-    results = [r for rs in by_opponent.values() for r in rs]
-    rundir.write_eval(rd, results)
-    rows = [strength.summary(name, rs) for name, rs in by_opponent.items()]
-    rundir.write_strength(rd, rows)
-    if cfg.ladder_games:
-        rundir.write_ladder(rd, _ladder(rd, spec, net, weights_step, cfg, device, EVAL_SEED_OFFSET + run.seed, run.run_id, out))
+    snapshots = {s: path for s, path in checkpoint.snapshots(rd / rundir.CHECKPOINTS) if s != weights_step} if cfg.ladder_games else {}
+    ladder_agents = len(strength.ladder_players(list(snapshots), cfg.ladder_players)) + 1 if cfg.ladder_games else 0
+    pairs = strength.ladder_pairs(ladder_agents)
+    plan = f"{episodes} games against each of {', '.join(cfg.opponents)} at {cfg.eval_simulations or cfg.simulations} simulations a move (eval.episodes, train.opponents, train.eval_simulations)"
+    if pairs:
+        policies = f"{ladder_agents} polic{'y' if ladder_agents == 1 else 'ies'}"
+        plan += f", then an Elo ladder of random and {policies}, {cfg.ladder_games} games for each of {pairs} pair{'s' * (pairs > 1)} at {cfg.simulations} simulations (train.ladder_games, train.ladder_players)"
+    print(f"{run.run_id}: eval of the {which}: {plan}", file=out, flush=True)
+    progress = EvalProgress(rd, run.run_id, episodes * len(cfg.opponents) + pairs * cfg.ladder_games, out)
+    try:
+        by_opponent = strength.evaluate_strength(spec, net, device, cfg, episodes, EVAL_SEED_OFFSET + run.seed, lambda name, n: progress.match(f"against {name}", n))
+        rundir.write_eval(rd, [r for rs in by_opponent.values() for r in rs], [name for name, rs in by_opponent.items() for _ in rs])
+        rows = [strength.summary(name, rs) for name, rs in by_opponent.items()]
+        rundir.write_strength(rd, rows)
+        if pairs:
+            rundir.write_ladder(rd, _ladder(rd, spec, net, weights_step, snapshots, cfg, device, EVAL_SEED_OFFSET + run.seed, run.run_id, out, progress))
+    finally:
+        progress.close()
     text = ", ".join(f"{name}: {w}/{d}/{lost}" for name, _, w, d, lost, *_ in rows)
-    rundir.mark(rd, rundir.EVAL_DONE, f"wins/draws/losses {text} ({run.config.eval.episodes} games each) of the {which}")
+    rundir.mark(rd, rundir.EVAL_DONE, f"wins/draws/losses {text} ({episodes} games each) of the {which}")
     print(f"{run.run_id}: eval wins/draws/losses {text} of the {which}", file=out)
     return 0
 
 
-def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg: Any, device: torch.device, seed: int, run_id: str, out) -> list[list[Any]]:
-    """The Elo ladder's round robin: `random`, the snapshots of the evaluations during training (at
-    most strength.LADDER_PLAYERS) and the evaluated policy, each named by its step. They search
-    train.simulations, self-play's, not eval_simulations: a round robin is players^2 / 2 matches.
-    A snapshot that does not read (a truncated file, another network's weights) is named in one
-    line and left out, and the players are picked again from the rest: one damaged file must not
-    fail the eval stage, and with it the run's whole evaluation."""
+def _ladder(
+    rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, saved: dict[int, Path], cfg: Any, device: torch.device, seed: int, run_id: str, out,
+    progress: EvalProgress,
+) -> list[list[Any]]:
+    """The Elo ladder's round robin: `random`, the snapshots of the evaluations during training
+    (`saved`, step -> file; at most train.ladder_players of them) and the evaluated policy, each
+    named by its step. They search train.simulations, self-play's, not eval_simulations: a round
+    robin is players^2 / 2 matches. A snapshot that does not read (a truncated file, another
+    network's weights) is named in one line and left out, and the players are picked again from
+    the rest: one damaged file must not fail the eval stage, and with it the run's whole evaluation."""
     sims = cfg.simulations
-    saved = {s: path for s, path in checkpoint.snapshots(rd / rundir.CHECKPOINTS) if s != step}
     while True:
         agents: dict[str, strength.Agent] = {}
-        for at in strength.ladder_players(list(saved)):
+        for at in strength.ladder_players(list(saved), cfg.ladder_players):
             snap = make_network(cfg, spec).to(device)
             try:
                 snap.load_state_dict(checkpoint.load(saved[at], device)["agent"]["policy"])
@@ -157,7 +224,13 @@ def _ladder(rd: Path, spec: games.GameSpec, net: torch.nn.Module, step: int, cfg
         else:
             break
     agents[str(step)] = strength.mcts_agent(net, device, spec, sims, cfg.c_puct)
-    return strength.ladder(spec, agents, cfg.ladder_games, seed, cfg.max_moves)
+    pairs = strength.ladder_pairs(len(agents))
+    progress.total = progress.finished + pairs * cfg.ladder_games  # fewer where a snapshot was left out
+    started = time.monotonic()
+    progress.tell(f"Elo ladder: {pairs} pair{'s' * (pairs > 1)} of {len(agents) + 1} players, {cfg.ladder_games} games each")
+    rows = strength.ladder(spec, agents, cfg.ladder_games, seed, cfg.max_moves, lambda what, n: progress.match(what, n, announce=False))
+    progress.tell(f"Elo ladder: {pairs} pair{'s' * (pairs > 1)} done in {time.monotonic() - started:.0f} s")
+    return rows
 
 
 def _checkpoint_to_evaluate(rd: Path, which: str) -> tuple[dict, str]:

@@ -15,8 +15,8 @@ eval.csv, eval_curve.csv and collect's curves and intervals read it as they read
 counts per opponent go to strength.csv (eval stage) and strength_curve.csv (during training).
 
 The Elo ladder (`ladder`): the eval stage plays a round robin between `random` and the run's own
-policies (the snapshots of the evaluations during training, at most LADDER_PLAYERS of them, and the
-checkpoint it evaluates), `train.ladder_games` games per pair, each colour half of them. Two fixed
+policies (the snapshots of the evaluations during training, at most `train.ladder_players` of them,
+and the checkpoint it evaluates), `train.ladder_games` games per pair, each colour half of them. Two fixed
 networks searched without noise play the same game every time, so each pair of games (one with
 each colour) starts from its own LADDER_OPENING random moves. The counts go to ladder.csv; collect
 fits the ratings (hpcrl.results.strength).
@@ -42,10 +42,9 @@ ROLLOUT_C_PUCT = 2.0
 Opponent = Callable[[Game], int]
 Agent = Callable[[Sequence[Game]], list[int]]
 Result = tuple[float, int, dict[str, float]]
+Progress = Callable[[int, int], None]
+"""Told after every move of a match: (games finished, moves played), so a long one can say how far it is."""
 
-LADDER_PLAYERS = 8
-"""Policies of a run in its ladder (evenly spaced snapshots, the last always in), besides `random`:
-a round robin costs players^2 / 2 matches."""
 LADDER_OPENING = 2
 """Random moves that start each pair of ladder games."""
 
@@ -79,11 +78,13 @@ def random_agent(spec: GameSpec, rng: random.Random) -> Agent:
 
 def play_match(
     spec: GameSpec, agent: Agent, opponent: Opponent | Agent, n_games: int, max_moves: int, batched: bool = False, opening: Sequence[Sequence[int]] = (),
+    progress: Progress | None = None,
 ) -> list[Result]:
     """`n_games` games, the agent first in the even ones; each with the agent's return and the length.
     `batched`: the opponent is an Agent too (all its moves of a turn at once). `opening`: moves
     played first in game k (`opening[k // 2]`, the same for both colours). A game that has not
-    ended after `max_moves` moves (train.max_moves) fails the evaluation in one line."""
+    ended after `max_moves` moves (train.max_moves) fails the evaluation in one line. `progress`
+    is told after every move of all the games (they are played in lockstep)."""
     states = [spec.new_initial_state() for _ in range(n_games)]
     sides = [k % 2 for k in range(n_games)]
     lengths = [0] * n_games
@@ -94,6 +95,7 @@ def play_match(
             games.apply(state, action)
             lengths[k] += 1
     play: Agent = opponent if batched else lambda states: [opponent(s) for s in states]  # type: ignore[assignment,misc,arg-type]
+    moves_played = 0
     while active := [k for k in range(n_games) if not games.is_terminal(states[k])]:
         agent_turn = [k for k in active if games.current_player(states[k]) == sides[k]]
         other_turn = [k for k in active if k not in set(agent_turn)]
@@ -107,6 +109,9 @@ def play_match(
             lengths[k] += 1
             if lengths[k] >= max_moves and not games.is_terminal(states[k]):
                 raise games.too_long(spec, "an evaluation game", max_moves)
+        moves_played += len(active)
+        if progress is not None:
+            progress(sum(games.is_terminal(state) for state in states), moves_played)
     results = []
     for k, state in enumerate(states):
         ret = games.returns(state)[sides[k]]
@@ -116,10 +121,15 @@ def play_match(
 
 def evaluate_strength(
     spec: GameSpec, net: torch.nn.Module, device: torch.device, cfg: Any, games_each: int, seed: int,
+    progress_of: Callable[[str, int], Progress] | None = None,
 ) -> dict[str, list[Result]]:
-    """Each of cfg.opponents' results against the agent (cfg: the run's AlphaZeroConfig)."""
+    """Each of cfg.opponents' results against the agent (cfg: the run's AlphaZeroConfig).
+    `progress_of(opponent, games)`: what to tell about each match as it is played."""
     agent = mcts_agent(net, device, spec, cfg.eval_simulations or cfg.simulations, cfg.c_puct)
-    return {name: play_match(spec, agent, make_opponent(name, spec, seed + i), games_each, cfg.max_moves) for i, name in enumerate(cfg.opponents)}
+    return {
+        name: play_match(spec, agent, make_opponent(name, spec, seed + i), games_each, cfg.max_moves, progress=progress_of(name, games_each) if progress_of else None)
+        for i, name in enumerate(cfg.opponents)
+    }
 
 
 def summary(name: str, results: Sequence[Result]) -> list[Any]:
@@ -141,17 +151,28 @@ def random_openings(spec: GameSpec, n_pairs: int, plies: int, rng: random.Random
     return openings
 
 
-def ladder_players(steps: Sequence[int], limit: int = LADDER_PLAYERS) -> list[int]:
-    """At most `limit` of the snapshot steps, evenly spaced, the first and last always in."""
+def ladder_players(steps: Sequence[int], limit: int) -> list[int]:
+    """At most `limit` (train.ladder_players) of the snapshot steps, evenly spaced, the last always
+    in and the first too where two fit: a round robin of p players costs p^2 / 2 matches."""
     steps = sorted(set(steps))
     if len(steps) <= limit:
         return steps
+    if limit == 1:
+        return steps[-1:]
     return sorted({steps[round(i * (len(steps) - 1) / (limit - 1))] for i in range(limit)})
 
 
-def ladder(spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: int, max_moves: int) -> list[list[Any]]:
+def ladder_pairs(agents: int) -> int:
+    """Matches of a round robin between `random` and `agents` policies."""
+    return (agents + 1) * agents // 2
+
+
+def ladder(
+    spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: int, max_moves: int, progress_of: Callable[[str, int], Progress] | None = None,
+) -> list[list[Any]]:
     """Round robin between `agents` (name -> agent; `random` plays uniformly); a ladder.csv row per
-    pair: player_a, player_b, games, a_wins, draws, b_wins (player a first in the even games)."""
+    pair: player_a, player_b, games, a_wins, draws, b_wins (player a first in the even games).
+    `progress_of("a vs b", games)`: what to tell about each match as it is played."""
     rng = random.Random(seed)
     players = {"random": random_agent(spec, rng), **agents}
     names = list(players)
@@ -159,7 +180,8 @@ def ladder(spec: GameSpec, agents: dict[str, Agent], games_per_pair: int, seed: 
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             opening = random_openings(spec, (games_per_pair + 1) // 2, LADDER_OPENING, rng)
-            results = play_match(spec, players[a], players[b], games_per_pair, max_moves, batched=True, opening=opening)
+            tell = progress_of(f"{a} vs {b}", games_per_pair) if progress_of else None
+            results = play_match(spec, players[a], players[b], games_per_pair, max_moves, batched=True, opening=opening, progress=tell)
             wins, draws, losses = (int(sum(m[k] for *_, m in results)) for k in ("win", "draw", "loss"))
             rows.append([a, b, games_per_pair, wins, draws, losses])
     return rows

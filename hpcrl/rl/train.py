@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import random
 import sys
 import time
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 from hpcrl.rl import checkpoint, games, periodic_eval
-from hpcrl.rl.algorithms import algorithm_class, pick_device
+from hpcrl.rl.algorithms import algorithm_class, setup_torch
 from hpcrl.rl.alphazero import AlphaZero
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
@@ -41,28 +40,6 @@ from hpcrl.runtime.runlog import Callback, open_runlog
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run
 from hpcrl.store.states import REQUEUE_EXIT
-
-
-def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> torch.device:
-    """Process-wide torch settings for a training process; returns its device.
-
-    Denormal floats are flushed to zero (as TensorFlow does by default, and as GPU kernels do):
-    Adam's second-moment estimates of rarely-active units decay through the denormal range, where
-    x86 arithmetic is up to 100 times slower, and late in a DQN run on a CPU that made the fused
-    Adam step 10x and the backward matmuls 4x slower (1.65 -> 1.16 ms per update on CartPole).
-    Called before the first parallel op, so the intra-op threads inherit the mode.
-    """
-    torch.set_flush_denormal(True)
-    torch.set_num_threads(threads)
-    device = pick_device(device_spec)
-    if device.type == "cuda" and device.index is None:  # one GPU per rank of a node (rank 0 of one: cuda:0)
-        device = torch.device("cuda", local_rank)
-    if device.type == "cuda":
-        if device.index >= torch.cuda.device_count():  # CUDA_VISIBLE_DEVICES leaves this task fewer GPUs
-            raise rundir.RunError(f"train.device {device_spec!r}: this task sees {torch.cuda.device_count()} GPU(s) and needs GPU {device.index} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-    return device
 
 
 def seed_everything(seed: int) -> None:

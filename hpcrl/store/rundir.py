@@ -16,7 +16,9 @@ contradicts which, what line N of a manifest names) drifted when it lived in sev
       lifetimes              a user's program: one line per start of the run (requeues, retries)
       program.log            a user's program: its output, appended across lifetimes
       stalled_requeues       how many requeues in a row the run asked for without progress (guard.py)
-      eval.csv               written once, atomically, by the eval stage
+      eval.csv               written once, atomically, by the eval stage (a two-player game's: a row per game,
+                             with the opponent it was played against)
+      eval_progress          while a game's eval stage plays: "done total what" (games), which `hpcrl status` shows
       eval_curve.csv         the evaluations during training (eval.every_steps), appended by EvalCurveLog:
                              step,wall_time,mean_return,std_return,mean_length,episodes
       checkpoints/           rl/checkpoint.py's files (and best.pt, the best evaluated policy); their
@@ -62,6 +64,7 @@ PRUNED = "PRUNED"
 """Beside DONE: an Optuna pruner ended the training early, for the reason it holds."""
 EVAL_DONE, EVAL_FAILED, EVAL_SKIPPED = "EVAL_DONE", "EVAL_FAILED", "EVAL_SKIPPED"
 TRAIN_LOG, EVAL_LOG, CHECKPOINTS, LOCK = "train.csv", "eval.csv", "checkpoints", ".lock"
+EVAL_PROGRESS = "eval_progress"
 EVAL_CURVE = "eval_curve.csv"
 EVAL_CURVE_COLUMNS = ("step", "wall_time", "mean_return", "std_return", "mean_length", "episodes")
 STRENGTH, STRENGTH_CURVE = "strength.csv", "strength_curve.csv"
@@ -662,15 +665,37 @@ def has_train_log(run_dir: Path, names: frozenset[str] | None = None) -> bool:
 # eval.csv
 
 
-def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, float]]]) -> None:
-    """One row per episode: return, length and the task metrics the env reported (Habitat: success, SPL)."""
+def write_eval(run_dir: Path, results: Sequence[tuple[float, int, dict[str, float]]], opponents: Sequence[str] | None = None) -> None:
+    """One row per episode: return, length and the task metrics the env reported (Habitat: success, SPL).
+    `opponents` (a two-player game's eval stage): whom each game was played against, an `opponent`
+    column after `episode`, since the returns of one file are against several players. The readers
+    take files with and without it (`read_eval_returns` reads the return column by name)."""
+    if opponents is not None and len(opponents) != len(results):
+        raise ValueError(f"{len(opponents)} opponents for {len(results)} games")
     buf = io.StringIO()
     writer = csv.writer(buf)
     metric_names = sorted({name for *_, metrics in results for name in metrics})
-    writer.writerow(["episode", "return", "length", *metric_names])
+    writer.writerow(["episode", *(["opponent"] if opponents is not None else []), "return", "length", *metric_names])
     for i, (ret, length, metrics) in enumerate(results):
-        writer.writerow([i, cell(float(ret)), length, *(cell(float(metrics[k])) if k in metrics else "" for k in metric_names)])
+        who = [opponents[i]] if opponents is not None else []
+        writer.writerow([i, *who, cell(float(ret)), length, *(cell(float(metrics[k])) if k in metrics else "" for k in metric_names)])
     atomic_write_text(run_dir / EVAL_LOG, buf.getvalue())
+
+
+def write_eval_progress(run_dir: Path, done: int, total: int, what: str) -> None:
+    """How far a game's eval stage is (`done` of `total` games, and what it plays now), replaced
+    atomically as it goes, so that `hpcrl status` can tell a long evaluation from a hung one."""
+    atomic_write_text(run_dir / EVAL_PROGRESS, f"{done} {total} {printable(' '.join(what.split()))}\n")
+
+
+def read_eval_progress(run_dir: Path) -> tuple[int, int, str] | None:
+    """(games done, games in all, what it plays now) of an eval stage under way; None when it
+    wrote none (not a game, not started, or finished: the stage removes it) or it does not parse."""
+    try:
+        done, total, what = (run_dir / EVAL_PROGRESS).read_text().strip().split(" ", 2)
+        return int(done), int(total), what
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
 
 
 def has_eval(run_dir: Path, names: frozenset[str] | None = None) -> bool:

@@ -189,7 +189,8 @@ def test_collect_treats_envs_as_tasks_and_normalises(tmp_path: Path) -> None:
     for name in ("curves", "eval_curves", "final-CartPole-v1", "final-Acrobot-v1", "aggregate", "profile"):
         assert (root / "results" / "plots" / f"{name}.png").stat().st_size > 5000, name
     html = (root / "results" / "report.html").read_text()
-    assert "Across 2 tasks" in html and "Probability of improvement" in html and html.count("data:image/png;base64,") == 6
+    assert "Across 2 tasks" in html and "Probability of improvement" in html and html.count("<img src=\"data:image/png;base64,") == 6
+    assert html.count('<source media="(max-width: 700px)" srcset="data:image/png;base64,') == 3  # the panels of curves, eval curves, aggregate in one column
 
 
 def test_a_seed_missing_on_one_task_leaves_the_aggregate_by_name(tmp_path: Path) -> None:

@@ -171,3 +171,39 @@ def test_plots_leave_pyplot_alone(tmp_path: Path) -> None:
     before = Gcf.get_num_fig_managers()
     plots.plot_final_intervals(stats.summarize({"a": [1.0, 2.0]}, reps=50), tmp_path / "x.png")
     assert Gcf.get_num_fig_managers() == before
+
+
+def _few_points(n_points: int) -> dict[str, plots.Curve]:
+    rng = np.random.default_rng(2)
+    grid = np.linspace(1000, 4000, n_points)
+    steps = [grid] * 3
+    return {"a": stats.aggregate_curves(steps, [rng.uniform(0, 1, n_points) for _ in steps], grid=grid, reps=100)}
+
+
+def test_a_curve_through_few_evaluations_has_a_marker_at_each() -> None:
+    """Issue 38 item 2: curves through 4 evaluations were drawn as bare lines; collect's 100-point training curves stay lines."""
+    for n_points, marker in ((4, "o"), (plots.MARKED_POINTS, "o"), (100, "None")):
+        fig = plots.curves_figure(_few_points(n_points), "iqm")
+        (line,) = [line for line in fig.axes[0].lines if len(line.get_xdata())]
+        assert line.get_marker() == marker and len(line.get_xdata()) == n_points
+
+
+def test_the_narrow_version_of_a_figure_stacks_its_panels_with_the_legend_below(tmp_path: Path) -> None:
+    """Issue 38 item 7: three panels side by side, shrunk to a phone's 390 pixels, had text a few pixels high.
+    The narrow version has one panel a row and its legend under them; plot_* writes it beside the figure."""
+    by_task = {task: _curves({"lr=0.001": 3, "lr=0.01": 2}) for task in ("CartPole-v1", "Acrobot-v1", "Pendulum-v1")}
+    wide = plots.curves_by_task_figure(by_task, "iqm")
+    assert len({round(ax.get_position().x0, 3) for ax in wide.axes if ax.get_visible()}) == 3
+    fig = plots.curves_by_task_figure(by_task, "iqm", narrow=True)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 3 and len({round(ax.get_position().x0, 3) for ax in panels}) == 1
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    assert fig.legends[0].get_window_extent(renderer).y1 <= min(ax.get_window_extent(renderer).y0 for ax in panels)
+    path = plots.plot_curves_by_task(by_task, tmp_path / "curves.png", "iqm")
+    narrow = plots.narrow_of(path)
+    assert narrow == tmp_path / "narrow" / "curves.png"
+    assert imread(narrow).shape[1] < imread(path).shape[1] / 1.8 and imread(narrow).shape[0] > imread(path).shape[0]
+    one = plots.curves_figure(_curves(SETTINGS), "iqm", narrow=True)
+    renderer = FigureCanvasAgg(one).get_renderer()
+    assert one.axes[0].get_legend().get_window_extent(renderer).y1 < one.axes[0].get_window_extent(renderer).y0  # below the axes, not beside
+    assert plots.narrow_of(plots.plot_final_intervals([], tmp_path / "final.png")) is None  # a figure without a narrow version

@@ -173,6 +173,32 @@ def test_sections_nest_and_the_contents_link_to_them(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ markdown
 
 
+def test_at_phone_width_tables_become_cards_and_figures_fit_the_screen(tmp_path: Path) -> None:
+    """Issue 38 item 7: at 390 px the loss-rate and CI columns were off-screen and three-panel figures
+    unreadable. Every table sits in a wrapper that scrolls; on a narrow screen its rows become cards of
+    "column value" lines (each cell names its column); figures never exceed the page; a figure with a
+    narrow version shows that one on a narrow screen, the wide one elsewhere."""
+    exp, results = _experiment(tmp_path)
+    wide, narrow = _png(results / "plots" / "f.png", 96, 32), _png(results / "plots" / "narrow" / "f.png", 32, 64)
+    header = ["setting", "seeds", "win rate", "95% CI", "loss rate", "95% CI (loss)", "games"]
+    rows = [["lr=0.1", "3", "0.5", "[0.4, 0.6]", "0", "[0, 0]", "60"], ["lr=0.2", "3", "0.7", "[0.6, 0.8]", "0.1", "[0, 0.2]", "60"]]
+    page = report.to_html(Document("t", [], [Section("S", [Table(header, rows), Image("fig", wide, narrow=narrow), Image("plain", wide)])]), results)
+
+    assert page.count('<div class="scroll"><table>') == page.count("<table>") == 1
+    dom = _Page(page)
+    labels = [a.get("data-label") for a in dom.attrs("td")]
+    assert labels == header * len(rows)
+    css = page[page.index("<style>") : page.index("</style>")]
+    phone = css[css.index("@media (max-width: 700px)") :]
+    assert re.search(r"\.scroll table, \.scroll tbody, \.scroll tr, \.scroll td \{ display: block;", phone)
+    assert ".scroll td::before { content: attr(data-label);" in phone and ".scroll thead {" in phone
+    assert re.search(r"figure img \{[^}]*max-width: 100%", css) and re.search(r"\.scroll \{[^}]*overflow: auto;[^}]*max-width: 100%", css)
+    (source,) = dom.attrs("source")
+    assert source["media"] == "(max-width: 700px)" and source["srcset"] == "data:image/png;base64," + base64.b64encode(narrow.read_bytes()).decode()
+    assert [a["src"] for a in dom.attrs("img")] == ["data:image/png;base64," + base64.b64encode(wide.read_bytes()).decode()] * 2
+    assert page.count("<picture>") == 1  # the figure without a narrow version is a plain <img>
+
+
 def _fenced_block(md: str) -> list[str]:
     """The lines of the first fenced block, found the way CommonMark does: the same fence closes it."""
     lines = md.splitlines()

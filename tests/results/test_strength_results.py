@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import csv
 import html
+import io
 import math
 import re
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ from factories import write_config
 from trainruns import train
 
 from hpcrl.config.experiment import load_experiment
-from hpcrl.results.collect import collect
+from hpcrl.results import strength as results_strength
+from hpcrl.results.collect import collect, scoring_of
 from hpcrl.results.strength import fit_elo
 from hpcrl.rl import checkpoint, strength
 from hpcrl.rl.evaluate import evaluate_run
@@ -62,9 +65,10 @@ def test_a_player_who_won_every_game_gets_a_finite_rating():
 
 
 def test_ladder_players_are_evenly_spaced_with_first_and_last():
-    assert strength.ladder_players([5, 1, 3]) == [1, 3, 5]
+    assert strength.ladder_players([5, 1, 3], limit=8) == [1, 3, 5]
     picked = strength.ladder_players(list(range(100, 2100, 100)), limit=5)
     assert picked[0] == 100 and picked[-1] == 2000 and len(picked) == 5
+    assert strength.ladder_players([100, 200, 300], limit=1) == [300]  # train.ladder_players: 1 keeps the newest
 
 
 # ---------------------------------------------------------------------------- collect on real runs
@@ -87,8 +91,18 @@ def nim_experiment(tmp_path: Path, seeds: list[int]):
     return exp.dir, [exp.dir / "runs" / run.run_id for run in runs]
 
 
-def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_path, capsys, chromium):
-    exp_dir, run_dirs = nim_experiment(tmp_path, [0, 1])
+@pytest.fixture(scope="module")
+def nim_collected(tmp_path_factory) -> tuple[Path, list[Path], str]:
+    """Two seeds of nim trained, evaluated and collected once for the tests that only read what that
+    wrote: (experiment directory, run directories, what collect printed)."""
+    exp_dir, run_dirs = nim_experiment(tmp_path_factory.mktemp("nim"), [0, 1])
+    out = io.StringIO()
+    assert collect(exp_dir, out=out) == 0
+    return exp_dir, run_dirs, out.getvalue()
+
+
+def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(nim_collected, tmp_path, chromium):
+    exp_dir, run_dirs, out = nim_collected
     snaps = [s for s, _ in checkpoint.snapshots(run_dirs[0] / "checkpoints")]
     assert len(snaps) >= 3  # an evaluation every 20 of 60 positions: the ladder's players
     pairs = read_csv(run_dirs[0] / "ladder.csv")
@@ -96,13 +110,11 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
     assert "random" in players and {str(s) for s in snaps} <= players
     assert len(pairs) == len(players) * (len(players) - 1) // 2 and all(int(r["games"]) == 4 for r in pairs)
 
-    assert collect(exp_dir) == 0
-    out = capsys.readouterr().out
     results = exp_dir / "results"
     table = read_csv(results / "strength.csv")
-    assert [r["opponent"] for r in table] == ["random", "perfect"] and all(r["seeds"] == "2" for r in table)
-    for row, opponent in zip(table, ["random", "perfect"]):
-        rates = [float(rundir.read_strength(rd / "strength.csv")[["random", "perfect"].index(opponent)]["win_rate"]) for rd in run_dirs]
+    assert [r["opponent"] for r in table] == ["perfect", "random"] and all(r["seeds"] == "2" for r in table)  # the strongest first
+    for row in table:
+        rates = [next(float(r["win_rate"]) for r in rundir.read_strength(rd / "strength.csv") if r["opponent"] == row["opponent"]) for rd in run_dirs]
         assert float(row["win_mean"]) == pytest.approx(sum(rates) / 2, abs=1e-5)
         assert float(row["win_ci_low"]) <= float(row["win_mean"]) <= float(row["win_ci_high"])
     curves = read_csv(results / "strength_curves.csv")
@@ -120,6 +132,123 @@ def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(tmp_pat
     for words in ("Strength against fixed opponents", "Against random", "Strength during training", "Elo ladder of the run's policies", "Win rate during training", "policy 1"):
         assert words in html.unescape(dom)
     assert dom.count("data:image/png;base64,") >= 3 + 2  # the strength curves and the Elo curve, besides collect's own
+
+
+class _Page(HTMLParser):
+    """report.html's headings in order, and its figures (an <img>, with a <picture>'s <source> where it has one)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.headings: list[tuple[str, str]] = []
+        self.figures: list[dict[str, str]] = []
+        self._heading: str | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("h2", "h3"):
+            self._heading = tag
+            self.headings.append((tag, ""))
+        elif tag == "figure":
+            self.figures.append({})
+        elif tag in ("img", "source") and self.figures:
+            self.figures[-1][tag] = dict(attrs).get("src" if tag == "img" else "media") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self._heading:
+            self._heading = None
+
+    def handle_data(self, data: str) -> None:
+        if self._heading:
+            tag, text = self.headings[-1]
+            self.headings[-1] = (tag, text + data)
+
+
+def test_a_game_s_summary_opens_with_its_strength(nim_collected):
+    """Issue 38 item 2: collect opened a game's results with "Final evaluation return 0.3789", +1 / 0 / -1 pooled
+    over random, perfect and MCTS opponents. It opens with the strength against each opponent, the strongest
+    first, then the Elo ladder; the pooled return, and P(X > Y) of it, are not shown."""
+    _, _, out = nim_collected
+    lines = out.splitlines()
+    assert lines[0].startswith("Strength against fixed opponents: Win / draw / loss rates of the final policy")
+    heads = [line for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert heads == ["Against perfect:", "Against random:", "Elo ladder of the run's policies:"]
+    for pooled in ("Final evaluation return", "P(row > column)", "P(X > Y)"):
+        assert pooled not in out
+
+
+def test_a_game_s_report_leads_with_strength_and_names_self_play_for_what_it_is(nim_collected):
+    """Issue 38 item 2: report.html opened with the pooled return, a self-play return curve that falls as play
+    improves (games become draws) and read as a collapse, a pooled IQM interval and a performance profile.
+    It leads with the strength sections; self-play's curve comes after them, named and captioned as what it
+    is; nothing pooled over opponents is drawn."""
+    exp_dir, _, _ = nim_collected
+    page = (exp_dir / "results" / "report.html").read_text()
+    top = [text for tag, text in _Page(page).headings if tag == "h2"]
+    assert top == ["Strength against fixed opponents", "Elo ladder of the run's policies", "Strength during training", "Self-play outcome", "Runs"]
+    assert [text for tag, text in _Page(page).headings if tag == "h3"][:2] == ["Against perfect", "Against random"]
+    assert "it falls toward 0 as both sides improve and more games are drawn, so it is no measure of strength" in html.unescape(page)
+    for pooled in ("Final evaluation return", "Performance profile", "Probability of improvement", "Evaluation during training", "Training curves"):
+        assert pooled not in page
+    assert not (exp_dir / "results" / "improvement.csv").exists() and not (exp_dir / "results" / "eval_curves.csv").exists()
+    assert "Final evaluation return" not in (exp_dir / "results" / "report.md").read_text()
+
+
+def test_collect_counts_every_plot_it_writes(nim_collected):
+    """Issue 38 item 6: collect's "wrote ... and 4 plots" counted 4 of the 7 it wrote (not the strength
+    curves nor the Elo curve). The count is the report's figures: every plot in plots/, each shown once."""
+    exp_dir, _, out = nim_collected
+    (count,) = re.findall(r"report\.html and (\d+) plots in ", out)
+    written = sorted(p.name for p in (exp_dir / "results" / "plots").glob("*.png"))
+    assert written == ["curves.png", "elo.png", "strength_loss_rate.png", "strength_win_rate.png"]
+    figures = _Page((exp_dir / "results" / "report.html").read_text()).figures
+    assert int(count) == len(written) == len([f for f in figures if "img" in f])
+
+
+def test_eval_csv_names_the_opponent_of_every_game(nim_collected):
+    """Issue 38 item 2: a game's eval.csv pooled every opponent's games with nothing to tell them apart."""
+    _, run_dirs, _ = nim_collected
+    for rd in run_dirs:
+        games = read_csv(rd / "eval.csv")
+        assert list(games[0])[:3] == ["episode", "opponent", "return"]
+        for row in rundir.read_strength(rd / "strength.csv"):
+            mine = [g for g in games if g["opponent"] == row["opponent"]]
+            assert len(mine) == row["games"] and sum(float(g["return"]) > 0 for g in mine) == row["wins"]
+
+
+def _rows(rates: dict[str, list[float]], steps: list[int]) -> list[dict]:
+    """strength_curve.csv rows as rundir.read_strength gives them: per step, a row per opponent with its win and loss rate."""
+    out = []
+    for k, step in enumerate(steps):
+        for opponent, (win, loss) in rates.items():
+            out.append({"step": float(step), "opponent": opponent, "win_rate": win[k], "loss_rate": loss[k]})
+    return out
+
+
+def test_rate_curves_go_through_the_evaluations_on_0_to_1():
+    """Issue 38 item 2: a loss rate that stayed 0 was drawn on an axis from -0.04 to 0.04 (negative rates), and
+    curves through 4 evaluations were interpolated onto 100 points without a marker. Each panel is on [0, 1],
+    the curve has a marker at each evaluation (the k-th of every seed, at the median of their steps), and the
+    x axis is named as collect names the runs' steps."""
+    seeds = [
+        _rows({"perfect": ([0.0] * 4, [0.0] * 4), "mcts:50": ([0.1, 0.2, 0.3, 0.2], [0.5, 0.3, 0.2, 0.1])}, [1010, 2030, 3001, 4020]),
+        _rows({"perfect": ([0.0] * 4, [0.0] * 4), "mcts:50": ([0.2, 0.2, 0.4, 0.5], [0.4, 0.4, 0.1, 0.0])}, [1000, 2010, 3040, 4000]),
+        _rows({"perfect": ([0.0] * 4, [0.0] * 4), "mcts:50": ([0.0, 0.3, 0.3, 0.4], [0.6, 0.2, 0.2, 0.1])}, [1020, 2000, 3020, 4010]),
+    ]
+    curves, csv_rows, notes = results_strength.rate_curves({"default": seeds}, "iqm")
+    assert not notes and list(curves["loss_rate"]) == ["perfect", "mcts:50"]  # the strongest first
+    steps = scoring_of({"algo": "alphazero"}, "iqm", None, ["nim"]).steps
+    assert steps == "self-play positions" and scoring_of({"algo": "ppo"}, "iqm", None, ["CartPole-v1"]).steps == "environment steps"
+    for narrow in (False, True):
+        fig = results_strength.rate_figure(curves["loss_rate"], "loss_rate", "iqm", steps, narrow)
+        panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+        assert [ax.get_title() for ax in panels] == ["perfect", "mcts:50"]
+        for ax in panels:
+            low, high = ax.get_ylim()
+            assert -0.05 < low <= 0 and 1 <= high < 1.05, f"a rate drawn on {low:g}..{high:g}"
+            (line,) = [line for line in ax.lines if len(line.get_xdata())]
+            assert list(line.get_xdata()) == [1010, 2010, 3020, 4010] and line.get_marker() == "o"
+        assert panels[-1].get_xlabel() == "self-play positions"
+    assert [float(r[4]) for r in csv_rows if r[1:3] == ["perfect", "loss_rate"]] == [0.0] * 4
 
 
 def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_path, capsys):

@@ -294,6 +294,7 @@ def test_a_bad_game_is_refused_at_sweep_time_in_one_line(tmp_path, env_id, words
     ({"hidden_sizes": [float("nan")]}, "train.hidden_sizes[0]: expected an integer"),
     ({"hidden_sizes": [10**9]}, "train.hidden_sizes[0]: expected an integer in [1, 65536]"),
     ({"hidden_sizes": []}, "train.hidden_sizes: expected at least 1 item"),
+    ({"ladder_players": 0}, "train.ladder_players: expected an integer in [1, 64], got 0"),
 ])
 def test_mcts_settings_out_of_range_are_refused(tmp_path, train, key):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}})
@@ -522,6 +523,79 @@ def test_a_damaged_ladder_snapshot_is_named_and_left_out_and_the_run_still_evalu
     players = {p for row in read_csv(rd / "ladder.csv") for p in (row["player_a"], row["player_b"])}
     assert str(damaged_step) not in players and {str(s) for s, _ in snaps if s != damaged_step} <= players
     assert rundir.reason(rd, rundir.EVAL_DONE)
+
+
+def test_the_eval_stage_says_what_it_plays_and_how_far_it_is(tmp_path):
+    """Issue 38 item 3: a game's eval stage played for 15 minutes with an empty log, and `hpcrl status` showed
+    no progress. It prints what it will play and the keys that size it, each match as it starts and ends
+    (flushed), and keeps eval_progress for status until it is done; `train.ladder_players` bounds the ladder;
+    torch runs on `train.torch_threads` (left at a thread per core, a game's small forward passes took 60x
+    longer on a busy machine)."""
+    exp_dir, run, rd = make_game_run(
+        tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}},
+        {**TINY_AZ, "ladder_games": 2, "ladder_players": 1}, {"episodes": 4, "every_steps": 20, "periodic_episodes": 2},
+    )
+    assert train(exp_dir, run) == 0
+    snaps = [s for s, _ in checkpoint.snapshots(rd / "checkpoints")]
+    final = int(checkpoint.load_latest(rd / "checkpoints")[0]["agent"]["global_step"])
+    assert len([s for s in snaps if s != final]) >= 2  # more snapshots than train.ladder_players keeps
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    out = io.StringIO()
+    try:
+        assert evaluate_run(exp_dir, run, out) == 0
+        assert torch.get_num_threads() == 1  # train.torch_threads
+    finally:
+        torch.set_num_threads(threads)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        f"{run.run_id}: eval of the last checkpoint (step {final}): 4 games against each of random, perfect at 4 simulations a move "
+        "(eval.episodes, train.opponents, train.eval_simulations), then an Elo ladder of random and 2 policies, 2 games for each "
+        "of 3 pairs at 4 simulations (train.ladder_games, train.ladder_players)"
+    )
+    told = [line.split(": ", 1)[1] for line in lines[1:-1]]
+    assert told[0] == "eval 0/14 games: against random: 4 games" and told[1].startswith("eval 4/14 games: against random: 4/4 games done in ")
+    assert told[2] == "eval 4/14 games: against perfect: 4 games" and told[3].startswith("eval 8/14 games: against perfect: 4/4 games done in ")
+    assert told[4:5] == ["eval 8/14 games: Elo ladder: 3 pairs of 3 players, 2 games each"] and told[-1].startswith("eval 14/14 games: Elo ladder: 3 pairs done in ")
+    assert len(told) == 6  # the ladder's short matches: no line of their own
+    newest = max(s for s in snaps if s != final)
+    players = {p for row in read_csv(rd / "ladder.csv") for p in (row["player_a"], row["player_b"])}
+    assert players == {"random", str(newest), str(final)}
+    assert not (rd / rundir.EVAL_PROGRESS).exists()  # the stage is over: status has nothing to show
+
+
+def test_status_shows_how_far_a_running_eval_stage_is(tmp_path):
+    """Issue 38 item 3: what the eval stage writes as it goes is what `hpcrl status` shows of a run in its eval
+    stage; a line reaches the log at least every `every_s` seconds while a match goes on."""
+    from hpcrl.rl.evaluate import EvalProgress
+    from hpcrl.schedulers.base import RUNNING
+    from hpcrl.status import RunStatus, add_detail, per_run_lines
+    from hpcrl.store.states import State
+
+    exp_dir, run, rd = make_game_run(tmp_path, {"backend": "game", "id": "user_games:Nim", "kwargs": {"pile": 5}}, TINY_AZ, {"episodes": 4})
+    rd.mkdir(parents=True, exist_ok=True)
+    now = [0.0]
+    out = io.StringIO()
+    progress = EvalProgress(rd, run.run_id, 10, out, every_s=30, clock=lambda: now[0])
+    update = progress.match("against mcts:100", 4)
+    for t, done, moves in ((10, 0, 4), (31, 1, 7), (45, 1, 9)):
+        now[0] = t
+        update(done, moves)
+    assert out.getvalue().splitlines() == [f"{run.run_id}: eval 0/10 games: against mcts:100: 4 games", f"{run.run_id}: eval 1/10 games: against mcts:100: 1/4 games done, 7 moves played"]
+
+    def shown() -> RunStatus:
+        row = RunStatus(run.index, run.run_id, "default", 0, State.DONE, RUNNING, 0, 60)
+        add_detail(exp_dir, [row])
+        return row
+
+    row = shown()
+    assert row.eval_games == (1, 10) and row.note == "eval 1/10 games: against mcts:100: 1/4 games done, 7 moves played"
+    assert " eval 10% " in per_run_lines([row])[1]
+    now[0] = 50
+    update(4, 14)
+    assert shown().eval_games == (4, 10)
+    progress.close()
+    assert shown().eval_games is None and not (rd / rundir.EVAL_PROGRESS).exists()
 
 
 def test_an_illegal_move_fails_the_run_with_one_line(tmp_path):

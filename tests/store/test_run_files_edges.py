@@ -119,6 +119,20 @@ def test_eval_csv_round_trip_and_an_empty_one(tmp_path: Path) -> None:
         rundir.read_eval(tmp_path)
 
 
+def test_a_game_s_eval_csv_names_each_opponent_and_files_without_the_column_still_read(tmp_path: Path) -> None:
+    """Issue 38 item 2: eval.csv gets an `opponent` column for a game's games; an eval.csv written before it
+    (no such column) reads as it did."""
+    results = [(1.0, 5, {"win": 1.0}), (0.0, 9, {"win": 0.0}), (-1.0, 6, {"win": 0.0})]
+    rundir.write_eval(tmp_path, results, ["random", "perfect", "mcts:100"])
+    lines = (tmp_path / rundir.EVAL_LOG).read_text().splitlines()
+    assert lines[0] == "episode,opponent,return,length,win" and lines[3] == "2,mcts:100,-1,6,0"
+    assert rundir.read_eval_returns(tmp_path) == [1.0, 0.0, -1.0]
+    (tmp_path / rundir.EVAL_LOG).write_text("episode,return,length,draw,first,loss,win\n0,1,5,0,1,0,1\n1,0,9,1,0,0,0\n2,-1,6,0,1,1,0\n")  # as written before
+    assert rundir.read_eval_returns(tmp_path) == [1.0, 0.0, -1.0] and rundir.read_eval(tmp_path) == 0.0
+    with pytest.raises(ValueError, match="2 opponents for 3 games"):
+        rundir.write_eval(tmp_path, results, ["random", "perfect"])
+
+
 # --------------------------------------------------------------------------------------------
 # The run lock.
 
