@@ -169,7 +169,7 @@ def test_a_progress_bar_reaches_the_log_as_it_comes_and_the_failed_marker_keeps_
 def test_a_warning_to_every_process_of_the_job_reaches_the_program_once_as_its_stop_signal(tmp_path: Path, warning: str) -> None:
     # Grid Engine signals the job's whole process group: USR1 at s_rt or before a suspend (-notify),
     # USR2 at s_rt after a reschedule. The program (stop_signal TERM) must get TERM, from hpcrl, once.
-    root = experiment(tmp_path, "stop", stop_signal="TERM")
+    root = experiment(tmp_path, "linger", stop_signal="TERM")  # takes 0.5 s to stop: a stop passed on again would be seen
     proc = start(root)  # its own process group, as a job's
     wait_for(tmp_path / "notes", "ready")
     for _ in range(3):  # and again: hpcrl passes a stop on once
@@ -289,6 +289,45 @@ with rundir.run_lock(Path(sys.argv[1])):
     print("holding", flush=True)
     time.sleep(60)
 """
+
+
+def test_a_program_that_dies_of_its_stop_signal_after_the_warning_is_requeued_not_failed(tmp_path: Path) -> None:
+    # A program without a handler for its stop signal dies of it (-15): after the warning, that is the
+    # preemption's doing, and the next lifetime resumes.
+    root = experiment(tmp_path, "plain", stop_signal="TERM")
+    proc = start(root)
+    wait_for(tmp_path / "notes", "ready")
+    proc.send_signal(signal.SIGUSR1)
+    out, err = finish(proc, timeout=60)
+    assert proc.returncode == 99, out + err
+    assert "program stopped (killed by SIGTERM) after the warning SIGUSR1 (passed on as SIGTERM): asking for a requeue" in out, out
+    assert not rundir.is_failed(the_run(root))
+
+
+EARLY_WARNING = """
+import os, signal
+from hpcrl.cli import _job_entry
+from hpcrl.runtime.guard import StopFlag
+
+seen = []
+
+@_job_entry
+def job(args):
+    os.kill(os.getpid(), signal.SIGUSR2)  # the warning, while the job still imports (before any StopFlag)
+    stop = StopFlag(seen.append)
+    os.kill(os.getpid(), signal.SIGTERM)  # the time limit's TERM, later
+    return stop.signal
+
+print(job(None), seen)
+"""
+
+
+def test_a_warning_that_arrives_while_the_job_still_imports_stops_the_run_and_is_reported() -> None:
+    # Grid Engine's USR2 at s_rt after a reschedule can come while the job imports torch: it must neither
+    # kill the job nor be lost; the run's first StopFlag takes it as the signal that stopped it, and tells it once.
+    done = subprocess.run([sys.executable, "-c", EARLY_WARNING], env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(int(signal.SIGUSR2)), f"[{int(signal.SIGUSR2)}]"], done.stdout
 
 
 def test_the_stop_flag_keeps_the_first_signal_and_reports_it_once() -> None:

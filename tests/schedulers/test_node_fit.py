@@ -77,3 +77,21 @@ def test_slurm_memory_counts_on_the_same_node(exp) -> None:
     refusal = CannedSlurm().refuse(exp, [ask(4, 1, mem_mb=100_000)])
     assert refusal is not None and "resources.mem" in refusal and "together" in refusal
     assert CannedSlurm().refuse(exp, [ask(4, 0, mem_mb=100_000)]) is None
+
+
+@pytest.mark.parametrize("scheduler", [CannedSlurm, CannedSGE])
+def test_gpus_only_a_later_stage_asks_for_are_checked_where_the_first_asks_none(scheduler: type, exp) -> None:
+    """Train on CPUs, eval on the GPU node: the GPUs are looked up for the stage that asks them (Grid
+    Engine reads its GPU consumable only when some stage asks; it read it only when the first did, and
+    then refused eval's fitting GPUs as a consumable no host offers)."""
+    assert scheduler().refuse(exp, [ask(2, 0), ask(8, 4, key="eval.gpus")]) is None
+    refusal = scheduler().refuse(exp, [ask(2, 0), ask(1, 5, key="eval.gpus")])
+    assert refusal is not None and refusal.startswith("eval.gpus: 5 GPUs") and "more than 4" in refusal, refusal
+
+
+def test_slurm_memory_no_node_has_is_named_with_the_largest_nodes_megabytes(exp) -> None:
+    """sinfo's %m is in megabytes, the request is compared in megabytes: 300G is more than the 256,000M of
+    the largest node, named alone (not as a combination no node holds)."""
+    refusal = CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "300G", 300 * 1024)])
+    assert refusal == "resources.mem: 300G per node, but the largest node of Slurm partition default has 256000M (sinfo): the job would stay pending for ever"
+    assert CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "250G", 250 * 1024)]) is None
