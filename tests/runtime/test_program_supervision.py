@@ -140,6 +140,62 @@ def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however
     assert rundir.lock_holder(the_run(root)) is None  # a re-sweep may start the run again
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError):
+                continue
+            if int(ppid) == pid and state not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("killed", ["keeper and hpcrl", "keeper, trainer in a session of its own", "deputy"])
+def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_is(tmp_path: Path, killed: str) -> None:
+    """The keeper (hpcrl.runtime.keeper) is a subreaper, and a subreaper guards what is below it only
+    while it lives: SIGKILLed together with hpcrl, its orphans went to init, and a trainer forked by a
+    wrapper that does not `exec` it (the wrapper died of its death signal, the trainer had none) kept
+    writing the run, unlocked. Alone, it left a trainer that started a session of its own out of
+    reach of hpcrl, which ends the keeper's session only. Now the keeper's deputy ends them; and when the
+    deputy is killed, the keeper does. Within 5 s, and the run is unlocked only once nothing writes it."""
+    (tmp_path / "writer.py").write_text(WRITER)
+    wrapper = tmp_path / "wrapper.sh"
+    own_session = "setsid " if "session" in killed else ""
+    wrapper.write_text(f"#!/bin/sh\n{own_session}{sys.executable} {tmp_path / 'writer.py'} \"$@\"\necho wrapper done\n")
+    wrapper.chmod(0o755)
+    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
+    root = experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[])
+    proc = start(root)
+    try:
+        wait_for(rows, "row")
+        trainer = int(pid_file.read_text())
+        (keeper,) = children(proc.pid)
+        (deputy,) = children(keeper)
+        targets = {"keeper and hpcrl": [keeper, proc.pid], "deputy": [deputy]}.get(killed, [keeper])
+        for pid in targets:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(trainer) and time.monotonic() < deadline:
+            assert rundir.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
+            time.sleep(0.02)
+        assert not alive(trainer), f"the trainer outlived its keeper ({killed} SIGKILLed) by 5 s"
+        proc.communicate(timeout=30)
+    finally:
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    size = rows.stat().st_size
+    time.sleep(0.2)
+    assert rows.stat().st_size == size  # nothing writes the run any more
+    assert rundir.lock_holder(the_run(root)) is None
+
+
 # ------------------------------------------------------------------------------------ output without newlines
 
 
