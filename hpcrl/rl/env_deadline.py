@@ -89,11 +89,12 @@ class Deadline:
             _armed.clear()
             raise EnvTimeout(f"env {self.env_id}: {doing} did not return within {self.timeout:g} s (in the trainer's own process: env.vectorization sync)")
 
-        previous = signal.signal(signal.SIGALRM, expired)
-        their_delay, their_interval = signal.getitimer(signal.ITIMER_REAL)
+        previous = signal.getsignal(signal.SIGALRM)  # bound before `expired` can run (any thread may take the signal)
+        signal.signal(signal.SIGALRM, expired)
+        their_delay, their_interval = signal.getitimer(signal.ITIMER_REAL)  # read after: one due before this went to `expired`
         _armed.append(deadline)
+        signal.setitimer(signal.ITIMER_REAL, min(self.timeout, their_delay) if their_delay else self.timeout)
         try:
-            signal.setitimer(signal.ITIMER_REAL, min(self.timeout, their_delay) if their_delay else self.timeout)
             yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
