@@ -74,8 +74,7 @@ class Deadline:
                 f"env {self.env_id}: {doing} was called from thread {threading.current_thread().name!r}, where a call into an env in the "
                 "trainer's own process cannot be bounded (train.async_rollout: true with env.vectorization: sync): set env.vectorization: async"
             )
-        began = time.monotonic()
-        deadline = began + self.timeout
+        deadline = time.monotonic() + self.timeout
         theirs_fired = False
 
         def expired(signum: int, frame: Any) -> None:
@@ -92,6 +91,7 @@ class Deadline:
         previous = signal.getsignal(signal.SIGALRM)  # bound before `expired` can run (any thread may take the signal)
         signal.signal(signal.SIGALRM, expired)
         their_delay, their_interval = signal.getitimer(signal.ITIMER_REAL)  # read after: one due before this went to `expired`
+        their_due = time.monotonic() + their_delay  # when theirs is due, whatever the calls take (no drift over many)
         _armed.append(deadline)
         signal.setitimer(signal.ITIMER_REAL, min(self.timeout, their_delay) if their_delay else self.timeout)
         try:
@@ -101,7 +101,7 @@ class Deadline:
             _armed.clear()
             signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
             if their_delay and not theirs_fired:  # theirs goes on, less the time this call took (at once if it is due)
-                signal.setitimer(signal.ITIMER_REAL, max(their_delay - (time.monotonic() - began), 1e-6), their_interval)
+                signal.setitimer(signal.ITIMER_REAL, max(their_due - time.monotonic(), 1e-6), their_interval)
             elif theirs_fired and their_interval:
                 signal.setitimer(signal.ITIMER_REAL, their_interval, their_interval)
 
