@@ -178,15 +178,22 @@ def _ours(session: int, root: int) -> list[int]:
             parents[pid] = int(ppid)
             if int(sid) == session:
                 found.add(pid)
+    return sorted(found | _below(parents, root))
+
+
+def _below(parents: dict[int, int], root: int) -> set[int]:
+    """The pids whose chain of parents reaches `root`, each chain followed for at most 64 steps: /proc
+    is read one process at a time, and a pid reused meanwhile can make the parents a cycle."""
+    found = set()
     for pid in parents:
         ancestor = parents.get(pid)
         seen = 0
-        while ancestor and seen < 64:  # a chain of parents up to `root` (bounded: pids may be reused)
+        while ancestor and seen < 64:
             if ancestor == root:
                 found.add(pid)
                 break
             ancestor, seen = parents.get(ancestor), seen + 1
-    return sorted(found)
+    return found
 
 
 if __name__ == "__main__":

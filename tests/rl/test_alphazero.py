@@ -161,6 +161,14 @@ def test_dirichlet_noise_is_mixed_into_the_roots_priors_only(monkeypatch):
 # ---------------------------------------------------------------------------- the protocol
 
 
+def test_the_returns_range_includes_its_bound_and_its_rounding_and_nothing_beyond():
+    """games.beyond_returns, the one range test of a game's returns and of the value targets the decoupled
+    trainer takes: +-1 and float32 rounding of it pass, anything past the tolerance does not."""
+    bound = games.RETURN_BOUND + games.TOLERANCE
+    assert not games.beyond_returns(np.array([-1.0, 1.0, np.float32(1.0000001), bound, -bound]))
+    assert games.beyond_returns(np.array([0.0, np.nextafter(bound, 2.0)])) and games.beyond_returns(np.array([-np.nextafter(bound, 2.0)]))
+
+
 def test_bundled_games_keep_the_protocol():
     for env_id in ("hpcrl.games.tictactoe:TicTacToe", "hpcrl.games.connect_four:ConnectFour"):
         spec = games.load(EnvConfig(id=env_id, backend="game"))

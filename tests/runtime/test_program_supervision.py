@@ -196,6 +196,30 @@ def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_i
     assert rundir.lock_holder(the_run(root)) is None
 
 
+def test_the_program_itself_dies_of_its_death_signal_when_every_process_of_hpcrl_is_killed_at_once(tmp_path: Path) -> None:
+    """hpcrl, the keeper and its deputy SIGKILLed at the same moment: no one is left to sweep, and the
+    program (exec'd, the deputy's child) still dies, of the death signal it was started with."""
+    (tmp_path / "writer.py").write_text(WRITER)
+    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
+    root = experiment(tmp_path, "done", command=[sys.executable, str(tmp_path / "writer.py"), str(pid_file), str(rows)], args=[])
+    proc = start(root)
+    try:
+        wait_for(rows, "row")
+        trainer = int(pid_file.read_text())
+        (keeper,) = children(proc.pid)
+        (deputy,) = children(keeper)
+        for pid in (deputy, keeper, proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(trainer) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not alive(trainer), "the program outlived every process of hpcrl by 5 s"
+    finally:
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+
 # ------------------------------------------------------------------------------------ output without newlines
 
 

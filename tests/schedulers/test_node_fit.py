@@ -95,3 +95,17 @@ def test_slurm_memory_no_node_has_is_named_with_the_largest_nodes_megabytes(exp)
     refusal = CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "300G", 300 * 1024)])
     assert refusal == "resources.mem: 300G per node, but the largest node of Slurm partition default has 256000M (sinfo): the job would stay pending for ever"
     assert CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "250G", 250 * 1024)]) is None
+
+
+def test_the_listings_are_read_node_by_node_and_a_line_that_is_no_node_is_left_out() -> None:
+    """sinfo lines with a CPU or memory field that is not a number (a header, a node being configured: `N/A`)
+    are left out, not an int() traceback; qstat's slots add up over a host's queue instances (a host in two
+    queues holds both), and a consumable value that is no number is left out."""
+    from hpcrl.schedulers.sge import host_slots, offered
+    from hpcrl.schedulers.slurm import _node_rows
+
+    assert _node_rows("PARTITION|CPUS|MEMORY|GRES\ndebug*|64|N/A|(null)\ndebug*|N/A|64000|(null)\ndebug*|8|64000|gpu:2\n") == [("debug*", 8, 64000, 2)]
+    two_queues = QSTAT + "---------------------------------------------------------------------------------\nlong.q@gpunode                 BIP   0/0/4          0.01     lx-amd64\n\thc:gpu=N/A\n"
+    assert host_slots(QSTAT) == {"big": 64, "gpunode": 8}
+    assert host_slots(two_queues) == {"big": 64, "gpunode": 12}
+    assert offered(two_queues, "gpu") == {"big": 0.0, "gpunode": 4.0}
