@@ -58,7 +58,7 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     runs are read in GATHER_THREADS threads, each a contiguous share: most of the time is reading
     files and numpy's passes over them, which let go of the GIL; each run is read as alone."""
     rows = expdir.current_rows(experiment_dir)  # never pooled with runs of an earlier config
-    threads = min(GATHER_THREADS, len(rows) // 256)
+    threads = min(GATHER_THREADS, len(rows) // RUNS_A_THREAD)
     if threads <= 1:
         return _gather(experiment_dir, rows, default_task)
     size = -(-len(rows) // threads)
@@ -67,7 +67,8 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
         return [r for part in parts for r in part]
 
 
-GATHER_THREADS = 2
+GATHER_THREADS, RUNS_A_THREAD = 2, 256
+"""Threads that read runs, and the fewest runs that make one worth starting."""
 
 
 def _gather(experiment_dir: Path, rows: list[dict[str, str]], default_task: str | None) -> list[RunResult]:

@@ -497,17 +497,16 @@ def aggregate_curves_many(
         return _in_threads(some, seeds_of_curves)
 
 
-CURVE_THREADS = 2
-"""Threads that aggregate curves (each its own); numpy's sorts, products and comparisons let go of
+CURVE_THREADS, CURVES_A_THREAD = 2, 32
+"""Threads that aggregate curves, and the fewest curves that make one worth starting (each its own); numpy's sorts, products and comparisons let go of
 the GIL, so two threads take two cores for most of the work (the 1,000 curves of a 1,000-setting
 sweep: 1.7 s of CPU). Each curve's answer is computed whole by one thread, so its floats do not
 depend on how many there are."""
 
 
 def _in_threads(some: Callable[[Sequence], list], items: Sequence) -> list:
-    """`some(items)`, with the items shared out in order between CURVE_THREADS threads (below 64
-    items, one thread: a thread's start is not worth it)."""
-    threads = min(CURVE_THREADS, len(items) // 32)
+    """`some(items)`, with the items shared out in order between up to CURVE_THREADS threads."""
+    threads = min(CURVE_THREADS, len(items) // CURVES_A_THREAD)
     if threads <= 1:
         return some(items)
     size = -(-len(items) // threads)
