@@ -13,6 +13,7 @@ changed a number would say so here. Target (issue 17): 10,000 runs x 1,000 setti
 
     python benchmarks/collect_scale.py [--runs 1000 10000] [--seeds 10] [--rows 400] [--repeat 3]
     python benchmarks/collect_scale.py --runs 10000 --settings 1000 --no-reference
+    python benchmarks/collect_scale.py --runs 10000 --settings 1000 --before main   # a change against the code it changes
 """
 
 from __future__ import annotations
@@ -73,11 +74,11 @@ def make_experiment(root: Path, runs: int, settings: int, rows: int) -> Path:
     return exp
 
 
-def reference_package(tmp: Path) -> Path:
-    """The `hpcrl` package of REFERENCE_COMMIT, importable from the returned directory."""
-    target = tmp / "reference"
+def reference_package(tmp: Path, commit: str = REFERENCE_COMMIT, name: str = "reference") -> Path:
+    """The `hpcrl` package of `commit`, importable from the returned directory."""
+    target = tmp / name
     target.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", REFERENCE_COMMIT, "hpcrl"], capture_output=True, check=True).stdout
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "hpcrl"], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
     return target
 
@@ -116,12 +117,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=400, help="logged iterations per run")
     parser.add_argument("--repeat", type=int, default=3, help="timed collects of each; the median and the best are printed")
     parser.add_argument("--no-reference", action="store_true", help="time the current collect only")
+    parser.add_argument("--before", metavar="REV", help="also time collect as it was at this commit (say, the one before a speed-up), alternating with the others, its results compared too")
     parser.add_argument("--blas-threads", type=int, help="OPENBLAS_NUM_THREADS for both collects (default: as the environment has it)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         reference = None if args.no_reference else reference_package(tmp)
+        before = reference_package(tmp, args.before, "before") if args.before else None
         blas = f"OPENBLAS_NUM_THREADS={args.blas_threads}" if args.blas_threads else f"BLAS threads as the environment has them ({os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})"
         print(f"hpcrl collect (no evaluation), {args.rows} rows per train.csv, {os.cpu_count()} CPUs, {blas}; each collect in its own process, "
               f"median (best) of {args.repeat}{', alternating with the reference' if reference else ''}")  # fmt: skip
@@ -132,6 +135,7 @@ def main() -> None:
             exp = make_experiment(tmp / f"exp{runs}", runs, settings, args.rows)
             made = time.perf_counter() - began
             contenders = ([("reference: collect before issue 17", reference, REFERENCE_MODULE)] if reference else []) + [("hpcrl collect", REPO, CURRENT_MODULE)]
+            contenders += [(f"before: hpcrl collect at {args.before}", before, CURRENT_MODULE)] if before else []
             times: dict[str, list[tuple[float, float]]] = {what: [] for what, _, _ in contenders}
             outputs: dict[str, dict[str, str]] = {}
             load_before = os.getloadavg()[0]
@@ -150,6 +154,12 @@ def main() -> None:
                 speedup = statistics.median(w for w, _ in times["reference: collect before issue 17"]) / statistics.median(w for w, _ in times["hpcrl collect"])
                 verdict = f"DIFFERENT: {', '.join(differ)}" if differ else f"byte-identical ({', '.join(sorted(ours))})"
                 print(f"{'':16}  speed-up {speedup:.1f}x; results {verdict}")
+            if before:
+                ours, theirs = outputs["hpcrl collect"], outputs[f"before: hpcrl collect at {args.before}"]
+                differ = [name for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
+                speedup = statistics.median(w for w, _ in times[f"before: hpcrl collect at {args.before}"]) / statistics.median(w for w, _ in times["hpcrl collect"])
+                verdict = f"DIFFERENT: {', '.join(differ)}" if differ else "byte-identical"
+                print(f"{'':16}  against {args.before}: speed-up {speedup:.2f}x; results {verdict}")
             if runs == TARGET_RUNS:
                 median = statistics.median(w for w, _ in times["hpcrl collect"])
                 print(f"{'':16}  target: {TARGET_RUNS} runs x {settings} settings <= {TARGET_S:.0f} s: {'met' if median <= TARGET_S else 'MISSED'} (median {median:.2f} s)")

@@ -123,6 +123,25 @@ SELFPLAY = tuple(f"tests/distributed/test_distributed_selfplay.py::test_{name}" 
     "the_trainer_refuses_batches_that_would_poison_training", "a_requeued_trainer_resumes_weights_optimizer_window_version_and_credit",
     "status_line_shows_games_and_positions_per_second", "bad_decoupled_settings_are_refused_in_one_line",
 ))  # fmt: skip
+KEEPER = (*(f"tests/runtime/test_program_supervision.py::test_{name}" for name in (  # keeper.py, the processes between hpcrl and a program
+    "a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_is", "a_warning_to_every_process_of_the_job_reaches_the_program_once_as_its_stop_signal",
+    "the_run_ends_when_the_program_ends_and_what_it_left_is_ended_and_named", "a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however_hpcrl_dies",
+    "the_program_itself_dies_of_its_death_signal_when_every_process_of_hpcrl_is_killed_at_once",
+)), "tests/runtime/test_keeper.py", "tests/runtime/test_program_wrapper.py::test_a_program_missing_inside_the_job_is_one_line",
+    "tests/runtime/test_program_wrapper.py::test_a_failing_program_is_failed_with_its_last_line_and_the_tail_of_its_output")  # fmt: skip
+ENV_OUTPUT = ("tests/rl/test_env_output.py", "tests/rl/test_env_workers.py::test_an_env_that_returns_what_its_space_cannot_hold_is_named")
+SYNC_BOUND = tuple(f"tests/rl/test_env_workers.py::test_{name}" for name in (
+    "a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_bound", "the_video_env_in_the_trainers_own_process_is_bounded_too",
+    "a_bounded_call_keeps_another_alarm_of_the_process", "a_sync_env_stepped_from_a_background_thread_is_refused_in_one_line",
+))  # fmt: skip
+OPENSPIEL_PARAMS = tuple(f"tests/rl/test_alphazero.py::test_{name}" for name in (
+    "openspiel_parameters_are_checked_in_one_line_before_openspiel_sees_them", "openspiel_parameters_of_the_declared_types_load", "a_crash_of_openspiel_is_its_child_process_s",
+))  # fmt: skip
+STRENGTH_FILES = tuple(f"tests/results/test_strength_results.py::test_{name}" for name in (
+    "the_one_reader_of_each_strength_file_names_the_damaged_line", "the_strength_readers_take_whole_files_and_a_log_s_torn_last_line",
+    "a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported",
+))  # fmt: skip
+NODE_FIT = ("tests/schedulers/test_node_fit.py", "tests/schedulers/test_sge_pe.py", "tests/schedulers/test_scheduler_parsing.py")
 STATUS = "tests/schedulers/test_local_pipeline.py::test_detach_status_and_cancel"  # ~12 s: the fastest test that runs tasks by manifest
 TARGETS = [
     Target("sweep", "hpcrl/sweep/runs.py", (*IDENTITY, *IDENTITY_UNITS, *TASKS, "tests/config/test_config.py", "tests/store/test_run_files_edges.py", DRY_RUN, COLLECT)),
@@ -144,6 +163,18 @@ TARGETS = [
     # the self-play trainer's units (tests/distributed/test_distributed_selfplay.py's cluster test is not one), the experiment directory
     Target("selfplay", "hpcrl/distributed/selfplay.py", SELFPLAY),
     Target("expdir", "hpcrl/store/expdir.py", (*IDENTITY_UNITS, *TASKS, "tests/store/test_run_files_edges.py", COLLECT)),
+    # issue 37's audit: what kills, bounds and checks a run's processes and inputs
+    Target("keeper", "hpcrl/runtime/keeper.py", KEEPER),
+    Target("lifeline", "hpcrl/runtime/lifeline.py", ("tests/runtime/test_lifeline.py", "tests/runtime/test_launch.py::test_ranks_die_with_a_launcher_killed_alone",
+                                                   "tests/rl/test_env_workers.py::test_env_workers_die_with_a_trainer_killed_while_one_hangs")),
+    Target("env_output", "hpcrl/rl/env_output.py", ENV_OUTPUT),
+    Target("env_deadline", "hpcrl/rl/env_deadline.py", SYNC_BOUND),
+    Target("openspiel_params", "hpcrl/rl/openspiel_params.py", OPENSPIEL_PARAMS),
+    Target("strength_readers", "hpcrl/store/rundir.py", STRENGTH_FILES, ("read_strength", "read_ladder", "_read_table", "_game_counts")),
+    Target("beyond_returns", "hpcrl/rl/games.py", ("tests/rl/test_alphazero.py::test_the_returns_range_includes_its_bound_and_its_rounding_and_nothing_beyond", *SELFPLAY[2:3],
+                                                  "tests/rl/test_alphazero.py::test_a_bad_game_is_refused_at_sweep_time_in_one_line"), ("beyond_returns",)),
+    Target("node_fit:slurm", "hpcrl/schedulers/slurm.py", NODE_FIT, ("refuse", "_node_rows", "_no_node_holds", "gres_gpus")),
+    Target("node_fit:sge", "hpcrl/schedulers/sge.py", NODE_FIT, ("refuse", "_read_held", "host_slots", "offered", "complex_value")),
 ]
 
 

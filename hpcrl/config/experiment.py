@@ -86,9 +86,10 @@ class EnvConfig:
     vectorization: Literal["auto", "sync", "async"] = setting("auto", learned=False)
     """`auto`: sync for cheap envs (IPC dominates), async for simulators."""
     worker_timeout_s: float = setting(120.0, gt=0, le=86400, learned=False)
-    """The longest wait on one env worker process (its start, a reset, a step, its close): a worker
-    that does not answer in time is killed and fails the run in one line, instead of holding the
-    job (and its GPU) until the time limit."""
+    """The longest wait on one env worker process (its start, a reset, a step, its close), or on one
+    call into a user's env in the trainer's own process (`vectorization: sync`): a worker that does
+    not answer in time is killed, a call is interrupted, and the run fails in one line, instead of
+    holding the job (and its GPU) until the time limit."""
     kwargs: dict[str, Any] = setting(factory=dict)
     """Keyword arguments of the environment's constructor (`gymnasium.make(id, **kwargs)`, the game class)."""
     frame_stack: int = setting(1, ge=1, le=64)

@@ -15,7 +15,9 @@ step or its close within `env.worker_timeout_s`, or that dies, fails the run in 
 env, the worker and what it was doing, and the vector env's workers are killed with whatever they
 started (a ViZDoom worker's game is a process of its own). Nor is the trainer's own process ever
 given a user's env to build or close: the spaces the workers need are read from worker 0's env in
-a probe process (`probe_env`), under the same bound.
+a probe process (`probe_env`), under the same bound. A user's env that runs in the trainer's own
+process (`env.vectorization: sync`, the evaluation video's env) has every call bounded there by the
+same setting (hpcrl.rl.env_deadline).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_deadline import BoundedEnv, BoundedVectorEnv, Deadline, known
 from hpcrl.rl.env_output import CheckedOutput
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -131,7 +134,23 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
             _close_all(groups)  # a group that did start must not outlive the one that did not
             raise
         return GroupedVectorEnv(groups)
-    return gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(thunks, **kwargs))
+    if spec.backend == "gymnasium" and known(spec.id):
+        return gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(thunks, **kwargs))
+    deadline = Deadline(spec.id, spec.worker_timeout_s)  # a user's env in this process: every call bounded
+    with deadline("start"):
+        envs = gym.vector.SyncVectorEnv(thunks, **kwargs)
+    return gym.wrappers.vector.RecordEpisodeStatistics(BoundedVectorEnv(envs, deadline))
+
+
+def make_env_here(spec: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One env in this process (the evaluation video's), a user's env with every call bounded like
+    a sync vector env's (hpcrl.rl.env_deadline)."""
+    if spec.backend == "gymnasium" and known(spec.id):
+        return make_env(spec, render_mode)
+    deadline = Deadline(spec.id, spec.worker_timeout_s)
+    with deadline("start"):
+        env = make_env(spec, render_mode)
+    return BoundedEnv(env, deadline)
 
 
 def _worker_thunk(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl.envs import make_env
+from hpcrl.rl.envs import make_env_here
 from hpcrl.rl.networks import obs_to_tensor
 
 FPS = 30
@@ -26,7 +26,7 @@ def record_episodes(policy: torch.nn.Module, spec: EnvConfig, episodes: int, see
     except ImportError:
         raise RuntimeError("eval.video needs imageio and imageio-ffmpeg: pip install 'hpcrl[video]'") from None
     directory.mkdir(parents=True, exist_ok=True)
-    env = make_env(spec, render_mode="rgb_array")
+    env = make_env_here(spec, render_mode="rgb_array")
     written = []
     try:
         for episode in range(episodes):

@@ -18,7 +18,8 @@ trainer, so that everything around a run holds for it:
   they come; the run ends when the program's process ends, and what it left running is ended.
 - containment: the program runs under a keeper (hpcrl.runtime.keeper) that ends everything it
   started when this process dies, however it dies, and holds the run's lock until then: nothing of
-  a run outlives its `hpcrl train`, not even a trainer a wrapper script forked without `exec`.
+  a run outlives its `hpcrl train`, not even a trainer a wrapper script forked without `exec`, and
+  not when the keeper itself is killed (its two processes watch each other).
 
 The eval stage then turns what the program wrote (hpcrl.runtime.metrics) into the run's training curve and
 its score: the episodes of `program.eval`'s command when there is one, else the mean of the last
@@ -187,10 +188,10 @@ def supervise(
 
     The program runs under a keeper (hpcrl.runtime.keeper) in a session of its own: Grid Engine
     signals every process of the job's process group (USR1, USR2), and the program must get the
-    configured stop signal only, from here. Whatever kills this process (an OOM kill, a SIGKILL of
-    it alone), the keeper then kills everything the program started, also below a wrapper that did
-    not `exec` it, and holds the run's lock (`hold`: descriptors it keeps open) until nothing is
-    left. The run ends when the program's process ends: what it left running in its session (a
+    configured stop signal only, from here. Whatever kills this process or the keeper (an OOM kill,
+    a SIGKILL of either alone or of both), the keeper's two processes then kill everything the
+    program started, also below a wrapper that did not `exec` it, and hold the run's lock (`hold`:
+    descriptors they keep open) until nothing is left. The run ends when the program's process ends: what it left running in its session (a
     `cmd &`, DataLoader workers, a logging service) would otherwise hold the output pipe open for as
     long as it lives; it is ended and named in the job log."""
     status_read, status_write = os.pipe()
@@ -211,7 +212,7 @@ def supervise(
     code: int | None = None
     tail: list[str] = []
     try:
-        program = _started(reports, words, cwd)
+        program, deputy = _started(reports, words, cwd)
         assert keeper.stdout is not None
         with log.open("ab") as sink:
             copier = _Copier(keeper.stdout, sink)
@@ -232,7 +233,7 @@ def supervise(
             ended = time.monotonic()
             while copier.is_alive() and min(copier.quiet_for(), time.monotonic() - ended) < OUTPUT_GRACE_S and time.monotonic() - ended < 10 * OUTPUT_GRACE_S:
                 copier.join(POLL_S)
-            end_leftovers(keeper.pid, out, spare=keeper.pid)
+            end_leftovers(keeper.pid, out, spare=(keeper.pid, deputy))
             copier.closing.set()
             copier.join()
             tail = copier.tail.lines()
@@ -256,14 +257,15 @@ KEEPER_EXIT_S = 15.0
 """Bound on the keeper's last sweep (it gives up on a process after 10 s of SIGKILLs)."""
 
 
-def _started(reports: _Reports, words: list[str], cwd: Path) -> int:
-    """The program's pid once the keeper started it; RunError, one line, when it could not."""
+def _started(reports: _Reports, words: list[str], cwd: Path) -> tuple[int, int]:
+    """The program's pid and its parent's (the keeper's deputy) once it started; RunError, one line, when it could not."""
     line = reports.line(KEEPER_START_S)
     if line is None:
         raise rundir.RunError(f"program: the keeper of {words[0]!r} did not start within {KEEPER_START_S:g} s")
     kind, _, rest = line.partition(" ")
     if kind == "pid":
-        return int(rest)
+        program, deputy = rest.split()
+        return int(program), int(deputy)
     error = rest.partition(" ")[0]
     if error == "FileNotFoundError":
         raise rundir.RunError(f"program: {words[0]!r} not found (in {cwd}, on the PATH of the job)")
@@ -364,11 +366,11 @@ class _Copier(threading.Thread):
                 return
 
 
-def end_leftovers(session: int, out: TextIO | None, spare: int | None = None) -> None:
+def end_leftovers(session: int, out: TextIO | None, spare: Sequence[int] = ()) -> None:
     """End what the program left running in its session (SIGTERM, then SIGKILL after
     LEFTOVER_GRACE_S), naming each process in the job log; returns when none is left. `spare`
-    (the keeper, the session's leader) is not the program's."""
-    left = [(pid, command) for pid, command in _in_session(session) if pid != spare]
+    (the keeper, the session's leader, and its deputy) are not the program's."""
+    left = [(pid, command) for pid, command in _in_session(session) if pid not in spare]
     if not left:
         return
     named = "; ".join(f"pid {pid} ({command})" for pid, command in left)
@@ -380,7 +382,7 @@ def end_leftovers(session: int, out: TextIO | None, spare: int | None = None) ->
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             time.sleep(0.05)
-            left = [(pid, command) for pid, command in _in_session(session) if pid != spare]  # also what they started meanwhile
+            left = [(pid, command) for pid, command in _in_session(session) if pid not in spare]  # also what they started meanwhile
         if not left:
             return
         if sig == signal.SIGTERM:

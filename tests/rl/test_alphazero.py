@@ -126,7 +126,47 @@ def test_mcts_gives_each_root_its_value_for_the_player_to_move():
     assert o_lost > 0.5  # o to move wins at 5 (its value, not x's)
 
 
+def test_c_puct_weighs_exploration_against_the_values_found():
+    """train.c_puct reaches every selection: x wins at once at 2, and a low c_puct spends nearly all
+    simulations there, a high one spreads them over the moves the values speak against (each legal
+    move visited). A search that selected with a fixed constant gave both the same counts."""
+    win = position("xx.oo....")
+    greedy_counts = mcts.search([win], blind, 9, 200, c_puct=0.5)[0][0]
+    exploring = mcts.search([win], blind, 9, 200, c_puct=50.0)[0][0]
+    assert greedy_counts[2] >= 190
+    assert exploring[2] < 100 and (exploring[win.legal_actions()] > 0).all()
+
+
+def test_dirichlet_noise_is_mixed_into_the_roots_priors_only(monkeypatch):
+    """AlphaZero's exploration noise is for the root (the move self-play makes); a node below it keeps
+    the network's priors, or every simulation would be steered by noise at every depth."""
+    trees = []
+
+    class Spy(mcts.Node):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trees.append(self)
+
+    monkeypatch.setattr(mcts, "Node", Spy)
+    np.random.seed(0)
+    mcts.search([TicTacToe(), position("x........")], blind, 9, 40, 1.5, noise=(0.3, 0.5))
+    roots, below = trees[:2], [node for node in trees[2:] if node.expanded]
+    for root in roots:
+        assert not np.allclose(root.prior, 1 / len(root.actions))  # the blind evaluator's uniform priors, noised
+    assert len(below) > 10
+    for node in below:
+        np.testing.assert_array_equal(node.prior, np.full(len(node.actions), 1 / len(node.actions)))
+
+
 # ---------------------------------------------------------------------------- the protocol
+
+
+def test_the_returns_range_includes_its_bound_and_its_rounding_and_nothing_beyond():
+    """games.beyond_returns, the one range test of a game's returns and of the value targets the decoupled
+    trainer takes: +-1 and float32 rounding of it pass, anything past the tolerance does not."""
+    bound = games.RETURN_BOUND + games.TOLERANCE
+    assert not games.beyond_returns(np.array([-1.0, 1.0, np.float32(1.0000001), bound, -bound]))
+    assert games.beyond_returns(np.array([0.0, np.nextafter(bound, 2.0)])) and games.beyond_returns(np.array([-np.nextafter(bound, 2.0)]))
 
 
 def test_bundled_games_keep_the_protocol():
@@ -227,6 +267,54 @@ def test_each_iteration_self_plays_with_the_weights_the_last_one_learned(monkeyp
     agent.train_iteration()
     assert not np.allclose(used[0](states)[1], learned)
     np.testing.assert_allclose(used[1](states)[1], learned, atol=1e-6)
+
+
+def test_the_replay_window_keeps_the_newest_positions_and_a_smaller_resumed_one_the_newest_of_those():
+    """train.replay_window is the newest positions: a full window drops its oldest, a batch larger than
+    the window keeps its own newest, and a resume into a smaller window keeps the newest it held.
+    Sampling draws only from what the window holds."""
+    from hpcrl.rl.alphazero import Positions, ReplayWindow
+
+    def batch(values):
+        n = len(values)
+        return Positions(np.zeros((n, 1), np.float32), np.ones((n, 2), bool), np.full((n, 2), 0.5, np.float32), np.array(values, np.float32))
+
+    def held(window):
+        return window.state_dict()["value"].tolist()  # oldest first
+
+    window = ReplayWindow(4, (1,), 2)
+    window.add(batch([0, 1, 2]))
+    window.add(batch([3, 4, 5]))
+    assert held(window) == [2, 3, 4, 5]
+    np.random.seed(0)
+    assert set(window.sample(200, CPU)["value"].tolist()) == {2, 3, 4, 5}
+    window.add(batch(range(10, 16)))
+    assert held(window) == [12, 13, 14, 15]
+    smaller = ReplayWindow(2, (1,), 2)
+    smaller.load_state_dict(window.state_dict())
+    assert held(smaller) == [14, 15]
+
+
+@pytest.mark.parametrize("temperature_moves", [0, 1, 2])
+def test_the_first_temperature_moves_are_sampled_and_every_later_one_is_a_most_visited(temperature_moves):
+    """train.temperature_moves: moves 1..N of each game follow the visit distribution (so games open
+    differently), move N+1 takes a most visited action. Priors that favour the higher cells keep the
+    distribution uneven, so that a sampled move is often not a most visited one."""
+    def skewed(states):
+        return np.tile(np.arange(1.0, 10.0), (len(states), 1)), np.zeros(len(states))
+
+    np.random.seed(0)
+    play = SelfPlay(games.load(TTT), AlphaZeroConfig(simulations=20, temperature_moves=temperature_moves), 64, continuous=False)
+    for move in range(temperature_moves + 1):
+        before = [list(state.board) for state in play.states]
+        play.step(skewed)
+        made = [next(c for c in range(9) if state.board[c] != was[c]) for state, was in zip(play.states, before)]
+        visits = [record[move][2] for record in play.records]
+        most_visited = [pi[cell] == pi.max() for cell, pi in zip(made, visits)]
+        if move < temperature_moves:
+            assert not all(most_visited), f"move {move + 1}: every game took a most visited cell"
+        else:
+            assert all(most_visited), f"move {move + 1}: a game took a cell visited less than another"
 
 
 def test_value_target_q_mixes_the_search_value_into_the_outcome():

@@ -5,10 +5,12 @@ is a user's gymnasium env (`tests/standins/failing_env.py`, registered as `faili
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,8 +18,9 @@ import pytest
 from factories import write_config
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.env_output import EnvOutputError
-from hpcrl.rl.envs import EnvWorkerError, make_vec_env
+from hpcrl.rl.envs import EnvWorkerError, make_env_here, make_vec_env
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
 ENV_ID = "failing_env:FailingEnv-v0"
@@ -89,6 +92,92 @@ def test_an_env_that_hangs_in_any_process_never_freezes_the_trainer(fail_in: str
     assert str(raised.value) == f"env {ENV_ID}: worker 0's spaces probe did not answer {fail_in} within 1 s"
     (probe,) = worker_pids(tmp_path)  # no worker started
     assert not alive(probe)
+
+
+@contextlib.contextmanager
+def stuck_after(seconds: int):
+    """Ends the test, red, where the trainer's own process is stuck for `seconds` (SIGALRM, as pytest-timeout would)."""
+    def stuck(signum: int, frame: object) -> None:
+        raise TimeoutError(f"the trainer's own process was stuck in the env for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("fail_in", ["start", "reset", "step", "close"])
+def test_a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_bound(fail_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`env.vectorization: sync` runs a user's envs in the trainer's process: env 3 of 4 that sleeps for ever
+    in its constructor, a reset, a step or its close froze the run until the time limit. Now one line
+    naming the env and the call, within env.worker_timeout_s."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "seed": 3, "everywhere": True})
+    began = time.monotonic()
+    with stuck_after(10), pytest.raises(EnvTimeout) as raised:
+        envs = make_vec_env(spec)
+        try:
+            envs.reset(seed=0)
+            for _ in range(5):
+                envs.step(envs.action_space.sample())
+        finally:
+            envs.close()
+    assert str(raised.value) == f"env {ENV_ID}: {'start' if fail_in == 'start' else fail_in} did not return within 1 s (in the trainer's own process: env.vectorization sync)"
+    assert time.monotonic() - began < 5
+
+
+def test_the_video_env_in_the_trainers_own_process_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(STANDINS))
+    env = make_env_here(EnvConfig(id=ENV_ID, worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 3, "everywhere": True}))
+    env.reset(seed=3)
+    with stuck_after(10), pytest.raises(EnvTimeout, match=f"^env {ENV_ID}: step did not return within 1 s"):
+        for _ in range(5):
+            env.step(0)
+
+
+def test_a_bounded_call_keeps_another_alarm_of_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-timeout, or a user's own signal.alarm, keeps its handler and its timer across the bounded
+    calls: an alarm due during one reaches its handler, once, and nothing of ours fires later."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=2, vectorization="sync", worker_timeout_s=5.0))
+    envs.reset(seed=0)
+    rang: list[float] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: rang.append(time.monotonic()))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        began = time.monotonic()
+        while time.monotonic() - began < 0.8:
+            envs.step(envs.action_space.sample())
+        assert len(rang) == 1 and 0.25 < rang[0] - began < 0.6, rang
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        envs.close()
+
+
+def test_a_sync_env_stepped_from_a_background_thread_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Signal handlers run in the main thread only: a user's sync env stepped elsewhere (train.async_rollout:
+    true) could not be bounded, and is refused at its first call instead of running unbounded."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=2, vectorization="sync", worker_timeout_s=5.0))
+    raised: list[BaseException] = []
+
+    def rollout() -> None:
+        try:
+            envs.reset(seed=0)
+        except EnvTimeout as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=rollout, name="hpcrl-rollout")
+    thread.start()
+    thread.join(10)
+    envs.close()
+    assert len(raised) == 1 and str(raised[0]).startswith(f"env {ENV_ID}: reset was called from thread 'hpcrl-rollout'")
+    assert str(raised[0]).endswith("set env.vectorization: async")
 
 
 @pytest.mark.parametrize("vectorization", ["sync", "async"])

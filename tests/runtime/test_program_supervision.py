@@ -140,6 +140,86 @@ def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however
     assert rundir.lock_holder(the_run(root)) is None  # a re-sweep may start the run again
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError):
+                continue
+            if int(ppid) == pid and state not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("killed", ["keeper and hpcrl", "keeper, trainer in a session of its own", "deputy"])
+def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_is(tmp_path: Path, killed: str) -> None:
+    """The keeper (hpcrl.runtime.keeper) is a subreaper, and a subreaper guards what is below it only
+    while it lives: SIGKILLed together with hpcrl, its orphans went to init, and a trainer forked by a
+    wrapper that does not `exec` it (the wrapper died of its death signal, the trainer had none) kept
+    writing the run, unlocked. Alone, it left a trainer that started a session of its own out of
+    reach of hpcrl, which ends the keeper's session only. Now the keeper's deputy ends them; and when the
+    deputy is killed, the keeper does. Within 5 s, and the run is unlocked only once nothing writes it."""
+    (tmp_path / "writer.py").write_text(WRITER)
+    wrapper = tmp_path / "wrapper.sh"
+    own_session = "setsid " if "session" in killed else ""
+    wrapper.write_text(f"#!/bin/sh\n{own_session}{sys.executable} {tmp_path / 'writer.py'} \"$@\"\necho wrapper done\n")
+    wrapper.chmod(0o755)
+    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
+    root = experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[])
+    proc = start(root)
+    try:
+        wait_for(rows, "row")
+        trainer = int(pid_file.read_text())
+        (keeper,) = children(proc.pid)
+        (deputy,) = children(keeper)
+        targets = {"keeper and hpcrl": [keeper, proc.pid], "deputy": [deputy]}.get(killed, [keeper])
+        for pid in targets:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(trainer) and time.monotonic() < deadline:
+            assert rundir.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
+            time.sleep(0.02)
+        assert not alive(trainer), f"the trainer outlived its keeper ({killed} SIGKILLed) by 5 s"
+        proc.communicate(timeout=30)
+    finally:
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    size = rows.stat().st_size
+    time.sleep(0.2)
+    assert rows.stat().st_size == size  # nothing writes the run any more
+    assert rundir.lock_holder(the_run(root)) is None
+
+
+def test_the_program_itself_dies_of_its_death_signal_when_every_process_of_hpcrl_is_killed_at_once(tmp_path: Path) -> None:
+    """hpcrl, the keeper and its deputy SIGKILLed at the same moment: no one is left to sweep, and the
+    program (exec'd, the deputy's child) still dies, of the death signal it was started with."""
+    (tmp_path / "writer.py").write_text(WRITER)
+    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
+    root = experiment(tmp_path, "done", command=[sys.executable, str(tmp_path / "writer.py"), str(pid_file), str(rows)], args=[])
+    proc = start(root)
+    try:
+        wait_for(rows, "row")
+        trainer = int(pid_file.read_text())
+        (keeper,) = children(proc.pid)
+        (deputy,) = children(keeper)
+        for pid in (deputy, keeper, proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(trainer) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not alive(trainer), "the program outlived every process of hpcrl by 5 s"
+    finally:
+        if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+
 # ------------------------------------------------------------------------------------ output without newlines
 
 
@@ -169,7 +249,7 @@ def test_a_progress_bar_reaches_the_log_as_it_comes_and_the_failed_marker_keeps_
 def test_a_warning_to_every_process_of_the_job_reaches_the_program_once_as_its_stop_signal(tmp_path: Path, warning: str) -> None:
     # Grid Engine signals the job's whole process group: USR1 at s_rt or before a suspend (-notify),
     # USR2 at s_rt after a reschedule. The program (stop_signal TERM) must get TERM, from hpcrl, once.
-    root = experiment(tmp_path, "stop", stop_signal="TERM")
+    root = experiment(tmp_path, "linger", stop_signal="TERM")  # takes 0.5 s to stop: a stop passed on again would be seen
     proc = start(root)  # its own process group, as a job's
     wait_for(tmp_path / "notes", "ready")
     for _ in range(3):  # and again: hpcrl passes a stop on once
@@ -289,6 +369,45 @@ with rundir.run_lock(Path(sys.argv[1])):
     print("holding", flush=True)
     time.sleep(60)
 """
+
+
+def test_a_program_that_dies_of_its_stop_signal_after_the_warning_is_requeued_not_failed(tmp_path: Path) -> None:
+    # A program without a handler for its stop signal dies of it (-15): after the warning, that is the
+    # preemption's doing, and the next lifetime resumes.
+    root = experiment(tmp_path, "plain", stop_signal="TERM")
+    proc = start(root)
+    wait_for(tmp_path / "notes", "ready")
+    proc.send_signal(signal.SIGUSR1)
+    out, err = finish(proc, timeout=60)
+    assert proc.returncode == 99, out + err
+    assert "program stopped (killed by SIGTERM) after the warning SIGUSR1 (passed on as SIGTERM): asking for a requeue" in out, out
+    assert not rundir.is_failed(the_run(root))
+
+
+EARLY_WARNING = """
+import os, signal
+from hpcrl.cli import _job_entry
+from hpcrl.runtime.guard import StopFlag
+
+seen = []
+
+@_job_entry
+def job(args):
+    os.kill(os.getpid(), signal.SIGUSR2)  # the warning, while the job still imports (before any StopFlag)
+    stop = StopFlag(seen.append)
+    os.kill(os.getpid(), signal.SIGTERM)  # the time limit's TERM, later
+    return stop.signal
+
+print(job(None), seen)
+"""
+
+
+def test_a_warning_that_arrives_while_the_job_still_imports_stops_the_run_and_is_reported() -> None:
+    # Grid Engine's USR2 at s_rt after a reschedule can come while the job imports torch: it must neither
+    # kill the job nor be lost; the run's first StopFlag takes it as the signal that stopped it, and tells it once.
+    done = subprocess.run([sys.executable, "-c", EARLY_WARNING], env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(int(signal.SIGUSR2)), f"[{int(signal.SIGUSR2)}]"], done.stdout
 
 
 def test_the_stop_flag_keeps_the_first_signal_and_reports_it_once() -> None:

@@ -40,6 +40,16 @@ if mode == "stop":
         note("got " + signal.Signals(signum).name)
         sys.exit(int(os.environ["HPCRL_REQUEUE_EXIT"]))
     signal.signal(getattr(signal, "SIG" + os.environ["HPCRL_STOP_SIGNAL"]), stop)
+elif mode == "linger":  # notes every stop signal, and takes half a second to stop: a second one would be seen
+    stopping = []
+    def linger(signum, frame):
+        note("got " + signal.Signals(signum).name)
+        stopping.append(time.monotonic())
+    signal.signal(getattr(signal, "SIG" + os.environ["HPCRL_STOP_SIGNAL"]), linger)
+    note("ready")
+    while not stopping or time.monotonic() - stopping[0] < 0.5:
+        time.sleep(0.01)
+    sys.exit(int(os.environ["HPCRL_REQUEUE_EXIT"]))
 elif mode == "ignore":
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

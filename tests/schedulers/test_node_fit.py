@@ -77,3 +77,35 @@ def test_slurm_memory_counts_on_the_same_node(exp) -> None:
     refusal = CannedSlurm().refuse(exp, [ask(4, 1, mem_mb=100_000)])
     assert refusal is not None and "resources.mem" in refusal and "together" in refusal
     assert CannedSlurm().refuse(exp, [ask(4, 0, mem_mb=100_000)]) is None
+
+
+@pytest.mark.parametrize("scheduler", [CannedSlurm, CannedSGE])
+def test_gpus_only_a_later_stage_asks_for_are_checked_where_the_first_asks_none(scheduler: type, exp) -> None:
+    """Train on CPUs, eval on the GPU node: the GPUs are looked up for the stage that asks them (Grid
+    Engine reads its GPU consumable only when some stage asks; it read it only when the first did, and
+    then refused eval's fitting GPUs as a consumable no host offers)."""
+    assert scheduler().refuse(exp, [ask(2, 0), ask(8, 4, key="eval.gpus")]) is None
+    refusal = scheduler().refuse(exp, [ask(2, 0), ask(1, 5, key="eval.gpus")])
+    assert refusal is not None and refusal.startswith("eval.gpus: 5 GPUs") and "more than 4" in refusal, refusal
+
+
+def test_slurm_memory_no_node_has_is_named_with_the_largest_nodes_megabytes(exp) -> None:
+    """sinfo's %m is in megabytes, the request is compared in megabytes: 300G is more than the 256,000M of
+    the largest node, named alone (not as a combination no node holds)."""
+    refusal = CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "300G", 300 * 1024)])
+    assert refusal == "resources.mem: 300G per node, but the largest node of Slurm partition default has 256000M (sinfo): the job would stay pending for ever"
+    assert CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "250G", 250 * 1024)]) is None
+
+
+def test_the_listings_are_read_node_by_node_and_a_line_that_is_no_node_is_left_out() -> None:
+    """sinfo lines with a CPU or memory field that is not a number (a header, a node being configured: `N/A`)
+    are left out, not an int() traceback; qstat's slots add up over a host's queue instances (a host in two
+    queues holds both), and a consumable value that is no number is left out."""
+    from hpcrl.schedulers.sge import host_slots, offered
+    from hpcrl.schedulers.slurm import _node_rows
+
+    assert _node_rows("PARTITION|CPUS|MEMORY|GRES\ndebug*|64|N/A|(null)\ndebug*|N/A|64000|(null)\ndebug*|8|64000|gpu:2\n") == [("debug*", 8, 64000, 2)]
+    two_queues = QSTAT + "---------------------------------------------------------------------------------\nlong.q@gpunode                 BIP   0/0/4          0.01     lx-amd64\n\thc:gpu=N/A\n"
+    assert host_slots(QSTAT) == {"big": 64, "gpunode": 8}
+    assert host_slots(two_queues) == {"big": 64, "gpunode": 12}
+    assert offered(two_queues, "gpu") == {"big": 0.0, "gpunode": 4.0}
