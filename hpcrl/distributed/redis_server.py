@@ -15,6 +15,8 @@ that lives and dies with the learner needs no cleanup. Why these settings:
 
 from __future__ import annotations
 
+import functools
+import os
 import secrets
 import shutil
 import signal
@@ -51,12 +53,12 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Runs in the child between fork and exec: SIGTERM it when the learner dies, and ignore the
     scheduler's warnings. Grid Engine sends USR1 (and USR2) to every process of a job, and a
     redis-server killed by it (the default action; Redis sets no handler) took the learner's board
     away just as the learner was checkpointing for its requeue; an ignored signal stays ignored across exec."""
-    die_with_parent(signal.SIGTERM)
+    die_with_parent(signal.SIGTERM, parent)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
@@ -87,7 +89,7 @@ class RedisServer:
             log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
             try:
                 self.proc = subprocess.Popen(
-                    [exe, "-"], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                    [exe, "-"], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, preexec_fn=functools.partial(_die_with_parent, os.getpid()),
                 )
             finally:
                 if self.log_path:

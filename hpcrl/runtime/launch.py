@@ -52,7 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpcrl.runtime.lifeline import die_with_parent
+from hpcrl.runtime.lifeline import dies_with_me
 from hpcrl.store import rundir
 from hpcrl.store.states import REQUEUE_EXIT
 
@@ -198,7 +198,7 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
         "LOCAL_WORLD_SIZE": str(here), "TORCHELASTIC_USE_AGENT_STORE": "True", LAUNCH_ID: os.environ.get(LAUNCH_ID) or uuid.uuid4().hex,
     }  # fmt: skip
     # Each rank dies with the launcher, however it dies: without its store a rank would run on alone.
-    children = [subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=die_with_parent) for r in range(here)]
+    children = [subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(here)]
     labels = [f"rank {r} of {ranks}" for r in range(here)]
     if hosts:
         first = here
@@ -250,7 +250,7 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         print(f"hpcrl: error: ranks {first}-{first + count - 1} on {socket.gethostname()}: {where} here, not the launcher's host", file=sys.stderr)
         return 1
     base = {**os.environ, "LOCAL_WORLD_SIZE": str(count)}
-    children = [subprocess.Popen(argv, env={**base, "RANK": str(first + r), "LOCAL_RANK": str(r)}, preexec_fn=die_with_parent) for r in range(count)]
+    children = [subprocess.Popen(argv, env={**base, "RANK": str(first + r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(count)]
     print(f"hpcrl: ranks {first}-{first + count - 1} started on {socket.gethostname()}", file=out, flush=True)
 
     def forward(signum: int, _frame: FrameType | None) -> None:

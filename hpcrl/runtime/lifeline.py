@@ -9,8 +9,10 @@ send a signal to a child when its parent dies; the child asks for it itself, fir
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 
@@ -27,13 +29,23 @@ _PRCTL = _prctl()
 with threads must not load libraries (dlopen's lock may be held by a thread that did not fork)."""
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
     """Called in a child: have the kernel send it `sig` when its parent dies; exit at once when the
-    parent is already gone (adopted by init). The parent is the thread that started this process,
-    so call it only in processes started from a thread that lives as long as they should. Off
-    Linux, nothing: the scheduler's own process tracking is all there is."""
+    parent is already gone. `parent` is the parent's pid where the caller knows it (taken before the
+    fork: a preexec_fn); otherwise the parent is the one this process has just before it asks, and
+    only a parent that dies between the two reads is caught. (It used to take a parent of pid 1
+    for a dead one: a launcher or trainer that is PID 1 of its PID namespace, a container started
+    without an init, had every child exit at its start.) The parent is the thread that started this
+    process, so call it only in processes started from a thread that lives as long as they should.
+    Off Linux, nothing: the scheduler's own process tracking is all there is."""
     if _PRCTL is None:
         return
+    expected = os.getppid() if parent is None else parent
     _PRCTL(PR_SET_PDEATHSIG, sig)
-    if os.getppid() == 1:  # the parent died before the line above took effect
+    if os.getppid() != expected:  # the parent died before the line above took effect
         os._exit(1)
+
+
+def dies_with_me(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A preexec_fn for a child started from this process: `die_with_parent` with this process's pid."""
+    return functools.partial(die_with_parent, sig, os.getpid())
