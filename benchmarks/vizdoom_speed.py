@@ -70,6 +70,14 @@ EnvPool 1.2.5 (`pip install envpool`; its Basic-v1 renders the scenario's 320x24
 3 channels) stepped 8 envs at 0.5-0.7x the rate of hpcrl's 8 worker processes on the 2-core VM
 (1,085-1,314 against 1,850 in the same minute, quiet; 1,122 against 1,869 under load), so it is
 no backend of hpcrl; the `envpool-random` side measures it where it is installed.
+
+Figures (2026-11-27, issue 39; the 2-core VM shared with other sessions, load average 8-16 throughout,
+so SPS are indicative and the CPU column is the figure to compare): 8 envs, 20 s windows, `-p
+train.torch_threads=1` (SB3 at 2 threads spins in OpenMP barriers on a loaded machine: 59 SPS, 7.3 ms
+of CPU a step): random 1,574 (0.90 ms/step), hpcrl async 638 (0.72 / 1.72), SB3 352 (0.88 / 1.85),
+Sample Factory 333 (1.84); over 60 s windows hpcrl async 786 and Sample Factory 789 (1.80 and 1.74
+ms/step): Sample Factory starts slower and then keeps pace. At equal steps (`--learn 49152`, seed 0):
+final return hpcrl 74.0, SB3 41.4, Sample Factory 62.5.
 """
 
 from __future__ import annotations
