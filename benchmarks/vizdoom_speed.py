@@ -1,8 +1,11 @@
-"""ViZDoom PPO speed: the env's random-action rate, hpcrl PPO (sync and async) and SB3 PPO, on the same envs.
+"""ViZDoom PPO speed: the env's random-action rate, hpcrl PPO (sync and async), SB3's PPO and Sample
+Factory's APPO, on the same scenario; with `--learn`, each learner's final return at equal steps.
 
     .venv/bin/python benchmarks/vizdoom_speed.py --out /tmp/vzd                       # CPU, 8 envs, 20 s a measurement
     .venv/bin/python benchmarks/vizdoom_speed.py --device cuda --num-envs 8 32 --out results/vzd
     .venv/bin/python benchmarks/vizdoom_speed.py --sides random hpcrl-async -p train.torch_threads=1 --out /tmp/vzd
+    .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides random hpcrl-async sb3 sample-factory --seconds 20 --out /tmp/vzd
+    .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides hpcrl-async sb3 sample-factory --learn 49152 --out /tmp/vzdl
 
 For each `--num-envs`, in one run and with the same `env:` section (configs/vizdoom_ppo.yaml by
 default, `-p key=value` overrides as hpcrl's):
@@ -15,8 +18,42 @@ default, `-p key=value` overrides as hpcrl's):
   same num_envs, n_steps, epochs, minibatch size, learning rate, gamma, lambda, clip range (also for
   the value), coefficients, gradient clipping and reward scale, on the same device and thread count;
   SB3 has no mixed precision, so it runs in float32;
+- `sample-factory`: Sample Factory 2.1.1's APPO (rollout workers, an inference worker and a learner,
+  each a process of its own; sampling goes on while the learner learns), in a venv of its own built on
+  first use (benchmarks/_venvs.py: sample-factory 2.1.1, gymnasium 0.29.1, vizdoom 1.3.2, torch 2.13.0
+  CPU); where it cannot be built, the side is SKIPPED with pip's reason. Its own Doom env
+  (sf_examples' VizdoomEnv) on the scenario file hpcrl's `env.id` names, from ViZDoom's package
+  (basic.cfg: not sf_examples' own basic.cfg, which renders a HUD and has 4 game variables), the same
+  frame skip and game resolution, the frame turned grey and averaged to the same size (Sample
+  Factory's ResizeWrapper with area interpolation), one channel, no frame stack; `--num-envs` envs in
+  one rollout worker per core (2 x 4 here; `--sf-workers`), each worker's envs split in two halves
+  stepped in turn (its double buffering). The same network: hpcrl's CNN (the Nature layout with
+  train.cnn_channels' filters) and one hidden layer, built from Sample Factory's own encoder parts,
+  relu, no RNN (Sample Factory's default is a GRU); the same PPO numbers: rollout num_steps, minibatch
+  num_envs x num_steps / num_minibatches, num_minibatches per epoch, update_epochs, lr, gamma,
+  lambda, clip 0.2 for the ratio and the value, entropy coefficient, value coefficient (half
+  vf_coef: hpcrl's value loss has the factor 1/2, Sample Factory's has not), gradient clipping,
+  Adam eps 1e-5, reward scale (Sample Factory's learner-side `--reward_scale`, so returns stay raw),
+  pixels / 255 and nothing normalised (its Doom defaults normalise inputs and returns: hpcrl's
+  config does neither). What differs, and why: the learning rate is constant (2.1.1 has no linear
+  decay; hpcrl anneals it over train.total_steps); its ratio clip is 1/(1+e)..1+e, not 1-e..1+e (its
+  own rule); it samples with a policy up to its max_policy_lag versions old and corrects nothing
+  (hpcrl's async rollout is exactly one iteration behind); one torch thread in each of its
+  processes (its rule). Steps are environment steps (`--summaries_use_frameskip=False`), those its
+  learner trained on, as hpcrl counts them.
 - `envpool-random` (only where envpool is installed and the scenario is `basic`): EnvPool's
   Basic-v1 at the same frame skip and 80x60 frames, stepped with random actions.
+
+`CPU ms/step`: CPU time per environment step of the measuring process (hpcrl's and SB3's learner;
+Sample Factory's runner, its learner being a process of its own) / of it and every process under it
+(env workers and their game engines), read from /proc. On a loaded machine SPS depends on how many
+processes a side runs against everybody else's; CPU per step hardly does, and `cores / CPU per step`
+bounds what a quiet machine can reach.
+
+`--learn STEPS`: each learner trains STEPS environment steps from scratch (hpcrl: train.total_steps,
+so its learning rate anneals over them; SB3 the same), then its final policy plays `--eval-episodes`
+episodes (actions sampled, as configs/vizdoom_ppo.yaml's eval) on its own env of the same scenario,
+one after another, and the table gives the mean raw return; SPS is then over the whole training.
 
 Every learner measurement warms up for one iteration (worker start, first allocations, cuDNN's
 autotuning), then runs whole iterations (rollout, GAE, update) until `--seconds` have passed; SPS
@@ -33,6 +70,14 @@ EnvPool 1.2.5 (`pip install envpool`; its Basic-v1 renders the scenario's 320x24
 3 channels) stepped 8 envs at 0.5-0.7x the rate of hpcrl's 8 worker processes on the 2-core VM
 (1,085-1,314 against 1,850 in the same minute, quiet; 1,122 against 1,869 under load), so it is
 no backend of hpcrl; the `envpool-random` side measures it where it is installed.
+
+Figures (2026-11-27, issue 39; the 2-core VM shared with other sessions, load average 8-16 throughout,
+so SPS are indicative and the CPU column is the figure to compare): 8 envs, 20 s windows, `-p
+train.torch_threads=1` (SB3 at 2 threads spins in OpenMP barriers on a loaded machine: 59 SPS, 7.3 ms
+of CPU a step): random 1,574 (0.90 ms/step), hpcrl async 638 (0.72 / 1.72), SB3 352 (0.88 / 1.85),
+Sample Factory 333 (1.84); over 60 s windows hpcrl async 786 and Sample Factory 789 (1.80 and 1.74
+ms/step): Sample Factory starts slower and then keeps pace. At equal steps (`--learn 49152`, seed 0):
+final return hpcrl 74.0, SB3 41.4, Sample Factory 62.5.
 """
 
 from __future__ import annotations
@@ -51,7 +96,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SIDES = ("random", "hpcrl-sync", "hpcrl-async", "sb3", "envpool-random")
+SIDES = ("random", "hpcrl-sync", "hpcrl-async", "sb3", "sample-factory", "envpool-random")
 RESULT = "RESULT "
 """The prefix of the child's one line of JSON on stdout."""
 
@@ -64,16 +109,32 @@ def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) 
     return load_experiment(Path(args.config), [f"train.device={args.device}", *gpus, f"env.num_envs={num_envs}", *args.overrides, *extra])
 
 
-def _timed(step: Any, steps_of: Any, seconds: float) -> tuple[float, int, float]:
-    """Run `step()` once to warm up, then until `seconds` have passed: (SPS, steps, seconds)."""
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds used so far by (this process, it and every process under it: env workers, their game
+    engines, Sample Factory's workers). Unlike steps per second, CPU time per step hardly depends on what
+    else the machine runs: the figure to compare on a loaded machine (a quiet one's rate is at most cores
+    / CPU time per step)."""
+    from _cpu import tree_cpu_seconds
+
+    return tree_cpu_seconds(os.getpid())
+
+
+def per_step(cpu: tuple[tuple[float, float], tuple[float, float]], steps: int) -> dict[str, float]:
+    """CPU milliseconds per environment step between two `cpu_seconds()` readings: the measuring process, all."""
+    (own0, all0), (own1, all1) = cpu
+    return {"cpu_ms_own": 1000 * (own1 - own0) / max(steps, 1), "cpu_ms_all": 1000 * (all1 - all0) / max(steps, 1)}
+
+
+def _timed(step: Any, steps_of: Any, seconds: float) -> tuple[float, int, float, dict[str, float]]:
+    """Run `step()` once to warm up, then until `seconds` have passed: (SPS, steps, seconds, CPU per step)."""
     step()
-    first, start = steps_of(), time.perf_counter()
+    first, start, cpu = steps_of(), time.perf_counter(), cpu_seconds()
     while True:
         step()
         wall = time.perf_counter() - start
         if wall >= seconds:
             steps = steps_of() - first
-            return steps / wall, steps, wall
+            return steps / wall, steps, wall, per_step((cpu, cpu_seconds()), steps)
 
 
 def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
@@ -89,8 +150,8 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                 envs.step(envs.action_space.sample())
                 count[0] += envs.num_envs
 
-        sps, steps, wall = _timed(step, lambda: count[0], args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall}
+        sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
+        return {"sps": sps, "steps": steps, "seconds": wall, **cpu}
     finally:
         envs.close()
 
@@ -101,25 +162,42 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
     from hpcrl.rl.envs import make_vec_env
     from hpcrl.rl.train import algorithm_class, seed_everything, setup_torch
 
-    exp = _experiment(args, num_envs, [f"train.async_rollout={str(async_rollout).lower()}"])
+    exp = _experiment(args, num_envs, [f"train.async_rollout={str(async_rollout).lower()}", *([f"train.total_steps={args.learn}"] if args.learn else [])])
     device = setup_torch(exp.train.torch_threads, exp.train.device)
-    seed_everything(0)
+    seed_everything(args.seed)
     envs = make_vec_env(exp.env)
     agent = None
     try:
-        agent = algorithm_class(exp.algo)(exp.train, envs, device, 0)
-        agent.num_iterations = 10**9  # time-bounded: never the last iteration (whose rollout is not followed by another)
+        agent = algorithm_class(exp.algo)(exp.train, envs, device, args.seed)
+        if not args.learn:
+            agent.num_iterations = 10**9  # time-bounded: never the last iteration (whose rollout is not followed by another)
 
         def step() -> None:
             agent.train_iteration()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
-        sps, steps, wall = _timed(step, lambda: agent.global_step, args.seconds)
+        if args.learn:  # train.total_steps as `hpcrl train` runs them (the learning rate annealed over them)
+            step()
+            first, start, before = agent.global_step, time.perf_counter(), cpu_seconds()
+            while agent.iteration < agent.num_iterations:
+                step()
+            wall, steps = time.perf_counter() - start, agent.global_step - first
+            sps, cpu = steps / wall, per_step((before, cpu_seconds()), steps)
+        else:
+            sps, steps, wall, cpu = _timed(step, lambda: agent.global_step, args.seconds)
         from hpcrl.rl.networks import CPU_BF16
 
         amp = exp.train.amp if device.type == "cuda" or (exp.train.amp == "bf16" and CPU_BF16) else "none"  # bf16 on a CPU needs AMX
-        return {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp}
+        result = {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, **cpu}
+        if args.learn:
+            from hpcrl.rl.envs import make_env
+            from hpcrl.rl.networks import obs_to_tensor
+
+            agent.close()
+            policy = agent.policy.eval()
+            result.update(total_steps=agent.global_step, final_return=mean_return(make_env(exp.env), lambda obs: int(policy.act(obs_to_tensor(obs[None], device), False)[0]), args.eval_episodes))
+        return result
     finally:
         if agent is not None:
             agent.close()
@@ -153,13 +231,13 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
 
         def __init__(self) -> None:
             super().__init__()
-            self.marks: list[tuple[float, int]] = []
+            self.marks: list[tuple[float, int, tuple[float, float]]] = []
 
         def _on_rollout_start(self) -> None:
-            self.marks.append((time.perf_counter(), self.num_timesteps))
+            self.marks.append((time.perf_counter(), self.num_timesteps, cpu_seconds()))
 
         def _on_step(self) -> bool:
-            return len(self.marks) < 2 or time.perf_counter() - self.marks[1][0] < args.seconds
+            return bool(args.learn) or len(self.marks) < 2 or time.perf_counter() - self.marks[1][0] < args.seconds
 
     policy_kwargs: dict[str, Any] = {"features_extractor_kwargs": {"features_dim": t.hidden_sizes[0]}, "net_arch": []}
     if tuple(t.cnn_channels) != NATURE_CNN:
@@ -172,13 +250,19 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                     clip_range_vf=t.clip_coef if t.clip_vloss else None, ent_coef=t.ent_coef, vf_coef=t.vf_coef * 0.5,
                     max_grad_norm=t.max_grad_norm, normalize_advantage=t.norm_adv,
                     policy_kwargs=policy_kwargs,
-                    seed=0, device=device, verbose=0)  # fmt: skip
+                    seed=args.seed, device=device, verbose=0)  # fmt: skip
         clock = Clock()
-        model.learn(total_timesteps=10**9, callback=clock)
+        model.learn(total_timesteps=args.learn or 10**9, callback=clock)
+        if args.learn:
+            clock._on_rollout_start()  # the end of the last iteration
         if len(clock.marks) < 3:
             raise RuntimeError(f"SB3 did not finish one timed iteration in {args.seconds} s")
-        (start, first), (end, last) = clock.marks[1], clock.marks[-1]
-        return {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none"}
+        (start, first, cpu0), (end, last, cpu1) = clock.marks[1], clock.marks[-1]
+        result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none",
+                  **per_step((cpu0, cpu1), last - first)}  # fmt: skip
+        if args.learn:
+            result.update(total_steps=last, final_return=mean_return(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes))
+        return result
     finally:
         envs.close()
 
@@ -235,10 +319,197 @@ def measure_envpool(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                 env.step(rng.integers(0, env.action_space.n, num_envs))
                 count[0] += num_envs
 
-        sps, steps, wall = _timed(step, lambda: count[0], args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall}
+        sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
+        return {"sps": sps, "steps": steps, "seconds": wall, **cpu}
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------------- Sample Factory (its own venv)
+SF_REQUIREMENTS = ["torch==2.13.0", "sample-factory==2.1.1", "gymnasium==0.29.1", "vizdoom==1.3.2"]
+"""Sample Factory's venv (torch 2.13.0 is the CPU wheel here: see benchmarks/_venvs.py)."""
+
+
+def sf_settings(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
+    """What Sample Factory's side needs of hpcrl's experiment, read here in hpcrl's environment (the
+    child runs in Sample Factory's venv, which has no hpcrl)."""
+    exp = _experiment(args, num_envs)
+    t, spec, kw = exp.train, exp.env, exp.env.kwargs
+    scenario = _scenario_file(spec.id)
+    down = int(kw.get("downsample", 1))
+    width, height = (int(x) for x in str(kw.get("screen_resolution", "RES_160X120")).removeprefix("RES_").split("X"))
+    if exp.algo != "ppo" or t.recurrent_size or len(t.hidden_sizes) != 1 or spec.frame_stack != 1 or str(kw.get("screen_format", "GRAY8")) != "GRAY8":
+        raise SystemExit("Sample Factory's side matches a feed-forward PPO with one hidden layer on single grey frames")
+    workers = args.sf_workers or min(num_envs, len(os.sched_getaffinity(0)))
+    if num_envs % workers:
+        raise SystemExit(f"--sf-workers {workers} does not divide {num_envs} envs")
+    return {"scenario": scenario, "frame_skip": int(kw.get("frame_skip", 4)), "resolution": f"{width}x{height}", "width": width // down, "height": height // down,
+            "num_envs": num_envs, "workers": workers, "rollout": t.num_steps, "minibatches": t.num_minibatches, "epochs": t.update_epochs, "lr": t.lr,
+            "gamma": t.gamma, "gae_lambda": t.gae_lambda, "clip": t.clip_coef, "clip_value": t.clip_coef if t.clip_vloss else 1e9, "ent_coef": t.ent_coef,
+            "vf_coef": t.vf_coef * 0.5, "max_grad_norm": t.max_grad_norm, "reward_scale": t.reward_scale, "cnn_channels": list(t.cnn_channels),
+            "hidden": t.hidden_sizes[0], "activation": t.activation, "seed": args.seed}  # fmt: skip
+
+
+def _scenario_file(env_id: str) -> str:
+    """The scenario file (in ViZDoom's scenarios folder) of hpcrl's `env.id`."""
+    import gymnasium as gym
+
+    from hpcrl.rl.vizdoom_env import resolve_id
+
+    return Path(gym.registry[resolve_id(env_id)].kwargs["scenario_config_file"]).name
+
+
+def _sf_env(full_env_name: str, cfg: Any, env_config: Any, render_mode: str | None = None) -> Any:
+    """Sample Factory's own Doom env (sf_examples' VizdoomEnv and wrappers) on hpcrl's scenario file
+    from ViZDoom's package, its frame skip, resolution, and the same downsampled grey frame
+    (area interpolation: the mean of each block, as hpcrl's adapter takes it)."""
+    import vizdoom
+    from gymnasium.spaces import Discrete
+    from sample_factory.envs.env_wrappers import PixelFormatChwWrapper, ResizeWrapper
+    from sf_examples.vizdoom.doom.doom_gym import VizdoomEnv
+    from sf_examples.vizdoom.doom.wrappers.observation_space import SetResolutionWrapper
+
+    env = VizdoomEnv(Discrete(4), os.path.join(vizdoom.scenarios_path, cfg.hpcrl_scenario), skip_frames=cfg.env_frameskip, render_mode=render_mode)
+    env = SetResolutionWrapper(env, cfg.hpcrl_resolution)
+    env = ResizeWrapper(env, cfg.res_w, cfg.res_h, grayscale=True, add_channel_dim=True, area_interpolation=True)
+    return PixelFormatChwWrapper(env) if cfg.pixel_format == "CHW" else env
+
+
+def _sf_encoder(cfg: Any, obs_space: Any) -> Any:
+    """hpcrl's CNN for Sample Factory: the Nature CNN's layout with train.cnn_channels' filters, then
+    one hidden layer (train.hidden_sizes), built from Sample Factory's own conv encoder parts."""
+    from sample_factory.model.encoder import ConvEncoderImpl, Encoder
+    from sample_factory.model.model_utils import nonlinearity
+
+    class HpcrlCNN(Encoder):
+        def __init__(self, cfg: Any, obs_space: Any) -> None:
+            super().__init__(cfg)
+            shape = obs_space["obs"].shape
+            c1, c2, c3 = cfg.hpcrl_cnn
+            filters = [[shape[0], c1, 8, 4], [c1, c2, 4, 2], [c2, c3, 3, 1]]
+            self.enc = ConvEncoderImpl(shape, filters, [cfg.hpcrl_hidden], nonlinearity(cfg))
+            self.out = cfg.hpcrl_hidden
+
+        def forward(self, obs_dict: Any) -> Any:
+            return self.enc(obs_dict["obs"])
+
+        def get_out_size(self) -> int:
+            return self.out
+
+    return HpcrlCNN(cfg, obs_space)
+
+
+def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """Sample Factory's APPO (its ParallelRunner: rollout workers, an inference worker and a learner in
+    processes of their own) on hpcrl's env and network; the steps its learner trained on, per second."""
+    import tempfile
+
+    from sample_factory.algo.runners.runner import AlgoObserver
+    from sample_factory.algo.utils.context import global_model_factory
+    from sample_factory.algo.utils.misc import ExperimentStatus
+    from sample_factory.cfg.arguments import parse_full_cfg, parse_sf_args
+    from sample_factory.envs.env_utils import register_env
+    from sample_factory.train import make_runner
+    from sf_examples.vizdoom.doom.doom_params import add_doom_env_args, doom_override_defaults
+
+    s = settings
+    per_worker = s["num_envs"] // s["workers"]
+    train_dir = tempfile.mkdtemp(prefix="vzd-sf-")
+    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here
+    learn = args.learn or 10**9
+    argv = [
+        "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", "--device=cpu", f"--seed={s['seed']}",
+        f"--num_workers={s['workers']}", f"--num_envs_per_worker={per_worker}", f"--worker_num_splits={2 if per_worker % 2 == 0 else 1}",
+        f"--rollout={s['rollout']}", f"--batch_size={s['num_envs'] * s['rollout'] // s['minibatches']}", f"--num_batches_per_epoch={s['minibatches']}",
+        f"--num_epochs={s['epochs']}", f"--learning_rate={s['lr']}", f"--gamma={s['gamma']}", f"--gae_lambda={s['gae_lambda']}",
+        f"--ppo_clip_ratio={s['clip']}", f"--ppo_clip_value={s['clip_value']}", "--exploration_loss=entropy", f"--exploration_loss_coeff={s['ent_coef']}",
+        f"--value_loss_coeff={s['vf_coef']}", f"--max_grad_norm={s['max_grad_norm']}", f"--reward_scale={s['reward_scale']}", "--adam_eps=1e-5",
+        "--normalize_input=False", "--normalize_returns=False", "--obs_scale=255.0", "--use_rnn=False", f"--nonlinearity={s['activation']}",
+        f"--env_frameskip={s['frame_skip']}", f"--res_w={s['width']}", f"--res_h={s['height']}", "--summaries_use_frameskip=False",
+        f"--train_for_env_steps={learn}", "--save_every_sec=100000", "--save_best_every_sec=100000", "--experiment_summaries_interval=100000",
+        f"--hpcrl_scenario={s['scenario']}", f"--hpcrl_resolution={s['resolution']}", f"--hpcrl_hidden={s['hidden']}",
+        "--hpcrl_cnn", *map(str, s["cnn_channels"]),
+    ]  # fmt: skip
+    parser, _ = parse_sf_args(argv=argv)
+    add_doom_env_args(parser)
+    doom_override_defaults(parser)
+    parser.add_argument("--hpcrl_scenario")
+    parser.add_argument("--hpcrl_resolution")
+    parser.add_argument("--hpcrl_hidden", type=int)
+    parser.add_argument("--hpcrl_cnn", type=int, nargs=3)
+    cfg = parse_full_cfg(parser, argv)
+    register_env("hpcrl_doom", _sf_env)
+    global_model_factory().register_encoder_factory(_sf_encoder)
+
+    class Clock(AlgoObserver):
+        """(time, env steps trained on) after each training iteration; stops a timed run."""
+
+        def __init__(self) -> None:
+            self.marks: list[tuple[float, int, tuple[float, float]]] = []
+
+        def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
+            self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds()))
+            if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
+                runner._stop_training()
+
+    cfg, runner = make_runner(cfg)
+    clock = Clock()
+    runner.register_observer(clock)
+    if runner.init() != ExperimentStatus.SUCCESS or runner.run() != ExperimentStatus.SUCCESS:
+        raise RuntimeError("Sample Factory's runner did not succeed")
+    if len(clock.marks) < 3:
+        raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
+    (start, first, cpu0), (end, last, cpu1) = clock.marks[1], clock.marks[-1]
+    result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "device": "cpu", "torch_threads": 1, "amp": "none",
+              "layout": f"{s['workers']} workers x {per_worker} envs", **per_step((cpu0, cpu1), last - first)}  # fmt: skip
+    if args.learn:
+        result.update(total_steps=last, final_return=_sf_eval(cfg, args.eval_episodes))
+    return result
+
+
+def _sf_eval(cfg: Any, episodes: int) -> float:
+    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions."""
+    import torch
+    from sample_factory.algo.learning.learner import Learner
+    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
+    from sample_factory.model.actor_critic import create_actor_critic
+
+    env = _sf_env("hpcrl_doom", cfg, None)
+    policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
+    policy.load_state_dict(Learner.load_checkpoint(Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*"), "cpu")["model"])
+    policy.eval()
+    rnn = torch.zeros(1, 1)
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            out = policy(prepare_and_normalize_obs(policy, {"obs": torch.as_tensor(obs)[None]}), rnn)
+        return int(out["actions"][0])
+
+    try:
+        return mean_return(env, act, episodes)
+    finally:
+        env.close()
+
+
+def _dict_space(space: Any) -> Any:
+    import gymnasium as gym
+
+    return gym.spaces.Dict({"obs": space})
+
+
+def mean_return(env: Any, act: Any, episodes: int, seed: int = 1_000_003) -> float:
+    """The mean raw return of `episodes` episodes, one after another on `env` (the same loop for every side)."""
+    total = 0.0
+    obs, _ = env.reset(seed=seed)
+    for _ in range(episodes):
+        done, ret = False, 0.0
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            ret += float(reward)
+            done = terminated or truncated
+        total += ret
+        obs, _ = env.reset()
+    return total / episodes
 
 
 def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any]:
@@ -248,13 +519,15 @@ def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any
         return measure_hpcrl(args, num_envs, side == "hpcrl-async")
     if side == "sb3":
         return measure_sb3(args, num_envs)
+    if side == "sample-factory":
+        return measure_sample_factory(args, json.loads(args.sf_settings))
     return measure_envpool(args, num_envs)
 
 
 # ---------------------------------------------------------------------------- the run (parent)
-def run_child(argv: list[str], side: str, num_envs: int, timeout: float) -> dict[str, Any]:
-    """One measurement in a child process of its own session, killed with its group past `timeout`."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs)]
+def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python: str = sys.executable) -> dict[str, Any]:
+    """One measurement in a child process of its own session (run by `python`), killed with its group past `timeout`."""
+    cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -274,16 +547,35 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float) -> dict
     return {"error": (lines[-1] if lines else f"exit {proc.returncode}, no output")[:300]}
 
 
+def sample_factory_child(args: argparse.Namespace, argv: list[str], num_envs: int, timeout: float) -> dict[str, Any]:
+    """Sample Factory's measurement, in its venv (built on first use); SKIPPED with pip's reason where it cannot be built."""
+    from _venvs import Unavailable, venv_python
+
+    try:
+        python = venv_python("sample-factory", SF_REQUIREMENTS)
+    except Unavailable as exc:
+        return {"error": f"SKIPPED: {exc}"}
+    return run_child([*argv, "--sf-settings", json.dumps(sf_settings(args, num_envs))], "sample-factory", num_envs, timeout, str(python))
+
+
+def _failed(error: str) -> str:
+    return error if error.startswith("SKIPPED") else f"FAILED: {error}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'envs':>5}  {'side':<15}{'SPS':>9}{'x random':>10}{'x SB3':>8}  {'device / threads / amp':<24}note"]
+    learn = any("final_return" in r for r in rows)
+    ret = f"{'return':>8}" if learn else ""
+    lines = [f"{'envs':>5}  {'side':<15}{'SPS':>9}{'x random':>10}{'x SB3':>8}{'x SF':>7}{ret}{'CPU ms/step':>15}  {'device / threads / amp':<24}note"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}  {'':<24}FAILED: {r['error']}")
+            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * 8}{'':>15}  {'':<24}{_failed(r['error'])}")
             continue
-        x_random = f"{r['x_random']:.2f}" if r.get("x_random") else ""
-        x_sb3 = f"{r['x_sb3']:.2f}" if r.get("x_sb3") else ""
+        x_random, x_sb3, x_sf = (f"{r[k]:.2f}" if r.get(k) else "" for k in ("x_random", "x_sb3", "x_sf"))
+        final = f"{r['final_return']:>8.1f}" if "final_return" in r else (f"{'':>8}" if learn else "")
         where = f"{r.get('device', '')} / {r.get('torch_threads', '')} / {r.get('amp', '')}" if "device" in r else ""
-        lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{r['sps']:>9.0f}{x_random:>10}{x_sb3:>8}  {where:<24}{r['steps']} steps in {r['seconds']:.1f} s")
+        note = f"{r['steps']} steps in {r['seconds']:.1f} s" + (f", {r['layout']}" if "layout" in r else "") + (f", {r['total_steps']} steps trained" if "total_steps" in r else "")
+        cpu = f"{r['cpu_ms_own']:.2f} / {r['cpu_ms_all']:.2f}" if "cpu_ms_all" in r else ""
+        lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{r['sps']:>9.0f}{x_random:>10}{x_sb3:>8}{x_sf:>7}{final}{cpu:>15}  {where:<24}{note}")
     return "\n".join(lines)
 
 
@@ -296,8 +588,14 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per measurement, after one warm-up iteration")
     parser.add_argument("--timeout", type=float, default=None, help="hard limit per measurement (default 3 x seconds + 180)")
+    parser.add_argument("--learn", type=int, default=0, metavar="STEPS",
+                        help="instead of --seconds: each learner trains STEPS env steps from scratch (hpcrl: train.total_steps), then its final policy plays --eval-episodes")
+    parser.add_argument("--eval-episodes", type=int, default=20, help="with --learn: episodes of the final evaluation (actions sampled), raw returns")
+    parser.add_argument("--seed", type=int, default=0, help="every learner's seed")
+    parser.add_argument("--sf-workers", type=int, default=0, help="Sample Factory's rollout workers (default: one per core, at most one per env)")
     parser.add_argument("--out", type=Path, required=True, help="directory for speed.json and speed.csv")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--sf-settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
@@ -306,24 +604,31 @@ def main() -> None:
         return
     import torch
 
-    argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--out", str(args.out)]
+    argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--out", str(args.out), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]
     for o in args.overrides:
         argv += ["-p", o]
-    timeout = args.timeout or 3 * args.seconds + 180
+    timeout = args.timeout or (3 * args.seconds + 180 if not args.learn else args.learn / 20 + 300)  # learning: at least 20 steps/s
     print(f"{Path(args.config).name} {' '.join(args.overrides)}: device {args.device}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{args.seconds:.0f} s a measurement; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)  # fmt: skip
     rows: list[dict[str, Any]] = []
     for n in args.num_envs:
         for side in args.sides:
-            result = {"num_envs": n, "side": side, **run_child(argv, side, n, timeout)}
+            if side == "sample-factory":
+                result = {"num_envs": n, "side": side, **sample_factory_child(args, argv, n, timeout)}
+            elif args.learn and side in ("random", "envpool-random"):
+                continue
+            else:
+                result = {"num_envs": n, "side": side, **run_child(argv, side, n, timeout)}
             rows.append(result)
-            print(f"  {n} envs, {side}: " + (f"{result['sps']:.0f} SPS" if "sps" in result else f"FAILED: {result['error']}"), flush=True)
+            print(f"  {n} envs, {side}: " + (f"{result['sps']:.0f} SPS" if "sps" in result else _failed(result["error"])), flush=True)
     for r in rows:
         same = {x["side"]: x.get("sps") for x in rows if x["num_envs"] == r["num_envs"]}
         if "sps" in r and r["side"] != "random" and same.get("random"):
             r["x_random"] = r["sps"] / same["random"]
         if "sps" in r and r["side"].startswith("hpcrl") and same.get("sb3"):
             r["x_sb3"] = r["sps"] / same["sb3"]
+        if "sps" in r and r["side"].startswith("hpcrl") and same.get("sample-factory"):
+            r["x_sf"] = r["sps"] / same["sample-factory"]
     print()
     print(table(rows))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -331,7 +636,7 @@ def main() -> None:
     tmp = args.out / "speed.json.tmp"
     tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     os.replace(tmp, args.out / "speed.json")
-    fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "steps", "seconds", "device", "torch_threads", "amp", "error"]
+    fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "x_sf", "final_return", "total_steps", "cpu_ms_own", "cpu_ms_all", "steps", "seconds", "device", "torch_threads", "amp", "layout", "error"]
     tmp = args.out / "speed.csv.tmp"
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fields, extrasaction="ignore")

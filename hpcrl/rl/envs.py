@@ -49,7 +49,17 @@ from hpcrl.store.rundir import RunError
 _ASYNC_BACKENDS = {"vizdoom", "habitat"}
 PIPELINE_GROUPS = 2
 """Worker groups of an async vector env: two are enough for one group to step while the policy
-runs on the other's observations."""
+runs on the other's observations (see `pipeline_groups`)."""
+
+
+def pipeline_groups(num_envs: int, cores: int) -> int:
+    """The worker groups for `num_envs` workers on `cores`: PIPELINE_GROUPS, or one where the workers
+    are more than twice the cores. Then half of them alone already keep every core busy, so stepping
+    one group while the policy runs on the other's frames hides nothing, and each group costs its own
+    forward pass and pipe round trips per step: on 2 cores with 8 ViZDoom workers, one group of 8
+    used 0.65 ms of the learner's CPU per env step against 0.75 ms for two of 4 (async PPO,
+    benchmarks/vizdoom_speed.py's CPU column)."""
+    return 1 if num_envs > 2 * cores else min(PIPELINE_GROUPS, num_envs)
 
 
 def _gymnasium_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
@@ -126,7 +136,8 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
         described = probe_env(_worker_thunk(thunks[0]), env_id=spec.id, timeout=spec.worker_timeout_s, context=kwargs.get("context"))
         groups: list[gym.vector.VectorEnv] = []
         try:
-            for part in np.array_split(np.arange(n), min(PIPELINE_GROUPS, n)):
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            for part in np.array_split(np.arange(n), pipeline_groups(n, cores)):
                 thunks_of_part = [_worker_thunk(thunks[i]) for i in part]
                 workers = Workers(thunks_of_part, described, env_id=spec.id, first=int(part[0]), timeout=spec.worker_timeout_s, **kwargs)
                 groups.append(gym.wrappers.vector.RecordEpisodeStatistics(_SendReceive(workers)))
