@@ -481,6 +481,12 @@ def _python_problem(text: str) -> str | None:
     return f"expected a Python version such as 3.11 (quote it: YAML reads 3.10 as 3.1), got {text!r}"
 
 
+def _miniforge_problem(text: str) -> str | None:
+    if re.fullmatch(r"\d+\.\d+\.\d+-\d+", text):
+        return None
+    return f"expected a Miniforge release such as 24.11.3-0 (its tag on github.com/conda-forge/miniforge), got {text!r}"
+
+
 def _os_package_problem(name: str) -> str | None:
     if re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?", name):
         return None
@@ -514,6 +520,8 @@ class ImageConfig:
     """Debian/Ubuntu packages, installed with apt: the base must be Debian or Ubuntu based."""
     python: str = setting("3.11", valid=_python_problem)
     """Python of the image's conda environment (Miniforge), whatever Python the base ships."""
+    miniforge: str = setting("24.11.3-0", valid=_miniforge_problem)
+    """The Miniforge release that installs conda in the image: pinned, so that the definition (and its content hash) names what the image holds."""
     torch: str = setting("torch==2.5.1", valid=_requirement_problem)
     """The torch requirement pip installs from torch_index (match the base's CUDA)."""
     torch_index: Optional[str] = setting("https://download.pytorch.org/whl/cu124", valid=_non_empty)

@@ -557,6 +557,8 @@ def test_config_without_image_section_is_refused(project: Path, capsys) -> None:
     [
         ({"base": "ubuntu:22.04"}, "image.base: expected docker://IMAGE:TAG"),
         ({"python": "three"}, "image.python: expected a Python version"),
+        ({"miniforge": "latest"}, "image.miniforge: expected a Miniforge release such as 24.11.3-0"),
+        ({"miniforge": '24.11.3-0"; rm -rf / #'}, "image.miniforge: expected a Miniforge release"),
         ({"os_packages": ["curl; rm -rf /"]}, "image.os_packages[0]: expected a Debian package name"),
         ({"pip": ["--index-url http://x"]}, "image.pip[0]: expected one requirement"),
         ({"env": {"BAD-NAME": "x"}}, "image.env.BAD-NAME: expected an environment variable name"),
@@ -630,3 +632,11 @@ def test_checker_refuses_a_test_section_without_set_e() -> None:
     assert problem.line == 4 and "set -e" in problem.message
     assert check_def(text.replace("%test\n", "%test\n    set -eu\n")) == []
     assert check_def("Bootstrap: docker\nFrom: debian\n%test\n    hpcrl --help\n") == []  # one command: its status is the test's
+
+
+def test_the_definition_names_the_miniforge_release_it_installs(tmp_path: Path, monkeypatch) -> None:
+    """A pinned installer, not `releases/latest`: two builds of one definition (one content hash) hold one conda."""
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, {"miniforge": "25.3.0-3"})
+    text = image.render_definition(load_experiment(tmp_path / "exp.yaml")).text
+    assert "releases/download/25.3.0-3/Miniforge3-25.3.0-3-Linux-$(uname -m).sh" in text and "releases/latest" not in text
