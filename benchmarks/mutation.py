@@ -131,7 +131,7 @@ KEEPER = (*(f"tests/runtime/test_program_supervision.py::test_{name}" for name i
     "tests/runtime/test_program_wrapper.py::test_a_failing_program_is_failed_with_its_last_line_and_the_tail_of_its_output")  # fmt: skip
 ENV_OUTPUT = ("tests/rl/test_env_output.py", "tests/rl/test_env_workers.py::test_an_env_that_returns_what_its_space_cannot_hold_is_named")
 SYNC_BOUND = tuple(f"tests/rl/test_env_workers.py::test_{name}" for name in (
-    "a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_bound", "the_video_env_in_the_trainers_own_process_is_bounded_too",
+    "a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_bound", "a_sync_env_is_bounded_in_a_process_where_no_other_alarm_is_set", "the_video_env_in_the_trainers_own_process_is_bounded_too",
     "a_bounded_call_keeps_another_alarm_of_the_process", "a_sync_env_stepped_from_a_background_thread_is_refused_in_one_line",
 ))  # fmt: skip
 OPENSPIEL_PARAMS = tuple(f"tests/rl/test_alphazero.py::test_{name}" for name in (

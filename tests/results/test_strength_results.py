@@ -284,6 +284,7 @@ LADDER = "player_a,player_b,games,a_wins,draws,b_wins\nrandom,20,4,1,0,3\nrandom
     ("strength.csv", STRENGTH_HEADER + "random,4,2.5,0,1.5,0.625,0,0.375\n", "line 2: 2.5 wins"),
     ("strength.csv", STRENGTH_HEADER + "random,4,3,0,1,0.75,0,0.2", "line 2 is cut short"),
     ("strength.csv", "opponent,games,wins\nrandom,4,x\n", "no column draws"),
+    ("strength.csv", STRENGTH_HEADER + "random,4,3,0,1,0.75,0,0.25\nperfect,4,three,0,1,0.75,0,0.25\n", "line 3 does not parse: perfect,4,three,0,1,0.75,0,0.25"),
     ("strength_curve.csv", "step," + STRENGTH_HEADER + "20,random,2,3,0,0,1.5,0,0\n", "line 2: 3 wins, 0 draws, 0 losses in 2 games"),
     ("ladder.csv", LADDER[:-4], "line 4 is cut short"),
     ("ladder.csv", LADDER[: LADDER.index("20,40")], "2 pairs of 3 players, where a round robin with random has every pair"),

@@ -129,6 +129,30 @@ def test_a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_boun
     assert time.monotonic() - began < 5
 
 
+NO_OTHER_ALARM = """
+import sys, time
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_deadline import EnvTimeout
+from hpcrl.rl.envs import make_vec_env
+envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
+envs.reset(seed=0)
+began = time.monotonic()
+try:
+    for _ in range(5):
+        envs.step(envs.action_space.sample())
+except EnvTimeout as exc:
+    print(f"{exc} after {time.monotonic() - began:.0f} s")
+"""
+
+
+def test_a_sync_env_is_bounded_in_a_process_where_no_other_alarm_is_set() -> None:
+    """A trainer's process has no other timer (pytest-timeout's, under which the tests above run, is one):
+    the bound is the only alarm there, and still fires."""
+    path = os.pathsep.join([str(STANDINS), str(Path(__file__).resolve().parents[2])])
+    done = subprocess.run([sys.executable, "-c", NO_OTHER_ALARM], env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=30)
+    assert done.stdout == f"env {ENV_ID}: step did not return within 1 s (in the trainer's own process: env.vectorization sync) after 1 s\n", done.stdout + done.stderr
+
+
 def test_the_video_env_in_the_trainers_own_process_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(STANDINS))
     env = make_env_here(EnvConfig(id=ENV_ID, worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 3, "everywhere": True}))

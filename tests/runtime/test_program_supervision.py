@@ -154,7 +154,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("killed", ["keeper and hpcrl", "keeper, trainer in a session of its own", "deputy"])
+@pytest.mark.parametrize("killed", ["keeper and hpcrl", "keeper, trainer in a session of its own", "keeper, trainer a daemon", "deputy"])
 def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_is(tmp_path: Path, killed: str) -> None:
     """The keeper (hpcrl.runtime.keeper) is a subreaper, and a subreaper guards what is below it only
     while it lives: SIGKILLed together with hpcrl, its orphans went to init, and a trainer forked by a
@@ -165,7 +165,10 @@ def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_i
     (tmp_path / "writer.py").write_text(WRITER)
     wrapper = tmp_path / "wrapper.sh"
     own_session = "setsid " if "session" in killed else ""
-    wrapper.write_text(f"#!/bin/sh\n{own_session}{sys.executable} {tmp_path / 'writer.py'} \"$@\"\necho wrapper done\n")
+    trainer_line = f"{own_session}{sys.executable} {tmp_path / 'writer.py'} \"$@\""
+    if "daemon" in killed:  # forked twice into a session of its own, its parent gone: whoever adopts it must end it
+        trainer_line = f"( setsid {trainer_line} & )\nsleep 60"
+    wrapper.write_text(f"#!/bin/sh\n{trainer_line}\necho wrapper done\n")
     wrapper.chmod(0o755)
     pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
     root = experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[])
