@@ -93,7 +93,7 @@ def test_slurm_memory_no_node_has_is_named_with_the_largest_nodes_megabytes(exp)
     """sinfo's %m is in megabytes, the request is compared in megabytes: 300G is more than the 256,000M of
     the largest node, named alone (not as a combination no node holds)."""
     refusal = CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "300G", 300 * 1024)])
-    assert refusal == "resources.mem: 300G per node, but the largest node of Slurm partition default has 256000M (sinfo): the job would stay pending for ever"
+    assert refusal == "resources.mem: 300G per node, but the largest node of Slurm's default partition debug has 256000M (sinfo): the job would stay pending for ever"
     assert CannedSlurm().refuse(exp, [NodeRequest("resources.cpus", 1, "resources.mem", "250G", 250 * 1024)]) is None
 
 
