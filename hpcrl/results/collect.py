@@ -54,26 +54,9 @@ def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
 def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     """Each run's curves and final eval return, or the reason it has none; its task is its swept
     `env.id`, else `default_task` (see hpcrl.config.tasks). Each run directory is listed once, and the
-    training logs are read together (rundir.read_curves): 10,000 runs gather in about a second. The
-    runs are read in GATHER_THREADS threads, each a contiguous share: most of the time is reading
-    files and numpy's passes over them, which let go of the GIL; each run is read as alone."""
-    rows = expdir.current_rows(experiment_dir)  # never pooled with runs of an earlier config
-    threads = min(GATHER_THREADS, len(rows) // RUNS_A_THREAD)
-    if threads <= 1:
-        return _gather(experiment_dir, rows, default_task)
-    size = -(-len(rows) // threads)
-    with ThreadPoolExecutor(threads) as pool:
-        parts = pool.map(lambda part: _gather(experiment_dir, part, default_task), [rows[i : i + size] for i in range(0, len(rows), size)])
-        return [r for part in parts for r in part]
-
-
-GATHER_THREADS, RUNS_A_THREAD = 2, 256
-"""Threads that read runs, and the fewest runs that make one worth starting."""
-
-
-def _gather(experiment_dir: Path, rows: list[dict[str, str]], default_task: str | None) -> list[RunResult]:
-    """`gather` of some of the current rows."""
+    training logs are read together (rundir.read_curves): 10,000 runs gather in about a second."""
     results = []
+    rows = expdir.current_rows(experiment_dir)  # never pooled with runs of an earlier config
     dirs = [expdir.run_dir(experiment_dir, row["run_id"]) for row in rows]
     listings = [rundir.listing(rd) for rd in dirs]
     logged = [rundir.has_train_log(rd, names) for rd, names in zip(dirs, listings)]

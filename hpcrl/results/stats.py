@@ -31,7 +31,6 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -512,29 +511,8 @@ def aggregate_curves_many(
     grids = list(grids) if grids is not None else [None] * len(seeds_of_curves)
     if len(grids) != len(seeds_of_curves):
         raise ValueError(f"{len(grids)} grids for {len(seeds_of_curves)} curves")
-
-    def some(part: Sequence[tuple[tuple[Sequence[ArrayLike], Sequence[ArrayLike]], ArrayLike | None]]) -> list:
-        return [_answer(lambda s=s, v=v, g=g: aggregate_curves(s, v, g, agg, reps, confidence, seed, n_points)) for (s, v), g in part]
-
     with _one_blas_thread():
-        return _in_threads(some, list(zip(seeds_of_curves, grids)))
-
-
-CURVE_THREADS, CURVES_A_THREAD = 2, 32
-"""Threads that aggregate curves, and the fewest curves that make one worth starting (each its own); numpy's sorts, products and comparisons let go of
-the GIL, so two threads take two cores for most of the work (the 1,000 curves of a 1,000-setting
-sweep: 1.7 s of CPU). Each curve's answer is computed whole by one thread, so its floats do not
-depend on how many there are."""
-
-
-def _in_threads(some: Callable[[Sequence], list], items: Sequence) -> list:
-    """`some(items)`, with the items shared out in order between up to CURVE_THREADS threads."""
-    threads = min(CURVE_THREADS, len(items) // CURVES_A_THREAD)
-    if threads <= 1:
-        return some(items)
-    size = -(-len(items) // threads)
-    with ThreadPoolExecutor(threads) as pool:
-        return [answer for part in pool.map(some, [items[i : i + size] for i in range(0, len(items), size)]) for answer in part]
+        return [_answer(lambda s=s, v=v, g=g: aggregate_curves(s, v, g, agg, reps, confidence, seed, n_points)) for (s, v), g in zip(seeds_of_curves, grids)]
 
 
 @contextlib.contextmanager

@@ -128,17 +128,8 @@ def outputs(root: Path, case: str) -> dict[str, str]:
     return {k: re.sub(r"collected(\W+)[0-9T:+-]+", r"collected\1-", v.replace(str(exp), "<EXP>")) for k, v in found.items()}
 
 
-@pytest.mark.parametrize(("case", "threads"), [*((case, 1) for case in sorted(CASES)), ("single-iqm", 3)])
-def test_collect_output_is_byte_identical_to_the_reference(tmp_path: Path, case: str, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also with the runs read, and the curves aggregated, in threads (each run and curve computed whole by one),
-    where a 10,000-run sweep would have them."""
-    from hpcrl.results import collect as collect_module
-    from hpcrl.results import stats
-
-    monkeypatch.setattr(collect_module, "GATHER_THREADS", threads)
-    monkeypatch.setattr(collect_module, "RUNS_A_THREAD", 1)
-    monkeypatch.setattr(stats, "CURVE_THREADS", threads)
-    monkeypatch.setattr(stats, "CURVES_A_THREAD", 1)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_collect_output_is_byte_identical_to_the_reference(tmp_path: Path, case: str) -> None:
     found = outputs(tmp_path, case)
     expected = {p.name: p.read_text() for p in sorted((REFERENCE / case).iterdir())}
     assert sorted(found) == sorted(expected)
