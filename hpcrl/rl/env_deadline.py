@@ -106,45 +106,40 @@ class Deadline:
                 signal.setitimer(signal.ITIMER_REAL, their_interval, their_interval)
 
 
-class BoundedVectorEnv(gym.vector.VectorWrapper):
-    """A vector env whose envs run in this process, each reset, step and close bounded (`Deadline`)."""
+class _BoundedCalls:
+    """The calls into the envs, each bounded by the deadline: one rule for a vector env and for one env."""
 
-    def __init__(self, env: gym.vector.VectorEnv, deadline: Deadline) -> None:
-        super().__init__(env)
-        self.deadline = deadline
+    env: Any
+    deadline: Deadline
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         with self.deadline("reset"):
             return self.env.reset(**kwargs)
 
-    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         with self.deadline("step"):
-            return self.env.step(actions)
+            return self.env.step(action)
 
     def close(self, **kwargs: Any) -> None:
         with self.deadline("close"):
             self.env.close(**kwargs)
 
 
-class BoundedEnv(gym.Wrapper):
+class BoundedVectorEnv(_BoundedCalls, gym.vector.VectorWrapper):
+    """A vector env whose envs run in this process, each reset, step and close bounded (`Deadline`)."""
+
+    def __init__(self, env: gym.vector.VectorEnv, deadline: Deadline) -> None:
+        super().__init__(env)
+        self.deadline = deadline
+
+
+class BoundedEnv(_BoundedCalls, gym.Wrapper):
     """One env in this process (the evaluation video's), each reset, step, render and close bounded."""
 
     def __init__(self, env: gym.Env, deadline: Deadline) -> None:
         super().__init__(env)
         self.deadline = deadline
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        with self.deadline("reset"):
-            return self.env.reset(**kwargs)
-
-    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        with self.deadline("step"):
-            return self.env.step(action)
-
     def render(self) -> Any:
         with self.deadline("render"):
             return self.env.render()
-
-    def close(self) -> None:
-        with self.deadline("close"):
-            self.env.close()

@@ -76,6 +76,19 @@ def test_mcts_blocks_the_only_threat():
     assert mcts_move(state) == 2
 
 
+def spied_nodes(monkeypatch) -> list:
+    """Every mcts.Node the search makes, in the order made (the root first)."""
+    trees = []
+
+    class Spy(mcts.Node):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trees.append(self)
+
+    monkeypatch.setattr(mcts, "Node", Spy)
+    return trees
+
+
 def test_mcts_batches_many_games_and_masks_illegal_moves():
     """One evaluator call per simulation for all trees (plus the roots'); visits only on legal moves."""
     calls = []
@@ -99,14 +112,7 @@ def test_mcts_backs_values_up_for_the_player_who_moves(monkeypatch):
     def x_wins(states):
         return np.ones((len(states), 9)), np.array([1.0 if s.current_player() == 0 else -1.0 for s in states])
 
-    trees = []
-
-    class Spy(mcts.Node):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            trees.append(self)
-
-    monkeypatch.setattr(mcts, "Node", Spy)
+    trees = spied_nodes(monkeypatch)
     mcts.search([TicTacToe()], x_wins, 9, 30, 1.5)
     root = trees[0]
     assert root.visits.sum() == 30 and (root.q[root.visits > 0] == 1.0).all()
@@ -140,14 +146,7 @@ def test_c_puct_weighs_exploration_against_the_values_found():
 def test_dirichlet_noise_is_mixed_into_the_roots_priors_only(monkeypatch):
     """AlphaZero's exploration noise is for the root (the move self-play makes); a node below it keeps
     the network's priors, or every simulation would be steered by noise at every depth."""
-    trees = []
-
-    class Spy(mcts.Node):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            trees.append(self)
-
-    monkeypatch.setattr(mcts, "Node", Spy)
+    trees = spied_nodes(monkeypatch)
     np.random.seed(0)
     mcts.search([TicTacToe(), position("x........")], blind, 9, 40, 1.5, noise=(0.3, 0.5))
     roots, below = trees[:2], [node for node in trees[2:] if node.expanded]

@@ -39,6 +39,17 @@ def worker_pids(pid_dir: Path) -> list[int]:
     return [int(p.name) for p in pid_dir.iterdir()]
 
 
+def drive(spec: EnvConfig) -> None:
+    """Make the envs, reset them and take 5 steps, closing them whatever happens."""
+    envs = make_vec_env(spec)
+    try:
+        envs.reset(seed=0)
+        for _ in range(5):
+            envs.step(envs.action_space.sample())
+    finally:
+        envs.close()
+
+
 @pytest.mark.parametrize(
     ("fail_in", "how", "line"),
     [
@@ -55,13 +66,7 @@ def test_a_worker_that_hangs_or_dies_is_named_and_killed(fail_in: str, how: str,
     spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "how": how, "seed": 3, "pid_dir": str(tmp_path)})
     began = time.monotonic()
     with pytest.raises(EnvWorkerError) as raised:
-        envs = make_vec_env(spec)
-        try:
-            envs.reset(seed=0)
-            for _ in range(5):
-                envs.step(envs.action_space.sample())
-        finally:
-            envs.close()
+        drive(spec)
     assert str(raised.value) == line
     assert time.monotonic() - began < 20  # the 1 s bound and the workers' start, not a hang
     pids = worker_pids(tmp_path)
@@ -118,13 +123,7 @@ def test_a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_boun
     spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "seed": 3, "everywhere": True})
     began = time.monotonic()
     with stuck_after(10), pytest.raises(EnvTimeout) as raised:
-        envs = make_vec_env(spec)
-        try:
-            envs.reset(seed=0)
-            for _ in range(5):
-                envs.step(envs.action_space.sample())
-        finally:
-            envs.close()
+        drive(spec)
     assert str(raised.value) == f"env {ENV_ID}: {'start' if fail_in == 'start' else fail_in} did not return within 1 s (in the trainer's own process: env.vectorization sync)"
     assert time.monotonic() - began < 5
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,34 @@ while True:  # a trainer that keeps writing the run
 """
 
 
+def supervised(proc: subprocess.Popen, pid_file: Path, rows: Path) -> tuple[int, int, int]:
+    """Once the trainer wrote a row: its pid, and the keeper's and deputy's below hpcrl's `proc`."""
+    wait_for(rows, "row")
+    (keeper,) = children(proc.pid)
+    (deputy,) = children(keeper)
+    return int(pid_file.read_text()), keeper, deputy
+
+
+def gone_within(pid: int, seconds: float, check: Callable[[], None] = lambda: None) -> bool:
+    """Whether `pid` ends within `seconds`; `check` runs at each look while it lives."""
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        check()
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+def wrapped_trainer(tmp_path: Path, trainer_line: str) -> tuple[Path, Path, Path]:
+    """An experiment whose program is a shell wrapper that runs `trainer_line` (WRITER, not exec'd); its
+    experiment root, the trainer's pid file and the rows file it writes."""
+    (tmp_path / "writer.py").write_text(WRITER)
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(f"#!/bin/sh\n{trainer_line}\necho wrapper done\n")
+    wrapper.chmod(0o755)
+    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
+    return experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[]), pid_file, rows
+
+
 @pytest.mark.e2e
 def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however_hpcrl_dies(tmp_path: Path) -> None:
     """A shell wrapper forks the trainer (no `exec`), so the trainer is hpcrl's grandchild, out of
@@ -114,12 +143,7 @@ def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however
     local executor's cancel after its grace): the trainer is gone within seconds, and while it
     still runs the run's lock is held, so that no second trainer could start on its checkpoints.
     (Before, it kept writing the run for as long as it lived.)"""
-    (tmp_path / "writer.py").write_text(WRITER)
-    wrapper = tmp_path / "wrapper.sh"
-    wrapper.write_text(f"#!/bin/sh\n{sys.executable} {tmp_path / 'writer.py'} \"$@\"\necho wrapper done\n")
-    wrapper.chmod(0o755)
-    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
-    root = experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[])
+    root, pid_file, rows = wrapped_trainer(tmp_path, f"{sys.executable} {tmp_path / 'writer.py'} \"$@\"")
     proc = start(root)
     try:
         wait_for(rows, "row")  # written after its pid
@@ -162,30 +186,21 @@ def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_i
     writing the run, unlocked. Alone, it left a trainer that started a session of its own out of
     reach of hpcrl, which ends the keeper's session only. Now the keeper's deputy ends them; and when the
     deputy is killed, the keeper does. Within 5 s, and the run is unlocked only once nothing writes it."""
-    (tmp_path / "writer.py").write_text(WRITER)
-    wrapper = tmp_path / "wrapper.sh"
     own_session = "setsid " if "session" in killed else ""
     trainer_line = f"{own_session}{sys.executable} {tmp_path / 'writer.py'} \"$@\""
     if "daemon" in killed:  # forked twice into a session of its own, its parent gone: whoever adopts it must end it
         trainer_line = f"( setsid {trainer_line} & )\nsleep 60"
-    wrapper.write_text(f"#!/bin/sh\n{trainer_line}\necho wrapper done\n")
-    wrapper.chmod(0o755)
-    pid_file, rows = tmp_path / "trainer.pid", tmp_path / "rows"
-    root = experiment(tmp_path, "done", command=[str(wrapper), str(pid_file), str(rows)], args=[])
+    root, pid_file, rows = wrapped_trainer(tmp_path, trainer_line)
     proc = start(root)
     try:
-        wait_for(rows, "row")
-        trainer = int(pid_file.read_text())
-        (keeper,) = children(proc.pid)
-        (deputy,) = children(keeper)
+        trainer, keeper, deputy = supervised(proc, pid_file, rows)
         targets = {"keeper and hpcrl": [keeper, proc.pid], "deputy": [deputy]}.get(killed, [keeper])
         for pid in targets:
             os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while alive(trainer) and time.monotonic() < deadline:
+        def locked() -> None:
             assert rundir.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
-            time.sleep(0.02)
-        assert not alive(trainer), f"the trainer outlived its keeper ({killed} SIGKILLed) by 5 s"
+
+        assert gone_within(trainer, 5, locked), f"the trainer outlived its keeper ({killed} SIGKILLed) by 5 s"
         proc.communicate(timeout=30)
     finally:
         if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
@@ -207,16 +222,10 @@ def test_the_program_itself_dies_of_its_death_signal_when_every_process_of_hpcrl
     root = experiment(tmp_path, "done", command=[sys.executable, str(tmp_path / "writer.py"), str(pid_file), str(rows)], args=[])
     proc = start(root)
     try:
-        wait_for(rows, "row")
-        trainer = int(pid_file.read_text())
-        (keeper,) = children(proc.pid)
-        (deputy,) = children(keeper)
+        trainer, keeper, deputy = supervised(proc, pid_file, rows)
         for pid in (deputy, keeper, proc.pid):
             os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while alive(trainer) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not alive(trainer), "the program outlived every process of hpcrl by 5 s"
+        assert gone_within(trainer, 5), "the program outlived every process of hpcrl by 5 s"
     finally:
         if pid_file.exists() and pid_file.read_text() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
