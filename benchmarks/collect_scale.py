@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,7 +118,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=400, help="logged iterations per run")
     parser.add_argument("--repeat", type=int, default=3, help="timed collects of each; the median and the best are printed")
     parser.add_argument("--no-reference", action="store_true", help="time the current collect only")
-    parser.add_argument("--before", metavar="REV", help="also time collect as it was at this commit (say, the one before a speed-up), alternating with the others, its results compared too")
+    parser.add_argument("--before", metavar="REV", type=_args.commit(REPO), help="also time collect as it was at this commit (say, the one before a speed-up), alternating with the others, its results compared too")
     parser.add_argument("--blas-threads", type=int, help="OPENBLAS_NUM_THREADS for both collects (default: as the environment has it)")
     args = parser.parse_args()
 

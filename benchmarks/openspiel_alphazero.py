@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -64,6 +63,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -409,33 +410,17 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def positive_integer(text: str) -> int:
-    """argparse type: a positive int (0 games would divide by zero in the report)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-def minutes(text: str) -> float:
-    """argparse type: finite, non-negative minutes (NaN would skip training without a word)."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected finite minutes >= 0, got {text}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--game", choices=sorted(CONFIGS), default="connect_four")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    parser.add_argument("--minutes", type=minutes, default=20, help="training wall time of each side; 0: play what is already in --path")
-    parser.add_argument("--cpus", type=int, nargs="+", help="the cores each side trains on (default: all this process may use)")
-    parser.add_argument("--games", type=positive_integer, default=40, help="per opponent, each colour half")
-    parser.add_argument("--simulations", type=positive_integer, default=200, help="per move of each side's agent in the harness")
+    parser.add_argument("--minutes", type=_args.minutes, default=20, help="training wall time of each side; 0: play what is already in --path")
+    parser.add_argument("--cpus", type=_args.cpu, nargs="+", help="the cores each side trains on (default: all this process may use)")
+    parser.add_argument("--games", type=_args.positive_integer, default=40, help="per opponent, each colour half")
+    parser.add_argument("--simulations", type=_args.positive_integer, default=200, help="per move of each side's agent in the harness")
     parser.add_argument("--opponents", nargs="+", help="hpcrl.rl.strength opponents (default: perfect for tic-tac-toe, mcts:100 mcts:1000 for connect four)")
-    parser.add_argument("--curve", type=int, default=4, help="tic-tac-toe: snapshots played against perfect play, evenly spaced, until one loses none")
-    parser.add_argument("--snapshot-every", type=float, default=15.0, help="hpcrl's side: seconds of training between snapshots")
+    parser.add_argument("--curve", type=_args.count, default=4, help="tic-tac-toe: snapshots played against perfect play, evenly spaced, until one loses none")
+    parser.add_argument("--snapshot-every", type=_args.seconds, default=15.0, help="hpcrl's side: seconds of training between snapshots")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="hpcrl's config overrides")
     parser.add_argument("--path", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -456,6 +441,7 @@ def main() -> None:
     from _venvs import Unavailable, venv_python
 
     args.opponents = args.opponents or OPPONENTS[args.game]
+    args.path.mkdir(parents=True, exist_ok=True)
     cpus = args.cpus or sorted(os.sched_getaffinity(0))
     print(f"{args.game}: {args.minutes:g} min a side on CPUs {cpus}, {args.games} games per opponent, {args.simulations} simulations a move; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)  # fmt: skip

@@ -93,6 +93,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -584,15 +586,15 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "configs" / "vizdoom_ppo.yaml"))
     parser.add_argument("-p", dest="overrides", action="append", default=[], help="key=value, as hpcrl's -p")
     parser.add_argument("--device", default="cpu", help="train.device of hpcrl and SB3: cpu, cuda, cuda:N")
-    parser.add_argument("--num-envs", type=int, nargs="+", default=[8])
+    parser.add_argument("--num-envs", type=_args.positive_integer, nargs="+", default=[8])
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per measurement, after one warm-up iteration")
-    parser.add_argument("--timeout", type=float, default=None, help="hard limit per measurement (default 3 x seconds + 180)")
-    parser.add_argument("--learn", type=int, default=0, metavar="STEPS",
+    parser.add_argument("--seconds", type=_args.seconds, default=20.0, help="timed seconds per measurement, after one warm-up iteration")
+    parser.add_argument("--timeout", type=_args.seconds, default=None, help="hard limit per measurement (default 3 x seconds + 180)")
+    parser.add_argument("--learn", type=_args.count, default=0, metavar="STEPS",
                         help="instead of --seconds: each learner trains STEPS env steps from scratch (hpcrl: train.total_steps), then its final policy plays --eval-episodes")
-    parser.add_argument("--eval-episodes", type=int, default=20, help="with --learn: episodes of the final evaluation (actions sampled), raw returns")
+    parser.add_argument("--eval-episodes", type=_args.positive_integer, default=20, help="with --learn: episodes of the final evaluation (actions sampled), raw returns")
     parser.add_argument("--seed", type=int, default=0, help="every learner's seed")
-    parser.add_argument("--sf-workers", type=int, default=0, help="Sample Factory's rollout workers (default: one per core, at most one per env)")
+    parser.add_argument("--sf-workers", type=_args.count, default=0, help="Sample Factory's rollout workers (default: one per core, at most one per env)")
     parser.add_argument("--out", type=Path, required=True, help="directory for speed.json and speed.csv")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--sf-settings", help=argparse.SUPPRESS)

@@ -129,3 +129,22 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(GPU_NODE), str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=1200, env={**os.environ, "SKIP_SPEED": "1"})
     summary = (tmp_path / "summary.txt").read_text() if (tmp_path / "summary.txt").exists() else ""
     assert proc.returncode == 0 and summary and "rc=0" in summary, summary + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "script,argv,line",
+    [
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--seconds", "nan"], "argument --seconds: expected finite seconds > 0, got nan"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--num-envs", "0"], "argument --num-envs: expected a positive integer, got 0"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--learn", "-5"], "argument --learn: expected an integer >= 0, got -5"),
+        ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "99999"], "argument --cpus: expected a core this process may use"),
+        ("openspiel_alphazero.py", ["--path", "{tmp}", "--minutes", "inf"], "argument --minutes: expected finite minutes >= 0, got inf"),
+        ("collect_scale.py", ["--before", "no-such-commit"], "argument --before: 'no-such-commit' is no commit of"),
+    ],
+)
+def test_a_benchmark_refuses_a_figure_that_would_measure_nothing_in_one_line(script: str, argv: list[str], line: str, tmp_path: Path) -> None:
+    """NaN seconds never ended a measurement, 0 envs divided by zero, a revision that is no commit was a git
+    traceback: each is one argparse line and exit 2, before anything is built or measured."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *(a.replace("{tmp}", str(tmp_path)) for a in argv)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
