@@ -10,36 +10,34 @@ import subprocess
 from pathlib import Path
 
 
-def positive_integer(text: str) -> int:
-    """A positive int."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+def at_least(low: int):
+    """An int >= `low`."""
+
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text}")
+        return value
+
+    return check
 
 
-def count(text: str) -> int:
-    """An int >= 0 (0: the step this option asks for is not taken)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return value
+positive_integer = at_least(1)
+count = at_least(0)
+"""count: 0 means the step the option asks for is not taken."""
 
 
 def seconds(text: str) -> float:
-    """Finite seconds > 0."""
+    """A measurement's length: finite, positive, at most an hour (NaN never ended a measurement loop; 0 divided by zero)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected finite seconds > 0, got {text}")
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected finite seconds > 0, at most 3600, got {text}")
     return value
 
 

@@ -66,6 +66,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import gymnasium as gym
 import numpy as np
 import torch
@@ -406,23 +407,12 @@ def learning(args: argparse.Namespace) -> int:
     return 0
 
 
-def seconds(text: str) -> float:
-    """A measurement's length: finite and positive (NaN never ended a measurement loop; 0 divided by zero)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value < 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600), got {text!r}")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="part", required=True)
     p = sub.add_parser("pipe")
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4], help="actor processes (the config has 2)")
-    p.add_argument("--seconds", type=seconds, default=5.0, help="per measurement, after a 1 s warm-up")
+    p.add_argument("--seconds", type=_args.seconds, default=5.0, help="per measurement, after a 1 s warm-up")
     p.add_argument("--repeats", type=int, default=1, help="rounds over all cells; each cell prints its median")
     p.add_argument("--bound", type=int, help="queue bound in batches instead of the config's (issue 7 measured with 64)")
     p.set_defaults(func=pipe)
@@ -433,7 +423,7 @@ def main() -> int:
     learn.set_defaults(func=learning)
     across = sub.add_parser("bridge")
     across.add_argument("--actors", type=int, nargs="+", default=[1, 2])
-    across.add_argument("--seconds", type=seconds, default=3.0, help="per measurement, after a 1 s warm-up")
+    across.add_argument("--seconds", type=_args.seconds, default=3.0, help="per measurement, after a 1 s warm-up")
     across.add_argument("--nodes", nargs="+", default=["slurm-node1", "slurm-node2"], help="namespace nodes (tests/clusters/nodes.sh)")
     across.set_defaults(func=bridge)
     args = parser.parse_args()

@@ -134,8 +134,9 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "script,argv,line",
     [
-        ("vizdoom_speed.py", ["--out", "{tmp}", "--seconds", "nan"], "argument --seconds: expected finite seconds > 0, got nan"),
-        ("vizdoom_speed.py", ["--out", "{tmp}", "--num-envs", "0"], "argument --num-envs: expected a positive integer, got 0"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--seconds", "nan"], "argument --seconds: expected finite seconds > 0, at most 3600, got nan"),
+        ("distributed.py", ["pipe", "--seconds", "0"], "argument --seconds: expected finite seconds > 0, at most 3600, got 0"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--num-envs", "0"], "argument --num-envs: expected an integer >= 1, got 0"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--learn", "-5"], "argument --learn: expected an integer >= 0, got -5"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "99999"], "argument --cpus: expected a core this process may use"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--minutes", "inf"], "argument --minutes: expected finite minutes >= 0, got inf"),
