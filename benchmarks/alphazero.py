@@ -55,7 +55,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from openspiel_alphazero import minutes, positive_integer  # noqa: E402  # stdlib only: the same argument checks for both sides
+import _args  # noqa: E402  # benchmarks/_args.py: the script's own folder is first on sys.path
 
 from hpcrl.config.experiment import load_experiment  # noqa: E402
 from hpcrl.rl import checkpoint, games  # noqa: E402
@@ -130,9 +130,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--games", type=positive_integer, default=200)
+    parser.add_argument("--games", type=_args.positive_integer, default=200)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, as `hpcrl sweep` takes them")
-    parser.add_argument("--connect-four", type=minutes, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
+    parser.add_argument("--connect-four", type=_args.minutes, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")
     parser.add_argument("--parallel", action="store_true", help="connect four: every seed at once, one process each (the minutes are the machine's, not each seed's)")
     parser.add_argument("--save", type=Path, help="connect four: save each seed's trained network here")
     args = parser.parse_args()

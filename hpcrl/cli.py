@@ -303,7 +303,7 @@ def parser() -> argparse.ArgumentParser:
     view = st.add_mutually_exclusive_group()
     view.add_argument("--runs", action="store_true", help="one line per run (the default up to 50 runs, or with a selection)")
     view.add_argument("--summary", action="store_true", help="one line per setting, the failures named (the default past 50 runs)")
-    st.add_argument("--json", action="store_true", help="runs and per-setting counts as one JSON object (shape: see the README)")
+    st.add_argument("--json", action="store_true", help="runs and per-setting counts as one JSON object (its shape: the docs, how-to/status-at-scale.md)")
     st.add_argument("--watch", nargs="?", const="5", metavar="SECONDS", help="refresh every SECONDS (default 5, at least 1) until nothing is pending or running")
 
     ca = sub.add_parser("cancel", help="cancel every job of an experiment, or the tasks of some runs")
@@ -393,7 +393,44 @@ def _completers(p: argparse.ArgumentParser) -> None:
                 arg.completer = ChoicesCompleter(list(bundled()))  # type: ignore[attr-defined]
 
 
+class _OutlivesItsReader:
+    """sys.stdout for a command whose reader may leave: `hpcrl sweep c.yaml | head -n 2` closed the pipe
+    after two lines, the foreground sweep died of it, and its local jobs were cancelled with it (exit 0).
+    Once the reader has gone, what is printed goes to /dev/null and the command goes on to its end."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    stdout = sys.stdout
+    sys.stdout = _OutlivesItsReader(stdout)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None and "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (`hpcrl completion bash`)
         try:
             import argcomplete
@@ -434,9 +471,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `hpcrl schema | head`: the reader left; nothing more to say, and no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: p
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900 if script in SLOW_START else 420)
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert "FAILED" not in proc.stdout, proc.stdout[-3000:]  # a side that failed is a row of the table, not an exit code
+    assert "DIFFERENT" not in proc.stdout, proc.stdout[-3000:]  # results that should match a reference's did not
 
 
 @pytest.mark.e2e
@@ -90,11 +91,7 @@ def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(
 def test_the_mutation_audits_targets_and_test_selections_exist() -> None:
     """What mutation.py mutates and the tests it runs: a module or a test moved or renamed is named here,
     where cosmic-ray (not in the test environment) would only report it when someone runs the audit."""
-    spec = importlib.util.spec_from_file_location("mutation_benchmark", BENCHMARKS / "mutation.py")
-    assert spec is not None and spec.loader is not None
-    mutation = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mutation  # its dataclasses look their module up while they are made
-    spec.loader.exec_module(mutation)
+    mutation = load_benchmark("mutation")
     problems = []
     for target in mutation.TARGETS:
         module = REPO / target.module
@@ -109,6 +106,33 @@ def test_the_mutation_audits_targets_and_test_selections_exist() -> None:
             elif name and not re.search(rf"^(async )?def {re.escape(name.split('[')[0])}\(", (REPO / path).read_text(), re.MULTILINE):
                 problems.append(f"{target.name}: no test {name} in {path}")
     assert not problems, "; ".join(problems)
+
+
+def load_benchmark(name: str):
+    """A benchmark script as a module (its own folder first on sys.path, as when it runs)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"{name}_benchmark", BENCHMARKS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while they are made
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_collect_scale_names_a_moved_figure_and_only_a_format_change_as_one() -> None:
+    """Against the reference (collect before issue 17), improvement.csv gained a column and the reports their
+    notes and markup on purpose: that is a format change, but one figure moved in a cell is DIFFERENT."""
+    verdict = load_benchmark("collect_scale").verdict
+    theirs = {"improvement.csv": "x,y,p\na,b,0.5\n", "report.html": "<td>0.5</td><td class='num'>3/3</td>", "terminal": "t"}
+    ours = {"improvement.csv": "x,y,p,no_ci\na,b,0.5,\n", "report.html": "<td data-label='p'>0.5</td><td class='num'>3/3</td>", "terminal": "t"}
+    assert verdict(ours, theirs, True).startswith("the same figures (format changed since, on purpose: improvement.csv, report.html;")
+    assert verdict(ours, theirs, False) == "DIFFERENT: improvement.csv, report.html"  # against a recent commit: byte for byte
+    assert verdict({**ours, "improvement.csv": "x,y,p,no_ci\na,b,0.51,\n"}, theirs, True) == "DIFFERENT figures: improvement.csv"
+    assert verdict({**ours, "report.html": "<td>0.5</td><td>2/3</td>"}, theirs, True) == "DIFFERENT figures: report.html"
+    assert verdict(theirs, theirs, True).startswith("byte-identical")
 
 
 GPU_NODE = BENCHMARKS / "gpu_node.sh"

@@ -96,7 +96,7 @@ def _check_gymnasium(spec: EnvConfig, algo: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ConfigError(f"env.id: cannot import {module!r}, which should register {name!r}: {exc}") from None
+            raise ConfigError(f"env.id: cannot import {module!r}, which should register {name!r}: {exc}{games.own_module_hint(module, exc)}") from None
     if name not in gym.registry:
         close = difflib.get_close_matches(name, list(gym.registry), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""

@@ -181,6 +181,16 @@ def _kwargs_text(kwargs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
+def own_module_hint(module: str, exc: ImportError) -> str:
+    """What to do where the config's own module (or a package above it) is not found: the `hpcrl` command,
+    unlike `python -m`, does not look in the current directory. Nothing where the module was found and
+    something it imports was not: that line is the module's own."""
+    parts = module.split(".")
+    if not isinstance(exc, ModuleNotFoundError) or exc.name not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+        return ""
+    return " (a module of your own: put its directory on PYTHONPATH, e.g. PYTHONPATH=$PWD hpcrl sweep ...; the jobs get the same PYTHONPATH)"
+
+
 def _import_class(target: str) -> type:
     module, _, name = target.partition(":")
     if not module or not name:
@@ -188,7 +198,7 @@ def _import_class(target: str) -> type:
     try:
         mod = importlib.import_module(module)
     except ImportError as exc:
-        raise GameError(f"cannot import {module!r}: {exc}") from None
+        raise GameError(f"cannot import {module!r}: {exc}{own_module_hint(module, exc)}") from None
     cls = getattr(mod, name, None)
     if not isinstance(cls, type):
         raise GameError(f"{module!r} has no class {name!r}")

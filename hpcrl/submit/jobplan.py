@@ -29,6 +29,7 @@ import functools
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,10 +161,11 @@ def job_context(
 
     `program_tasks`: for a user's program, the command line of each array task, in task order."""
     res = resources or stage_resources(exp, stage)
+    pythonpath = sweep_pythonpath()
     container = dataclasses.asdict(exp.container)
     container["nv"] = exp.container.nv and res.gpus > 0  # --nv where the stage has a GPU: the aggregate has none
     if exp.container.image:
-        container["binds"] = container_binds(exp)
+        container["binds"] = container_binds(exp, pythonpath)
     return {
         "experiment_name": exp.name,
         "hpcrl_version": hpcrl.__version__,
@@ -178,20 +180,29 @@ def job_context(
         "cuda": dataclasses.asdict(exp.cuda),
         "container": container,
         "python": exp.python or sys.executable,
+        "pythonpath": ":".join(pythonpath),
         "argv": argv,
         "program_tasks": program_tasks,
         "program_in_container": program_in_container(exp),
     }
 
 
-def container_binds(exp: Experiment) -> list[str]:
+def sweep_pythonpath() -> list[str]:
+    """The sweep's PYTHONPATH, each entry made absolute: the jobs import the config's own modules
+    (`env.id: mygame:MyGame`) from where the sweep's checks imported them. Grid Engine passes no
+    environment to a job, and a relative entry (`PYTHONPATH=.`) would name the job's working directory."""
+    entries = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return list(dict.fromkeys(os.path.abspath(entry) for entry in entries))
+
+
+def container_binds(exp: Experiment, pythonpath: Sequence[str] = ()) -> list[str]:
     """`container.binds`, and what a job in the image must see that they do not already show at the
     same path: the experiment directory (the job writes there), a user's program's working
-    directory, and `cuda.lib_path` (read-only), which the job puts on LD_LIBRARY_PATH: the image
-    gets the host's LD_LIBRARY_PATH, and a directory there that the image lacks is a CUDA library
-    the program cannot load."""
+    directory, the sweep's PYTHONPATH (the config's own modules), and `cuda.lib_path` (read-only),
+    which the job puts on LD_LIBRARY_PATH: the image gets the host's LD_LIBRARY_PATH, and a directory
+    there that the image lacks is a CUDA library the program cannot load."""
     binds = list(exp.container.binds)
-    needed = [str(exp.dir.resolve())]
+    needed = [str(exp.dir.resolve()), *(entry for entry in pythonpath if os.path.isdir(entry))]
     if exp.program:
         needed.append(program_spec.fixed_dir(program_spec.anchored_workdir(exp.program.workdir, Path.cwd())))
     for path in needed:

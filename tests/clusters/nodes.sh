@@ -35,6 +35,18 @@ nodes_of() {
     return 0  # no node of this owner is an empty list, not a failure (pipefail)
 }
 
+# nodes_in_service OWNER: OWNER's nodes less those whose link is down: a test killed or cut them on purpose
+# (kill-node/cut-node, kill-host/cut-host), and only its revive brings them back. `start`, run by another
+# test session beside the multi-node tests, neither waits for such a node nor restarts its daemon: an execd
+# started in a namespace whose link is down cannot bind its port, and a node brought back under a test that
+# is timing its loss would void what that test measures.
+nodes_in_service() {
+    local name
+    for name in $(nodes_of "$1"); do
+        [[ $(node_link_state "$name") == cut ]] || echo "$name"
+    done
+}
+
 all_nodes() {
     local f
     for f in "$NODES_DIR"/*; do

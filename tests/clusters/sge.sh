@@ -170,11 +170,10 @@ host_ready() {
     [[ -n $line ]] || return 1
     awk '{ exit !($4 != "-NA-" && NF == 5) }' <<<"$line"
 }
+host_in_service() { running "$(host_execd_pidfile "$1")" sge_execd && host_ready "$1"; }
 hosts_ready() {
     local name
-    for name in $(sge_hosts); do
-        running "$(host_execd_pidfile "$name")" sge_execd && host_ready "$name" || return 1
-    done
+    for name in $(nodes_in_service sge); do host_in_service "$name" || return 1; done
 }
 
 # ---------------------------------------------------------------------------------------------- install
@@ -478,10 +477,10 @@ cmd_start() {
     if ! execd_pid >/dev/null; then
         /usr/sbin/sge_execd
     fi
-    for name in $(sge_hosts); do start_host_execd "$name"; done
+    for name in $(nodes_in_service sge); do start_host_execd "$name"; done
     wait_for 60 "all.q@$HOST to show a load value and no state flags" queue_ready ||
         die "queue instance not ready: '$(queue_line)'; see $SPOOL/execd/*/messages"
-    for name in $(sge_hosts); do
+    for name in $(nodes_in_service sge); do
         wait_for 60 "multi.q@$name to show a load value and no state flags" host_ready "$name" ||
             die "queue instance not ready: '$(host_line "$name")'; see $SPOOL/execd/$name/messages"
     done
@@ -504,7 +503,8 @@ cmd_revive_host() {
     node_heal "$1"
     wait_for 20 "qmaster's port from $1" head_reachable "$1" || true
     start_host_execd "$1"
-    wait_for 120 "multi.q@$1 to return to service" host_ready "$1" || die "multi.q@$1 is '$(host_line "$1")'"
+    # Its execd running too: qmaster shows a killed host's last load report, as if ready, until max_unheard.
+    wait_for 120 "multi.q@$1 to return to service" host_in_service "$1" || die "multi.q@$1 is '$(host_line "$1")'"
     log "host $1: $(host_line "$1" | tr -s ' ' | sed 's/ *$//')"
 }
 
@@ -545,6 +545,14 @@ cmd_status() {
     fi
     return "$rc"
 }
+
+# The commands that start daemons (start, revive) or stop them take turns, across processes: the suite's
+# session start and a multi-node test's revive, run beside each other, would otherwise both start one node's
+# daemon, and the second cannot bind its port. flock -o holds the lock itself: no daemon inherits it.
+case ${1:-} in
+start | stop | revive-*)
+    [[ -n ${HPCRL_SGE_LOCKED:-} ]] || HPCRL_SGE_LOCKED=1 exec flock -o /run/lock/hpcrl-sge-cluster.lock bash "$0" "$@" ;;
+esac
 
 case ${1:-} in
 start) shift; cmd_start "$@" ;;

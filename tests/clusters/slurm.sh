@@ -123,11 +123,12 @@ node_state() { sinfo -h -n "${1:-$HOST}" -o %T 2>/dev/null | head -n1; }
 node_ready() { [[ $(node_state "${1:-$HOST}") =~ ^(idle|mixed|allocated|completing)$ ]]; }
 
 # nodes_ready: every compute node's slurmd runs and the controller counts the node in.
+# node_in_service NAME: its slurmd running and the node ready (slurmctld shows a killed node idle until
+# SlurmdTimeout).
+node_in_service() { running "$(slurmd_pid "$1")" slurmd && node_ready "$1"; }
 nodes_ready() {
     local name
-    for name in $(nodes_of slurm); do
-        running "$(slurmd_pid "$name")" slurmd && node_ready "$name" || return 1
-    done
+    for name in $(nodes_in_service slurm); do node_in_service "$name" || return 1; done
 }
 
 start_node_slurmd() {
@@ -435,8 +436,8 @@ cmd_start() {
     if ! running "$SLURMD_PID" slurmd; then
         /usr/sbin/slurmd
     fi
-    for name in $(nodes_of slurm); do start_node_slurmd "$name"; done
-    for name in "$HOST" $(nodes_of slurm); do
+    for name in $(nodes_in_service slurm); do start_node_slurmd "$name"; done
+    for name in "$HOST" $(nodes_in_service slurm); do
         if ! wait_for 20 "node $name to become idle" node_ready "$name"; then
             # A node left DOWN/DRAIN by an earlier run: ReturnToService=2 normally clears this, resume as fallback.
             scontrol update nodename="$name" state=resume 2>/dev/null || true
@@ -457,7 +458,7 @@ cmd_revive_node() {
     known_node "${1:-}"
     node_heal "$1"
     start_node_slurmd "$1"
-    wait_for 150 "node $1 to return to service" node_ready "$1" || die "node $1 is '$(node_state "$1")'"
+    wait_for 150 "node $1 to return to service" node_in_service "$1" || die "node $1 is '$(node_state "$1")'"
     log "node $1 is $(node_state "$1")"
 }
 
@@ -499,6 +500,14 @@ cmd_status() {
     fi
     return "$rc"
 }
+
+# The commands that start daemons (start, revive) or stop them take turns, across processes: the suite's
+# session start and a multi-node test's revive, run beside each other, would otherwise both start one node's
+# daemon, and the second cannot bind its port. flock -o holds the lock itself: no daemon inherits it.
+case ${1:-} in
+start | stop | revive-*)
+    [[ -n ${HPCRL_SLURM_LOCKED:-} ]] || HPCRL_SLURM_LOCKED=1 exec flock -o /run/lock/hpcrl-slurm-cluster.lock bash "$0" "$@" ;;
+esac
 
 case ${1:-} in
 start) shift; cmd_start "$@" ;;

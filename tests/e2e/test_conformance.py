@@ -283,6 +283,23 @@ def test_failing_task_is_reported_and_only_it_is_retried(backend: Backend, tmp_p
     assert [s["n"] for s in csv_rows(exp_dir / "results" / "summary.csv")] == ["2"]
 
 
+def test_a_config_s_own_module_imports_in_every_job(backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`env.id: myenvs:OwnCart-v0`, with the module's directory on the sweep's PYTHONPATH as a relative entry
+    (`PYTHONPATH=own`): every job imports it. Grid Engine passed no environment to its jobs (No module named
+    ...), and a relative entry named each job's working directory."""
+    own = tmp_path / "own"
+    own.mkdir()
+    module = f"myenvs_{backend.name}"
+    (own / f"{module}.py").write_text('import gymnasium\ngymnasium.register("OwnCart-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "own")
+    since = time.time()
+    exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", f"env.id={module}:OwnCart-v0")
+    wait_finished(exp_dir, backend, since)
+    rows, aggregate_state, _ = experiment_status(exp_dir)
+    assert [(r.train, r.eval) for r in rows] == [("done", "done")] and aggregate_state == "done", status_text(exp_dir)
+
+
 def processes_of(exp_dir: Path) -> list[str]:
     """Command lines of live processes that work on this experiment (job shells, trainers)."""
     found = []

@@ -458,3 +458,22 @@ def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_
     (row,) = csv_rows(exp_dir / "results" / "summary.csv")
     print(f"\nDD-PPO partition: {cut} cut at >= 25k steps; the run resumed {resumed_after:.0f} s later on {rank_hosts(log)[-1]}; final eval {float(row['mean']):.0f}")
     assert float(row["mean"]) >= 475, row
+
+
+def test_the_suite_s_start_beside_a_test_leaves_a_killed_node_down_and_a_racing_revive_brings_it_back(nodes: None) -> None:
+    """The suite's session `start` runs in a pytest beside this tier: it must not restart a node a test killed (the
+    test is timing that loss), nor race a revive for the node's slurmd port (CI saw the second daemon fail to bind)."""
+    cluster("kill-node", NODES[1])
+
+    def pids() -> list[str]:
+        return subprocess.run(["ip", "netns", "pids", NODES[1]], capture_output=True, text=True).stdout.split()
+
+    wait_until("the killed node's processes to go", lambda: not pids(), 10)
+    out = cluster("start", "--nodes", "4")
+    assert "already running" in out, out
+    assert not pids(), "start brought the killed node's slurmd back"
+    revive = subprocess.Popen(["bash", str(SLURM_SH), "revive-node", NODES[1]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    starts = [subprocess.run(["bash", str(SLURM_SH), "start", "--nodes", "4"], capture_output=True, text=True, timeout=200) for _ in range(2)]
+    assert revive.wait(timeout=200) == 0, revive.stdout.read()
+    assert all(p.returncode == 0 for p in starts), [p.stdout + p.stderr for p in starts]
+    assert node_state(NODES[1]) == "idle"

@@ -76,7 +76,9 @@ def test_habitat_dry_run_prints_a_checked_definition_that_installs_the_habitat_s
     rc, text = run(str(habitat_config()), dry_run=True)
     assert rc == 0
     assert check_def(text) == []
-    assert "conda install -y -p /opt/hpcrl/env habitat-sim withbullet headless -c conda-forge -c aihabitat-nightly" in text
+    # The simulator pinned (a rebuild months later installs the one the config was run with), from the channel
+    # that has Python 3.10+ builds.
+    assert "conda install -y -p /opt/hpcrl/env habitat-sim=0.3.3.2026.03.12 withbullet headless -c conda-forge -c aihabitat-nightly" in text
     assert "--index-url https://download.pytorch.org/whl/cu124" in text
     assert "'/opt/hpcrl/src[habitat,video]'" in text
     assert "import torch, gymnasium, hpcrl, habitat_sim;" in text

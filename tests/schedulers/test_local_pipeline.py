@@ -131,6 +131,18 @@ def test_ctrl_c_stops_children_and_the_next_sweep_resumes(tmp_path: Path) -> Non
 
 
 @pytest.mark.e2e
+def test_a_foreground_sweep_whose_reader_leaves_runs_to_its_end(tmp_path: Path) -> None:
+    """`hpcrl sweep c.yaml | head -n 1`: head leaves after the first line. The sweep died of the broken pipe
+    and its local jobs were cancelled with it, exit 0; now it prints nowhere and finishes the experiment."""
+    config = write_config(tmp_path, {"train": {"total_steps": 2048}, "sweep": {"seeds": [0]}})
+    proc = subprocess.run(["bash", "-c", f"{PY} -m hpcrl sweep {config} --scheduler local | head -n 1; exit ${{PIPESTATUS[0]}}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1 and not proc.stderr, proc.stdout + proc.stderr
+    status = json.loads(hpcrl("status", str(tmp_path / "logs" / "tiny"), "--json", cwd=tmp_path).stdout)
+    assert [(r["train"], r["eval"]) for r in status["runs"]] == [("done", "done")] and status["aggregate"] == "done", status
+
+
+@pytest.mark.e2e
 def test_the_progress_line_counts_each_stage_as_status_shows_it(tmp_path: Path) -> None:
     """A run that fails training: its evaluation is skipped (exit 0) and collect, with no run scored,
     writes the summary naming it and exits 1. The progress line counted the skipped eval as done and

@@ -39,9 +39,10 @@ def rendered(config: Path, scheduler: str) -> dict[str, str]:
         ("cartpole_ppo", "local"), ("cartpole_ppo", "slurm"), ("habitat_own_trainer", "sge"),
     ],
 )
-def test_golden_scripts(config: str, scheduler: str) -> None:
+def test_golden_scripts(config: str, scheduler: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any change to a rendered script is deliberate: regenerate with HPCRL_UPDATE_GOLDEN=1 and review the diff.
     The set of scripts is compared too: a stage that is no longer planned (or a new one) is noticed."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the sweep's, which the scripts carry
     scripts = rendered(REPO / "configs" / f"{config}.yaml", scheduler)
     prefix = f"{config}.{scheduler}."
     if os.environ.get("HPCRL_UPDATE_GOLDEN"):
