@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_nodes import start_beside_a_killed_node
 from test_conformance import Slurm as SlurmBackend
 from test_conformance import active_tasks, csv_rows, status_text, sweep, wait_finished, wait_until
 from test_distributed_selfplay import wait_stats
@@ -461,19 +462,5 @@ def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_
 
 
 def test_the_suite_s_start_beside_a_test_leaves_a_killed_node_down_and_a_racing_revive_brings_it_back(nodes: None) -> None:
-    """The suite's session `start` runs in a pytest beside this tier: it must not restart a node a test killed (the
-    test is timing that loss), nor race a revive for the node's slurmd port (CI saw the second daemon fail to bind)."""
-    cluster("kill-node", NODES[1])
-
-    def pids() -> list[str]:
-        return subprocess.run(["ip", "netns", "pids", NODES[1]], capture_output=True, text=True).stdout.split()
-
-    wait_until("the killed node's processes to go", lambda: not pids(), 10)
-    out = cluster("start", "--nodes", "4")
-    assert "already running" in out, out
-    assert not pids(), "start brought the killed node's slurmd back"
-    revive = subprocess.Popen(["bash", str(SLURM_SH), "revive-node", NODES[1]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    starts = [subprocess.run(["bash", str(SLURM_SH), "start", "--nodes", "4"], capture_output=True, text=True, timeout=200) for _ in range(2)]
-    assert revive.wait(timeout=200) == 0, revive.stdout.read()
-    assert all(p.returncode == 0 for p in starts), [p.stdout + p.stderr for p in starts]
+    start_beside_a_killed_node(SLURM_SH, NODES[1], kill="kill-node", revive="revive-node", start=["--nodes", "4"])
     assert node_state(NODES[1]) == "idle"

@@ -34,6 +34,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from cluster_nodes import start_beside_a_killed_node
 from factories import write_config
 from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, wait_until
 
@@ -298,19 +299,5 @@ def active_train(exp_dir: Path) -> bool:
 
 
 def test_the_suite_s_start_beside_a_test_leaves_a_killed_host_down_and_a_racing_revive_brings_it_back(hosts: None) -> None:
-    """CI saw the suite's session `start`, run beside this tier, start an execd on a host a test had killed while
-    the test's revive started another: `can't bind socket`, and every Grid Engine test of the suite errored."""
-    cluster("kill-host", HOSTS[1])
-
-    def pids() -> list[str]:
-        return subprocess.run(["ip", "netns", "pids", HOSTS[1]], capture_output=True, text=True).stdout.split()
-
-    wait_until("the killed host's processes to go", lambda: not pids(), 10)
-    out = cluster("start", "--hosts", "2")
-    assert "already running" in out, out
-    assert not pids(), "start brought the killed host's execd back"
-    revive = subprocess.Popen(["bash", str(SGE_SH), "revive-host", HOSTS[1]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    starts = [subprocess.run(["bash", str(SGE_SH), "start", "--hosts", "2"], capture_output=True, text=True, timeout=180) for _ in range(2)]
-    assert revive.wait(timeout=180) == 0, revive.stdout.read()
-    assert all(p.returncode == 0 for p in starts), [p.stdout + p.stderr for p in starts]
+    start_beside_a_killed_node(SGE_SH, HOSTS[1], kill="kill-host", revive="revive-host", start=["--hosts", "2"])
     assert re.search(rf"{HOSTS[1]} \S+ execd running link up", cluster("status"))
