@@ -98,7 +98,10 @@ def main() -> None:
     print(f"{exp.name}, {args.actors} self-play jobs + 1 trainer on Slurm, {args.total_steps} positions, seed {args.seed}:")
     print(f"  trainer busy {busy:.1f} s of {learning:.1f} s since its first update = {busy / learning:.2f}; {stats['updates']} updates, "
           f"{stats['pace']:.2f}x the set updates per game (distributed.ratio_slack {stats['ratio_slack']:g})")
-    print(f"  {games / span:.1f} games/s, {positions / span:.0f} positions/s (train.csv, {span:.1f} s)")
+    if span > 0:
+        print(f"  {games / span:.1f} games/s, {positions / span:.0f} positions/s (train.csv, {span:.1f} s)")
+    else:  # a tiny run (the suite's) may log one row: no span to divide by
+        print(f"  games/s: not measured (train.csv logged {len(rows)} row{'s' if len(rows) != 1 else ''} over {span:.1f} s: too short a run)")
     print(f"  trainer: longest wait for data {stats['wait_max_s']:.3f} s = {trainer_wait:.2f} batches (a batch every {batch_interval * 1000:.0f} ms; "
           f"{stats['wait_s']:.2f} s waiting in all)")
     for line in actor_waits:

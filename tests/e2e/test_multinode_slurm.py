@@ -326,9 +326,10 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     assert resumed, log
     steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
     assert steps == sorted(set(steps)), "a step of the lost trial was logged twice"
-    listing = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job.job_id, "-o", "JobID,NodeList,State"], capture_output=True, text=True).stdout
+    # --duplicates: every start of a task, the lost one too (without it a requeued task shows only its last node).
+    listing = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job.job_id, "-o", "JobID,NodeList,State"], capture_output=True, text=True).stdout
     hosts = {line.split("|")[1] for line in listing.split() if line}
-    assert len(hosts) >= 3 and all(h.startswith("slurm-node") for h in hosts), listing  # three workers on three nodes, one journal file
+    assert holder.host in hosts and len(hosts) >= 3 and all(h.startswith("slurm-node") for h in hosts), listing  # three workers on three nodes, one journal file
     print(
         f"\nOptuna: 6 trials by 3 workers on {sorted(hosts)}; {holder.host} killed mid-trial, the trial resumed from step "
         f"{resumed.group(1)} on {seen[0].host} {resumed_after:.0f} s later; "
@@ -431,7 +432,8 @@ def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_
     since = time.time()
     # The ranks wait longer for each other than Slurm takes to declare the cut node DOWN (25-30 s): the start
     # ends as the node's (NODE_FAIL, requeued), not as the run's own failure.
-    exp_dir, _ = sweep(tmp_path, SlurmBackend(), *DDPPO, "resources.collective_timeout=90")
+    # 40k steps, not DDPPO's 100k: this test is about the partition (learning across nodes is the node-kill test's).
+    exp_dir, _ = sweep(tmp_path, SlurmBackend(), *DDPPO, "resources.collective_timeout=90", "train.total_steps=40000")
     (run,) = load_runs(exp_dir)
     rd = run_dir(exp_dir, run.run_id)
     train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
@@ -455,7 +457,7 @@ def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_
     log = logs(exp_dir, "train")
     steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
     assert steps == sorted(steps), "two writers' rows interleaved in train.csv"
-    assert int(rundir.done_step(rd) or 0) >= 100_000
+    assert int(rundir.done_step(rd) or 0) >= 40_000
     (row,) = csv_rows(exp_dir / "results" / "summary.csv")
     print(f"\nDD-PPO partition: {cut} cut at >= 25k steps; the run resumed {resumed_after:.0f} s later on {rank_hosts(log)[-1]}; final eval {float(row['mean']):.0f}")
     assert float(row["mean"]) >= 475, row

@@ -202,7 +202,7 @@ def test_two_rank_ppo_learns_cartpole(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_warned_two_rank_run_resumes_on_both_ranks(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
-    exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "train.total_steps=40960", "train.checkpoint_every=5")
+    exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "train.total_steps=20480", "train.checkpoint_every=5")
     train = read_jobs(exp_dir)[0]
     (run,) = load_runs(exp_dir)
     rd = run_dir(exp_dir, run.run_id)
@@ -215,9 +215,9 @@ def test_warned_two_rank_run_resumes_on_both_ranks(backend: Backend, tmp_path: P
     resumed = dict(re.findall(r"\(rank (\d)/2\): resumed from step (\d+)", log))
     assert len(signalled) == 1 and resumed == {"0": signalled[0], "1": signalled[0]}, log  # one checkpoint, by rank 0; both ranks resumed from it
     resumed = [signalled[0]]
-    assert 0 < int(resumed[0]) < 40960
+    assert 0 < int(resumed[0]) < 20480
     steps = [int(r["step"]) for r in csv_rows(rd / "train.csv")]
-    assert steps == sorted(set(steps)) and steps[-1] == 40960, steps  # no step twice, none lost
+    assert steps == sorted(set(steps)) and steps[-1] == 20480, steps  # no step twice, none lost
     assert (rd / "DONE").exists() and (rd / "EVAL_DONE").exists()
     print(f"\n{backend.name}: 2-rank run warned at step {signalled[0]}, resumed on both ranks from step {resumed[0]}")
 
