@@ -224,7 +224,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [item for item in items if not _tier(item)]
         return
     rank = {"multinode": 0, "slow": 0, None: 2}
-    items.sort(key=lambda item: rank.get(_tier(item), 1))
+    first = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: (rank.get(_tier(item), 1), first.get(item.nodeid.split("[")[0], len(first))))
+
+
+LONGEST = (
+    "tests/rl/test_alphazero.py::test_tic_tac_toe_learns_to_never_lose_against_perfect_play",
+    "tests/rl/test_ddppo.py::test_two_rank_ppo_learns_cartpole",
+    "tests/sweep/test_study.py::test_bundled_study_prunes_and_finds_a_policy_that_solves_cartpole",
+    "tests/test_benchmarks.py::test_a_benchmark_runs_at_a_tiny_size",
+    "tests/rl/test_vizdoom.py::test_ppo_learns_basic_with_the_bundled_config",
+    "tests/results/test_comparisons.py::test_aggregates_match_rliable_on_the_same_score_matrix",
+    "tests/distributed/test_distributed_selfplay.py::test_decoupled_run_survives_a_killed_self_play_job_and_a_requeued_trainer",
+)
+"""The longest tests of the rest (`--durations` of the full suite, 2026-11-27: 350-100 s each under its load), dealt
+out before the other tests of their tier: one of them started last finished alone, with the other workers idle."""
 
 
 SCHEDULER_QUERIES = ("sinfo", "squeue", "sacct", "scontrol", "qstat", "qconf", "qacct")
