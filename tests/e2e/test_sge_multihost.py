@@ -232,6 +232,63 @@ def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hos
     )
 
 
+def trainer_pids(host: str, exp_dir: Path) -> list[int]:
+    """Pids of processes on a namespace host that work on this experiment."""
+    found = []
+    for pid in subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split():
+        try:
+            if str(exp_dir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_cut_off_host_keeps_its_run_alone_and_the_run_resumes_after(hosts: None, tmp_path: Path) -> None:
+    """A partition under a sweep's train task: qmaster has the cut host unknown and reschedules the task onto the
+    other host, whose start refuses the run the cut-off trainer still holds (its lock is on the shared
+    filesystem): never two writers. When the link comes back, the host's execd ends the old job (its notice,
+    SIGUSR2, is a warning: the trainer checkpoints), no process of it is left, the run says why it stopped,
+    and the next `hpcrl sweep` resumes it from its checkpoint."""
+    exp_dir, _ = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
+    try:
+        wait_until("a checkpoint", lambda: rundir.last_logged_step(rd) >= 1000 and any((rd / "checkpoints").glob("*.pt")), 120)
+        first = running_host(train.job_id, 1)
+        assert first in HOSTS, first
+        holder = rundir.lock_holder(rd)
+        assert holder is not None and holder.host == first, holder
+        cut_at = time.monotonic()
+        cluster("cut-host", first)
+        try:
+            wait_until("the rescheduled start to refuse the held run", lambda: "not starting a second trainer" in logs(exp_dir, "train"), 150)
+            refused_after = time.monotonic() - cut_at
+            assert f"is being trained by pid {holder.pid} on {first}" in logs(exp_dir, "train")
+            assert rundir.lock_holder(rd) == holder  # the cut-off trainer's, and only its
+        finally:
+            cluster("heal-host", first)
+        # The old job's end: its trainer checkpoints at the execd's notice and asks for a requeue that no job grants
+        # (the task was rescheduled): `hpcrl status` says so, rather than showing a run that is still training.
+        wait_until("status to say why the run stopped", lambda: "asked for a requeue" in status_text(exp_dir), 150)
+        wait_until(f"no process of the run left on {first}", lambda: not trainer_pids(first, exp_dir), 60)
+        steps = [int(row["step"]) for row in csv_rows(rd / "train.csv")]
+        assert steps == sorted(set(steps)), "two writers' rows interleaved in train.csv"
+        checkpointed = int(re.search(r"at step (\d+): checkpointed", logs(exp_dir, "train")).group(1))
+        # Until qmaster has let the old jobs go (the eval and aggregate behind the train task too), a sweep sees the
+        # run in flight and leaves it be.
+        ids = [j.job_id for j in read_jobs(exp_dir)]
+        wait_until("qmaster to let the old jobs go", lambda: all(subprocess.run(["qstat", "-j", i], capture_output=True).returncode != 0 for i in ids), 120)
+        _, printed = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
+        assert "submitted 1 of 1 runs" in printed, printed
+        wait_until("the run to resume", lambda: f"resumed from step {checkpointed}" in logs(exp_dir, "train"), 120)
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+    print(f"\nsge host cut: {first}; the rescheduled start refused the held run {refused_after:.0f} s after the cut; after the heal "
+          f"the old trainer checkpointed at step {checkpointed} and the next sweep resumed from it")
+
+
 def test_a_warned_two_host_run_checkpoints_on_every_rank_and_resumes_on_both(hosts: None, tmp_path: Path) -> None:
     # Grid Engine's warning (qmod -sj with -notify: SIGUSR1) reaches the job on its first host only; the rank
     # there stops the others at the same iteration (Ranks.any), every rank exits 99, the other host's group
