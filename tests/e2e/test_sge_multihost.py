@@ -30,7 +30,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,7 @@ from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, w
 from hpcrl.cli import main
 from hpcrl.status import cancel_experiment
 from hpcrl.store import rundir
-from hpcrl.store.expdir import load_runs, read_jobs, run_dir
+from hpcrl.store.expdir import Job, load_runs, read_jobs, run_dir
 
 pytestmark = [pytest.mark.multinode, pytest.mark.sge, pytest.mark.e2e]
 
@@ -199,15 +199,29 @@ def test_ddppo_two_hosts_learn_cartpole_and_restart_whole_when_the_other_host_di
     assert subprocess.run(["qstat"], capture_output=True, timeout=30).returncode == 0  # qmaster lived (hold_argv: no -hold_jid_ad on this job)
 
 
-def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hosts: None, tmp_path: Path) -> None:
-    exp_dir, _ = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
+LONG_RUN = (*ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
+"""A sweep of one run that would train for hours, checkpointing often."""
+
+
+@contextmanager
+def a_run_training_on_a_host(tmp_path: Path) -> Iterator[tuple[Path, Path, Job, str]]:
+    """LONG_RUN swept and checkpointed once: (experiment, run directory, train job, the host it trains on);
+    cancelled afterwards, whatever the test did."""
+    exp_dir, _ = sweep(tmp_path, SGE(), *LONG_RUN)
     (run,) = load_runs(exp_dir)
     rd = run_dir(exp_dir, run.run_id)
     train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
     try:
         wait_until("a checkpoint", lambda: rundir.last_logged_step(rd) >= 1000 and any((rd / "checkpoints").glob("*.pt")), 120)
-        first = running_host(train.job_id, 1)
-        assert first in HOSTS, first
+        host = running_host(train.job_id, 1)
+        assert host in HOSTS, host
+        yield exp_dir, rd, train, host
+    finally:
+        cancel_experiment(exp_dir, out=io.StringIO())
+
+
+def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hosts: None, tmp_path: Path) -> None:
+    with a_run_training_on_a_host(tmp_path) as (exp_dir, rd, train, first):
         killed_at = time.monotonic()
         cluster("kill-host", first)
         wait_until(f"qmaster to mark {first} unknown", lambda: f"multi.q@{first}" in subprocess.run(["qstat", "-f", "-qs", "u"], capture_output=True, text=True).stdout, 90)
@@ -222,8 +236,6 @@ def test_a_killed_host_s_task_is_rescheduled_onto_the_other_host_and_resumes(hos
         wait_until("a step past the resume", lambda: rundir.last_logged_step(rd) > resumed, 60)
         text = status_text(exp_dir)  # the user's first look: which host the run lost, and that it goes on
         assert re.search(rf"lost on {first} \(pid \d+, [\d:]+\): node down or killed", text), text
-    finally:
-        cancel_experiment(exp_dir, out=io.StringIO())
     steps = [int(row["step"]) for row in csv_rows(rd / "train.csv")]
     assert steps == sorted(set(steps)), "a step was logged twice: the second lifetime did not resume where the first stopped"
     print(
@@ -247,17 +259,10 @@ def trainer_pids(host: str, exp_dir: Path) -> list[int]:
 def test_a_cut_off_host_keeps_its_run_alone_and_the_run_resumes_after(hosts: None, tmp_path: Path) -> None:
     """A partition under a sweep's train task: qmaster has the cut host unknown and reschedules the task onto the
     other host, whose start refuses the run the cut-off trainer still holds (its lock is on the shared
-    filesystem): never two writers. When the link comes back, the host's execd ends the old job (its notice,
-    SIGUSR2, is a warning: the trainer checkpoints), no process of it is left, the run says why it stopped,
-    and the next `hpcrl sweep` resumes it from its checkpoint."""
-    exp_dir, _ = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
-    (run,) = load_runs(exp_dir)
-    rd = run_dir(exp_dir, run.run_id)
-    train = next(j for j in read_jobs(exp_dir) if j.stage == "train")
-    try:
-        wait_until("a checkpoint", lambda: rundir.last_logged_step(rd) >= 1000 and any((rd / "checkpoints").glob("*.pt")), 120)
-        first = running_host(train.job_id, 1)
-        assert first in HOSTS, first
+    filesystem): never two writers. When the link comes back, the host's execd ends the old job (its notice is a
+    warning signal: the trainer checkpoints), no process of it is left, the run says why it stopped, and the
+    next `hpcrl sweep` resumes it from its checkpoint."""
+    with a_run_training_on_a_host(tmp_path) as (exp_dir, rd, train, first):
         holder = rundir.lock_holder(rd)
         assert holder is not None and holder.host == first, holder
         cut_at = time.monotonic()
@@ -280,11 +285,9 @@ def test_a_cut_off_host_keeps_its_run_alone_and_the_run_resumes_after(hosts: Non
         # run in flight and leaves it be.
         ids = [j.job_id for j in read_jobs(exp_dir)]
         wait_until("qmaster to let the old jobs go", lambda: all(subprocess.run(["qstat", "-j", i], capture_output=True).returncode != 0 for i in ids), 120)
-        _, printed = sweep(tmp_path, SGE(), *ON_HOSTS, "sweep.seeds=[0]", "train.total_steps=100000000", "train.checkpoint_every=2")
+        _, printed = sweep(tmp_path, SGE(), *LONG_RUN)
         assert "submitted 1 of 1 runs" in printed, printed
         wait_until("the run to resume", lambda: f"resumed from step {checkpointed}" in logs(exp_dir, "train"), 120)
-    finally:
-        cancel_experiment(exp_dir, out=io.StringIO())
     print(f"\nsge host cut: {first}; the rescheduled start refused the held run {refused_after:.0f} s after the cut; after the heal "
           f"the old trainer checkpointed at step {checkpointed} and the next sweep resumed from it")
 
