@@ -175,8 +175,10 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _interval(item: dict, stat: str) -> str:
+    """A setting's interval as a table shows it; none for one seed, whose bootstrap has no spread (`[41, 41]` read
+    as certainty), as its std is none."""
     low, high = _cell(item[f"{stat}_ci_low"]) or "-", _cell(item[f"{stat}_ci_high"]) or "-"
-    return "-" if low == high == "-" else f"[{low}, {high}]"
+    return "-" if (low == high == "-" or item.get("n", 2) < 2) else f"[{low}, {high}]"
 
 
 def summary_table(summary: list[dict], n_expected: dict[str, int]) -> tuple[list[str], list[list[str]]]:
