@@ -52,6 +52,11 @@ PIPELINE_GROUPS = 2
 runs on the other's observations (see `pipeline_groups`)."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a job's allotment, not the node's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pipeline_groups(num_envs: int, cores: int) -> int:
     """The worker groups for `num_envs` workers on `cores`: PIPELINE_GROUPS, or one where the workers
     are more than twice the cores. Then half of them alone already keep every core busy, so stepping
@@ -136,8 +141,7 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
         described = probe_env(_worker_thunk(thunks[0]), env_id=spec.id, timeout=spec.worker_timeout_s, context=kwargs.get("context"))
         groups: list[gym.vector.VectorEnv] = []
         try:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            for part in np.array_split(np.arange(n), pipeline_groups(n, cores)):
+            for part in np.array_split(np.arange(n), pipeline_groups(n, usable_cores())):
                 thunks_of_part = [_worker_thunk(thunks[i]) for i in part]
                 workers = Workers(thunks_of_part, described, env_id=spec.id, first=int(part[0]), timeout=spec.worker_timeout_s, **kwargs)
                 groups.append(gym.wrappers.vector.RecordEpisodeStatistics(_SendReceive(workers)))
@@ -145,23 +149,24 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
             _close_all(groups)  # a group that did start must not outlive the one that did not
             raise
         return GroupedVectorEnv(groups)
-    if spec.backend == "gymnasium" and known(spec.id):
-        return gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(thunks, **kwargs))
-    deadline = Deadline(spec.id, spec.worker_timeout_s)  # a user's env in this process: every call bounded
-    with deadline("start"):
-        envs = gym.vector.SyncVectorEnv(thunks, **kwargs)
-    return gym.wrappers.vector.RecordEpisodeStatistics(BoundedVectorEnv(envs, deadline))
+    return gym.wrappers.vector.RecordEpisodeStatistics(_here(spec, lambda: gym.vector.SyncVectorEnv(thunks, **kwargs), BoundedVectorEnv))
 
 
 def make_env_here(spec: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One env in this process (the evaluation video's), a user's env with every call bounded like
     a sync vector env's (hpcrl.rl.env_deadline)."""
+    return _here(spec, lambda: make_env(spec, render_mode), BoundedEnv)
+
+
+def _here(spec: EnvConfig, build: Callable[[], Any], bounded: Callable[[Any, Deadline], Any]) -> Any:
+    """`build()` in this process: as it is for gymnasium's own envs; a user's env built, and then
+    called, under `env.worker_timeout_s` (hpcrl.rl.env_deadline)."""
     if spec.backend == "gymnasium" and known(spec.id):
-        return make_env(spec, render_mode)
+        return build()
     deadline = Deadline(spec.id, spec.worker_timeout_s)
     with deadline("start"):
-        env = make_env(spec, render_mode)
-    return BoundedEnv(env, deadline)
+        built = build()
+    return bounded(built, deadline)
 
 
 def _worker_thunk(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:

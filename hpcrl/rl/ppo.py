@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,7 +31,7 @@ import torch
 from hpcrl.config.hparams import OnPolicyConfig, PPOConfig
 from hpcrl.rl import graphs
 from hpcrl.rl.ddp import Ranks
-from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
+from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes, usable_cores
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
 from hpcrl.rl.rollout import Rollout, RolloutThread, Uploader
@@ -74,10 +73,6 @@ def gae(rewards: np.ndarray, values: np.ndarray, firsts: np.ndarray, next_value:
         last = delta + gamma * lam * nonterminal * last
         adv[t] = last
     return adv
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class OnPolicyAgent:
@@ -264,7 +259,7 @@ class OnPolicyAgent:
         every op while workers hold their cores (a rollout ran 2-8x slower with 2 threads on 2
         cores than with 1). The update (workers idle, unless the rollout runs in the background)
         takes train.torch_threads, but not more threads than cores."""
-        threads, cores = self.cfg.torch_threads, _cores()
+        threads, cores = self.cfg.torch_threads, usable_cores()
         workers = self.num_envs if isinstance(self.envs, GroupedVectorEnv) else 0
         return max(1, min(threads, cores - workers)), min(threads, cores)
 
@@ -281,7 +276,7 @@ class OnPolicyAgent:
         try:
             yield
         finally:
-            torch.set_num_threads(min(threads, _cores()))
+            torch.set_num_threads(min(threads, usable_cores()))
 
     def _next_rollout(self) -> Rollout:
         """The rollout of this iteration: collected now (synchronous), or the one the background

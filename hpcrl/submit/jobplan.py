@@ -202,7 +202,7 @@ def container_binds(exp: Experiment, pythonpath: Sequence[str] = ()) -> list[str
     which the job puts on LD_LIBRARY_PATH: the image gets the host's LD_LIBRARY_PATH, and a directory
     there that the image lacks is a CUDA library the program cannot load."""
     binds = list(exp.container.binds)
-    needed = [str(exp.dir.resolve()), *(entry for entry in pythonpath if os.path.isdir(entry))]
+    needed = [str(exp.dir.resolve()), *(entry for entry in pythonpath if os.path.isdir(entry) and not _images_own(entry))]
     if exp.program:
         needed.append(program_spec.fixed_dir(program_spec.anchored_workdir(exp.program.workdir, Path.cwd())))
     for path in needed:
@@ -211,6 +211,17 @@ def container_binds(exp: Experiment, pythonpath: Sequence[str] = ()) -> list[str
     if (lib := exp.cuda.lib_path) and not _shown(lib, binds):
         binds.append(f"{lib}:{lib}:ro")
     return binds
+
+
+_IMAGE_TREES = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/opt/hpcrl")
+"""Where the image keeps its own system and Python (hpcrl's images: /opt/hpcrl): a host directory bound
+there would hide the image's files."""
+
+
+def _images_own(path: str) -> bool:
+    """A PYTHONPATH entry inside one of the image's own trees (a module system's site-packages under /usr):
+    the job exports it as the sweep had it, but binding it would shadow the image's own packages."""
+    return any(path == tree or path.startswith(tree + "/") for tree in _IMAGE_TREES)
 
 
 def _shown(path: str, binds: list[str]) -> bool:

@@ -70,6 +70,18 @@ def test_habitat_scripts_carry_what_the_cluster_needs() -> None:
     assert "scontrol requeue" in slurm
 
 
+def test_the_sweep_s_pythonpath_reaches_the_job_and_the_image_sees_the_user_s_part_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative entry is made absolute; a directory of one's own is bound into the image, one in the image's own
+    system trees (a module system's site-packages under /usr) is not: bound, it would hide the image's packages."""
+    own = tmp_path / "mine"
+    own.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["mine", "/usr/lib/python3/dist-packages", "mine"]))
+    script = rendered(REPO / "configs" / "habitat_ppo.yaml", "sge")["train-0-0.sh"]
+    assert f"export PYTHONPATH={own}:/usr/lib/python3/dist-packages\"${{PYTHONPATH:+:${{PYTHONPATH}}}}\"" in script
+    assert f"--bind {own} " in script and "--bind /usr/lib/python3/dist-packages" not in script
+
+
 def test_ddppo_scripts_start_every_rank_of_a_node() -> None:
     """configs/habitat_ddppo.yaml (4 ranks on one 4-GPU node): Slurm asks for 4 tasks on 1 node and
     starts them with srun, each in its own container; Grid Engine asks for a PE of cpus x ranks slots
