@@ -487,6 +487,13 @@ def _miniforge_problem(text: str) -> str | None:
     return f"expected a Miniforge release such as 24.11.3-0 (its tag on github.com/conda-forge/miniforge), got {text!r}"
 
 
+def _conda_version_problem(text: str) -> str | None:
+    """A version conda pins a package to (`habitat-sim=VERSION`): refused here, not minutes into a build."""
+    if re.fullmatch(r"\d[0-9A-Za-z._+*]*", text):
+        return None
+    return f"expected a conda version such as 0.3.3 or 0.3.3.2026.03.12, got {text!r}"
+
+
 def _os_package_problem(name: str) -> str | None:
     if re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?", name):
         return None
@@ -533,7 +540,7 @@ class ImageConfig:
     habitat_channel: str = setting("aihabitat-nightly", valid=_non_empty)
     """Conda channel of habitat-sim: the stable `aihabitat` channel has Linux builds for Python 3.9 only,
     older than hpcrl supports."""
-    habitat_version: Optional[str] = setting(None, valid=_non_empty)
+    habitat_version: Optional[str] = setting(None, valid=_conda_version_problem)
     """Pin habitat-sim (conda version spec, e.g. `0.3.3`); the newest build in the channel otherwise."""
     hpcrl_source: Optional[str] = setting(None, valid=_non_empty)
     """Source checkout or wheel of hpcrl copied into the image through `%files`; by default the
