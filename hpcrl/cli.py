@@ -421,13 +421,37 @@ class _OutlivesItsReader:
         return getattr(self._stream, name)
 
 
+EXIT_FILE = "HPCRL_EXIT_FILE"
+"""Where a job script asks hpcrl to leave its exit status (job_templates/_job.sh.j2): the script runs hpcrl in
+the background to pass warnings on, and a warning that cuts its `wait` short can leave bash without the
+status (it says 128+N, or loses it), which would turn a requeue (99) into a failure."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    exit_file = os.environ.pop(EXIT_FILE, None)  # this process's alone: no rank, program or server it starts writes it
     stdout = sys.stdout
     sys.stdout = _OutlivesItsReader(stdout)
+    code: object = 1  # an exception that escapes: Python exits 1
     try:
-        return _main(argv)
+        result = code = _main(argv)
+        return result
+    except SystemExit as stop:
+        code = stop.code
+        raise
     finally:
         sys.stdout = stdout
+        if exit_file:
+            _leave_exit_status(exit_file, code)
+
+
+def _leave_exit_status(path: str, code: object) -> None:
+    """The status this process exits with, as Python derives it from `code`, in `path` (best effort: the
+    script falls back on `wait`'s answer when the file is not there)."""
+    status = 0 if code is None else code if isinstance(code, int) else 1
+    try:
+        Path(path).write_text(f"{status & 0xFF}\n")
+    except OSError:
+        pass
 
 
 def _main(argv: list[str] | None) -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +199,35 @@ def test_a_module_that_does_not_load_stops_the_job(tmp_path: Path) -> None:
     (standin_dir / "module").write_text("#!/bin/bash\nexit 0\n")
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and ran.exists(), proc.stderr
+
+
+@pytest.mark.slow
+def test_a_requeue_survives_warnings_that_arrive_as_hpcrl_exits(tmp_path: Path) -> None:
+    """The job shell runs hpcrl in the background and passes warnings on; a warning that cuts its `wait` short
+    as hpcrl exits left bash with 128+N, or no status at all (255), instead of the 99 that asks for a requeue:
+    the run was then neither requeued nor finished (a quarter of the exits under a stream of USR1/USR2). hpcrl
+    now leaves its status in HPCRL_EXIT_FILE and the script exits with that."""
+    standin_dir = tmp_path / "bin"
+    standin_dir.mkdir()
+    # `python -m hpcrl ...` runs hpcrl's real entry point, whose work (patched) takes 0.3 s and asks for a requeue.
+    body = "import sys, time; from hpcrl import cli; cli._main = lambda argv: (time.sleep(0.3), 99)[1]; sys.exit(cli.main())"
+    (standin_dir / "python").write_text(f"#!/bin/bash\ntrap '' USR1 USR2\nexec {sys.executable} -c '{body}'\n")
+    (standin_dir / "python").chmod(0o755)
+    exp = load_experiment(write_config(tmp_path, {"python": str(standin_dir / "python")}))
+    script = tmp_path / "job.sh"
+    script.write_text(render("job_templates", "local.sh.j2", {"scheduler": "local", **job_context(exp, "train", ["train", "x"], 0, tmp_path / "logs", requeue=True)}))
+    (tmp_path / "logs").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    codes = []
+    for _ in range(12):
+        job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.15)  # the trap is set
+        sent = 0
+        while job.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(job.pid, (signal.SIGUSR1, signal.SIGUSR2)[sent % 2])
+            sent += 1
+            time.sleep(0.0005)
+        codes.append(job.returncode)
+    assert codes == [99] * 12, codes
+    assert not list((tmp_path / "logs").iterdir())  # each status file read and removed

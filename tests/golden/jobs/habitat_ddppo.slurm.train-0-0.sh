@@ -36,6 +36,8 @@ export HPCRL_LAUNCH_ID="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
 # The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
 # job, a repeated scancel --signal) must never end this shell, whenever it comes.
+# srun starts the ranks, each an hpcrl: the status this script needs is srun's, which none of them leaves.
+unset HPCRL_EXIT_FILE
 child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 "${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
@@ -45,6 +47,12 @@ while :; do
   status=$?
   kill -0 "$child" 2>/dev/null || break
 done
+if [ -n "${HPCRL_EXIT_FILE:-}" ]; then
+  left=
+  read -r left < "$HPCRL_EXIT_FILE" 2>/dev/null
+  case "$left" in ''|*[!0-9]*) ;; *) status=$left ;; esac
+  rm -f "$HPCRL_EXIT_FILE"
+fi
 # scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
 # even a cancelled job: requeue only a task that Slurm still counts as running.
 if [ "$status" -eq 99 ] && [ -n "${SLURM_ARRAY_JOB_ID:-}" ] &&
