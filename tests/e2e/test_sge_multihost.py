@@ -15,7 +15,10 @@ rerunnable jobs (reschedule_unknown, as sites set it).
   hosts, and when rank 1's host is killed the run restarts whole from its checkpoint and learns CartPole;
 - a warned 2-host run checkpoints on every rank, is rescheduled and resumes on both;
 - a rank killed on the other host fails the run with its reason and leaves no process anywhere;
-- a host killed mid-training: its task is rescheduled onto the other host and resumes from its checkpoint.
+- a host killed mid-training: its task is rescheduled onto the other host and resumes from its checkpoint;
+- partitions: a cut-off host's train task is rescheduled and never trained twice; a DD-PPO run whose other host
+  is cut off restarts whole on the host left, and its cut-off rank ends at its collective timeout; a cut-off
+  AlphaZero trainer keeps its run alone, its self-play jobs stop with one line, and the run resumes after.
 
 The tests hold one lock for the whole test: one kills a host that another's jobs may use.
 """
@@ -47,6 +50,7 @@ pytestmark = [pytest.mark.multinode, pytest.mark.sge, pytest.mark.e2e]
 
 SGE_SH = Path(__file__).resolve().parents[1] / "clusters" / "sge.sh"
 HOSTS = ["sge-host1", "sge-host2"]
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ON_HOSTS = ["resources.extra=['-l multihost=TRUE']"]
 
 
@@ -351,6 +355,103 @@ def test_a_rank_killed_on_the_other_host_fails_the_run_with_its_reason_and_leave
     assert re.fullmatch(rf"(ranks 1-1 of 2 on {other}|rank 0 of 2) exited with code 1; the other ranks were stopped\s*", reason), reason
     assert f"hpcrl: error: rank 1 on {other} was killed by SIGKILL; the other ranks were stopped" in logs(exp_dir, "train")
     wait_until("no process of the run on any host", lambda: not any(_processes_on(h, str(exp_dir)) for h in HOSTS), 30)
+
+
+def test_a_ddppo_run_whose_other_host_is_cut_off_restarts_whole_on_the_host_left(hosts: None, tmp_path: Path) -> None:
+    """A partition under a 2-host DD-PPO run: rank 1's host lives on, unreachable. The launcher sees it unknown to
+    qmaster with its execd silent (as for a dead host), ends this start and asks for a requeue; Grid Engine
+    reschedules the task onto the host left, and the run restarts whole from its checkpoint there. The cut-off
+    rank, whose peers are gone, ends at its collective (`resources.collective_timeout`) without a word to the run
+    (no FAILED), so nothing of the run is left on the host even before the link comes back."""
+    since = time.time()
+    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=40000")
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    wait_until("a checkpoint past 10k steps", lambda: rundir.last_logged_step(rd) >= 10_000 and any((rd / "checkpoints").glob("*.pt")), 180)
+    other = re.search(r"ranks 1-1 started on (\S+)", logs(exp_dir, "train")).group(1)
+    assert other in HOSTS and [r for _, r in _processes_on(other, str(exp_dir))].count("1") == 1
+    cut_at = time.monotonic()
+    cluster("cut-host", other)
+    try:
+        wait_until("the run to resume", lambda: "resumed from step" in logs(exp_dir, "train"), 180)
+        resumed_after = time.monotonic() - cut_at
+        wait_until(f"the cut-off rank to end on {other}", lambda: not _processes_on(other, str(exp_dir)), 120)
+        ended_after = time.monotonic() - cut_at
+    finally:
+        cluster("heal-host", other)
+    wait_finished(exp_dir, SGE(), since, timeout=300)
+    log = logs(exp_dir, "train")
+    assert not list(exp_dir.glob("runs/*/FAILED")), status_text(exp_dir) + log
+    assert re.search(rf"{other} lost \(qmaster: unknown; its execd does not answer\): the run restarts whole", log), log
+    resumed = dict(re.findall(r"\(rank (\d)/2\): resumed from step (\d+)", log))
+    assert set(resumed) == {"0", "1"} and len(set(resumed.values())) == 1 and int(resumed["0"]) >= 10_000, log
+    steps = [int(row["step"]) for row in csv_rows(rd / "train.csv")]
+    assert steps == sorted(set(steps)) and steps[-1] >= 40_000, "two writers, or a step logged twice"
+    print(
+        f"\nsge DD-PPO partition: {other} (rank 1) cut past 10k steps; the run restarted whole from step {resumed['0']} on the host left "
+        f"{resumed_after:.0f} s after the cut; the cut-off rank ended {ended_after:.0f} s after it"
+    )
+
+
+def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_with_one_line_and_the_run_resumes_after(hosts: None, tmp_path: Path) -> None:
+    """A partition under the decoupled AlphaZero: the trainer's host lives on, unreachable. The self-play jobs,
+    which can reach neither the trainer nor its Redis, stop with one line each; qmaster reschedules the trainer,
+    whose second start refuses the run the cut-off trainer still holds: never two trainers. When the link comes
+    back the host's execd ends the old trainer (which checkpoints at its notice), nothing of it is left, and the
+    next sweep resumes the run from that checkpoint to its budget."""
+    from hpcrl.config.experiment import load_experiment
+    from hpcrl.distributed import runstats
+    from hpcrl.submit.pipeline import submit_experiment
+
+    overrides = [f"output={tmp_path}", "sweep.seeds=[0]", "train.total_steps=8000", "train.checkpoint_every=100",
+                 "distributed.learner_timeout_s=30", "distributed.ratio_slack=0", *ON_HOSTS]  # fmt: skip
+
+    def submit() -> tuple[Path, str]:
+        exp, out = load_experiment(CONFIGS / "tictactoe_alphazero_jobs.yaml", overrides), io.StringIO()
+        assert submit_experiment(exp, "sge", detach=True, out=out) == 0, out.getvalue()
+        return exp.dir, out.getvalue()
+
+    since = time.time()
+    exp_dir, _ = submit()
+    (run,) = load_runs(exp_dir)
+    rd = run_dir(exp_dir, run.run_id)
+    jobs = {j.stage: j for j in read_jobs(exp_dir)}
+    wait_until(
+        "a trainer fed by two self-play jobs, with a checkpoint",
+        lambda: (st := runstats.read(rd)) is not None and st["actors_alive"] == 2 and any((rd / "checkpoints").glob("*.pt")),
+        240,
+    )
+    holder = rundir.lock_holder(rd)
+    cut = running_host(jobs["learner"].job_id, 1)
+    assert holder is not None and cut in HOSTS and holder.host == cut, (holder, cut)
+    cut_at = time.monotonic()
+    cluster("cut-host", cut)
+    try:
+        wait_until("both self-play jobs to stop", lambda: logs(exp_dir, "actors").count("no learner for 30 s; exiting with 75") >= 2, 150)
+        stopped_after = time.monotonic() - cut_at
+        wait_until("the rescheduled trainer to find the run held", lambda: "not starting a second trainer" in logs(exp_dir, "learner"), 180)
+        refused_after = time.monotonic() - cut_at
+        assert f"is being trained by pid {holder.pid} on {cut}" in logs(exp_dir, "learner")
+        assert rundir.lock_holder(rd) == holder  # the cut-off trainer's, and only its
+    finally:
+        cluster("heal-host", cut)
+    wait_until(f"no process of the run left on {cut}", lambda: not _processes_on(cut, str(exp_dir)), 150)
+    ids = [j.job_id for j in read_jobs(exp_dir)]
+    wait_until("qmaster to let the old jobs go", lambda: all(subprocess.run(["qstat", "-j", i], capture_output=True).returncode != 0 for i in ids), 150)
+    checkpointed = rundir.last_logged_step(rd)
+    resubmitted = time.time()
+    assert "submitted 1 of 1 runs" in submit()[1]
+    wait_finished(exp_dir, SGE(), resubmitted, timeout=300)
+    log = logs(exp_dir, "learner")
+    assert re.search(r"resumed from step [1-9]\d* ", log), log
+    assert int(rundir.done_step(rd) or 0) == 8000
+    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
+    assert steps == sorted(steps), "two trainers' rows interleaved in train.csv"
+    print(
+        f"\nsge AlphaZero partition: trainer on {cut} cut off ({time.time() - since:.0f} s into the run, {checkpointed} positions logged); "
+        f"self-play stopped {stopped_after:.0f} s later, the rescheduled trainer refused the held run {refused_after:.0f} s after the cut; "
+        f"the next sweep resumed it to 8,000 positions"
+    )
 
 
 def active_train(exp_dir: Path) -> bool:
