@@ -120,7 +120,7 @@ def _read_png(path: Path) -> tuple[bytes, int, int] | str:
 
 def _relative(target: str | Path, results_dir: Path) -> str:
     """A target as a URL path relative to the results directory, so the folder can be moved whole."""
-    return quote(Path(_relpath(target, results_dir)).as_posix())
+    return quote(_relpath(target, results_dir).replace(os.sep, "/"))  # relpath's answer is normalised: as_posix without a Path
 
 
 def _relpath(target: str | Path, start: str | Path) -> str:

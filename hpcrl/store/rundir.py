@@ -536,7 +536,7 @@ _PLACE = 10 ** np.arange(16, -1, -1, dtype=np.int64)
 
 def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray] | None:
     """`_read_columns`' rows, parsed in a few numpy passes over the bytes; None unless every row
-    has as many fields as the first, the two columns hold plain decimals (an optional sign, at most
+    has as many fields as the first, the two columns hold plain decimals (an optional minus, at most
     15 digits, at most one point, no exponent or blank) and no value is empty; then the answer is
     the line-by-line parser's, float for float, and otherwise that parser runs (and words the errors).
 
@@ -547,13 +547,19 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     there; an empty step is an error there, so it leaves this path.
     """
     a = np.frombuffer(body, dtype=np.uint8)
-    newline = a == 10
-    ends = np.flatnonzero(newline | (a == 44))  # the byte after each field: ',' or a newline
+    # The byte after each field is a ',' (44) or a newline (10). One pass finds every byte at or below
+    # ',': in a plain log only those two; any other (a space, a quote, '+', a carriage return) leaves
+    # this path. The checks then run on the field ends, a fraction of the bytes.
+    ends = np.flatnonzero(a <= 44)
+    at = a[ends]
+    newline = at == 10
     width = body[: body.find(b"\n")].count(b",") + 1
     rows = ends.size // width
-    row_ends = ends[width - 1 :: width]
-    if rows * width != ends.size or max(columns) >= width or np.count_nonzero(newline) != rows or not newline[row_ends].all():
+    if rows * width != ends.size or max(columns) >= width or np.count_nonzero(newline) != rows or not newline[width - 1 :: width].all():
         return None  # rows of different lengths: the newlines are not exactly every width-th field end
+    if not (newline | (at == 44)).all():
+        return None
+    row_ends = ends[width - 1 :: width]
     step, value = columns
     end = np.concatenate([ends[step::width], ends[value::width]])
     length = end - np.concatenate([_field_starts(ends, step, width), _field_starts(ends, value, width)])
@@ -574,7 +580,7 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     chars = a[np.maximum(end + offsets, 0)]
     chars[offsets < -length] = 48
     first = a[end - length]
-    signed = (first == 45) | (first == 43)
+    signed = first == 45  # a '+' never gets here (it is below ',')
     if signed.any():
         chars[longest - length[signed], np.flatnonzero(signed)] = 48
     digits = chars - 48  # uint8: a point becomes 254, anything else but a digit > 9
@@ -595,8 +601,7 @@ def _plain_columns(body: bytes, columns: tuple[int, int]) -> tuple[np.ndarray, n
     low = total % tail
     mantissa = np.where(points > 0, (total - low) // 10 + low, total)
     numbers = mantissa.astype(np.float64) / _POW10[decimals]
-    negative = first == 45
-    numbers[negative] = -numbers[negative]
+    numbers[signed] = -numbers[signed]
     return numbers[:n], numbers[n:], kept, row_ends
 
 
