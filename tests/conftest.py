@@ -230,7 +230,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 LONGEST = (
     "tests/rl/test_alphazero.py::test_tic_tac_toe_learns_to_never_lose_against_perfect_play",
-    "tests/rl/test_ddppo.py::test_two_rank_ppo_learns_cartpole",
     "tests/sweep/test_study.py::test_bundled_study_prunes_and_finds_a_policy_that_solves_cartpole",
     "tests/test_benchmarks.py::test_a_benchmark_runs_at_a_tiny_size",
     "tests/rl/test_vizdoom.py::test_ppo_learns_basic_with_the_bundled_config",

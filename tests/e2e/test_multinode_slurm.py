@@ -141,7 +141,7 @@ def test_ddppo_ranks_meet_across_nodes_learn_and_restart_whole_when_a_node_dies(
 APEX = {
     "name": "apex", "algo": "dqn", "env": {"id": "CartPole-v1"},
     "train": {
-        "total_steps": 80_000, "lr": 1.0e-3, "hidden_sizes": [256, 256], "buffer_size": 80_000, "batch_size": 64, "learning_starts": 1000,
+        "total_steps": 50_000, "lr": 1.0e-3, "hidden_sizes": [256, 256], "buffer_size": 50_000, "batch_size": 64, "learning_starts": 1000,
         "train_freq": 256, "gradient_steps": 128, "target_update_freq": 10, "n_step": 5, "double_dqn": True, "loss": "huber",
         "max_grad_norm": 10.0, "checkpoint_every": 500,
     },
