@@ -1,11 +1,15 @@
-"""What the multi-node tiers of both schedulers check of tests/clusters' own scripts (slurm.sh, sge.sh)."""
+"""What the multi-node tiers of both schedulers share: checks of tests/clusters' own scripts (slurm.sh, sge.sh),
+and of a run resumed after a partition."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
-from test_conformance import wait_until
+from test_conformance import csv_rows, wait_until
+
+from hpcrl.store import rundir
 
 
 def start_beside_a_killed_node(script: Path, node: str, *, kill: str, revive: str, start: list[str]) -> None:
@@ -29,3 +33,12 @@ def start_beside_a_killed_node(script: Path, node: str, *, kill: str, revive: st
     starts = [run("start", *start) for _ in range(2)]
     assert reviving.wait(timeout=200) == 0, reviving.stdout.read()
     assert all(p.returncode == 0 for p in starts), [p.stdout + p.stderr for p in starts]
+
+
+def assert_resumed_to_its_budget(rd: Path, learner_log: str, total: int) -> None:
+    """A distributed run that a partition stopped and a later sweep resumed: it resumed from a checkpoint past
+    step 0, trained exactly its budget, and its train.csv has one writer's rows (in order)."""
+    assert re.search(r"resumed from step [1-9]\d* ", learner_log), learner_log
+    assert int(rundir.done_step(rd) or 0) == total
+    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
+    assert steps == sorted(steps), "two writers' rows interleaved in train.csv"

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_nodes import start_beside_a_killed_node
+from cluster_nodes import assert_resumed_to_its_budget, start_beside_a_killed_node
 from test_conformance import Slurm as SlurmBackend
 from test_conformance import active_tasks, csv_rows, status_text, sweep, wait_finished, wait_until
 from test_distributed_selfplay import wait_stats
@@ -392,11 +392,7 @@ def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and
     assert submit_experiment(load_experiment(tmp_path / "apex.yaml"), "slurm", detach=True, out=again) == 0, again.getvalue()
     assert "submitted 1 of 1 runs" in again.getvalue(), again.getvalue() + status_text(exp_dir)
     wait_finished(exp_dir, SlurmBackend(), resubmitted, timeout=400)
-    log = logs(exp_dir, "learner")
-    assert re.search(r"resumed from step [1-9]\d* ", log), log
-    assert int(rundir.done_step(rd) or 0) == 30_000
-    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
-    assert steps == sorted(steps), "two writers' rows interleaved in train.csv"
+    assert_resumed_to_its_budget(rd, logs(exp_dir, "learner"), 30_000)
     print(f"\npartition: learner on {cut} cut off; actors stopped {stopped_after:.0f} s later, the requeued learner refused the held run "
           f"{refused_after:.0f} s after the cut; after a reboot of {cut}, `hpcrl sweep` resumed the run to step 30000")
 

@@ -37,7 +37,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from cluster_nodes import start_beside_a_killed_node
+from cluster_nodes import assert_resumed_to_its_budget, start_beside_a_killed_node
 from factories import write_config
 from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, wait_until
 
@@ -260,6 +260,16 @@ def trainer_pids(host: str, exp_dir: Path) -> list[int]:
     return found
 
 
+def refused_while_held(exp_dir: Path, stage: str, rd: Path, holder: rundir.Holder, cut_at: float, timeout: float) -> float:
+    """Seconds from the cut until the rescheduled start of `stage` refused the run that the cut-off one still
+    holds (its lock is on the shared filesystem), which must then still be the holder's alone."""
+    wait_until("the rescheduled start to refuse the held run", lambda: "not starting a second trainer" in logs(exp_dir, stage), timeout)
+    refused_after = time.monotonic() - cut_at
+    assert f"is being trained by pid {holder.pid} on {holder.host}" in logs(exp_dir, stage)
+    assert rundir.lock_holder(rd) == holder  # the cut-off trainer's, and only its
+    return refused_after
+
+
 def test_a_cut_off_host_keeps_its_run_alone_and_the_run_resumes_after(hosts: None, tmp_path: Path) -> None:
     """A partition under a sweep's train task: qmaster has the cut host unknown and reschedules the task onto the
     other host, whose start refuses the run the cut-off trainer still holds (its lock is on the shared
@@ -272,10 +282,7 @@ def test_a_cut_off_host_keeps_its_run_alone_and_the_run_resumes_after(hosts: Non
         cut_at = time.monotonic()
         cluster("cut-host", first)
         try:
-            wait_until("the rescheduled start to refuse the held run", lambda: "not starting a second trainer" in logs(exp_dir, "train"), 150)
-            refused_after = time.monotonic() - cut_at
-            assert f"is being trained by pid {holder.pid} on {first}" in logs(exp_dir, "train")
-            assert rundir.lock_holder(rd) == holder  # the cut-off trainer's, and only its
+            refused_after = refused_while_held(exp_dir, "train", rd, holder, cut_at, 150)
         finally:
             cluster("heal-host", first)
         # The old job's end: its trainer checkpoints at the execd's notice and asks for a requeue that no job grants
@@ -429,10 +436,7 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     try:
         wait_until("both self-play jobs to stop", lambda: logs(exp_dir, "actors").count("no learner for 30 s; exiting with 75") >= 2, 150)
         stopped_after = time.monotonic() - cut_at
-        wait_until("the rescheduled trainer to find the run held", lambda: "not starting a second trainer" in logs(exp_dir, "learner"), 180)
-        refused_after = time.monotonic() - cut_at
-        assert f"is being trained by pid {holder.pid} on {cut}" in logs(exp_dir, "learner")
-        assert rundir.lock_holder(rd) == holder  # the cut-off trainer's, and only its
+        refused_after = refused_while_held(exp_dir, "learner", rd, holder, cut_at, 180)
     finally:
         cluster("heal-host", cut)
     wait_until(f"no process of the run left on {cut}", lambda: not _processes_on(cut, str(exp_dir)), 150)
@@ -442,11 +446,7 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     resubmitted = time.time()
     assert "submitted 1 of 1 runs" in submit()[1]
     wait_finished(exp_dir, SGE(), resubmitted, timeout=300)
-    log = logs(exp_dir, "learner")
-    assert re.search(r"resumed from step [1-9]\d* ", log), log
-    assert int(rundir.done_step(rd) or 0) == 8000
-    steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]
-    assert steps == sorted(steps), "two trainers' rows interleaved in train.csv"
+    assert_resumed_to_its_budget(rd, logs(exp_dir, "learner"), 8000)
     print(
         f"\nsge AlphaZero partition: trainer on {cut} cut off ({time.time() - since:.0f} s into the run, {checkpointed} positions logged); "
         f"self-play stopped {stopped_after:.0f} s later, the rescheduled trainer refused the held run {refused_after:.0f} s after the cut; "
