@@ -47,6 +47,8 @@ while :; do
   status=$?
   kill -0 "$child" 2>/dev/null || break
 done
+# The child is gone: nothing is left to pass a warning to, and one must not cut the read below short.
+trap '' USR1 USR2 TERM
 if [ -n "${HPCRL_EXIT_FILE:-}" ]; then
   left=
   read -r left < "$HPCRL_EXIT_FILE" 2>/dev/null
