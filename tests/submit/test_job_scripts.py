@@ -201,6 +201,19 @@ def test_a_module_that_does_not_load_stops_the_job(tmp_path: Path) -> None:
     assert proc.returncode == 0 and ran.exists(), proc.stderr
 
 
+def hpcrl_started(shell: int) -> bool:
+    """Whether the job shell's child is the stand-in hpcrl (python running cli.main) yet."""
+    try:
+        children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+    except OSError:  # the shell is gone
+        return False
+    for child in children:
+        with contextlib.suppress(OSError):
+            if b"cli.main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return True
+    return False
+
+
 @pytest.mark.slow
 def test_a_requeue_survives_warnings_that_arrive_as_hpcrl_exits(tmp_path: Path) -> None:
     """The job shell runs hpcrl in the background and passes warnings on; a warning that cuts its `wait` short
@@ -221,7 +234,9 @@ def test_a_requeue_survives_warnings_that_arrive_as_hpcrl_exits(tmp_path: Path) 
     codes = []
     for _ in range(12):
         job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.15)  # the trap is set
+        deadline = time.monotonic() + 30
+        while job.poll() is None and not hpcrl_started(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)  # the script sets its trap before it starts hpcrl (and after an `rm`)
         sent = 0
         while job.poll() is None:
             with contextlib.suppress(ProcessLookupError):
