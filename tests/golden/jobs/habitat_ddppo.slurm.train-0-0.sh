@@ -36,10 +36,10 @@ export HPCRL_LAUNCH_ID="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
 # The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
 # job, a repeated scancel --signal) must never end this shell, whenever it comes.
-# srun starts the ranks, each an hpcrl: the status this script needs is srun's, which none of them leaves.
-unset HPCRL_EXIT_FILE
 child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
+# srun starts the ranks, each an hpcrl: the status this script needs is srun's, which none of them leaves.
+unset HPCRL_EXIT_FILE
 srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 "${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
 child=$!
 while :; do

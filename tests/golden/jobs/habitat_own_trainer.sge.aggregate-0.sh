@@ -24,12 +24,12 @@ HPCRL=(/opt/venv/bin/python -m hpcrl)
 
 # The work runs in the background so that this shell can pass a stop signal (TERM) on to it and
 # exit with its status; this stage asks for no warning signal and is not requeued.
+child=
+trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 # hpcrl leaves its exit status in this file as it exits: a signal that cuts the `wait` below short can
 # leave bash without the child's status (it then says 128+N, or loses it: 255).
 export HPCRL_EXIT_FILE=/scratch/hpcrl/habitat_own_trainer/jobs/logs/.exit-"$HOSTNAME"-$$
 rm -f "$HPCRL_EXIT_FILE"
-child=
-trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" collect /scratch/hpcrl/habitat_own_trainer &
 child=$!
 while :; do

@@ -46,12 +46,12 @@ esac
 # and pass it on: hpcrl then checkpoints and exits with 99 to ask for a requeue.
 # The trap comes first: a warning (Grid Engine's USR1 or USR2, which reach every process of the
 # job, a repeated scancel --signal) must never end this shell, whenever it comes.
+child=
+trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 # hpcrl leaves its exit status in this file as it exits: a signal that cuts the `wait` below short can
 # leave bash without the child's status (it then says 128+N, or loses it: 255).
 export HPCRL_EXIT_FILE=/scratch/hpcrl/habitat_own_trainer/jobs/logs/.exit-"$HOSTNAME"-$$
 rm -f "$HPCRL_EXIT_FILE"
-child=
-trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" train /scratch/hpcrl/habitat_own_trainer --manifest jobs/0-0.tasks --task "$TASK_ID" -- "${PROGRAM[@]}" &
 child=$!
 while :; do

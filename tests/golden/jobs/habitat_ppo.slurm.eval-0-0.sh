@@ -24,13 +24,13 @@ HPCRL=(singularity exec --nv --bind /work:/work --bind /storage:/storage --bind 
 
 # The work runs in the background so that this shell can pass a stop signal (TERM) on to it and
 # exit with its status; this stage asks for no warning signal and is not requeued.
+child=
+trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 # hpcrl leaves its exit status in this file as it exits: a signal that cuts the `wait` below short can
 # leave bash without the child's status (it then says 128+N, or loses it: 255).
 export HPCRL_EXIT_FILE=/scratch/hpcrl/habitat_ppo/jobs/logs/.exit-"$HOSTNAME"-$$
 export SINGULARITYENV_HPCRL_EXIT_FILE="$HPCRL_EXIT_FILE" APPTAINERENV_HPCRL_EXIT_FILE="$HPCRL_EXIT_FILE"
 rm -f "$HPCRL_EXIT_FILE"
-child=
-trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 "${HPCRL[@]}" eval /scratch/hpcrl/habitat_ppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
 child=$!
 while :; do
