@@ -125,7 +125,7 @@ node_ready() { [[ $(node_state "${1:-$HOST}") =~ ^(idle|mixed|allocated|completi
 # nodes_ready: every compute node's slurmd runs and the controller counts the node in.
 # node_in_service NAME: its slurmd running and the node ready (slurmctld shows a killed node idle until
 # SlurmdTimeout).
-node_in_service() { running "$(slurmd_pid "$1")" slurmd && node_ready "$1"; }
+node_in_service() { slurmd_in_node "$1" && node_ready "$1"; }
 nodes_ready() {
     local name
     for name in $(nodes_in_service slurm); do node_in_service "$name" || return 1; done
@@ -134,7 +134,15 @@ nodes_ready() {
 start_node_slurmd() {
     local name=$1
     install -d -o slurm -g slurm -m 755 "/var/lib/slurm/slurmd-$name"
-    running "$(slurmd_pid "$name")" slurmd || node_run "$name" /usr/sbin/slurmd
+    slurmd_in_node "$name" || node_run "$name" /usr/sbin/slurmd
+}
+
+# slurmd_in_node NAME: a slurmd lives in the node's namespace. Asked of the namespace, not of the pid file: a
+# killed node's file names a dead pid, which the kernel may since have given to another node's slurmd.
+slurmd_in_node() {
+    local pid
+    for pid in $(node_pids "$1"); do [[ $(cat "/proc/$pid/comm" 2>/dev/null) == slurmd ]] && return 0; done
+    return 1
 }
 
 stop_slurmds() {
@@ -458,7 +466,13 @@ cmd_revive_node() {
     known_node "${1:-}"
     node_heal "$1"
     start_node_slurmd "$1"
-    wait_for 150 "node $1 to return to service" node_in_service "$1" || die "node $1 is '$(node_state "$1")'"
+    if ! wait_for 60 "node $1 to return to service" node_in_service "$1"; then
+        # Seen once under the whole suite's load: no slurmd started on the node (the slurmd log has no start) and
+        # the node stayed 'down*'. Start one if the namespace has none, and resume the node, as `start` does.
+        start_node_slurmd "$1"
+        scontrol update nodename="$1" state=resume 2>/dev/null || true
+        wait_for 90 "node $1 to return to service" node_in_service "$1" || die "node $1 is '$(node_state "$1")'"
+    fi
     log "node $1 is $(node_state "$1")"
 }
 
