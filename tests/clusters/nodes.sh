@@ -21,6 +21,7 @@ NODES_HEAD_IP=$NODES_NET.1
 NODES_DIR=/var/lib/hpcrl-test/nodes      # one file per node: "OWNER IP"
 NODES_HEAD_HOSTS=$NODES_DIR/head-hosts   # this host's /etc/hosts plus the nodes, for head daemons that resolve them
 NODES_HEAD=$(hostname)
+NODES_LOCK=/run/lock/hpcrl-test-nodes.lock
 
 # node_ip NAME: the node's address on the bridge.
 node_ip() { awk '{print $2}' "$NODES_DIR/$1"; }
@@ -92,6 +93,27 @@ nodes_bridge_up() {
     ip link set "$NODES_BRIDGE" up
 }
 
+# nodes_make OWNER PREFIX OCTET0 N: OWNER's nodes PREFIX1..PREFIXN at $NODES_NET.(OCTET0+i), and every node's
+# hosts file, under NODES_LOCK (idempotent).
+nodes_make() {
+    local owner=$1 prefix=$2 octet0=$3 want=$4 i
+    ((want > 0)) || return 0
+    (
+        nodes_lock
+        for ((i = 1; i <= want; i++)); do node_add "$owner" "$prefix$i" $((octet0 + i)); done
+        nodes_hosts_refresh
+    )
+}
+
+# nodes_lock: hold NODES_LOCK until the (sub)shell that called it ends. What the two clusters share (the bridge,
+# every node's hosts file, the head's) is changed under it: the suite starts Slurm's and Grid Engine's nodes at
+# once, and two starts that both saw no bridge both added one ("RTNETLINK answers: File exists": a whole
+# test file's errors). Only short commands (ip, install) run under it, never a daemon that would keep it.
+nodes_lock() {
+    exec 8>"$NODES_LOCK"
+    flock -w 300 8 || die "timed out waiting for $NODES_LOCK"
+}
+
 # node_add OWNER NAME OCTET: the namespace NAME at $NODES_NET.OCTET, linked to the bridge (idempotent).
 node_add() {
     local owner=$1 name=$2 ip=$NODES_NET.$3 link
@@ -148,18 +170,21 @@ node_link_state() {
 # nodes_remove OWNER: kill OWNER's nodes' processes and remove their namespaces and links; the bridge goes
 # with the last node.
 nodes_remove() {
-    local name pid
-    for name in $(nodes_of "$1"); do
-        for pid in $(node_pids "$name"); do kill -KILL "$pid" 2>/dev/null || true; done
-        ip link del "$(node_link "$name")" 2>/dev/null || true
-        ip netns del "$name" 2>/dev/null || true
-        rm -rf "/etc/netns/$name"
-        rm -f "$NODES_DIR/$name"
-    done
-    if [[ -z $(all_nodes) ]]; then
-        ip link del "$NODES_BRIDGE" 2>/dev/null || true
-        rm -f "$NODES_HEAD_HOSTS"
-    else
-        nodes_hosts_refresh
-    fi
+    (
+        nodes_lock
+        local name pid
+        for name in $(nodes_of "$1"); do
+            for pid in $(node_pids "$name"); do kill -KILL "$pid" 2>/dev/null || true; done
+            ip link del "$(node_link "$name")" 2>/dev/null || true
+            ip netns del "$name" 2>/dev/null || true
+            rm -rf "/etc/netns/$name"
+            rm -f "$NODES_DIR/$name"
+        done
+        if [[ -z $(all_nodes) ]]; then
+            ip link del "$NODES_BRIDGE" 2>/dev/null || true
+            rm -f "$NODES_HEAD_HOSTS"
+        else
+            nodes_hosts_refresh
+        fi
+    )
 }

@@ -458,8 +458,7 @@ cmd_start() {
 
     install_packages
     prepare_cell
-    for ((i = 1; i <= want; i++)); do node_add sge "$HOST_PREFIX$i" $((HOST_OCTET0 + i)); done
-    ((want == 0)) || nodes_hosts_refresh
+    nodes_make sge "$HOST_PREFIX" "$HOST_OCTET0" "$want"
 
     # qmaster resolves the hosts' names (forward and reverse) only through a hosts file that lists them:
     # one started before the hosts existed (or without node_head_run) is restarted; jobs survive in its spool.

@@ -407,8 +407,7 @@ cmd_start() {
     install -d -m 755 "$STATE_DIR" "$MARK_DIR"
     install -d -o slurm -g slurm -m 755 /var/lib/slurm /var/lib/slurm/slurmctld "/var/lib/slurm/slurmd-$HOST" /var/log/slurm
     make_fake_gpus
-    for ((i = 1; i <= want; i++)); do node_add slurm "$NODE_PREFIX$i" $((NODE_OCTET0 + i)); done
-    ((want == 0)) || nodes_hosts_refresh
+    nodes_make slurm "$NODE_PREFIX" "$NODE_OCTET0" "$want"
     start_munge
     CONF_CHANGED=0
 
