@@ -21,6 +21,7 @@ because raw returns of different environments do not average.
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from typing import TextIO
 
 import numpy as np
 
+from hpcrl import halves
 from hpcrl.config import tasks
 from hpcrl.io import atomic_write_csv
 from hpcrl.results import plots, report, stats
@@ -37,6 +39,10 @@ from hpcrl.results import plots, report, stats
 MAX_PLOTTED = 12
 """Settings drawn in one figure and compared pairwise: past a dozen lines a figure is unreadable,
 and a sweep of 1,000 settings would have a million P(X > Y) pairs, which no one reads either."""
+CURVES_IN_TWO = 64
+"""Settings from which their curves' bootstrap bands are computed in two processes (hpcrl.halves): ~1.7 ms each."""
+FIGURES_IN_TWO = 2
+"""Figures from which they are drawn in two processes: each is 0.1-0.5 s of matplotlib, whatever the sweep."""
 
 
 @dataclass
@@ -206,7 +212,8 @@ def _curves(groups: Groups, task_names: list[str], agg: str, which: str) -> tupl
                 where = f"{setting}" + (f" on {task}" if len(task_names) > 1 else "")
                 note = f"{where}: training curve from {len(usable)} of {len(rs)} seeds"
             todo.append((setting, usable, note))
-        curves = iter(stats.aggregate_curves_many([([s for s, _ in u], [v for _, v in u]) for _, u, _ in todo if u], agg=agg))
+        seeds = [([s for s, _ in u], [v for _, v in u]) for _, u, _ in todo if u]
+        curves = iter(halves.map_in_halves(lambda part: stats.aggregate_curves_many(part, agg=agg), seeds, CURVES_IN_TWO))
         for setting, usable, note in todo:
             if note:
                 partial.append(note)
@@ -292,6 +299,11 @@ def write_results(
     eval_curves, eval_rows, eval_partial = _curves(groups, task_names, agg, "eval") if not game else ({}, [], [])  # a game's: strength curves
     if eval_rows:
         atomic_write_csv(results_dir / "eval_curves.csv", ["setting", "task", "step", agg, "ci_low", "ci_high", "n_seeds"], eval_rows)
+    figures: list[tuple[str, Callable[[], Path]]] = []  # (title, draw): drawn together below, half in a second process
+
+    def figure(heading: str, plot: Callable[..., Path], /, *args: object, **kwargs: object) -> None:
+        figures.append((heading, functools.partial(plot, *args, **kwargs)))
+
     band = f"{agg.upper()} ± 95% bootstrap CI{cut_note}"
     train_name, train_label = (SELF_PLAY, "first player's outcome in self-play") if game else ("Training curves", "episodic return (training)")
     for name, curves, key, ylabel in ((train_name, train_curves, "curves", train_label), ("Evaluation during training", eval_curves, "eval_curves", "mean eval return")):
@@ -299,29 +311,34 @@ def write_results(
         if not kept:
             continue
         if multi:
-            made[name] = plots.plot_curves_by_task(kept, plots_dir / f"{key}.png", agg, xlabel=scoring.steps, ylabel=ylabel, title=f"{name}: {band}")
+            figure(name, plots.plot_curves_by_task, kept, plots_dir / f"{key}.png", agg, xlabel=scoring.steps, ylabel=ylabel, title=f"{name}: {band}")
         else:
-            made[name] = plots.plot_curves(next(iter(kept.values())), plots_dir / f"{key}.png", agg, xlabel=scoring.steps, ylabel=ylabel, title=f"{name}: {band}")
+            figure(name, plots.plot_curves, next(iter(kept.values())), plots_dir / f"{key}.png", agg, xlabel=scoring.steps, ylabel=ylabel, title=f"{name}: {band}")
     if not game and any(len(s) for s in (_scores(rs) for by in groups.values() for rs in by.values())):
         for task in task_names:
             rows_shown = [s for s in per_task[task] if s["n"] and s["setting"] in in_plot]
             suffix = f"-{_file_part(task)}" if multi else ""
-            made[f"{scoring.name}{' on ' + task if multi else ''}: {agg.upper()} intervals"] = plots.plot_final_intervals(
+            figure(
+                f"{scoring.name}{' on ' + task if multi else ''}: {agg.upper()} intervals", plots.plot_final_intervals,
                 rows_shown, plots_dir / f"final{suffix}.png", metric=agg, xlabel=scoring.unit if scoring.refs is None else "final eval return",
                 title=f"{task}: {agg.upper()} with 95% bootstrap CI" if multi else None,
             )
         if aggregate:
             metric_names = {"median": "Median", "iqm": "IQM", "mean": "Mean", **({"optimality_gap": "Optimality gap"} if scoring.refs is not None else {})}
-            made["Aggregate across tasks"] = plots.plot_aggregate_intervals(
+            figure(
+                "Aggregate across tasks", plots.plot_aggregate_intervals,
                 [r for r in aggregate if r["setting"] in in_plot], plots_dir / "aggregate.png", metric_names, scoring.unit,
                 title=f"Across {len(task_names)} tasks, 95% stratified bootstrap CIs",
             )
         if not multi or scoring.refs is not None:
-            made["Performance profile"] = plots.plot_performance_profile(
+            figure(
+                "Performance profile", plots.plot_performance_profile,
                 {k: v for k, v in matrices.items() if k in in_plot}, plots_dir / "profile.png",
                 xlabel=f"{scoring.unit} threshold τ", title="Performance profile ± 95% bootstrap CI" + (f" over {len(task_names)} tasks" if multi else ""),
             )
 
+    drawn = halves.map_in_halves(lambda part: [draw() for _, draw in part], figures, FIGURES_IN_TWO)
+    made.update(zip((title for title, _ in figures), drawn))
     made.update(extra_plots or {})
 
     # The terminal.

@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcrl import halves
+from hpcrl.results import collect as collect_module
+from hpcrl.results import tables
 from hpcrl.results.collect import collect
 
 REFERENCE = Path(__file__).parents[1] / "data" / "collect_reference"
@@ -135,6 +138,21 @@ def test_collect_output_is_byte_identical_to_the_reference(tmp_path: Path, case:
     assert sorted(found) == sorted(expected)
     for name in expected:
         assert found[name] == expected[name], f"{case}/{name} differs from the reference"
+
+
+@pytest.mark.skipif(halves.cores() < 2, reason="the split needs two cores")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_collect_split_over_two_processes_writes_the_same_bytes(tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logs parsed and the curves' bands computed half in a forked child (hpcrl.halves), as a big sweep's
+    are, here from two items on: the corrupt logs' errors and every number come back the same."""
+    monkeypatch.setattr(collect_module, "LOGS_IN_TWO", 2)
+    monkeypatch.setattr(tables, "CURVES_IN_TWO", 2)
+    split, original = [], halves.map_in_halves
+    monkeypatch.setattr(halves, "map_in_halves", lambda work, items, min_items: split.append(len(items)) or original(work, items, min_items))
+    found = outputs(tmp_path, case)
+    assert len(split) >= 2 and min(split) >= 2  # the logs and at least one task's curves were split
+    for name in sorted(p.name for p in (REFERENCE / case).iterdir()):
+        assert found[name] == (REFERENCE / case / name).read_text(), f"{case}/{name} differs from the reference when split"
 
 
 def test_the_reference_cases_cover_what_they_claim(tmp_path: Path) -> None:
