@@ -12,7 +12,6 @@ The child dies with its parent (a death signal): a killed collect leaves nothing
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pickle
 import select
@@ -21,22 +20,21 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from hpcrl.runtime.lifeline import die_with_parent
+
 T = TypeVar("T")
 R = TypeVar("R")
 
-PR_SET_PDEATHSIG = 1
 WAIT_MIN_S, WAIT_FACTOR = 30.0, 4.0
 """How long the parent waits for the child's answer once its own half is done: four times what its half
 took, at least 30 s. Past that the child is killed and its half computed here: a child stuck on a lock
 another thread held at the fork (a fork copies only the forking thread) delays the answer, never hangs it."""
 
 
-def cores() -> int:
-    """The cores this process may run on (its affinity, which a batch system's cgroup or taskset sets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a job's allotment, a cgroup's or taskset's, not the
+    node's count). The one rule for it: the trainers' thread counts and worker groups (hpcrl.rl) use it too."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def map_in_halves(work: Callable[[Sequence[T]], list[R]], items: Sequence[T], min_items: int) -> list[R]:
@@ -45,7 +43,7 @@ def map_in_halves(work: Callable[[Sequence[T]], list[R]], items: Sequence[T], mi
     `work` must answer item by item (its answer for a part is its answer for those items): each half's
     answers are joined in order. An exception `work` raises here is raised; the child's is not trusted
     to pickle faithfully, so its half is then computed here, where the same exception would show."""
-    if len(items) < min_items or cores() < 2 or not hasattr(os, "fork"):
+    if len(items) < min_items or usable_cores() < 2 or not hasattr(os, "fork"):
         return work(items)
     half = len(items) // 2
     first, second = items[:half], items[half:]
@@ -82,10 +80,7 @@ def _child(work: Callable, items: Sequence, write_end: int, parent: int) -> None
     """Compute, send, exit; dies with the parent, and exits at once if the parent is already gone."""
     code = 0
     try:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:
-            os._exit(1)
+        die_with_parent(signal.SIGKILL, parent)  # its prctl was looked up before the fork: no dlopen in a forked child
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the child as it does the parent
         data = pickle.dumps(work(items), protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(write_end, "wb") as pipe:

@@ -15,7 +15,7 @@ import pytest
 
 from hpcrl import halves
 
-two_cores = pytest.mark.skipif(halves.cores() < 2, reason="the split needs two cores")
+two_cores = pytest.mark.skipif(halves.usable_cores() < 2, reason="the split needs two cores")
 
 
 def pids(items: list[int]) -> list[tuple[int, int]]:
@@ -33,7 +33,7 @@ def test_the_second_half_is_computed_in_another_process_and_the_answers_keep_the
 
 def test_below_min_items_or_on_one_core_it_is_all_computed_here(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {p for _, p in halves.map_in_halves(pids, list(range(5)), min_items=6)} == {os.getpid()}
-    monkeypatch.setattr(halves, "cores", lambda: 1)
+    monkeypatch.setattr(halves, "usable_cores", lambda: 1)
     assert {p for _, p in halves.map_in_halves(pids, list(range(50)), min_items=2)} == {os.getpid()}
 
 

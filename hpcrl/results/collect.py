@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import subprocess
 import sys
 import time
@@ -104,7 +103,7 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
             todo.append(int(row["index"]))
     if not todo:
         return
-    workers = workers or max(1, min(len(todo), os.cpu_count() or 1))
+    workers = workers or max(1, min(len(todo), halves.usable_cores()))
     print(f"evaluating {len(todo)} runs with {workers} processes", file=out)
     root = str(experiment_dir.resolve())
 

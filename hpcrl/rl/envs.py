@@ -38,6 +38,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.halves import usable_cores
 from hpcrl.rl.env_deadline import BoundedEnv, BoundedVectorEnv, Deadline, known
 from hpcrl.rl.env_output import CheckedOutput
 from hpcrl.runtime.launch import how_it_ended
@@ -50,11 +51,6 @@ _ASYNC_BACKENDS = {"vizdoom", "habitat"}
 PIPELINE_GROUPS = 2
 """Worker groups of an async vector env: two are enough for one group to step while the policy
 runs on the other's observations (see `pipeline_groups`)."""
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: a job's allotment, not the node's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def pipeline_groups(num_envs: int, cores: int) -> int:

@@ -465,13 +465,8 @@ cmd_revive_node() {
     known_node "${1:-}"
     node_heal "$1"
     start_node_slurmd "$1"
-    if ! wait_for 60 "node $1 to return to service" node_in_service "$1"; then
-        # Seen once under the whole suite's load: no slurmd started on the node (the slurmd log has no start) and
-        # the node stayed 'down*'. Start one if the namespace has none, and resume the node, as `start` does.
-        start_node_slurmd "$1"
-        scontrol update nodename="$1" state=resume 2>/dev/null || true
-        wait_for 90 "node $1 to return to service" node_in_service "$1" || die "node $1 is '$(node_state "$1")'"
-    fi
+    # ReturnToService=2: the controller takes the node back once its slurmd registers.
+    wait_for 150 "node $1 to return to service" node_in_service "$1" || die "node $1 is '$(node_state "$1")'"
     log "node $1 is $(node_state "$1")"
 }
 

@@ -140,7 +140,7 @@ def test_collect_output_is_byte_identical_to_the_reference(tmp_path: Path, case:
         assert found[name] == expected[name], f"{case}/{name} differs from the reference"
 
 
-@pytest.mark.skipif(halves.cores() < 2, reason="the split needs two cores")
+@pytest.mark.skipif(halves.usable_cores() < 2, reason="the split needs two cores")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_collect_split_over_two_processes_writes_the_same_bytes(tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The logs parsed and the curves' bands computed half in a forked child (hpcrl.halves), as a big sweep's
