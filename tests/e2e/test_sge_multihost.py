@@ -99,6 +99,11 @@ def logs(exp_dir: Path, stage: str) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((exp_dir / "jobs" / "logs").glob(f"{stage}-*")))
 
 
+def qmod(*args: str) -> None:
+    proc = subprocess.run(["qmod", *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def running_host(job_id: str, task: int) -> str | None:
     """The host of a running array task, from `qstat` (`multi.q@sge-host1` in its queue column)."""
     out = subprocess.run(["qstat", "-u", "*", "-s", "r", "-g", "d"], capture_output=True, text=True).stdout
@@ -431,14 +436,31 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     holder = rundir.lock_holder(rd)
     cut = running_host(jobs["learner"].job_id, 1)
     assert holder is not None and cut in HOSTS and holder.host == cut, (holder, cut)
-    cut_at = time.monotonic()
-    cluster("cut-host", cut)
+    # Grid Engine places the jobs as it likes: a self-play task on the trainer's own host is cut off from
+    # nothing. So no new job goes there, and such a task is moved as an admin moves one (`qmod -rj`: killed
+    # and rescheduled, a -r y job), which the run absorbs (the self-play job starts again and reconnects).
+    qmod("-d", f"multi.q@{cut}")
     try:
-        wait_until("both self-play jobs to stop", lambda: logs(exp_dir, "actors").count("no learner for 30 s; exiting with 75") >= 2, 150)
-        stopped_after = time.monotonic() - cut_at
-        refused_after = refused_while_held(exp_dir, "learner", rd, holder, cut_at, 180)
+        actors = jobs["actors"].job_id
+        moved = [task for task in (1, 2) if running_host(actors, task) == cut]
+        for task in moved:
+            qmod("-rj", f"{actors}.{task}")
+        wait_until(
+            "both self-play tasks connected from the other host",
+            lambda: all(running_host(actors, task) not in (None, cut) for task in (1, 2))
+            and logs(exp_dir, "actors").count("connected to learner") >= 2 + len(moved),
+            180,
+        )
+        cut_at = time.monotonic()
+        cluster("cut-host", cut)
+        try:
+            wait_until("both self-play jobs to stop", lambda: logs(exp_dir, "actors").count("no learner for 30 s; exiting with 75") >= 2, 150)
+            stopped_after = time.monotonic() - cut_at
+            refused_after = refused_while_held(exp_dir, "learner", rd, holder, cut_at, 180)
+        finally:
+            cluster("heal-host", cut)
     finally:
-        cluster("heal-host", cut)
+        qmod("-e", f"multi.q@{cut}")
     wait_until(f"no process of the run left on {cut}", lambda: not _processes_on(cut, str(exp_dir)), 150)
     ids = [j.job_id for j in read_jobs(exp_dir)]
     wait_until("qmaster to let the old jobs go", lambda: all(subprocess.run(["qstat", "-j", i], capture_output=True).returncode != 0 for i in ids), 150)
@@ -448,7 +470,7 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     wait_finished(exp_dir, SGE(), resubmitted, timeout=300)
     assert_resumed_to_its_budget(rd, logs(exp_dir, "learner"), 8000)
     print(
-        f"\nsge AlphaZero partition: trainer on {cut} cut off ({time.time() - since:.0f} s into the run, {checkpointed} positions logged); "
+        f"\nsge AlphaZero partition ({len(moved)} self-play task(s) moved off the trainer's host): trainer on {cut} cut off ({time.time() - since:.0f} s into the run, {checkpointed} positions logged); "
         f"self-play stopped {stopped_after:.0f} s later, the rescheduled trainer refused the held run {refused_after:.0f} s after the cut; "
         f"the next sweep resumed it to 8,000 positions"
     )
