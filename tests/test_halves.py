@@ -79,7 +79,8 @@ def test_an_exception_here_is_raised_and_the_child_is_ended_and_reaped(tmp_path:
             while not mark.exists():
                 time.sleep(0.01)
             raise ValueError("a corrupt log")
-        mark.write_text(str(os.getpid()))
+        (tmp_path / "pid").write_text(str(os.getpid()))
+        (tmp_path / "pid").rename(mark)  # whole: the parent, which waits for the name, never reads it empty
         time.sleep(60)
         return items
 

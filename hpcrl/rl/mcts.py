@@ -63,7 +63,7 @@ class Node:
 
     def select(self, c_puct: float) -> int:
         """The edge index with the highest PUCT score (the first on ties)."""
-        return int(np.argmax(self.q + (c_puct * math.sqrt(self.total + 1e-8)) * self.prior / (1.0 + self.visits)))
+        return int((self.q + (c_puct * math.sqrt(self.total + 1e-8)) * self.prior / (1.0 + self.visits)).argmax())
 
     def backup(self, edge: int, value: float) -> None:
         """One more visit of `edge`, worth `value` to this node's player."""

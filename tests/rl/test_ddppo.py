@@ -172,7 +172,14 @@ def test_a_warning_on_one_rank_stops_every_rank_and_rank_0_gathers_every_ranks_e
 # ------------------------------------------------------------------------------ runs on every backend
 
 
+SINGLE_HOST = pytest.mark.parametrize("backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm)], indirect=True)
+"""Local and Slurm. Grid Engine's is its two-host run (tests/e2e/test_sge_multihost.py), which covers more: the
+warning reaches the job on its first host only and the launcher carries it to the rank started there with
+`qrsh -inherit`; a rank killed on the other host. The same on one host was a third of the suite's time of each."""
+
+
 @pytest.mark.e2e
+@SINGLE_HOST
 def test_warned_two_rank_run_resumes_on_both_ranks(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
     exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "train.total_steps=20480", "train.checkpoint_every=5")
@@ -247,6 +254,7 @@ def _rank_pids(exp_dir: Path) -> dict[int, int]:
 
 
 @pytest.mark.e2e
+@SINGLE_HOST
 def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
     since = time.time()
     exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "resources.collective_timeout=30", "train.total_steps=10000000")
