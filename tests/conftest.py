@@ -68,23 +68,18 @@ def _source_env() -> None:
             os.environ[key] = value
 
 
-SLURM_NODES = 4
-"""Namespace nodes slurm-node1..4 (partition `multi`) beside the head (partition `debug`, the default): started
-with the cluster, once per test run, since adding nodes restarts Slurm's daemons under the tests' jobs."""
+NODES = dict(line.split("=", 1) for line in (CLUSTERS / "suite.env").read_text().split("\n") if line and not line.startswith("#"))
+"""The namespace nodes each cluster runs with (tests/clusters/suite.env, which scripts/test reads too)."""
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> None:
-    _start("slurm", "--nodes", str(SLURM_NODES))
-
-
-SGE_HOSTS = 2
-"""Namespace execution hosts sge-host1..2 (queue multi.q, FORCED complex multihost) beside the head (all.q)."""
+    _start("slurm", "--nodes", NODES["SLURM_NODES"])
 
 
 @pytest.fixture(scope="session")
 def sge_cluster() -> None:
-    _start("sge", "--hosts", str(SGE_HOSTS))
+    _start("sge", "--hosts", NODES["SGE_HOSTS"])
     _source_env()
 
 

@@ -180,23 +180,24 @@ def test_a_dotted_key_of_the_grid_or_the_space_is_one_key_on_the_command_line(tm
 
 @pytest.mark.slow
 def test_random_search_resweep_with_more_samples_trains_only_the_new_ones(tmp_path: Path) -> None:
-    """Issue 15: 4 samples of CartPole PPO (lr loguniform, ent_coef uniform), then 6: 2 more are trained."""
+    """Issue 15: random samples of CartPole PPO (lr loguniform, ent_coef uniform), then more: only the new ones are
+    trained (2 then 3 here; the issue's 4 then 6 show the same at twice the processes)."""
     space = "\n      train.lr: {type: loguniform, low: 1.0e-4, high: 1.0e-2}\n      train.ent_coef: {type: uniform, low: 0.0, high: 0.01}\n"
     since = time.time()
     out = io.StringIO()
-    assert submit_experiment(load_experiment(config(tmp_path, random_search(4, space=space))), "local", out=out) == 0
+    assert submit_experiment(load_experiment(config(tmp_path, random_search(2, space=space))), "local", out=out) == 0
     exp_dir = tmp_path / "logs" / "search"
-    assert "submitted 4 of 4 runs" in out.getvalue()
+    assert "submitted 2 of 2 runs" in out.getvalue()
     done = {row["run_id"]: (exp_dir / "runs" / row["run_id"] / "DONE").stat().st_mtime for row in read_runs_csv(exp_dir)}
-    assert len(done) == 4
+    assert len(done) == 2
 
     out = io.StringIO()
-    assert submit_experiment(load_experiment(config(tmp_path, random_search(6, space=space))), "local", out=out) == 0
-    assert "submitted 2 of 6 runs to local (4 done" in out.getvalue(), out.getvalue()
+    assert submit_experiment(load_experiment(config(tmp_path, random_search(3, space=space))), "local", out=out) == 0
+    assert "submitted 1 of 3 runs to local (2 done" in out.getvalue(), out.getvalue()
     wait_finished(exp_dir, Local(), since)
     rows = read_runs_csv(exp_dir)
-    assert len(rows) == 6 and {r["generation"] for r in rows} == {"1"}  # all 6 pooled as the current config
-    for run_id, mtime in done.items():  # the first 4 were not trained again
+    assert len(rows) == 3 and {r["generation"] for r in rows} == {"1"}  # all 3 pooled as the current config
+    for run_id, mtime in done.items():  # the first 2 were not trained again
         assert (exp_dir / "runs" / run_id / "DONE").stat().st_mtime == mtime
     summary = (exp_dir / "results" / "summary.csv").read_text().splitlines()
-    assert len(summary) == 7 and all(",1,1," in line or ",1," in line for line in summary[1:])
+    assert len(summary) == 4 and all(",1,1," in line or ",1," in line for line in summary[1:])
