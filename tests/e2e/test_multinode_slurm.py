@@ -200,12 +200,14 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
     for name in (lost, victim):
         wait_until(f"Slurm to mark {name} down", lambda name=name: node_state(name).startswith("down"), 90)
     down_after = time.monotonic() - killed
-    for name in (lost, victim):
-        cluster("revive-node", name)  # repaired: the 4-node partition has room again for both requeued jobs
+    # The actor's node is repaired, so the 4-node partition has room again for both requeued jobs; the learner's
+    # stays down until the learner has resumed (repaired at once, Slurm gave it back its old node, the lowest free).
+    cluster("revive-node", victim)
     wait_until("the learner to resume on another node", lambda: (i := rendezvous.read(rd)) is not None and i.instance != info.instance, 240)
     resumed_after = time.monotonic() - killed
     moved = rendezvous.read(rd)
-    assert moved is not None and moved.learner_host not in (lost, victim) and moved.host.startswith("10.251.0.") and moved.host != info.host, moved
+    assert moved is not None and moved.learner_host != lost and moved.host.startswith("10.251.0.") and moved.host != info.host, moved
+    cluster("revive-node", lost)
     text = status_text(exp_dir)
     assert re.search(rf"lost on {lost} \(pid \d+, [\d:]+\): node down or killed", text), text
     after = wait_stats(rd, lambda s: s["instance"] == moved.instance and s["actors_alive"] == 2, 240, "both actors feeding the resumed learner")
