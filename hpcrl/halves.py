@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from hpcrl.cores import usable_cores
 from hpcrl.runtime.lifeline import die_with_parent
 
 T = TypeVar("T")
@@ -29,12 +30,6 @@ WAIT_MIN_S, WAIT_FACTOR = 30.0, 4.0
 """How long the parent waits for the child's answer once its own half is done: four times what its half
 took, at least 30 s. Past that the child is killed and its half computed here: a child stuck on a lock
 another thread held at the fork (a fork copies only the forking thread) delays the answer, never hangs it."""
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: a job's allotment, a cgroup's or taskset's, not the
-    node's count). The one rule for it: the trainers' thread counts and worker groups (hpcrl.rl) use it too."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def map_in_halves(work: Callable[[Sequence[T]], list[R]], items: Sequence[T], min_items: int) -> list[R]:

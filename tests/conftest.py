@@ -9,7 +9,6 @@ should work is an error, not a skip: CI must not pass by skipping its integratio
 
 from __future__ import annotations
 
-import fcntl
 import os
 import resource
 import signal
@@ -46,11 +45,9 @@ def _start(name: str, *args: str) -> None:
     if reason:
         pytest.skip(f"{name}: {reason}")
     began = time.monotonic()
-    # pytest-xdist workers each run this session fixture: one at a time installs and starts the
-    # daemons (two apt-get runs would fight over dpkg's lock); the others then find them running.
-    with open(f"/tmp/hpcrl-tests-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        proc = subprocess.run(["bash", str(CLUSTERS / f"{name}.sh"), "start", *args], capture_output=True, text=True, timeout=900)
+    # pytest-xdist workers each run this session fixture: the script's own lock lets one install and start the
+    # daemons (its apt-get under another lock), and the others then find them running.
+    proc = subprocess.run(["bash", str(CLUSTERS / f"{name}.sh"), "start", *args], capture_output=True, text=True, timeout=900)
     took = time.monotonic() - began
     if proc.returncode != 0:
         pytest.fail(f"tests/clusters/{name}.sh start exited {proc.returncode}:\n{proc.stdout}{proc.stderr}", pytrace=False)
@@ -68,7 +65,7 @@ def _source_env() -> None:
             os.environ[key] = value
 
 
-NODES = dict(line.split("=", 1) for line in (CLUSTERS / "suite.env").read_text().split("\n") if line and not line.startswith("#"))
+NODES = dict(line.strip().split("=", 1) for line in (CLUSTERS / "suite.env").read_text().splitlines() if line.strip() and not line.startswith("#"))
 """The namespace nodes each cluster runs with (tests/clusters/suite.env, which scripts/test reads too)."""
 
 

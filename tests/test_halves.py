@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from hpcrl import halves
+from hpcrl.cores import usable_cores
 
-two_cores = pytest.mark.skipif(halves.usable_cores() < 2, reason="the split needs two cores")
+two_cores = pytest.mark.skipif(usable_cores() < 2, reason="the split needs two cores")
 
 
 def pids(items: list[int]) -> list[tuple[int, int]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from hpcrl import halves
 from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
+from hpcrl.cores import usable_cores
 from hpcrl.results.strength import write_strength
 from hpcrl.results.tables import RunResult, Scoring, write_results
 from hpcrl.store import expdir, rundir
@@ -103,7 +104,7 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
             todo.append(int(row["index"]))
     if not todo:
         return
-    workers = workers or max(1, min(len(todo), halves.usable_cores()))
+    workers = workers or max(1, min(len(todo), usable_cores()))
     print(f"evaluating {len(todo)} runs with {workers} processes", file=out)
     root = str(experiment_dir.resolve())
 

@@ -38,7 +38,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space
 
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.halves import usable_cores
+from hpcrl.cores import usable_cores
 from hpcrl.rl.env_deadline import BoundedEnv, BoundedVectorEnv, Deadline, known
 from hpcrl.rl.env_output import CheckedOutput
 from hpcrl.runtime.launch import how_it_ended

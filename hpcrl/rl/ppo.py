@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from hpcrl.config.hparams import OnPolicyConfig, PPOConfig
+from hpcrl.cores import usable_cores
 from hpcrl.rl import graphs
 from hpcrl.rl.ddp import Ranks
-from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes, usable_cores
+from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
 from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
 from hpcrl.rl.rollout import Rollout, RolloutThread, Uploader

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcrl.config.experiment import ConfigError
+from hpcrl.cores import usable_cores
 from hpcrl.io import atomic_write_text
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RUNNING, NodeRequest, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
@@ -40,7 +41,7 @@ _FINISHED = (DONE, FAILED, CANCELLED)
 
 def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
     """The one rule for the local executor's pool: `max_concurrent` tasks, else as many as the CPUs
-    hold at `cpus` each. GPUs do not size the pool: a task that asks for GPUs waits for free ones on
+    hold at `cpus` each (the cores this process may use, hpcrl.cores: inside an allocation, the allotment). GPUs do not size the pool: a task that asks for GPUs waits for free ones on
     its own, so CPU tasks (a learner's actors) still start beside a GPU task holding the only GPU."""
     return max_concurrent or max(1, cpu_count // max(1, cpus))
 
@@ -211,7 +212,7 @@ class LocalScheduler(Scheduler):
         return cls(experiment_dir)
 
     def task_slots(self, max_concurrent: int | None, cpus: int) -> int:
-        return local_slots(max_concurrent, cpus, os.cpu_count() or 1)
+        return local_slots(max_concurrent, cpus, usable_cores())
 
     def refuse(self, exp: Any, requests: Sequence[NodeRequest] = ()) -> str | None:
         """Training this machine cannot run: an explicit CUDA device, or ranks that each need a GPU,
@@ -569,7 +570,7 @@ class LocalRunner:
         try:
             while True:
                 jobs = self._load_jobs()
-                self.pool = pool_size(jobs, os.cpu_count() or 1)
+                self.pool = pool_size(jobs, usable_cores())
                 if self.stopping:
                     break
                 taken = self._take_cancels(running)

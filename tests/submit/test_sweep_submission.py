@@ -313,7 +313,7 @@ def test_local_pool_starts_actors_beside_a_learner_on_the_only_gpu(tmp_path: Pat
     from hpcrl.schedulers import local
 
     monkeypatch.setattr(local, "gpu_count", lambda: 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(local, "usable_cores", lambda: 16)
     exp = fake_experiment(tmp_path / "exp", [local_job("learner-0-0", 1, gpus=1), local_job("actors-0-0", 2, gpus=0)], GANG.replace("EXPECT", "3"))
     assert local.LocalRunner(exp).run() == 0
     assert devices(exp) == {"learner-0-0.1": "0", "actors-0-0.1": "", "actors-0-0.2": ""}
@@ -325,7 +325,7 @@ def test_local_gpus_are_split_one_per_task(tmp_path: Path, monkeypatch: pytest.M
     from hpcrl.schedulers import local
 
     monkeypatch.setattr(local, "gpu_count", lambda: 2)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(local, "usable_cores", lambda: 16)
     exp = fake_experiment(tmp_path / "exp", [local_job("train-0-0", 3, gpus=1), local_job("eval-0-0", 1, gpus=0)], GANG.replace("EXPECT", "2"))
     assert local.LocalRunner(exp).run() == 0
     seen = devices(exp)
