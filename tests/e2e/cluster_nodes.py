@@ -7,9 +7,15 @@ import re
 import subprocess
 from pathlib import Path
 
+from conftest import NODES as SUITE
 from test_conformance import csv_rows, wait_until
 
 from hpcrl.store import rundir
+
+SLURM_NODES = [f"slurm-node{i}" for i in range(1, int(SUITE["SLURM_NODES"]) + 1)]
+"""Every node of partition `multi` the suite's Slurm cluster runs with: a job there may land on any of them."""
+SGE_HOSTS = [f"sge-host{i}" for i in range(1, int(SUITE["SGE_HOSTS"]) + 1)]
+"""Every execution host of queue multi.q the suite's Grid Engine cluster runs with."""
 
 
 def start_beside_a_killed_node(script: Path, node: str, *, kill: str, revive: str, start: list[str]) -> None:

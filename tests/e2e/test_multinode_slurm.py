@@ -1,6 +1,6 @@
 """Every distributed mode across the nodes of a real Slurm cluster, and through node failures (issue 36).
 
-The cluster is tests/clusters/slurm.sh's: slurmctld on this host, and slurm-node1..3 in partition `multi`,
+The cluster is tests/clusters/slurm.sh's: slurmctld on this host, and slurm-node1..N in partition `multi` (N: tests/clusters/suite.env),
 each a real slurmd in its own network and UTS namespace with its own address on a private bridge. Each node
 names itself 127.0.1.1 in its /etc/hosts, as Debian's installer writes it, so `gethostbyname(gethostname())`
 is loopback on every node, as on a stock cluster. A node "dies" as a node does: its link goes down and every
@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_nodes import SLURM_NODES as NODES
 from cluster_nodes import assert_resumed_to_its_budget, start_beside_a_killed_node
 from test_conformance import Slurm as SlurmBackend
 from test_conformance import active_tasks, csv_rows, status_text, sweep, wait_finished, wait_until
@@ -36,7 +37,6 @@ from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.e2e]
 
 SLURM_SH = Path(__file__).resolve().parents[1] / "clusters" / "slurm.sh"
-NODES = [f"slurm-node{i}" for i in (1, 2, 3)]
 ON_NODES = ["resources.partition=multi"]
 
 
@@ -356,7 +356,9 @@ def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and
     returns, so its owner reboots it), `hpcrl sweep` again resumes the run from its checkpoint."""
     from hpcrl.distributed import runstats
 
-    config = {**APEX, "train": {**APEX["train"], "total_steps": 30_000}, "distributed": {**APEX["distributed"], "learner_timeout_s": 30}}
+    # A quarter of the learning run's gradient steps on a smaller network: this run's point is the partition.
+    train = {**APEX["train"], "total_steps": 30_000, "hidden_sizes": [64, 64], "gradient_steps": 32}
+    config = {**APEX, "train": train, "distributed": {**APEX["distributed"], "learner_timeout_s": 30}}
     exp_dir = submit_config(tmp_path, config)
     (run,) = load_runs(exp_dir)
     rd = run_dir(exp_dir, run.run_id)
@@ -471,5 +473,5 @@ def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_
 
 
 def test_the_suite_s_start_beside_a_test_leaves_a_killed_node_down_and_a_racing_revive_brings_it_back(nodes: None) -> None:
-    start_beside_a_killed_node(SLURM_SH, NODES[1], kill="kill-node", revive="revive-node", start=["--nodes", "4"])
+    start_beside_a_killed_node(SLURM_SH, NODES[1], kill="kill-node", revive="revive-node", start=["--nodes", str(len(NODES))])
     assert node_state(NODES[1]) == "idle"

@@ -202,7 +202,7 @@ def test_tensorboard_program_is_collected_from_its_event_files(tmp_path: Path) -
 def test_rl_zoo_sweep_is_collected_from_its_monitor_files(tmp_path: Path) -> None:
     """Local only: reading RL Zoo's Monitor CSVs is collect's, the same after any backend; that a program
     runs, is warned, requeued and cancelled on real Slurm and Grid Engine is the tests below, on every backend
-    (6 RL Zoo runs cost 75-84 s a backend)."""
+    (4 RL Zoo runs here; 6 cost 75-84 s a backend under the suite's load)."""
     pytest.importorskip("rl_zoo3")
     local = Local()
     started = since = time.time()
@@ -210,18 +210,18 @@ def test_rl_zoo_sweep_is_collected_from_its_monitor_files(tmp_path: Path) -> Non
     wait_finished(exp_dir, local, since, timeout=400)
     wall = time.time() - started
     rows, aggregate, _ = experiment_status(exp_dir)
-    assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 6 and aggregate == "done", status_text(exp_dir)
+    assert [(r.train, r.eval) for r in rows] == [("done", "done")] * 4 and aggregate == "done", status_text(exp_dir)
     for run in load_runs(exp_dir):
         assert list(run_dir(exp_dir, run.run_id).glob("zoo/ppo/CartPole-v1_*/*monitor.csv")), run.run_id
     code, printed = collected(exp_dir)
     assert code == 0, printed
     results = exp_dir / "results"
     summary = csv_rows(results / "summary.csv")
-    assert sorted(s["n"] for s in summary) == ["3", "3"] and len({s["setting"] for s in summary}) == 2
+    assert sorted(s["n"] for s in summary) == ["2", "2"] and len({s["setting"] for s in summary}) == 2
     assert {c["setting"] for c in csv_rows(results / "curves.csv")} == {s["setting"] for s in summary}
     assert (results / "plots" / "curves.png").exists()
     assert "Final score (mean of the last 20 training episodes)" in (results / "report.md").read_text()
-    print(f"\n{local.name}: RL Zoo 2 lr x 3 seeds (-n 2048) in {wall:.1f} s; " + "; ".join(f"{s['setting']}: {float(s['mean']):.1f}" for s in summary))
+    print(f"\n{local.name}: RL Zoo 2 lr x 2 seeds (-n 2048) in {wall:.1f} s; " + "; ".join(f"{s['setting']}: {float(s['mean']):.1f}" for s in summary))
 
     _, printed = sweep(RLZOO, tmp_path, local.name)
     assert "nothing submitted" in printed, printed

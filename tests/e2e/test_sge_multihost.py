@@ -1,6 +1,6 @@
 """Grid Engine across execution hosts, and through a host that dies (issue 36).
 
-The cell is tests/clusters/sge.sh's, started with `--hosts 2`: qmaster and the execd of all.q on this host,
+The cell is tests/clusters/sge.sh's, started with the hosts of tests/clusters/suite.env (2): qmaster and the execd of all.q on this host,
 and sge-host1..2, each a real sge_execd in its own network and UTS namespace with its own address on a
 private bridge, in queue multi.q. multi.q carries the FORCED complex `multihost`: only a job that asks
 `-l multihost=TRUE` runs there (ON_HOSTS), so no other test's job lands on a host these tests kill.
@@ -37,6 +37,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from cluster_nodes import SGE_HOSTS as HOSTS
 from cluster_nodes import assert_resumed_to_its_budget, start_beside_a_killed_node
 from factories import write_config
 from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, wait_until
@@ -49,7 +50,6 @@ from hpcrl.store.expdir import Job, load_runs, read_jobs, run_dir
 pytestmark = [pytest.mark.multinode, pytest.mark.sge, pytest.mark.e2e]
 
 SGE_SH = Path(__file__).resolve().parents[1] / "clusters" / "sge.sh"
-HOSTS = ["sge-host1", "sge-host2"]
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ON_HOSTS = ["resources.extra=['-l multihost=TRUE']"]
 
@@ -149,21 +149,22 @@ def test_array_tasks_and_train_eval_aggregate_spread_over_two_hosts(hosts: None,
     assert len(csv_rows(exp_dir / "results" / "summary.csv")) == 1
 
 
-# CartPole PPO that solves it in 100k steps on one rank of 8 envs (RL Zoo's tuned settings, tests/rl/test_ddppo.py),
-# as 2 hosts x 1 rank x 4 envs. Here each test sets its own budget: that the ranks learn together across nodes is
-# Slurm's multi-node test (the same gloo ranks and gradients; only the launcher differs), not repeated here.
+# DD-PPO on CartPole as 2 hosts x 1 rank x 4 envs, an update (and a gradient all-reduce) every 256 steps as in
+# Slurm's multi-node test, but 2 epochs of a 16-unit network instead of its 20 of 64x64: these tests are about
+# placement, warnings, lost and cut-off hosts, not learning (that the ranks learn together across nodes is
+# Slurm's test: the same gloo ranks and gradients; only the launcher differs), so each sets its own budget and
+# computes a tenth of what learning takes.
 DDPPO = [
     *ON_HOSTS, "resources.sge_pe=mpi", "env.num_envs=4", "resources.ranks=2", "resources.nodes=2", "sweep.seeds=[0]", "eval.episodes=10",
     "resources.collective_timeout=60",
     # Each host names itself 127.0.1.1 (Debian's way): hpcrl gives gloo the interface other hosts reach (hpcrl.rl.ddp).
-    "train={total_steps: 100000, lr: 1.0e-3, num_steps: 32, num_minibatches: 1, update_epochs: 20, gamma: 0.98, gae_lambda: 0.8, "
-    "clip_vloss: false, anneal_clip: true, ent_coef: 0.0, hidden_sizes: [64, 64], checkpoint_every: 20}",
+    "train={total_steps: 100000, num_steps: 32, num_minibatches: 1, update_epochs: 2, hidden_sizes: [16], checkpoint_every: 20}",
 ]  # fmt: skip
 
 
 def test_ddppo_ranks_meet_over_two_hosts_and_restart_whole_when_the_other_host_dies(hosts: None, tmp_path: Path) -> None:
     since = time.time()
-    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=30000")
+    exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=40000")
     script = (exp_dir / "jobs" / "train-0-0.sh").read_text()
     assert "#$ -pe mpi 2" in script, script
     (run,) = load_runs(exp_dir)
@@ -191,7 +192,7 @@ def test_ddppo_ranks_meet_over_two_hosts_and_restart_whole_when_the_other_host_d
     assert re.search(rf"{other} lost \(qmaster: unknown; its execd does not answer\): the run restarts whole", log), log
     resumed = dict(re.findall(r"\(rank (\d)/2\): resumed from step (\d+)", log))
     assert set(resumed) == {"0", "1"} and len(set(resumed.values())) == 1 and int(resumed["0"]) > 0, log  # both ranks, one checkpoint
-    assert int(rundir.done_step(rd) or 0) >= 30_000
+    assert int(rundir.done_step(rd) or 0) >= 40_000
     # Accounting: the first start and the restart, both on the host left; the parallel task on the killed host
     # left no record (its execd died with it).
     records = qacct_hosts(train.job_id)
@@ -201,7 +202,7 @@ def test_ddppo_ranks_meet_over_two_hosts_and_restart_whole_when_the_other_host_d
     (row,) = csv_rows(exp_dir / "results" / "summary.csv")
     print(
         f"\nsge DD-PPO 2 hosts x 1 rank: rank 0 on {master}, rank 1 on {other} (qrsh -inherit); {other} killed, the run restarted "
-        f"whole from step {resumed['0']} {resumed_after:.0f} s after the kill; final eval {float(row['mean']):.0f} (30k steps)"
+        f"whole from step {resumed['0']} {resumed_after:.0f} s after the kill; final eval {float(row['mean']):.0f} (40k steps)"
     )
     assert subprocess.run(["qstat"], capture_output=True, timeout=30).returncode == 0  # qmaster lived (hold_argv: no -hold_jid_ad on this job)
 
@@ -414,7 +415,7 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     from hpcrl.submit.pipeline import submit_experiment
 
     overrides = [f"output={tmp_path}", "sweep.seeds=[0]", "train.total_steps=8000", "train.checkpoint_every=100",
-                 "distributed.learner_timeout_s=30", "distributed.ratio_slack=0", *ON_HOSTS]  # fmt: skip
+                 "distributed.learner_timeout_s=30", "distributed.ratio_slack=0", "eval.episodes=20", *ON_HOSTS]  # fmt: skip
 
     def submit() -> tuple[Path, str]:
         exp, out = load_experiment(CONFIGS / "tictactoe_alphazero_jobs.yaml", overrides), io.StringIO()
@@ -480,5 +481,5 @@ def active_train(exp_dir: Path) -> bool:
 
 
 def test_the_suite_s_start_beside_a_test_leaves_a_killed_host_down_and_a_racing_revive_brings_it_back(hosts: None) -> None:
-    start_beside_a_killed_node(SGE_SH, HOSTS[1], kill="kill-host", revive="revive-host", start=["--hosts", "2"])
+    start_beside_a_killed_node(SGE_SH, HOSTS[1], kill="kill-host", revive="revive-host", start=["--hosts", str(len(HOSTS))])
     assert re.search(rf"{HOSTS[1]} \S+ execd running link up", cluster("status"))
