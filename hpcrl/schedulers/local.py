@@ -40,9 +40,10 @@ _FINISHED = (DONE, FAILED, CANCELLED)
 
 
 def local_slots(max_concurrent: int | None, cpus: int, cpu_count: int) -> int:
-    """The one rule for the local executor's pool: `max_concurrent` tasks, else as many as the CPUs
-    hold at `cpus` each (the cores this process may use, hpcrl.cores: inside an allocation, the allotment). GPUs do not size the pool: a task that asks for GPUs waits for free ones on
-    its own, so CPU tasks (a learner's actors) still start beside a GPU task holding the only GPU."""
+    """The one rule for the local executor's pool: `max_concurrent` tasks, else as many as the CPUs hold
+    at `cpus` each (the cores this process may use, hpcrl.cores: inside an allocation, the allotment).
+    GPUs do not size the pool: a task that asks for GPUs waits for free ones on its own, so CPU tasks
+    (a learner's actors) still start beside a GPU task holding the only GPU."""
     return max_concurrent or max(1, cpu_count // max(1, cpus))
 
 
