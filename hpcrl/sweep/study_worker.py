@@ -154,9 +154,14 @@ class Worker:
         lock = self.optuna.storages.journal.JournalFileOpenLock(str(self.lock_path))
         lock.acquire()
         try:
+            # The records first, then the trials: a worker tells its trial and then removes its record
+            # outside this lock, so read the other way round a trial told between the reads looked
+            # RUNNING and held by nobody, and was adopted (Optuna refuses to update it: the worker died).
+            # New records are written only under this lock, so a trial RUNNING after the records were
+            # read and held by none of them is an orphan.
+            held = study.held_trials(self.root, self.name)
             trials = self.study.get_trials(deepcopy=False)
             running = {t.number: t for t in trials if t.state == self.optuna.trial.TrialState.RUNNING}
-            held = study.held_trials(self.root, self.name)
             mine = held.pop(self.task, None)
             if mine is not None:
                 if mine in running:

@@ -293,6 +293,31 @@ def test_a_record_left_by_a_worker_of_an_earlier_study_is_not_resumed_in_the_new
     assert first.number == 1 and "resumed" not in out.getvalue()
 
 
+@pytest.mark.parametrize("storage", ["journal", "sqlite"])
+def test_a_trial_told_while_another_worker_claims_is_not_adopted_as_an_orphan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage: str) -> None:
+    """Worker 1 tells its trial and removes its record outside the ask lock, so it may do both while
+    worker 2 claims. Found in a full run (SQLite storage): worker 2 read trial 1 RUNNING, then found no
+    record holding it, adopted it as an orphan and died on Optuna's UpdateFinishedTrialError, leaving
+    its record behind. Here worker 1 finishes exactly between worker 2's reads."""
+    extra = [f"sweep.search.storage=sqlite:///{tmp_path}/study.db"] if storage == "sqlite" else []
+    exp = load_experiment(CONFIG, [f"output={tmp_path}", "sweep.seeds=[0]", search(3, pruner="none"), *extra])
+    expdir.write_experiment(exp, [], {"scheduler": "local"})
+    first = Worker(exp.dir, 1, io.StringIO())
+    trial = first.claim()
+    assert trial.number == 0 and study.held_trials(exp.dir) == {1: 0}
+    real_held = study.held_trials
+
+    def worker_1_finishes_then_read(*args: object) -> dict[int, int]:
+        first.study.tell(trial, 100.0)
+        first.record.unlink()
+        return real_held(*args)
+
+    monkeypatch.setattr(study, "held_trials", worker_1_finishes_then_read)
+    out = io.StringIO()
+    second = Worker(exp.dir, 2, out).claim()
+    assert second.number == 1 and "adopted" not in out.getvalue(), out.getvalue()
+
+
 def test_a_trial_whose_training_failed_is_told_failed_not_scored_from_the_rows_it_logged(tmp_path: Path) -> None:
     """A trial's run that fails after logging good episodes is a FAIL in the study: not evaluated,
     and its logged return is not told as the trial's value (TPE would model a crash as a score)."""
