@@ -13,7 +13,9 @@ the study how it ended, and asks for the next, until the study has `n_trials` tr
   and resumes that trial's run from its checkpoint if the study still has the trial RUNNING; a
   record of a trial the study already knows as finished is dropped. The record goes only after
   the study is told. So a RUNNING trial that no record holds has lost its end (a torn journal
-  record) or its worker died inside the lock: the next worker that asks adopts it.
+  record) or its worker died inside the lock: the next worker that asks adopts it. The one that
+  asks reads the records before the trials: a trial told (and its record removed) between the
+  two reads is then seen finished, not as an orphan.
 - The scheduler's warning: during training, the trainer checkpoints and the worker exits with
   the requeue code, leaving the trial RUNNING for its next lifetime; between trials, the worker
   stops before asking for another.
