@@ -11,18 +11,12 @@ set -euo pipefail
 log() { printf '[chromium.sh] %s\n' "$*"; }
 die() { printf '[chromium.sh] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# shellcheck source=apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+
 case "${1:-}" in
   install|start)   # `start`: the name tests/conftest.py uses for every cluster script
-    if command -v chromium >/dev/null 2>&1; then
-      log "$(chromium --version 2>/dev/null | head -n1) already installed"
-      exit 0
-    fi
-    [ "$(id -u)" -eq 0 ] || die "needs root to install chromium"
-    [ -f /etc/debian_version ] || die "needs Debian/Ubuntu (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }
-    log "installed $(chromium --version 2>/dev/null | head -n1)"
+    apt_install_once chromium chromium
     ;;
   *)
     echo "usage: $0 install|start" >&2

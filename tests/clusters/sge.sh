@@ -23,6 +23,8 @@
 set -euo pipefail
 # shellcheck source=nodes.sh
 source "$(dirname "${BASH_SOURCE[0]}")/nodes.sh"
+# shellcheck source=apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 HOST=$(hostname)
 HOST_PREFIX=sge-host                    # execution hosts sge-host1..N at 10.251.0.21..
@@ -187,9 +189,7 @@ install_packages() {
     log "installing Grid Engine from Debian's packages"
     local t0=$SECONDS policy_added=0 pkg
     # slurm.sh and sge.sh may be started side by side: one apt/debconf run at a time.
-    install -d -m 755 /var/lib/hpcrl-test
-    exec 9>/var/lib/hpcrl-test/apt.lock
-    flock -w 900 9 || die "timed out waiting for /var/lib/hpcrl-test/apt.lock"
+    apt_lock
     # Answer the packages' questions so that the master package's postinst creates the cell.
     for pkg in gridengine-common gridengine-client gridengine-master gridengine-exec; do
         debconf-set-selections <<EOF

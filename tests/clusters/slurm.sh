@@ -19,6 +19,8 @@
 set -euo pipefail
 # shellcheck source=nodes.sh
 source "$(dirname "${BASH_SOURCE[0]}")/nodes.sh"
+# shellcheck source=apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 HOST=$(hostname -s)
 NODE_PREFIX=slurm-node                 # compute nodes slurm-node1..N at 10.251.0.11..
@@ -163,9 +165,7 @@ install_packages() {
     log "installing munge, Slurm and MariaDB from Debian's packages"
     local t0=$SECONDS policy_added=0
     # slurm.sh and sge.sh may be started side by side: one apt/debconf run at a time.
-    install -d -m 755 /var/lib/hpcrl-test
-    exec 9>/var/lib/hpcrl-test/apt.lock
-    flock -w 900 9 || die "timed out waiting for /var/lib/hpcrl-test/apt.lock"
+    apt_lock
     # Keep the packages' init scripts from starting daemons during the install (this script starts them itself).
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
