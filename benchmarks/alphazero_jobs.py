@@ -10,21 +10,26 @@ submitted with `hpcrl sweep`, then from the trainer's stats file and train.csv:
   self-play job's longest block on a full queue over its own time to play one batch. Issue 28's
   target: neither waits for more than one batch.
 
-Figures (2026-11-26, the 2-core VM, nothing else running; seed 0, 10,000 positions, Slurm's node
-oversubscribed 2 jobs per core, so trainer and self-play share 2 cores), `--actors N --slack S`:
+Figures (2026-12-02, the 2-core VM, nothing else running; seed 0, 10,000 positions, Slurm's node
+oversubscribed 2 jobs per core, so trainer and self-play share 2 cores; the config's recipe is the simple
+mode's since that day: 25 simulations a self-play move, half noise, 3.125 updates per game), `--actors N --slack S`:
 
 | self-play jobs | ratio_slack | trainer busy | realised ratio | trainer's longest wait | self-play's longest block | losses to perfect play |
 | --- | --- | --- | --- | --- | --- | --- |
-| 1 | 0 | 0.78 | 1.00x | 1.00 batch (2.7 s in all) | none | 0 of 100 |
-| 2 | 0 | 0.97 | 1.00x | 0.05 batch | 1.64 / 1.49 batches | 2 of 100 |
-| 1 | 0.25 | 0.96 | 1.22x | none | none | 2 of 100 |
-| 2 | 0.25 | 0.96 | 0.75x (the edge) | none | 0.96 / 0.51 batch | 2 of 100 |
-| 1 | 0.5 | 0.96 | 1.22x | none | none | 0 of 100 |
-| 2 | 0.5 | 0.90 | 0.57x | none | none | 0 of 100 |
+| 1 | 0 | 0.67 | 1.00x | 1.87 batches (2.1 s in all) | none | 0 of 100 |
+| 1 | 0.25 | 0.86 | 1.19x | 0.83 batch | none | 0 of 100 |
+| 1 | 0.5 | 0.92 | 1.49x (the edge) | 1.63 batches (0.15 s in all) | none | 0 of 100 |
+| 2 | 0 | 0.94 | 1.00x | 0.31 batch | 1.67 / 1.58 batches | 3 of 100 |
+| 2 | 0.25 | 0.93 | 0.75x (the edge) | none | 0.52 / 0.43 batch | 0 of 100 |
+| 2 | 0.5 | 0.89 | 0.63x | none | none | 0 of 100 |
 
-Held to the set ratio (slack 0) the faster side waits: the trainer with one self-play job, the
-self-play jobs with two. With the config's slack of 0.5 neither waits in either setting, and the
-realised ratio says which side is faster (1.22x: the trainer; 0.57x: the self-play).
+Each run trained in 5-10 s (190-290 games/s). Held to the set ratio (slack 0) the faster side waits: the
+trainer with one self-play job, the self-play jobs with two. With the config's slack of 0.5 and its two
+self-play jobs neither waits; with one, the trainer is faster than the band allows (1.49x) and waits at its
+edge. The realised ratio says which side is faster (above 1: the trainer; below: the self-play). With the
+earlier recipe (40 simulations, a quarter noise, 6.25 updates per game; 2026-11-26) three of these six runs
+lost 2 of 100; the 3 of this one (two jobs held to the ratio) are 10,000 positions' worth: the multi-node
+test trains that setting for 24,000 and loses none.
 
 The Slurm cluster of the tests must run (`bash tests/clusters/slurm.sh start`, then
 `source tests/clusters/env.sh`). A benchmark prints; it does not assert.

@@ -414,7 +414,9 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     from hpcrl.distributed import runstats
     from hpcrl.submit.pipeline import submit_experiment
 
-    overrides = [f"output={tmp_path}", "sweep.seeds=[0]", "train.total_steps=8000", "train.checkpoint_every=100",
+    # 16,000 positions: the cut comes after the trainer's first checkpoint and after any self-play task on its host
+    # was moved, 3,118-4,196 positions in with the config's recipe of 2026-12-02 (714 with the slower earlier one).
+    overrides = [f"output={tmp_path}", "sweep.seeds=[0]", "train.total_steps=16000", "train.checkpoint_every=100",
                  "distributed.learner_timeout_s=30", "distributed.ratio_slack=0", "eval.episodes=20", *ON_HOSTS]  # fmt: skip
 
     def submit() -> tuple[Path, str]:
@@ -467,11 +469,11 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     resubmitted = time.time()
     assert "submitted 1 of 1 runs" in submit()[1]
     wait_finished(exp_dir, SGE(), resubmitted, timeout=300)
-    assert_resumed_to_its_budget(rd, logs(exp_dir, "learner"), 8000)
+    assert_resumed_to_its_budget(rd, logs(exp_dir, "learner"), 16000)
     print(
         f"\nsge AlphaZero partition ({len(moved)} self-play task(s) moved off the trainer's host): trainer on {cut} cut off ({time.time() - since:.0f} s into the run, {checkpointed} positions logged); "
         f"self-play stopped {stopped_after:.0f} s later, the rescheduled trainer refused the held run {refused_after:.0f} s after the cut; "
-        f"the next sweep resumed it to 8,000 positions"
+        f"the next sweep resumed it to 16,000 positions"
     )
 
 
