@@ -9,11 +9,17 @@
 
 APT_LOCK=/var/lib/hpcrl-test/apt.lock
 
-# apt_lock: hold APT_LOCK (descriptor 9) until the caller closes it or exits.
+# apt_lock: hold APT_LOCK (descriptor 9) until apt_unlock or the caller exits.
 apt_lock() {
     install -d -m 755 "$(dirname "$APT_LOCK")"
     exec 9>"$APT_LOCK"
     flock -w 900 9 || die "timed out waiting for $APT_LOCK"
+}
+
+# apt_unlock: let the next install run (and keep descriptor 9 from the daemons the caller starts next).
+apt_unlock() {
+    flock -u 9
+    exec 9>&-
 }
 
 # apt_install_once BINARY PACKAGE: PACKAGE from Debian's mirror unless `BINARY --version` already runs; checked
@@ -34,6 +40,6 @@ apt_install_once() {
             || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 "$package" >/dev/null; }
     fi
     version=$("$binary" --version 2>/dev/null) || die "$package was installed but \`$binary --version\` does not run"
-    exec 9>&-
+    apt_unlock
     log "$did $(head -n1 <<<"$version")"
 }

@@ -213,8 +213,7 @@ EOF
         rm -f /usr/sbin/policy-rc.d
         trap - EXIT
     fi
-    flock -u 9
-    exec 9>&-
+    apt_unlock
     log "install took $((SECONDS - t0)) s"
 }
 

@@ -181,8 +181,7 @@ install_packages() {
         rm -f /usr/sbin/policy-rc.d
         trap - EXIT
     fi
-    flock -u 9
-    exec 9>&-
+    apt_unlock
     log "install took $((SECONDS - t0)) s"
 }
 
