@@ -109,6 +109,8 @@ def sb3_model(algo: str, exp: Any, seed: int) -> Any:
 
 
 def run_sb3(algo: str, scale: float, seed: int, threads: int, flush_denormal: bool) -> tuple[int, float, float]:
+    from stable_baselines3.common.logger import Logger
+
     torch.set_num_threads(threads)
     torch.set_flush_denormal(flush_denormal)
     exp = load_experiment(ROOT / "configs" / f"cartpole_{algo}.yaml")
@@ -118,6 +120,7 @@ def run_sb3(algo: str, scale: float, seed: int, threads: int, flush_denormal: bo
         raise SystemExit("SB3's PPO does not clip the value loss CleanRL's way: set train.clip_vloss false to compare")
     steps = int(exp.train.total_steps * scale)
     model = sb3_model(algo, exp, seed)
+    model.set_logger(Logger(None, []))  # SB3's default logger makes an empty /tmp/SB3-<time> folder each learn()
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     wall = time.perf_counter() - start

@@ -4,8 +4,11 @@ same cores, both sides' networks then measured by one harness (issue 39).
     python benchmarks/openspiel_alphazero.py --game tic_tac_toe --minutes 4 --path /tmp/azcmp
     python benchmarks/openspiel_alphazero.py --game connect_four --minutes 20 --games 40 --path /tmp/azc4
     python benchmarks/openspiel_alphazero.py --game connect_four --minutes 60 --cpus 0 1 --path /tmp/azc4
+    python benchmarks/openspiel_alphazero.py --game connect_four --sides hpcrl openspiel-jitted --minutes 60 --at-once --path /tmp/azc4
 
-Sides (`--sides`, each trained in turn for `--minutes` on the cores `--cpus`, default all this process may use):
+Sides (`--sides`, each trained in turn for `--minutes` on the cores `--cpus`, default all this process may use;
+with `--at-once` all at the same time, each on its own share of `--cpus`, one core each on two, and each then
+played on its own share: half the wall time for two sides, and neither side's run meets a different machine):
 - `hpcrl`: configs/tictactoe_alphazero.yaml or configs/connect4_alphazero.yaml as they are (`--set`
   overrides), the AlphaZero class `hpcrl train` runs, self-play and training alternating in one process
   with train.torch_threads (1) as `hpcrl train` sets it; it stops at `--minutes` or the config's train.total_steps,
@@ -49,18 +52,29 @@ first snapshot (18 s of training) on; OpenSpiel shipped 4 games, jitted 60 games
 12 min: 355 games, 1 learner step (at 8.5 min), 7 losses (178 CPU s). Connect four, 10 min a side,
 10 games, 100 simulations: hpcrl 22,572 positions (243 CPU s), 3/10 against MCTS-100, 1/10 against
 MCTS-1000; OpenSpiel jitted 66 games, no learner step (202 CPU s), 1/10 and 0/10.
+
+Connect four, 60 min, one core each at once (2026-12-02, quiet machine, nothing else running; `--game
+connect_four --sides hpcrl openspiel-jitted --minutes 60 --games 40 --at-once`): hpcrl reached its config's
+budget, 400,233 positions (22,400 updates), after 2,723 s (2,656 CPU s) and stopped there: 38 won, 2 lost
+of 40 against MCTS-100, 35 won, 1 drawn, 4 lost against MCTS-1000. OpenSpiel jitted, all 60 min (3,553 CPU
+s): 2,017 games, 41,212 states, 19 learner steps (its last checkpoint at 3,465 s): 23 won, 1 drawn, 16
+lost against MCTS-100, 5 won, 1 drawn, 34 lost against MCTS-1000. (Sequentially with two cores, OpenSpiel's
+20-minute run used 1,342 CPU s: its learner waits for 2,048 new states most of the time, so one core of
+its own barely helped it.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -393,6 +407,18 @@ def train_side(args: argparse.Namespace, side: str, python: Path | None, cpus: l
     return f"{side}: trained {args.minutes:g} min, {max(checkpoint_steps(path), default=0)} learner steps"
 
 
+def run_side(args: argparse.Namespace, side: str, python: Path | None, cpus: list[int]) -> dict[str, Any]:
+    """Train one side on `cpus` (unless --minutes is 0), then play its final network: its row. The
+    harness runs on the same cores, so sides run at once (--at-once) do not take each other's."""
+    os.sched_setaffinity(0, cpus)
+    try:
+        if args.minutes > 0:
+            print(train_side(args, side, python, cpus), f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+        return side_result(args, side, python)
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - one side's failure is its row; the others go on
+        return {"side": side, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     head = f"{'side':<19}{'trained':>9}{'CPU':>7}{'work':>36}  " + "  ".join(f"{o:>18}" for o in args.opponents)
     lines = [head + ("  first 0 losses" if args.game == "tic_tac_toe" else "")]
@@ -416,6 +442,7 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--minutes", type=_args.minutes, default=20, help="training wall time of each side; 0: play what is already in --path")
     parser.add_argument("--cpus", type=_args.cpu, nargs="+", help="the cores each side trains on (default: all this process may use)")
+    parser.add_argument("--at-once", action="store_true", help="train and then play the sides at the same time, each on its own share of --cpus")
     parser.add_argument("--games", type=_args.positive_integer, default=40, help="per opponent, each colour half")
     parser.add_argument("--simulations", type=_args.positive_integer, default=200, help="per move of each side's agent in the harness")
     parser.add_argument("--opponents", nargs="+", help="hpcrl.rl.strength opponents (default: perfect for tic-tac-toe, mcts:100 mcts:1000 for connect four)")
@@ -443,27 +470,31 @@ def main() -> None:
     args.opponents = args.opponents or OPPONENTS[args.game]
     args.path.mkdir(parents=True, exist_ok=True)
     cpus = args.cpus or sorted(os.sched_getaffinity(0))
-    print(f"{args.game}: {args.minutes:g} min a side on CPUs {cpus}, {args.games} games per opponent, {args.simulations} simulations a move; "
+    if len(set(args.sides)) < len(args.sides):
+        parser.error(f"argument --sides: each side once (they would train into the same folder), got {' '.join(args.sides)}")
+    if args.at_once and len(cpus) < len(args.sides):
+        parser.error(f"--at-once gives each side a core of its own: {len(args.sides)} sides need {len(args.sides)} of --cpus, not {len(cpus)}")
+    print(f"{args.game}: {args.minutes:g} min a side on CPUs {cpus}{' split between the sides, all at once' if args.at_once else ''}, {args.games} games per opponent, {args.simulations} simulations a move; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)  # fmt: skip
-    python, rows = None, []
-    for side in args.sides:
-        if side != "hpcrl" and python is None:
-            try:
-                python = venv_python("openspiel", REQUIREMENTS)
-            except Unavailable as exc:
-                rows.append({"side": side, "error": f"SKIPPED: {exc}"})
-                print(f"{side}: SKIPPED: {exc}", flush=True)
-                continue
-        if args.minutes > 0:
-            print(train_side(args, side, python, cpus), f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+    python, skipped = None, {}
+    if any(side != "hpcrl" for side in args.sides):
         try:
-            rows.append(side_result(args, side, python))
-        except (SystemExit, Exception) as exc:  # noqa: BLE001 - one side's failure is its row; the others go on
-            rows.append({"side": side, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            python = venv_python("openspiel", REQUIREMENTS)
+        except Unavailable as exc:
+            print(f"OpenSpiel's sides: SKIPPED: {exc}", flush=True)
+            skipped = {side: f"SKIPPED: {exc}" for side in args.sides if side != "hpcrl"}
+    sides = [side for side in args.sides if side not in skipped]
+    shares = [cpus[i :: len(sides)] for i in range(len(sides))] if args.at_once else [cpus] * len(sides)
+    if args.at_once and sides:
+        with ProcessPoolExecutor(len(sides), mp_context=multiprocessing.get_context("fork")) as pool:  # nothing threaded is running yet
+            done = dict(zip(sides, pool.map(run_side, [args] * len(sides), sides, [python] * len(sides), shares)))
+    else:
+        done = {side: run_side(args, side, python, share) for side, share in zip(sides, shares)}
+    rows = [{"side": side, "error": skipped[side]} if side in skipped else done[side] for side in args.sides]
     print()
     print(table(args, rows))
     tmp = args.path / "results.json.tmp"
-    tmp.write_text(json.dumps({"game": args.game, "minutes": args.minutes, "cpus": cpus, "games": args.games, "simulations": args.simulations, "rows": rows}, indent=1))
+    tmp.write_text(json.dumps({"game": args.game, "minutes": args.minutes, "cpus": cpus, "at_once": args.at_once, "games": args.games, "simulations": args.simulations, "rows": rows}, indent=1))
     os.replace(tmp, args.path / "results.json")
 
 

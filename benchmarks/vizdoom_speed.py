@@ -71,6 +71,11 @@ EnvPool 1.2.5 (`pip install envpool`; its Basic-v1 renders the scenario's 320x24
 (1,085-1,314 against 1,850 in the same minute, quiet; 1,122 against 1,869 under load), so it is
 no backend of hpcrl; the `envpool-random` side measures it where it is installed.
 
+Figures (2026-12-02, the 2-core VM quiet; `--num-envs 8 --sides random hpcrl-async sb3 sample-factory
+--seconds 20`): random 3,307 (0.48 ms/step), hpcrl async 1,405 (0.48 / 1.14), SB3 1,151 (1.05 / 1.56),
+Sample Factory 1,768 (1.08): on a quiet machine Sample Factory is the faster sampler, at about hpcrl's CPU
+per step, by keeping both cores busy. `--learn 49152`, seed 0: hpcrl 75.0, SB3 75.8, Sample Factory 2.1.
+
 Figures (2026-11-27, issue 39; the 2-core VM shared with other sessions, load average 8-16 throughout,
 so SPS are indicative and the CPU column is the figure to compare): 8 envs, 20 s windows, `-p
 train.torch_threads=1` (SB3 at 2 threads spins in OpenMP barriers on a loaded machine: 59 SPS, 7.3 ms
@@ -211,6 +216,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import SubprocVecEnv
 
     from hpcrl.config.hparams import NATURE_CNN
@@ -253,6 +259,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                     max_grad_norm=t.max_grad_norm, normalize_advantage=t.norm_adv,
                     policy_kwargs=policy_kwargs,
                     seed=args.seed, device=device, verbose=0)  # fmt: skip
+        model.set_logger(Logger(None, []))  # SB3's default logger makes an empty /tmp/SB3-<time> folder each learn()
         clock = Clock()
         model.learn(total_timesteps=args.learn or 10**9, callback=clock)
         if args.learn:

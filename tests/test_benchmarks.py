@@ -31,7 +31,7 @@ TINY: dict[str, tuple[list[str], tuple[pytest.MarkDecorator, ...]]] = {
     "ddppo.py": (["--ranks", "2", "--envs", "2", "--num-steps", "8", "--steps", "64", "--epochs", "1", "--repeats", "1", "--raw-seconds", "0"], (pytest.mark.slow,)),
     "distributed.py": (["pipe", "--actors", "1", "--seconds", "0.5"], (pytest.mark.redis, pytest.mark.e2e)),
     "mutation.py": (["--only", "templates", "--max-mutants", "1", "--budget-minutes", "3"], (pytest.mark.slow,)),
-    "openspiel_alphazero.py": (["--game", "tic_tac_toe", "--minutes", "0.1", "--games", "2", "--simulations", "2", "--curve", "1", "--sides", "hpcrl", "openspiel-jitted", "--path", "{tmp}/az"], (pytest.mark.slow,)),
+    "openspiel_alphazero.py": (["--game", "tic_tac_toe", "--minutes", "0.1", "--games", "2", "--simulations", "2", "--curve", "1", "--sides", "hpcrl", "openspiel-jitted", "--at-once", "--path", "{tmp}/az"], (pytest.mark.slow,)),
     "periodic_eval.py": (["--steps", "1024"], (pytest.mark.slow,)),
     "stats_scale.py": (["--settings", "2", "--seeds", "2", "--points", "10", "--repeats", "1"], (pytest.mark.e2e,)),
     "status_scale.py": (["--runs", "20", "--settings", "2", "--repeat", "1", "--schedulers"], (pytest.mark.e2e,)),
@@ -164,6 +164,8 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("vizdoom_speed.py", ["--out", "{tmp}", "--learn", "-5"], "argument --learn: expected an integer >= 0, got -5"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "99999"], "argument --cpus: expected a core this process may use"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--minutes", "inf"], "argument --minutes: expected finite minutes >= 0, got inf"),
+        ("openspiel_alphazero.py", ["--path", "{tmp}", "--at-once", "--cpus", "0"], "--at-once gives each side a core of its own: 3 sides need 3 of --cpus, not 1"),
+        ("openspiel_alphazero.py", ["--path", "{tmp}", "--sides", "hpcrl", "hpcrl"], "argument --sides: each side once (they would train into the same folder)"),
         ("collect_scale.py", ["--before", "no-such-commit"], "argument --before: 'no-such-commit' is no commit of"),
     ],
 )

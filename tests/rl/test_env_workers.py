@@ -18,6 +18,7 @@ import pytest
 from factories import write_config
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.env_output import EnvOutputError
 from hpcrl.rl.envs import EnvWorkerError, make_env_here, make_vec_env
@@ -61,8 +62,9 @@ def drive(spec: EnvConfig) -> None:
     ],
 )
 def test_a_worker_that_hangs_or_dies_is_named_and_killed(fail_in: str, how: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """4 envs in two worker groups (0-1, 2-3); env 3 (seed 3) or, at start, every worker fails."""
+    """4 envs in two worker groups (0-1, 2-3: the grouping of two cores); env 3 (seed 3) or, at start, every worker fails."""
     monkeypatch.syspath_prepend(str(STANDINS))
+    monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)
     spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "how": how, "seed": 3, "pid_dir": str(tmp_path)})
     began = time.monotonic()
     with pytest.raises(EnvWorkerError) as raised:
@@ -131,6 +133,7 @@ def test_a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_boun
 NO_OTHER_ALARM = """
 import sys, time
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.envs import make_vec_env
 envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
