@@ -199,11 +199,12 @@ def test_tensorboard_program_is_collected_from_its_event_files(tmp_path: Path) -
 
 
 @pytest.mark.e2e
-def test_rl_zoo_sweep_is_collected_from_its_monitor_files(tmp_path: Path) -> None:
+def test_rl_zoo_sweep_is_collected_from_its_monitor_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Local only: reading RL Zoo's Monitor CSVs is collect's, the same after any backend; that a program
     runs, is warned, requeued and cancelled on real Slurm and Grid Engine is the tests below, on every backend
     (4 RL Zoo runs here; 6 cost 75-84 s a backend under the suite's load)."""
     pytest.importorskip("rl_zoo3")
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3"))  # else each run's SB3 logger leaves an empty /tmp/SB3-<time>
     local = Local()
     started = since = time.time()
     exp_dir, _ = sweep(RLZOO, tmp_path, local.name)
