@@ -74,7 +74,8 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -249,8 +250,11 @@ def run_bounded(command: list[str], seconds: float, log: Path, env: dict[str, st
     in those `seconds`."""
     from _cpu import tree_cpu_seconds
 
+    from hpcrl.runtime.lifeline import dies_with_me
+
     with open(log, "w") as out:
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        # In a session of its own (killed as a group below), and killed by the kernel if this process is (a pool worker with --at-once).
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env, preexec_fn=dies_with_me())
         try:
             start = time.monotonic()
             while begun is not None and not begun.exists() and child.poll() is None and time.monotonic() - start < START_S:
@@ -409,14 +413,25 @@ def train_side(args: argparse.Namespace, side: str, python: Path | None, cpus: l
 
 def run_side(args: argparse.Namespace, side: str, python: Path | None, cpus: list[int]) -> dict[str, Any]:
     """Train one side on `cpus` (unless --minutes is 0), then play its final network: its row. The
-    harness runs on the same cores, so sides run at once (--at-once) do not take each other's."""
+    harness runs on the same cores, so sides run at once (--at-once) do not take each other's. A
+    SIGTERM (the pool ending this worker when another died) unwinds through run_bounded's cleanup, so a
+    side's training, in a session of its own, does not outlive it."""
     os.sched_setaffinity(0, cpus)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if args.minutes > 0:
             print(train_side(args, side, python, cpus), f"(load average {os.getloadavg()[0]:.2f})", flush=True)
         return side_result(args, side, python)
     except (SystemExit, Exception) as exc:  # noqa: BLE001 - one side's failure is its row; the others go on
         return {"side": side, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _outcome(side: str, future: Future) -> dict[str, Any]:
+    """A side's row from its pool worker; a worker that died (killed, out of memory) is that side's FAILED row."""
+    try:
+        return future.result()
+    except BrokenProcessPool as exc:
+        return {"side": side, "error": f"its worker process died: {exc}"[:300]}
 
 
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
@@ -487,7 +502,8 @@ def main() -> None:
     shares = [cpus[i :: len(sides)] for i in range(len(sides))] if args.at_once else [cpus] * len(sides)
     if args.at_once and sides:
         with ProcessPoolExecutor(len(sides), mp_context=multiprocessing.get_context("fork")) as pool:  # nothing threaded is running yet
-            done = dict(zip(sides, pool.map(run_side, [args] * len(sides), sides, [python] * len(sides), shares)))
+            futures = {side: pool.submit(run_side, args, side, python, share) for side, share in zip(sides, shares)}
+            done = {side: _outcome(side, future) for side, future in futures.items()}
     else:
         done = {side: run_side(args, side, python, share) for side, share in zip(sides, shares)}
     rows = [{"side": side, "error": skipped[side]} if side in skipped else done[side] for side in args.sides]
