@@ -66,6 +66,7 @@ its own barely helped it.)
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import multiprocessing
 import os
@@ -487,6 +488,13 @@ def main() -> None:
     cpus = args.cpus or sorted(os.sched_getaffinity(0))
     if len(set(args.sides)) < len(args.sides):
         parser.error(f"argument --sides: each side once (they would train into the same folder), got {' '.join(args.sides)}")
+    if len(set(cpus)) < len(cpus):
+        parser.error(f"argument --cpus: each core once (--at-once would put two sides on one), got {' '.join(map(str, cpus))}")
+    lock = open(args.path / ".lock", "w")  # held until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        parser.error(f"argument --path: another run of this benchmark is using {args.path} (each run empties its sides' folders)")
     if args.at_once and len(cpus) < len(args.sides):
         parser.error(f"--at-once gives each side a core of its own: {len(args.sides)} sides need {len(args.sides)} of --cpus, not {len(cpus)}")
     print(f"{args.game}: {args.minutes:g} min a side on CPUs {cpus}{' split between the sides, all at once' if args.at_once else ''}, {args.games} games per opponent, {args.simulations} simulations a move; "

@@ -165,6 +165,7 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "99999"], "argument --cpus: expected a core this process may use"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--minutes", "inf"], "argument --minutes: expected finite minutes >= 0, got inf"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--at-once", "--cpus", "0"], "--at-once gives each side a core of its own: 3 sides need 3 of --cpus, not 1"),
+        ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "0", "0"], "argument --cpus: each core once (--at-once would put two sides on one), got 0 0"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--sides", "hpcrl", "hpcrl"], "argument --sides: each side once (they would train into the same folder)"),
         ("collect_scale.py", ["--before", "no-such-commit"], "argument --before: 'no-such-commit' is no commit of"),
     ],
@@ -175,3 +176,17 @@ def test_a_benchmark_refuses_a_figure_that_would_measure_nothing_in_one_line(scr
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *(a.replace("{tmp}", str(tmp_path)) for a in argv)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_two_comparisons_into_one_path_are_refused_in_one_line(tmp_path: Path) -> None:
+    """Each run of openspiel_alphazero.py empties its sides' folders under --path: a second run there while the
+    first trains would delete the first's snapshots. It is refused before anything is trained or deleted."""
+    import fcntl
+
+    with open(tmp_path / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a run in progress holds it
+        (tmp_path / "hpcrl").mkdir()
+        proc = subprocess.run([sys.executable, str(BENCHMARKS / "openspiel_alphazero.py"), "--path", str(tmp_path), "--sides", "hpcrl", "--minutes", "0.1"],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and f"argument --path: another run of this benchmark is using {tmp_path}" in proc.stderr, proc.stderr
+    assert (tmp_path / "hpcrl").exists()
