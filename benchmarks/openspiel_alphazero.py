@@ -427,6 +427,11 @@ def run_side(args: argparse.Namespace, side: str, python: Path | None, cpus: lis
         return {"side": side, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
+def core_shares(cpus: list[int], sides: int, at_once: bool) -> list[list[int]]:
+    """The cores of each side: all of them in turn, or with --at-once disjoint shares, as even as they divide."""
+    return [cpus[i::sides] for i in range(sides)] if at_once else [cpus] * sides
+
+
 def _outcome(side: str, future: Future) -> dict[str, Any]:
     """A side's row from its pool worker; a worker that died (killed, out of memory) is that side's FAILED row."""
     try:
@@ -507,7 +512,7 @@ def main() -> None:
             print(f"OpenSpiel's sides: SKIPPED: {exc}", flush=True)
             skipped = {side: f"SKIPPED: {exc}" for side in args.sides if side != "hpcrl"}
     sides = [side for side in args.sides if side not in skipped]
-    shares = [cpus[i :: len(sides)] for i in range(len(sides))] if args.at_once else [cpus] * len(sides)
+    shares = core_shares(cpus, len(sides), args.at_once)
     if args.at_once and sides:
         with ProcessPoolExecutor(len(sides), mp_context=multiprocessing.get_context("fork")) as pool:  # nothing threaded is running yet
             futures = {side: pool.submit(run_side, args, side, python, share) for side, share in zip(sides, shares)}

@@ -190,3 +190,15 @@ def test_two_comparisons_into_one_path_are_refused_in_one_line(tmp_path: Path) -
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
     assert proc.returncode == 2 and f"argument --path: another run of this benchmark is using {tmp_path}" in proc.stderr, proc.stderr
     assert (tmp_path / "hpcrl").exists()
+
+
+def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:
+    """--at-once promises each side a share of --cpus of its own ("one core each on two"); in turn, every side gets all."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from openspiel_alphazero import core_shares
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert core_shares([0, 1], 2, True) == [[0], [1]]
+    assert core_shares([0, 1, 2, 3, 4], 2, True) == [[0, 2, 4], [1, 3]]
+    assert core_shares([0, 1], 2, False) == [[0, 1], [0, 1]]
