@@ -94,6 +94,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -116,20 +117,30 @@ def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) 
     return load_experiment(Path(args.config), [f"train.device={args.device}", *gpus, f"env.num_envs={num_envs}", *args.overrides, *extra])
 
 
-def cpu_seconds() -> tuple[float, float]:
+PARTS: dict[str, dict[int, str]] = {"threads": {}, "processes": {}}
+"""The parts of the measured side that `cpu_seconds` tells apart (_cpu.cpu_by_part's `threads` and
+`processes`), named by the side's measurement once they exist."""
+
+
+def cpu_seconds() -> tuple[float, float, dict[str, float]]:
     """CPU seconds used so far by (this process, it and every process under it: env workers, their game
-    engines, Sample Factory's workers). Unlike steps per second, CPU time per step hardly depends on what
-    else the machine runs: the figure to compare on a loaded machine (a quiet one's rate is at most cores
-    / CPU time per step)."""
-    from _cpu import tree_cpu_seconds
+    engines, Sample Factory's workers, those by part). Unlike steps per second, CPU time per step hardly
+    depends on what else the machine runs: the figure to compare on a loaded machine (a quiet one's rate is
+    at most cores / CPU time per step)."""
+    from _cpu import cpu_by_part
 
-    return tree_cpu_seconds(os.getpid())
+    parts = cpu_by_part(os.getpid(), PARTS["threads"], PARTS["processes"])
+    own = sum(v for k, v in parts.items() if k == "main" or k in PARTS["threads"].values())
+    return own, sum(parts.values()), parts
 
 
-def per_step(cpu: tuple[tuple[float, float], tuple[float, float]], steps: int) -> dict[str, float]:
-    """CPU milliseconds per environment step between two `cpu_seconds()` readings: the measuring process, all."""
-    (own0, all0), (own1, all1) = cpu
-    return {"cpu_ms_own": 1000 * (own1 - own0) / max(steps, 1), "cpu_ms_all": 1000 * (all1 - all0) / max(steps, 1)}
+def per_step(cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]], steps: int) -> dict[str, Any]:
+    """CPU milliseconds per environment step between two `cpu_seconds()` readings: the measuring process,
+    all, and all by part (`cpu_ms_parts`)."""
+    (own0, all0, parts0), (own1, all1, parts1) = cpu
+    ms = 1000 / max(steps, 1)
+    parts = {k: ms * (v - parts0.get(k, 0.0)) for k, v in parts1.items()}
+    return {"cpu_ms_own": ms * (own1 - own0), "cpu_ms_all": ms * (all1 - all0), "cpu_ms_parts": {k: v for k, v in parts.items() if v > 0}}
 
 
 def _timed(step: Any, steps_of: Any, seconds: float) -> tuple[float, int, float, dict[str, float]]:
@@ -167,6 +178,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
     import torch
 
     from hpcrl.rl.envs import make_vec_env
+    from hpcrl.rl.rollout import THREAD_NAME
     from hpcrl.rl.train import algorithm_class, seed_everything, setup_torch
 
     exp = _experiment(args, num_envs, [f"train.async_rollout={str(async_rollout).lower()}", *([f"train.total_steps={args.learn}"] if args.learn else [])])
@@ -183,6 +195,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
             agent.train_iteration()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            PARTS["threads"] = {t.native_id: "rollout" for t in threading.enumerate() if t.name == THREAD_NAME and t.native_id}
 
         if args.learn:  # train.total_steps as `hpcrl train` runs them (the learning rate annealed over them)
             step()
@@ -239,7 +252,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
 
         def __init__(self) -> None:
             super().__init__()
-            self.marks: list[tuple[float, int, tuple[float, float]]] = []
+            self.marks: list[tuple[float, int, Any]] = []
 
         def _on_rollout_start(self) -> None:
             self.marks.append((time.perf_counter(), self.num_timesteps, cpu_seconds()))
@@ -454,9 +467,13 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         """(time, env steps trained on) after each training iteration; stops a timed run."""
 
         def __init__(self) -> None:
-            self.marks: list[tuple[float, int, tuple[float, float]]] = []
+            self.marks: list[tuple[float, int, Any]] = []
 
         def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
+            if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
+                roles = {"learner_proc": "learner", "inference_proc": "inference", "rollout_proc": "env workers"}
+                for p in [*runner.processes, *runner.sampler.processes]:
+                    PARTS["processes"][p.pid] = next((part for prefix, part in roles.items() if p.name.startswith(prefix)), "main")
             self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds()))
             if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
                 runner._stop_training()
@@ -588,6 +605,24 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+PART_ORDER = ("main", "rollout", "inference", "learner", "env workers", "engines")
+"""The parts' columns, in the order a step flows through them (cpu_seconds' parts)."""
+
+
+def parts_table(rows: list[dict[str, Any]]) -> str:
+    """Where each side's CPU time goes, in milliseconds per environment step: the measuring process (`main`:
+    hpcrl's update with an async rollout, else rollout and update; SB3's learner; Sample Factory's runner),
+    hpcrl's background rollout thread, Sample Factory's inference and learner processes, the processes that
+    host the envs, and the game engines under them."""
+    parts = [p for p in PART_ORDER if any(p in r.get("cpu_ms_parts", {}) for r in rows)]
+    lines = [f"{'envs':>5}  {'side':<15}" + "".join(f"{p:>13}" for p in parts) + f"{'all':>8}"]
+    for r in rows:
+        if "cpu_ms_parts" in r:
+            cells = "".join(f"{r['cpu_ms_parts'][p]:>13.3f}" if p in r["cpu_ms_parts"] else f"{'':>13}" for p in parts)
+            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{cells}{r['cpu_ms_all']:>8.3f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "vizdoom_ppo.yaml"))
@@ -640,6 +675,9 @@ def main() -> None:
             r["x_sf"] = r["sps"] / same["sample-factory"]
     print()
     print(table(rows))
+    if any("cpu_ms_parts" in r for r in rows):
+        print("\nCPU ms per environment step, by part (where the time goes):")
+        print(parts_table(rows))
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"config": args.config, "overrides": args.overrides, "device": args.device, "seconds": args.seconds, "cpus": os.cpu_count(), "torch": torch.__version__}
     tmp = args.out / "speed.json.tmp"

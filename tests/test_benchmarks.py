@@ -14,8 +14,11 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +123,50 @@ def load_benchmark(name: str):
         return module
     finally:
         sys.path.remove(str(BENCHMARKS))
+
+
+def test_cpu_by_part_gives_each_thread_and_process_its_own_time_and_the_parts_add_up() -> None:
+    """benchmarks/vizdoom_speed.py's "where the time goes" table: a thread named by its native id gets its
+    own CPU time, not the main thread's; a named child process gets its time and its own child's; an
+    unnamed child is `rest`; and the parts add up to the tree's total."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _cpu
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    burned, release = threading.Event(), threading.Event()
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+        burned.set()
+        release.wait(60)
+
+    spin = "import subprocess, sys, time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\nprint('burned', flush=True)\n"
+    grandchild = spin.format(s=0.3) + "time.sleep(30)"
+    named = subprocess.Popen([sys.executable, "-c", spin.format(s=0.4) + f"subprocess.Popen([sys.executable, '-c', {grandchild!r}])\ntime.sleep(30)"], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    unnamed = subprocess.Popen([sys.executable, "-c", spin.format(s=0.2) + "time.sleep(30)"], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    burner = threading.Thread(target=burn, args=(0.5,))
+    try:
+        before = _cpu.cpu_by_part(os.getpid())
+        burner.start()
+        assert burned.wait(60)
+        assert [named.stdout.readline(), named.stdout.readline(), unnamed.stdout.readline()] == ["burned\n"] * 3  # they have burned their share and sleep
+        parts = _cpu.cpu_by_part(os.getpid(), {burner.native_id: "burner"}, {named.pid: "named"}, rest="other")
+        total = _cpu.tree_cpu_seconds(os.getpid())[1]
+    finally:
+        release.set()
+        burner.join()
+        for proc in (named, unnamed):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert parts["burner"] >= 0.45, parts
+    assert parts["main"] - before["main"] < 0.3, parts  # the thread's time is not the main thread's
+    assert 0.65 <= parts["named"] <= 1.5, parts  # itself and its child
+    assert 0.15 <= parts["other"] <= 1.0, parts
+    assert abs(sum(parts.values()) - total) < 0.05, (parts, total)
 
 
 def test_collect_scale_names_a_moved_figure_and_only_a_format_change_as_one() -> None:

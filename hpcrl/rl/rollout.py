@@ -86,6 +86,10 @@ class Uploader:
         return staging.to(self.device, non_blocking=True)
 
 
+THREAD_NAME = "hpcrl-rollout"
+"""The background rollout's thread name (profilers and benchmarks/vizdoom_speed.py tell its CPU time apart by it)."""
+
+
 class RolloutThread:
     """Collects rollouts in a background thread, one per `start`, each returned by `wait`.
 
@@ -100,7 +104,7 @@ class RolloutThread:
         self._results: queue.Queue[tuple[Rollout, Any] | BaseException] = queue.Queue()
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.in_flight: Rollout | None = None
-        self._thread = threading.Thread(target=self._run, name="hpcrl-rollout", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def start(self, rollout: Rollout) -> None:

@@ -64,6 +64,26 @@ def resolve_id(name: str) -> str:
     raise ValueError(f"unknown ViZDoom scenario {name!r}{hint}; known: {', '.join(known)}")
 
 
+def block_mean(screen: np.ndarray, factor: int) -> np.ndarray:
+    """The mean of each `factor` x `factor` block of a (C, H, W) uint8 screen, rounded down: the
+    screen downsampled by `factor` (H and W divisible by it).
+
+    Summed in integers, first the `factor` rows of each block, then the columns: numpy's
+    `reshape(...).mean(axis=(2, 4))` gives the same bytes (an integer sum of at most 255 * factor**2,
+    divided exactly and floored) but reduces over strided axes, and took 120 us of a 160x120 grey
+    frame at factor 2 against 11 us here: 40% of a ViZDoom worker's own CPU per step."""
+    c, h, w = screen.shape
+    dtype = np.uint16 if 255 * factor * factor < 2**16 else np.uint32
+    rows = np.zeros((c, h // factor, w), dtype=dtype)
+    for i in range(factor):
+        rows += screen[:, i::factor]
+    total = rows[:, :, 0::factor].copy()
+    for j in range(1, factor):
+        total += rows[:, :, j::factor]
+    total //= factor * factor
+    return total.astype(np.uint8)
+
+
 class ScreenObservation(gym.Wrapper):
     """Dict observation -> channel-first screen; timeouts as truncation; a real last frame."""
 
@@ -81,11 +101,7 @@ class ScreenObservation(gym.Wrapper):
 
     def _screen(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         screen = obs["screen"].transpose(2, 0, 1)
-        if self.factor > 1:
-            c, h, w = screen.shape
-            f = self.factor
-            screen = screen.reshape(c, h // f, f, w // f, f).mean(axis=(2, 4), dtype=np.float32).astype(np.uint8)
-        return np.ascontiguousarray(screen)
+        return block_mean(screen, self.factor) if self.factor > 1 else np.ascontiguousarray(screen)
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)

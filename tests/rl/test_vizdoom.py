@@ -27,7 +27,7 @@ from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
-from hpcrl.rl.vizdoom_env import resolve_id  # noqa: E402
+from hpcrl.rl.vizdoom_env import block_mean, resolve_id  # noqa: E402
 from hpcrl.sweep.runs import expand  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +74,23 @@ def test_screen_is_channel_first_uint8_at_the_configured_resolution_and_format()
         stacked.close()
     with pytest.raises(ValueError, match="does not divide"):
         make_env(EnvConfig(backend="vizdoom", id="basic", kwargs={"downsample": 7}))
+
+
+@pytest.mark.parametrize(("shape", "factor"), [((1, 120, 160), 2), ((3, 120, 160), 4), ((1, 240, 320), 5), ((3, 480, 640), 16), ((1, 6, 4), 2)])
+def test_downsampling_is_the_floored_mean_of_each_block(shape: tuple[int, int, int], factor: int) -> None:
+    """The downsampled frame is each block's mean rounded down, for grey and RGB, up to blocks whose sum
+    overflows 16 bits (16 x 16 x 255), and at the extremes (all 255, and 254s beside 255s that must not
+    round up)."""
+    rng = np.random.default_rng(factor)
+    c, h, w = shape
+    frames = [rng.integers(0, 256, shape, dtype=np.uint8), np.full(shape, 255, np.uint8), np.where(rng.random(shape) < 0.9, 255, 254).astype(np.uint8)]
+    for frame in frames:
+        expected = np.floor(frame.reshape(c, h // factor, factor, w // factor, factor).astype(np.float64).mean(axis=(2, 4))).astype(np.uint8)
+        got = block_mean(frame, factor)
+        assert got.dtype == np.uint8 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, expected)
+    transposed = rng.integers(0, 256, (h, w, c), dtype=np.uint8).transpose(2, 0, 1)  # ViZDoom's HWC screen, as the adapter sees it
+    np.testing.assert_array_equal(block_mean(transposed, factor), block_mean(np.ascontiguousarray(transposed), factor))
 
 
 def test_timeouts_are_truncations_and_final_frames_are_real() -> None:
