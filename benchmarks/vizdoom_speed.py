@@ -50,6 +50,13 @@ Sample Factory's runner, its learner being a process of its own) / of it and eve
 processes a side runs against everybody else's; CPU per step hardly does, and `cores / CPU per step`
 bounds what a quiet machine can reach.
 
+A second table splits each side's CPU per step by part (`_cpu.cpu_by_part`): `main` (the measuring process:
+hpcrl's update when its rollout runs in the background, else rollout and update; SB3's learner; Sample
+Factory's runner), `rollout` (hpcrl's background rollout thread: forward passes and pipe messages),
+`inference` and `learner` (Sample Factory's processes), `env workers` (the processes that host the envs:
+hpcrl's one per env, SB3's, Sample Factory's rollout workers) and `engines` (ViZDoom's game processes
+under them). It is the profile that says where a side's time goes, and which part a change moved.
+
 `--learn STEPS`: each learner trains STEPS environment steps from scratch (hpcrl: train.total_steps,
 so its learning rate anneals over them; SB3 the same), then its final policy plays `--eval-episodes`
 episodes (actions sampled, as configs/vizdoom_ppo.yaml's eval) on its own env of the same scenario,
@@ -75,6 +82,12 @@ Figures (2026-12-02, the 2-core VM quiet; `--num-envs 8 --sides random hpcrl-asy
 --seconds 20`): random 3,307 (0.48 ms/step), hpcrl async 1,405 (0.48 / 1.14), SB3 1,151 (1.05 / 1.56),
 Sample Factory 1,768 (1.08): on a quiet machine Sample Factory is the faster sampler, at about hpcrl's CPU
 per step, by keeping both cores busy. `--learn 49152`, seed 0: hpcrl 75.0, SB3 75.8, Sample Factory 2.1.
+
+Figures (2026-12-02, later; after the env workers' downsampling was made 11x cheaper, hpcrl.rl.vizdoom_env.block_mean;
+the same command, three runs): hpcrl async against Sample Factory 1,580 / 1,475 (1.07x), 1,199 / 1,276 (0.94x),
+1,175 / 1,239 (0.95x). The part table of the last: hpcrl update 0.35 + rollout thread 0.27 + env workers 0.42 +
+engines 0.33 = 1.37 ms a step; Sample Factory inference 0.50 + learner 0.37 + env workers 0.42 + engines 0.25 =
+1.56. hpcrl needs less CPU a step and keeps 1.6 of 2 cores busy to Sample Factory's 1.9 (docs/reference/benchmarks.md).
 
 Figures (2026-11-27, issue 39; the 2-core VM shared with other sessions, load average 8-16 throughout,
 so SPS are indicative and the CPU column is the figure to compare): 8 envs, 20 s windows, `-p

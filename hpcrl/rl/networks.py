@@ -50,7 +50,10 @@ CPU_BF16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mk
 bfloat16 convolutions run in tiles. AVX512-BF16 alone passes oneDNN's own test but is slower than
 float32 for these networks: on the project's 2-core Xeon (avx512_bf16, no AMX, torch 2.13) a Nature-CNN
 forward and backward of 64 80x60 frames took 26 ms against 20 ms, and ViZDoom PPO ran at 847 steps/s
-against 1,034 (benchmarks/vizdoom_speed.py). Elsewhere bf16 is ignored on a CPU, bit for bit."""
+against 1,034 (benchmarks/vizdoom_speed.py). On an AMD EPYC with AVX512-BF16 (Zen 5, 2 cores, 2026-12-02) one
+forward and backward of 64 frames was 20-40% cheaper in bfloat16, but ViZDoom PPO was no faster (1,361 against
+1,345 steps/s, alternated runs): the update is a third of a step's CPU there, and the rollout's small forward
+passes gain nothing, so the rule stays. Elsewhere bf16 is ignored on a CPU, bit for bit."""
 
 Obs = Union[torch.Tensor, dict[str, torch.Tensor]]
 """A batch of observations on the device: one tensor, or one per key of a Dict space."""
