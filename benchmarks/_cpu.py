@@ -65,11 +65,16 @@ def cpu_by_part(pid: int, threads: Mapping[int, str] = {}, processes: Mapping[in
             add(part, stat[2])
             own -= stat[2]
     add("main", own)
-    for p in _descendants(pid, table):
-        name, parent, seconds = table[p]
-        part = ENGINE if name == "vizdoom" else None
-        while part is None and p != pid:
-            part = processes.get(p)
-            p = table[p][1] if p in table else pid
-        add(part or rest, seconds)
+    for descendant in _descendants(pid, table):
+        name, _, seconds = table[descendant]
+        add(ENGINE if name == "vizdoom" else _named_ancestor(descendant, pid, table, processes) or rest, seconds)
     return parts
+
+
+def _named_ancestor(p: int, top: int, table: Mapping[int, tuple[str, int, float]], names: Mapping[int, str]) -> str | None:
+    """The name of `p` or of its nearest ancestor below `top` that `names` names; None if none is."""
+    while p != top and p in table:
+        if p in names:
+            return names[p]
+        p = table[p][1]
+    return None
