@@ -128,13 +128,15 @@ def load_benchmark(name: str):
 def test_cpu_by_part_gives_each_thread_and_process_its_own_time_and_the_parts_add_up() -> None:
     """benchmarks/vizdoom_speed.py's "where the time goes" table: a thread named by its native id gets its
     own CPU time, not the main thread's; a named child process gets its time and its own child's; an
-    unnamed child is `rest`; and the parts add up to the tree's total."""
+    unnamed child is `rest`; and the parts add up to the tree's total. (Deltas where the test's process may
+    have other children: an xdist worker's from earlier tests.)"""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import _cpu
     finally:
         sys.path.remove(str(BENCHMARKS))
 
+    before = _cpu.cpu_by_part(os.getpid(), rest="other")
     burned, release = threading.Event(), threading.Event()
 
     def burn(seconds: float) -> None:
@@ -150,7 +152,6 @@ def test_cpu_by_part_gives_each_thread_and_process_its_own_time_and_the_parts_ad
     unnamed = subprocess.Popen([sys.executable, "-c", spin.format(s=0.2) + "time.sleep(30)"], start_new_session=True, stdout=subprocess.PIPE, text=True)
     burner = threading.Thread(target=burn, args=(0.5,))
     try:
-        before = _cpu.cpu_by_part(os.getpid())
         burner.start()
         assert burned.wait(60)
         assert [named.stdout.readline(), named.stdout.readline(), unnamed.stdout.readline()] == ["burned\n"] * 3  # they have burned their share and sleep
@@ -165,7 +166,7 @@ def test_cpu_by_part_gives_each_thread_and_process_its_own_time_and_the_parts_ad
     assert parts["burner"] >= 0.45, parts
     assert parts["main"] - before["main"] < 0.3, parts  # the thread's time is not the main thread's
     assert 0.65 <= parts["named"] <= 1.5, parts  # itself and its child
-    assert 0.15 <= parts["other"] <= 1.0, parts
+    assert parts["other"] - before.get("other", 0.0) >= 0.15, (parts, before)
     assert abs(sum(parts.values()) - total) < 0.05, (parts, total)
 
 
