@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+TICKS = os.sysconf("SC_CLK_TCK")
+"""/proc's clock ticks a second."""
 ENGINE = "engines"
 """The part of every process named `vizdoom`: ViZDoom's game engines, whoever started them."""
 
@@ -23,7 +25,7 @@ def _stat(path: str) -> tuple[str, int, float] | None:
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()
-    return text[text.index("(") + 1 : text.rindex(")")], int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return text[text.index("(") + 1 : text.rindex(")")], int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def _processes() -> dict[int, tuple[str, int, float]]:

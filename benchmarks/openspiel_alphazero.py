@@ -514,7 +514,11 @@ def main() -> None:
     sides = [side for side in args.sides if side not in skipped]
     shares = core_shares(cpus, len(sides), args.at_once)
     if args.at_once and sides:
-        with ProcessPoolExecutor(len(sides), mp_context=multiprocessing.get_context("fork")) as pool:  # nothing threaded is running yet
+        from hpcrl.runtime.lifeline import die_with_parent
+
+        # Forked (nothing threaded is running yet); each worker dies with this process, kill -9 included, and its
+        # side's training with it (run_bounded), so no side trains on for an hour after the benchmark is gone.
+        with ProcessPoolExecutor(len(sides), mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent) as pool:
             futures = {side: pool.submit(run_side, args, side, python, share) for side, share in zip(sides, shares)}
             done = {side: _outcome(side, future) for side, future in futures.items()}
     else:

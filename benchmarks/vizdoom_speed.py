@@ -208,7 +208,8 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
             agent.train_iteration()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            PARTS["threads"] = {t.native_id: "rollout" for t in threading.enumerate() if t.name == THREAD_NAME and t.native_id}
+            if not PARTS["threads"]:  # the background rollout's thread starts in the first iteration
+                PARTS["threads"] = {t.native_id: "rollout" for t in threading.enumerate() if t.name == THREAD_NAME and t.native_id}
 
         if args.learn:  # train.total_steps as `hpcrl train` runs them (the learning rate annealed over them)
             step()

@@ -240,6 +240,46 @@ def test_two_comparisons_into_one_path_are_refused_in_one_line(tmp_path: Path) -
     assert (tmp_path / "hpcrl").exists()
 
 
+@pytest.mark.slow
+def test_a_benchmark_killed_with_9_at_once_leaves_no_side_training(tmp_path: Path) -> None:
+    """openspiel_alphazero.py --at-once trains its sides in pool workers, each side's training a process of
+    its own: kill -9 of the benchmark must take them all down (they would train on for --minutes)."""
+    if importlib.util.find_spec("pyspiel") is None:
+        pytest.skip("openspiel_alphazero.py needs pyspiel, which is not installed here")
+    path = tmp_path / "az"
+    argv = ["--game", "tic_tac_toe", "--minutes", "2", "--games", "2", "--simulations", "2", "--sides", "hpcrl", "--at-once", "--path", str(path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "openspiel_alphazero.py"), *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ours() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(path) in line and int(pid) != bench.pid:
+                found.append(f"{pid}: {line[:120]}")
+        return found
+
+    try:
+        deadline = time.monotonic() + 120
+        while not any("--train-hpcrl" in p for p in ours()):  # the side's training has started, under its pool worker
+            assert bench.poll() is None and time.monotonic() < deadline, "the hpcrl side never started training"
+            time.sleep(0.5)
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 15
+        while ours() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = ours()
+    finally:
+        bench.kill()
+        for line in ours():
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    assert not left, left
+
+
 def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:
     """--at-once promises each side a share of --cpus of its own ("one core each on two"); in turn, every side gets all."""
     sys.path.insert(0, str(BENCHMARKS))

@@ -22,6 +22,7 @@ from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.env_output import EnvOutputError
 from hpcrl.rl.envs import EnvWorkerError, make_env_here, make_vec_env
+from hpcrl.rl.rollout import THREAD_NAME
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
 ENV_ID = "failing_env:FailingEnv-v0"
@@ -135,6 +136,7 @@ import sys, time
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
+from hpcrl.rl.rollout import THREAD_NAME
 from hpcrl.rl.envs import make_vec_env
 envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
 envs.reset(seed=0)
@@ -198,7 +200,7 @@ def test_a_sync_env_stepped_from_a_background_thread_is_refused_in_one_line(monk
         except EnvTimeout as exc:
             raised.append(exc)
 
-    thread = threading.Thread(target=rollout, name="hpcrl-rollout")
+    thread = threading.Thread(target=rollout, name=THREAD_NAME)
     thread.start()
     thread.join(10)
     envs.close()

@@ -19,13 +19,14 @@ from trainruns import warn_once_logged
 from hpcrl.config.experiment import EnvConfig, experiment_from_dict
 from hpcrl.rl import checkpoint
 from hpcrl.rl.ppo import PPO
+from hpcrl.rl.rollout import THREAD_NAME
 from hpcrl.rl.train import train_run
 from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep.runs import expand
 
 
 def _rollout_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "hpcrl-rollout"]
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
 def test_async_rollout_holds_what_the_envs_produced_with_the_behaviour_policys_logprobs() -> None:
