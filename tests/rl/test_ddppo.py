@@ -276,7 +276,10 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
     assert expected in reason, reason
     wait_finished(exp_dir, backend, since, timeout=120)
     wait_until("every process of the experiment to exit", lambda: not processes_of(exp_dir), 60)
-    print(f"\n{backend.name}: kill -9 of rank 1: the run failed and its training processes were gone {took:.1f} s later: {reason.strip()}")
+    print(
+        f"\n{backend.name}: kill -9 of rank 1: the run failed and its training processes were gone {took:.1f} s later, the evaluation and "
+        f"aggregate after it {time.monotonic() - killed:.1f} s: {reason.strip()}"
+    )
     assert took < 30
 
 
