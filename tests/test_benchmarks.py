@@ -10,6 +10,7 @@ without it (that mutation.py's targets and gpu_node.sh's paths still exist) is c
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_conformance import process_table
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
@@ -251,20 +253,12 @@ def test_a_benchmark_killed_with_9_at_once_leaves_no_side_training(tmp_path: Pat
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "openspiel_alphazero.py"), *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def ours() -> list[str]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if str(path) in line and int(pid) != bench.pid:
-                found.append(f"{pid}: {line[:120]}")
-        return found
+    def ours() -> dict[int, str]:
+        return {pid: line[:120] for pid, line in process_table(str(path)).items() if pid != bench.pid}
 
     try:
         deadline = time.monotonic() + 120
-        while not any("--train-hpcrl" in p for p in ours()):  # the side's training has started, under its pool worker
+        while not any("--train-hpcrl" in line for line in ours().values()):  # the side's training has started, under its pool worker
             assert bench.poll() is None and time.monotonic() < deadline, "the hpcrl side never started training"
             time.sleep(0.5)
         bench.kill()
@@ -275,8 +269,9 @@ def test_a_benchmark_killed_with_9_at_once_leaves_no_side_training(tmp_path: Pat
         left = ours()
     finally:
         bench.kill()
-        for line in ours():
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        for pid in ours():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert not left, left
 
 

@@ -300,17 +300,22 @@ def test_a_config_s_own_module_imports_in_every_job(backend: Backend, tmp_path: 
     assert [(r.train, r.eval) for r in rows] == [("done", "done")] and aggregate_state == "done", status_text(exp_dir)
 
 
-def processes_of(exp_dir: Path) -> list[str]:
-    """Command lines of live processes that work on this experiment (job shells, trainers)."""
-    found = []
+def process_table(needle: str) -> dict[int, str]:
+    """Pid -> command line (words joined by spaces) of every live process whose command line contains `needle`."""
+    found = {}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue  # the process ended while we looked
-        if str(exp_dir) in text:
-            found.append(text)
+        if needle in text:
+            found[int(cmdline.parent.name)] = text
     return found
+
+
+def processes_of(exp_dir: Path) -> list[str]:
+    """Command lines of live processes that work on this experiment (job shells, trainers)."""
+    return list(process_table(str(exp_dir)).values())
 
 
 def test_cancel_stops_everything(backend: Backend, tmp_path: Path) -> None:

@@ -136,7 +136,6 @@ import sys, time
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
-from hpcrl.rl.rollout import THREAD_NAME
 from hpcrl.rl.envs import make_vec_env
 envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
 envs.reset(seed=0)
