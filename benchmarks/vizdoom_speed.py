@@ -67,7 +67,7 @@ autotuning), then runs whole iterations (rollout, GAE, update) until `--seconds`
 is environment steps per second of those iterations. Each measurement runs in a child process of
 its own session with a hard limit (`--timeout`, default 3 x seconds + 180 s for worker starts): one
 that fails or hangs prints its error, its process group is killed, and the others go on. The table
-goes to stdout, and `speed.json` and `speed.csv` to `--out`.
+goes to stdout, and with `--out DIR` `speed.json` and `speed.csv` to DIR.
 
 Figures (2026-11-26): docs/reference/benchmarks.md. On one H200 with 16 cores (`--device cuda --num-envs 8 32
 --seconds 15`): 8 envs: random 6,031, sync 1,583, async 2,172, SB3 1,708; 32 envs: random 10,447,
@@ -651,7 +651,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=_args.positive_integer, default=20, help="with --learn: episodes of the final evaluation (actions sampled), raw returns")
     parser.add_argument("--seed", type=int, default=0, help="every learner's seed")
     parser.add_argument("--sf-workers", type=_args.count, default=0, help="Sample Factory's rollout workers (default: one per core, at most one per env)")
-    parser.add_argument("--out", type=Path, required=True, help="directory for speed.json and speed.csv")
+    parser.add_argument("--out", type=Path, default=None, help="directory for speed.json and speed.csv (without it, the tables are only printed)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--sf-settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -660,9 +660,14 @@ def main() -> None:
         result = measure(args, args.child, args.num_envs[0])
         print(RESULT + json.dumps(result), flush=True)
         return
+    if args.out is not None:  # made now: a path that cannot be one is refused before minutes of measuring, not after
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"argument --out: cannot make a directory there ({exc.strerror}): {str(args.out)!r}")
     import torch
 
-    argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--out", str(args.out), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]
+    argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]
     for o in args.overrides:
         argv += ["-p", o]
     timeout = args.timeout or (3 * args.seconds + 180 if not args.learn else args.learn / 20 + 300)  # learning: at least 20 steps/s
@@ -692,7 +697,8 @@ def main() -> None:
     if any("cpu_ms_parts" in r for r in rows):
         print("\nCPU ms per environment step, by part (where the time goes):")
         print(parts_table(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out is None:
+        return
     meta = {"config": args.config, "overrides": args.overrides, "device": args.device, "seconds": args.seconds, "cpus": os.cpu_count(), "torch": torch.__version__}
     tmp = args.out / "speed.json.tmp"
     tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
