@@ -101,7 +101,6 @@ final return hpcrl 74.0, SB3 41.4, Sample Factory 62.5.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import signal
@@ -700,16 +699,11 @@ def main() -> None:
     if args.out is None:
         return
     meta = {"config": args.config, "overrides": args.overrides, "device": args.device, "seconds": args.seconds, "cpus": os.cpu_count(), "torch": torch.__version__}
-    tmp = args.out / "speed.json.tmp"
-    tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    os.replace(tmp, args.out / "speed.json")
+    from hpcrl.io import atomic_write_csv, atomic_write_text  # a temporary file of its own per writer: two runs into one --out never mix
+
+    atomic_write_text(args.out / "speed.json", json.dumps({"meta": meta, "rows": rows}, indent=1))
     fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "x_sf", "final_return", "total_steps", "cpu_ms_own", "cpu_ms_all", "steps", "seconds", "device", "torch_threads", "amp", "layout", "error"]
-    tmp = args.out / "speed.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, args.out / "speed.csv")
+    atomic_write_csv(args.out / "speed.csv", fields, ([r.get(f, "") for f in fields] for r in rows))
     print(f"\nwrote {args.out / 'speed.json'} and {args.out / 'speed.csv'}")
 
 
