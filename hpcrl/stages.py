@@ -58,9 +58,16 @@ def evaluate(experiment_dir: Path, task: int, manifest: str | None = None, *, pr
         return evaluate_program(experiment_dir, run, program, out=out)
     if program:
         raise ConfigError(f"{run.run_id}: a command after -- is for algo 'program'; this run's algo is {run.config.algo!r}")
-    from hpcrl.rl.evaluate import evaluate_run
+    from hpcrl.runtime.guard import guarded_eval
 
-    return evaluate_run(experiment_dir, run, out=out)
+    def body(rd: Path) -> int:
+        # torch and the env stack (~2 CPU-s) only for a run whose training is done: an eval task of a failed or
+        # unfinished one (every scheduler starts it: SGE regardless, the local runner after any end) only marks it skipped
+        from hpcrl.rl.evaluate import evaluate_trained
+
+        return evaluate_trained(rd, run, out)
+
+    return guarded_eval(experiment_dir, run, body, out)
 
 
 def learner(experiment_dir: Path, task: int, manifest: str | None = None, *, out: IO[str] | None = None) -> int:

@@ -87,10 +87,11 @@ def eval_device(spec: str) -> torch.device:
 
 
 def evaluate_run(experiment_dir: Path, run: Run, out=None) -> int:
-    return guarded_eval(experiment_dir, run, lambda rd: _evaluate(rd, run, out), out)
+    return guarded_eval(experiment_dir, run, lambda rd: evaluate_trained(rd, run, out), out)
 
 
-def _evaluate(rd: Path, run: Run, out) -> int:
+def evaluate_trained(rd: Path, run: Run, out) -> int:
+    """The evaluation of run `run` in `rd`, whose training is done (guard.guarded_eval decides that)."""
     ecfg = run.config.eval
     if ecfg.threshold is not None:
         final = rundir.final_return(rd)
