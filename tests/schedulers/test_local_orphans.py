@@ -8,6 +8,7 @@ run directory, and the re-sweep finishes instead of waiting forever for a task n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -123,3 +124,55 @@ def test_resweep_after_a_killed_runner_never_starts_a_second_trainer(tmp_path: P
     assert len(list((exp / "runs").glob("*/DONE"))) == 1
     # Nothing is left "running" for a later sweep to wait on.
     assert all(s["state"] not in ("running", "pending") for ts in tasks(exp).values() for s in ts.values())
+
+
+SIMULATOR_ENV = '''
+import subprocess, sys
+import gymnasium
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class WithSimulator(CartPoleEnv):
+    """CartPole that starts a process of its own, as ViZDoom starts its game engine: a child of the trainer."""
+
+    def __init__(self, pid_file, **kwargs):
+        super().__init__(**kwargs)
+        self.simulator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(pid_file, "a") as f:
+            f.write(f"{self.simulator.pid}\\n")
+
+
+gymnasium.register("WithSimulator-v0", entry_point=WithSimulator, max_episode_steps=500)
+'''
+
+
+def test_a_trainer_killed_alone_leaves_nothing_of_its_task_running(tmp_path: Path) -> None:
+    """The OOM killer takes the trainer only: the processes its env started (ViZDoom's engines; here a stand-in
+    simulator) are orphaned. The local runner ends them when the task ends, as a cluster ends a job's processes,
+    and names them in the task's log; the task is failed, not hung."""
+    (tmp_path / "simenvs.py").write_text(SIMULATOR_ENV)
+    pid_file = tmp_path / "simulators.txt"
+    config = write_config(tmp_path, {**TRAIN, "train": {"total_steps": 10_000_000}, "env": {"id": "simenvs:WithSimulator-v0", "num_envs": 1, "kwargs": {"pid_file": str(pid_file)}}})
+    exp = tmp_path / "logs" / "tiny"
+    runner = subprocess.Popen([PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((exp / "runs").glob("*/train.csv")) or not trainers(exp):
+            assert runner.poll() is None and time.monotonic() < deadline, "the sweep ended or never trained"
+            time.sleep(0.1)
+        simulators = [int(line) for line in pid_file.read_text().split()]
+        assert simulators and all(Path(f"/proc/{pid}").exists() for pid in simulators)
+        for pid in trainers(exp):
+            os.kill(pid, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        for pid in [int(line) for line in pid_file.read_text().split()] if pid_file.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # only what the runner failed to end, after the test has looked
+    left = [pid for pid in simulators if Path(f"/proc/{pid}").exists() and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")]
+    assert not left, f"the killed trainer's simulator(s) {left} outlived its task"
+    log = "".join(p.read_text() for p in (exp / "jobs" / "logs").glob("train-*"))
+    assert f"left {len(simulators)} process(es) running: pid {simulators[0]} (" in log and "time.sleep(600)" in log, log[-2000:]
+    assert [s["state"] for ts in tasks(exp).values() for s in ts.values()][:1] == ["failed"], tasks(exp)
