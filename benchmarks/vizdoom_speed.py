@@ -4,6 +4,7 @@ Factory's APPO, on the same scenario; with `--learn`, each learner's final retur
     .venv/bin/python benchmarks/vizdoom_speed.py --out /tmp/vzd                       # CPU, 8 envs, 20 s a measurement
     .venv/bin/python benchmarks/vizdoom_speed.py --device cuda --num-envs 8 32 --out results/vzd
     .venv/bin/python benchmarks/vizdoom_speed.py --sides random hpcrl-async -p train.torch_threads=1 --out /tmp/vzd
+    .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides random random-batched --seconds 15
     .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides random hpcrl-async sb3 sample-factory --seconds 20 --out /tmp/vzd
     .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides hpcrl-async sb3 sample-factory --learn 49152 --out /tmp/vzdl
 
@@ -11,6 +12,10 @@ For each `--num-envs`, in one run and with the same `env:` section (configs/vizd
 default, `-p key=value` overrides as hpcrl's):
 - `random`: the vector env hpcrl trains on, stepped with random actions and nothing else: the most
   any learner could reach with these envs;
+- `random-batched`: the same envs and random actions in one worker process per core, each stepping its share of
+  the envs in turn (2 x 4 here), one message each way per worker and step, observations back through the pipe:
+  Sample Factory's layout for its rollout workers, where hpcrl's vector env has a process and a message each way
+  per env. Beside `random` it measures what that layout alone is worth to the env side;
 - `hpcrl-sync`, `hpcrl-async`: `hpcrl train`'s loop without its files (setup_torch with
   train.torch_threads, the agent built as train builds it) with `train.async_rollout` false / true;
 - `sb3`: Stable-Baselines3's PPO (`CnnPolicy`: the same CNN, SB3's NatureCNN or, with other
@@ -101,6 +106,7 @@ final return hpcrl 74.0, SB3 41.4, Sample Factory 62.5.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -116,7 +122,7 @@ import _args  # benchmarks/_args.py: the script's own folder is first on sys.pat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SIDES = ("random", "hpcrl-sync", "hpcrl-async", "sb3", "sample-factory", "envpool-random")
+SIDES = ("random", "random-batched", "hpcrl-sync", "hpcrl-async", "sb3", "sample-factory", "envpool-random")
 RESULT = "RESULT "
 """The prefix of the child's one line of JSON on stdout."""
 
@@ -184,6 +190,85 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         return {"sps": sps, "steps": steps, "seconds": wall, **cpu}
     finally:
         envs.close()
+
+
+def measure_random_batched(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
+    """The same envs and random actions as `random`, in one worker process per core (at most one per env), each
+    stepping its share of the envs in turn: one message to a worker and one back per step, as Sample Factory's
+    rollout workers do, where hpcrl's vector env has a worker process, and a message each way, per env."""
+    import multiprocessing
+
+    import numpy as np
+
+    from hpcrl.cores import usable_cores
+
+    spec = _experiment(args, num_envs).env
+    ctx = multiprocessing.get_context("fork")
+    pipes, processes = [], []
+    try:
+        for share in np.array_split(np.arange(num_envs), min(num_envs, usable_cores())):
+            ours, theirs = ctx.Pipe()
+            process = ctx.Process(target=_batched_worker, args=(theirs, spec, [int(seed) for seed in share]), daemon=True)
+            process.start()
+            theirs.close()
+            pipes.append(ours)
+            processes.append(process)
+        spaces = [_answer(pipe, i, spec.worker_timeout_s) for i, pipe in enumerate(pipes)]
+        count = [0]
+
+        def step() -> None:
+            for _ in range(16):
+                for pipe, space in zip(pipes, spaces):
+                    pipe.send(space.sample())
+                for i, pipe in enumerate(pipes):
+                    _answer(pipe, i, spec.worker_timeout_s)
+                count[0] += num_envs
+
+        sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
+        return {"sps": sps, "steps": steps, "seconds": wall, "layout": f"{len(pipes)} workers x {num_envs // len(pipes)}{'+' if num_envs % len(pipes) else ''} envs", **cpu}
+    finally:
+        for pipe in pipes:  # each worker holds copies of the pipes of those forked before it: a word, not end of file
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+            pipe.close()
+        for process in processes:
+            process.join(10)
+            if process.exitcode is None:
+                process.kill()  # its engines die with it (die_with_parent)
+
+
+def _answer(pipe: Any, worker: int, timeout: float) -> Any:
+    """A batched worker's next answer, within `timeout` seconds."""
+    if not pipe.poll(timeout):
+        raise RuntimeError(f"batched worker {worker} did not answer within {timeout:g} s")
+    return pipe.recv()
+
+
+def _batched_worker(pipe: Any, spec: Any, seeds: list[int]) -> None:
+    """`random-batched`'s worker: builds one env per seed, answers with their actions' joint space, then steps
+    them in turn for each batch of actions and answers with their observations (reset where an episode ended),
+    until it is sent None."""
+    import gymnasium as gym
+    import numpy as np
+
+    from hpcrl.rl.envs import make_env
+    from hpcrl.runtime.lifeline import die_with_parent
+
+    die_with_parent()
+    envs = [make_env(spec) for _ in seeds]
+    try:
+        for env, seed in zip(envs, seeds):
+            env.reset(seed=seed)
+        pipe.send(gym.vector.utils.batch_space(envs[0].action_space, len(envs)))
+        while (actions := pipe.recv()) is not None:
+            frames = []
+            for env, action in zip(envs, actions):
+                obs, _, terminated, truncated, _ = env.step(action)
+                frames.append(env.reset()[0] if terminated or truncated else obs)
+            pipe.send(np.stack(frames))
+    finally:
+        for env in envs:
+            env.close()
 
 
 def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) -> dict[str, Any]:
@@ -554,6 +639,8 @@ def mean_return(env: Any, act: Any, episodes: int, seed: int = 1_000_003) -> flo
 def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any]:
     if side == "random":
         return measure_random(args, num_envs)
+    if side == "random-batched":
+        return measure_random_batched(args, num_envs)
     if side in ("hpcrl-sync", "hpcrl-async"):
         return measure_hpcrl(args, num_envs, side == "hpcrl-async")
     if side == "sb3":
@@ -677,7 +764,7 @@ def main() -> None:
         for side in args.sides:
             if side == "sample-factory":
                 result = {"num_envs": n, "side": side, **sample_factory_child(args, argv, n, timeout)}
-            elif args.learn and side in ("random", "envpool-random"):
+            elif args.learn and side in ("random", "random-batched", "envpool-random"):
                 continue
             else:
                 result = {"num_envs": n, "side": side, **run_child(argv, side, n, timeout)}

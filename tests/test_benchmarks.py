@@ -42,7 +42,7 @@ TINY: dict[str, tuple[list[str], tuple[pytest.MarkDecorator, ...]]] = {
     "status_scale.py": (["--runs", "20", "--settings", "2", "--repeat", "1", "--schedulers"], (pytest.mark.e2e,)),
     "study_storage.py": (["--trials", "4", "--reports", "2", "--workers", "1", "--repeats", "1"], (pytest.mark.e2e,)),
     "submit_scale.py": (["--runs", "10", "--loop-max", "10", "--schedulers", "slurm", "sge"], (pytest.mark.slurm, pytest.mark.sge, pytest.mark.e2e)),
-    "vizdoom_speed.py": (["--sides", "random", "sample-factory", "--num-envs", "2", "--seconds", "1", "--out", "{tmp}/speed"], (pytest.mark.e2e,)),
+    "vizdoom_speed.py": (["--sides", "random", "random-batched", "sample-factory", "--num-envs", "2", "--seconds", "1", "--out", "{tmp}/speed"], (pytest.mark.e2e,)),
     "vizdoom_start.py": (["2", "--steps", "5"], (pytest.mark.e2e,)),
 }
 """A tiny run of each script: arguments (`{tmp}`: the test's directory) and markers."""
