@@ -234,7 +234,7 @@ def measure_random_batched(args: argparse.Namespace, num_envs: int) -> dict[str,
         for process in processes:
             process.join(10)
             if process.exitcode is None:
-                process.kill()  # its engines die with it (die_with_parent)
+                process.kill()  # its engines are in this measurement's process group, which run_child kills
 
 
 def _answer(pipe: Any, worker: int, timeout: float) -> Any:
@@ -653,8 +653,12 @@ def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any
 # ---------------------------------------------------------------------------- the run (parent)
 def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python: str = sys.executable) -> dict[str, Any]:
     """One measurement in a child process of its own session (run by `python`), killed with its group past `timeout`."""
+    from hpcrl.runtime.lifeline import dies_with_me
+
     cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # A session of its own, killed as a group below; and told by the kernel when this process dies (kill -9), as
+    # SIGTERM, on which it kills its group (`_end_measurement`).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=dies_with_me(signal.SIGTERM))
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -671,6 +675,13 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
             return json.loads(line[len(RESULT) :])
     lines = [x for x in err.strip().splitlines() if x.strip()]
     return {"error": (lines[-1] if lines else f"exit {proc.returncode}, no output")[:300]}
+
+
+def _end_measurement(signum: int, frame: Any) -> None:
+    """A measurement's SIGTERM (the benchmark that started it died): SIGKILL its whole process group. Its env
+    workers die with it anyway (their lifeline), but the game engines under them would not: orphaned, they
+    waited for their controller for ever."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def sample_factory_child(args: argparse.Namespace, argv: list[str], num_envs: int, timeout: float) -> dict[str, Any]:
@@ -742,6 +753,7 @@ def main() -> None:
     parser.add_argument("--sf-settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        signal.signal(signal.SIGTERM, _end_measurement)
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         result = measure(args, args.child, args.num_envs[0])
         print(RESULT + json.dumps(result), flush=True)

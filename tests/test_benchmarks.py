@@ -279,6 +279,48 @@ def test_a_benchmark_killed_with_9_at_once_leaves_no_side_training(tmp_path: Pat
     assert not left, left
 
 
+def _group(pgid: int) -> dict[int, str]:
+    """Pid -> command line of the live processes of process group `pgid`."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state not in ("Z", "X"):
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except (OSError, ValueError):
+            continue  # gone while we looked
+    return found
+
+
+@pytest.mark.e2e
+def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_path: Path) -> None:
+    """vizdoom_speed.py measures each side in a child of its own session: kill -9 of the benchmark must end the
+    child, its env workers and the ViZDoom engines under them, which outlived their workers and waited for ever."""
+    if importlib.util.find_spec("vizdoom") is None:
+        pytest.skip("vizdoom_speed.py needs vizdoom, which is not installed here")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "random-batched", "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        deadline = time.monotonic() + 120
+        while child is None or sum("vizdoom/vizdoom" in line for line in _group(child).values()) < 2:  # both engines have started
+            assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
+            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child random-batched" in line), None)
+            time.sleep(0.2)
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 15
+        while _group(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _group(child)
+    finally:
+        bench.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)
+    assert not left, left
+
+
 def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:
     """--at-once promises each side a share of --cpus of its own ("one core each on two"); in turn, every side gets all."""
     sys.path.insert(0, str(BENCHMARKS))
