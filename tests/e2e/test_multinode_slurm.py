@@ -464,7 +464,10 @@ def test_a_ddppo_run_whose_node_is_cut_off_ends_its_start_within_the_collective_
     assert int(rundir.done_step(rd) or 0) >= 40_000
     (row,) = csv_rows(exp_dir / "results" / "summary.csv")
     print(f"\nDD-PPO partition: {cut} cut at >= 25k steps; the run resumed {resumed_after:.0f} s later on {rank_hosts(log)[-1]}; final eval {float(row['mean']):.0f}")
-    assert float(row["mean"]) >= 475, row
+    # The resumed run kept what it had learned. 475 (solved) was the 100k-step budget's bar, kept when this test went
+    # to 40k: these settings in one process of 8 envs, 10 episodes, reach 446 / 500 / 500 at 40k steps (seeds 0-2) and
+    # 142 / 164 / 458 at 15k, what seed 0 would score had the resume at >= 25k started it again; the run here scored 466.
+    assert float(row["mean"]) >= 400, row
 
 
 def test_the_suite_s_start_beside_a_test_leaves_a_killed_node_down_and_a_racing_revive_brings_it_back(nodes: None) -> None:
