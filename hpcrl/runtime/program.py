@@ -45,6 +45,7 @@ from typing import BinaryIO, TextIO
 from hpcrl import job
 from hpcrl.config import program_spec
 from hpcrl.config.program_spec import MetricsConfig, ProgramConfig
+from hpcrl.leftovers import end_leftovers
 from hpcrl.runtime.guard import StopFlag, guarded_eval, guarded_run
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run
@@ -58,8 +59,6 @@ CHUNK = 1 << 16
 OUTPUT_GRACE_S = 2.0
 """After the program exits, how long the rest of its output may take to arrive: a process it left
 behind that holds the pipe must not keep the run open for as long as it lives."""
-LEFTOVER_GRACE_S = 5.0
-"""Between SIGTERM and SIGKILL of what the program left running."""
 POLL_S = 0.1
 
 
@@ -233,7 +232,7 @@ def supervise(
             ended = time.monotonic()
             while copier.is_alive() and min(copier.quiet_for(), time.monotonic() - ended) < OUTPUT_GRACE_S and time.monotonic() - ended < 10 * OUTPUT_GRACE_S:
                 copier.join(POLL_S)
-            end_leftovers(keeper.pid, out, spare=(keeper.pid, deputy))
+            end_leftovers(keeper.pid, out, "the program", spare=(keeper.pid, deputy))
             copier.closing.set()
             copier.join()
             tail = copier.tail.lines()
@@ -364,50 +363,6 @@ class _Copier(threading.Thread):
                 self.tail.feed(chunk)
             if (ready and not chunk) or (stop_at is not None and (not ready or time.monotonic() > stop_at)):
                 return
-
-
-def end_leftovers(session: int, out: TextIO | None, spare: Sequence[int] = ()) -> None:
-    """End what the program left running in its session (SIGTERM, then SIGKILL after
-    LEFTOVER_GRACE_S), naming each process in the job log; returns when none is left. `spare`
-    (the keeper, the session's leader, and its deputy) are not the program's."""
-    left = [(pid, command) for pid, command in _in_session(session) if pid not in spare]
-    if not left:
-        return
-    named = "; ".join(f"pid {pid} ({command})" for pid, command in left)
-    print(f"hpcrl: the program left {len(left)} process(es) running: {named}; ending them (SIGTERM, SIGKILL after {LEFTOVER_GRACE_S:g} s)", file=out, flush=True)
-    for sig, grace in ((signal.SIGTERM, LEFTOVER_GRACE_S), (signal.SIGKILL, LEFTOVER_GRACE_S)):
-        deadline = time.monotonic() + grace
-        while left and time.monotonic() < deadline:
-            for pid, _ in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            time.sleep(0.05)
-            left = [(pid, command) for pid, command in _in_session(session) if pid not in spare]  # also what they started meanwhile
-        if not left:
-            return
-        if sig == signal.SIGTERM:
-            print(f"hpcrl: still running after SIGTERM, sent SIGKILL: {', '.join(f'pid {pid}' for pid, _ in left)}", file=out, flush=True)
-    print(f"hpcrl: could not end {', '.join(f'pid {pid}' for pid, _ in left)} (uninterruptible?)", file=out, flush=True)
-
-
-def _in_session(session: int) -> list[tuple[int, str]]:
-    """The live (not zombie) processes of `session`, with their command lines, read from /proc
-    (none without /proc: the run still ends with the program, and the scheduler ends the rest)."""
-    found: list[tuple[int, str]] = []
-    if not Path("/proc").is_dir():
-        return found
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state, _ppid, _pgrp, sid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:4]
-            if int(sid) != session or state in ("Z", "X"):
-                continue
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, IndexError, ValueError):  # gone while we looked
-            continue
-        found.append((int(entry.name), command[:200]))
-    return found
 
 
 def newest_file(directory: Path) -> Path | None:

@@ -28,6 +28,7 @@ from typing import IO, Any
 from hpcrl.config.experiment import ConfigError
 from hpcrl.cores import usable_cores
 from hpcrl.io import atomic_write_text
+from hpcrl.leftovers import end_leftovers
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RUNNING, NodeRequest, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, read_runs_csv
@@ -35,8 +36,6 @@ from hpcrl.store.states import REQUEUE_EXIT, State
 
 GRACE_S = 60
 """Seconds a task has between SIGTERM (checkpoint and exit) and SIGKILL when it is stopped."""
-LEFTOVER_GRACE_S = 5.0
-"""Seconds what a finished task left running has between SIGTERM and SIGKILL (the task itself is gone)."""
 STAGE_ORDER = {"train": 0, "study": 0, "learner": 0, "actors": 0, "eval": 1, "aggregate": 2}
 _FINISHED = (DONE, FAILED, CANCELLED)
 
@@ -101,14 +100,19 @@ def task_tag(experiment_dir: Path, job_id: str, task: int) -> str:
     return f"{experiment_dir}:{job_id}:{task}"
 
 
-def group_members(pgid: int, tag: str) -> list[tuple[int, str]]:
-    """The live (not zombie) processes of group `pgid` that carry `tag` in their environment (the task, or
-    what it started), with their command lines, read from /proc; empty without /proc."""
+def group_alive(pgid: int, tag: str) -> bool:
+    """Whether a live (not zombie) process of group `pgid` carries `tag` in its environment: the task,
+    or what it started, still runs. Read from /proc; without /proc, whether the group exists."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return []
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
     needle = f"HPCRL_LOCAL_TASK={tag}".encode()
-    found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -117,23 +121,10 @@ def group_members(pgid: int, tag: str) -> list[tuple[int, str]]:
             if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
                 continue
             if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:200]))
+                return True
         except (OSError, IndexError, ValueError):
-            continue  # gone while we looked
-    return found
-
-
-def group_alive(pgid: int, tag: str) -> bool:
-    """Whether the task, or what it started, still runs (`group_members`); without /proc, whether the group exists."""
-    if Path("/proc").is_dir():
-        return bool(group_members(pgid, tag))
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            continue
+    return False
 
 
 def end_groups(groups: list[tuple[int, str]], grace: float = GRACE_S) -> None:
@@ -531,15 +522,12 @@ class LocalRunner:
         return t
 
     def _finish(self, t: _Task, rc: int) -> None:
-        """Record how task `t` ended. What its job left running in its process group ends with it, as a
-        cluster ends a job's processes at its end: a trainer killed alone (the OOM killer) leaves the
-        processes its simulators started (ViZDoom's engines) orphaned, for ever, under nobody's watch."""
+        """Record how task `t` ended. What it left running in its session (its own: `_launch`) ends with it,
+        as a cluster ends a job's processes: a trainer killed alone (the OOM killer) leaves the processes its
+        simulators started (ViZDoom's engines) orphaned, for ever, under nobody's watch."""
         assert t.log is not None
-        tag = task_tag(self.dir, t.job_id, t.task)
-        if left := group_members(t.proc.pid, tag) if t.proc else []:
-            named = "; ".join(f"pid {pid} ({command})" for pid, command in left)
-            print(f"hpcrl: the task ended (exit {rc}) and left {len(left)} process(es) running: {named}; ending them (SIGTERM, SIGKILL after {LEFTOVER_GRACE_S:g} s)", file=t.log, flush=True)
-            end_groups([(t.proc.pid, tag)], grace=LEFTOVER_GRACE_S)
+        if t.proc:
+            end_leftovers(t.proc.pid, t.log, f"the task ended (exit {rc}) and")
         t.log.close()
         self.free_gpus += list(t.devices)
         s = self.state["jobs"][t.job_id][str(t.task)]
