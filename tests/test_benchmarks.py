@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from test_conformance import process_table
 
+from hpcrl.leftovers import in_session
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 
@@ -279,19 +281,6 @@ def test_a_benchmark_killed_with_9_at_once_leaves_no_side_training(tmp_path: Pat
     assert not left, left
 
 
-def _group(pgid: int) -> dict[int, str]:
-    """Pid -> command line of the live processes of process group `pgid`."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            if int(group) == pgid and state not in ("Z", "X"):
-                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
-        except (OSError, ValueError):
-            continue  # gone while we looked
-    return found
-
-
 @pytest.mark.e2e
 def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_path: Path) -> None:
     """vizdoom_speed.py measures each side in a child of its own session: kill -9 of the benchmark must end the
@@ -303,16 +292,16 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_pa
     child = None
     try:
         deadline = time.monotonic() + 120
-        while child is None or sum("vizdoom/vizdoom" in line for line in _group(child).values()) < 2:  # both engines have started
+        while child is None or sum("vizdoom/vizdoom" in line for _, line in in_session(child)) < 2:  # both engines have started
             assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
             child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child random-batched" in line), None)
             time.sleep(0.2)
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 15
-        while _group(child) and time.monotonic() < deadline:
+        while in_session(child) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = _group(child)
+        left = in_session(child)  # the measurement is the leader of its own session
     finally:
         bench.kill()
         if child is not None:
