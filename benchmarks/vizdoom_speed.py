@@ -4,18 +4,16 @@ Factory's APPO, on the same scenario; with `--learn`, each learner's final retur
     .venv/bin/python benchmarks/vizdoom_speed.py --out /tmp/vzd                       # CPU, 8 envs, 20 s a measurement
     .venv/bin/python benchmarks/vizdoom_speed.py --device cuda --num-envs 8 32 --out results/vzd
     .venv/bin/python benchmarks/vizdoom_speed.py --sides random hpcrl-async -p train.torch_threads=1 --out /tmp/vzd
-    .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides random random-batched --seconds 15
+    .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides random hpcrl-async --seconds 15 -p env.envs_per_worker=1
     .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides random hpcrl-async sb3 sample-factory --seconds 20 --out /tmp/vzd
     .venv/bin/python benchmarks/vizdoom_speed.py --num-envs 8 --sides hpcrl-async sb3 sample-factory --learn 49152 --out /tmp/vzdl
 
 For each `--num-envs`, in one run and with the same `env:` section (configs/vizdoom_ppo.yaml by
 default, `-p key=value` overrides as hpcrl's):
 - `random`: the vector env hpcrl trains on, stepped with random actions and nothing else: the most
-  any learner could reach with these envs;
-- `random-batched`: the same envs and random actions in one worker process per core, each stepping its share of
-  the envs in turn (2 x 4 here), one message each way per worker and step, observations back through the pipe:
-  Sample Factory's layout for its rollout workers, where hpcrl's vector env has a process and a message each way
-  per env. Beside `random` it measures what that layout alone is worth to the env side;
+  any learner could reach with these envs (the note says how its envs sit in worker processes:
+  `env.envs_per_worker`, by default one worker per core, 2 x 4 here; `-p env.envs_per_worker=1` for a
+  process, and a message each way, per env, hpcrl's layout until 2026-12-02);
 - `hpcrl-sync`, `hpcrl-async`: `hpcrl train`'s loop without its files (setup_torch with
   train.torch_threads, the agent built as train builds it) with `train.async_rollout` false / true;
 - `sb3`: Stable-Baselines3's PPO (`CnnPolicy`: the same CNN, SB3's NatureCNN or, with other
@@ -106,7 +104,6 @@ final return hpcrl 74.0, SB3 41.4, Sample Factory 62.5.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -122,7 +119,7 @@ import _args  # benchmarks/_args.py: the script's own folder is first on sys.pat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SIDES = ("random", "random-batched", "hpcrl-sync", "hpcrl-async", "sb3", "sample-factory", "envpool-random")
+SIDES = ("random", "hpcrl-sync", "hpcrl-async", "sb3", "sample-factory", "envpool-random")
 RESULT = "RESULT "
 """The prefix of the child's one line of JSON on stdout."""
 
@@ -173,10 +170,20 @@ def _timed(step: Any, steps_of: Any, seconds: float) -> tuple[float, int, float,
             return steps / wall, steps, wall, per_step((cpu, cpu_seconds()), steps)
 
 
+def layout(spec: Any) -> str:
+    """How `make_vec_env` places the envs of `spec` in worker processes here: `2 workers x 4 envs`."""
+    from hpcrl.cores import usable_cores
+    from hpcrl.rl.envs import workers_for
+
+    workers = workers_for(spec.num_envs, spec.envs_per_worker, usable_cores())
+    return f"{workers} workers x {spec.num_envs // workers}{'+' if spec.num_envs % workers else ''} envs"
+
+
 def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     from hpcrl.rl.envs import make_vec_env
 
-    envs = make_vec_env(_experiment(args, num_envs).env)
+    spec = _experiment(args, num_envs).env
+    envs = make_vec_env(spec)
     try:
         envs.reset(seed=0)
         count = [0]
@@ -187,88 +194,9 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                 count[0] += envs.num_envs
 
         sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall, **cpu}
+        return {"sps": sps, "steps": steps, "seconds": wall, "layout": layout(spec), **cpu}
     finally:
         envs.close()
-
-
-def measure_random_batched(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
-    """The same envs and random actions as `random`, in one worker process per core (at most one per env), each
-    stepping its share of the envs in turn: one message to a worker and one back per step, as Sample Factory's
-    rollout workers do, where hpcrl's vector env has a worker process, and a message each way, per env."""
-    import multiprocessing
-
-    import numpy as np
-
-    from hpcrl.cores import usable_cores
-
-    spec = _experiment(args, num_envs).env
-    ctx = multiprocessing.get_context("fork")
-    pipes, processes = [], []
-    try:
-        for share in np.array_split(np.arange(num_envs), min(num_envs, usable_cores())):
-            ours, theirs = ctx.Pipe()
-            process = ctx.Process(target=_batched_worker, args=(theirs, spec, [int(seed) for seed in share]), daemon=True)
-            process.start()
-            theirs.close()
-            pipes.append(ours)
-            processes.append(process)
-        spaces = [_answer(pipe, i, spec.worker_timeout_s) for i, pipe in enumerate(pipes)]
-        count = [0]
-
-        def step() -> None:
-            for _ in range(16):
-                for pipe, space in zip(pipes, spaces):
-                    pipe.send(space.sample())
-                for i, pipe in enumerate(pipes):
-                    _answer(pipe, i, spec.worker_timeout_s)
-                count[0] += num_envs
-
-        sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall, "layout": f"{len(pipes)} workers x {num_envs // len(pipes)}{'+' if num_envs % len(pipes) else ''} envs", **cpu}
-    finally:
-        for pipe in pipes:  # each worker holds copies of the pipes of those forked before it: a word, not end of file
-            with contextlib.suppress(OSError):
-                pipe.send(None)
-            pipe.close()
-        for process in processes:
-            process.join(10)
-            if process.exitcode is None:
-                process.kill()  # its engines are in this measurement's process group, which run_child kills
-
-
-def _answer(pipe: Any, worker: int, timeout: float) -> Any:
-    """A batched worker's next answer, within `timeout` seconds."""
-    if not pipe.poll(timeout):
-        raise RuntimeError(f"batched worker {worker} did not answer within {timeout:g} s")
-    return pipe.recv()
-
-
-def _batched_worker(pipe: Any, spec: Any, seeds: list[int]) -> None:
-    """`random-batched`'s worker: builds one env per seed, answers with their actions' joint space, then steps
-    them in turn for each batch of actions and answers with their observations (reset where an episode ended),
-    until it is sent None."""
-    import gymnasium as gym
-    import numpy as np
-
-    from hpcrl.rl.envs import make_env
-    from hpcrl.runtime.lifeline import die_with_parent
-
-    die_with_parent()
-    envs = [make_env(spec) for _ in seeds]
-    try:
-        for env, seed in zip(envs, seeds):
-            env.reset(seed=seed)
-        pipe.send(gym.vector.utils.batch_space(envs[0].action_space, len(envs)))
-        while (actions := pipe.recv()) is not None:
-            frames = []
-            for env, action in zip(envs, actions):
-                obs, _, terminated, truncated, _ = env.step(action)
-                frames.append(env.reset()[0] if terminated or truncated else obs)
-            pipe.send(np.stack(frames))
-    finally:
-        for env in envs:
-            env.close()
 
 
 def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) -> dict[str, Any]:
@@ -307,7 +235,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
         from hpcrl.rl.networks import CPU_BF16
 
         amp = exp.train.amp if device.type == "cuda" or (exp.train.amp == "bf16" and CPU_BF16) else "none"  # bf16 on a CPU needs AMX
-        result = {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, **cpu}
+        result = {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, "layout": layout(exp.env), **cpu}
         if args.learn:
             from hpcrl.rl.envs import make_env
             from hpcrl.rl.networks import obs_to_tensor
@@ -639,8 +567,6 @@ def mean_return(env: Any, act: Any, episodes: int, seed: int = 1_000_003) -> flo
 def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any]:
     if side == "random":
         return measure_random(args, num_envs)
-    if side == "random-batched":
-        return measure_random_batched(args, num_envs)
     if side in ("hpcrl-sync", "hpcrl-async"):
         return measure_hpcrl(args, num_envs, side == "hpcrl-async")
     if side == "sb3":
@@ -776,7 +702,7 @@ def main() -> None:
         for side in args.sides:
             if side == "sample-factory":
                 result = {"num_envs": n, "side": side, **sample_factory_child(args, argv, n, timeout)}
-            elif args.learn and side in ("random", "random-batched", "envpool-random"):
+            elif args.learn and side in ("random", "envpool-random"):
                 continue
             else:
                 result = {"num_envs": n, "side": side, **run_child(argv, side, n, timeout)}

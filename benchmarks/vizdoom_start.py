@@ -1,16 +1,17 @@
-"""How long N ViZDoom workers take to start, reset (every game starts at once) and close.
+"""How long N ViZDoom envs in worker processes take to start, reset (every worker's games start at once) and close.
 
-    .venv/bin/python benchmarks/vizdoom_start.py                # 32 and 64 workers, configs/vizdoom_ppo.yaml's env
-    .venv/bin/python benchmarks/vizdoom_start.py 8 16 --steps 100
+    .venv/bin/python benchmarks/vizdoom_start.py                # 32 and 64 envs, a worker each, configs/vizdoom_ppo.yaml's env
+    .venv/bin/python benchmarks/vizdoom_start.py 8 16 --steps 100 --envs-per-worker 4
 
-Each row is a fresh vector env from `make_vec_env` with the bundled config's `env:` section and
-`env.num_envs` = N: `start` is building it (N worker processes forked, each building its env; the
-games are not running yet), `reset` the first reset (all N games start at once: the moment their
-engines used to race on `./_vizdoom/` in the shared working directory), `steps` that many random
-vector steps, `close` closing it. Before each row the load average is printed: the machine's other
-work slows all of it.
+Each row is a fresh vector env from `make_vec_env` with the bundled config's `env:` section,
+`env.num_envs` = N and `env.envs_per_worker` (1 by default here: every game starts at the same
+instant, the hardest case; 0 for the config's own layout, one worker per core): `start` is building it
+(the worker processes forked, each building its envs; the games are not running yet), `reset` the
+first reset (each worker's games start at once: the moment their engines used to race on
+`./_vizdoom/` in the shared working directory), `steps` that many random vector steps, `close`
+closing it. Before each row the load average is printed: the machine's other work slows all of it.
 
-Figures (2026-11-26, this 2-core VM shared with other work; `benchmarks/vizdoom_start.py`):
+Figures (2026-11-26, a worker per env, this 2-core VM shared with other work; `benchmarks/vizdoom_start.py`):
 - 32 workers: start 2.3 s, reset 12.7 s, 50 steps 1.3 s, close 1.5 s (load 6).
 - 64 workers: start 2.8 s, reset 31.6 s, 50 steps 2.3 s, close 2.9 s (load 15).
 - before issue 26 (shared working directory, groups reset one after the other), load 34-37:
@@ -38,14 +39,15 @@ from hpcrl.rl.envs import make_vec_env  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workers", nargs="*", type=int, default=[32, 64])
+    parser.add_argument("workers", nargs="*", type=int, default=[32, 64], help="envs (each a game)")
     parser.add_argument("--steps", type=int, default=50, help="random vector steps after the reset")
+    parser.add_argument("--envs-per-worker", type=int, default=1, help="env.envs_per_worker; 0: the config's (one worker per usable core)")
     args = parser.parse_args()
     env = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml").env
-    print(f"{'workers':>7} {'start s':>8} {'reset s':>8} {'steps s':>8} {'close s':>8}  load")
+    print(f"{'envs':>7} {'start s':>8} {'reset s':>8} {'steps s':>8} {'close s':>8}  load")
     for n in args.workers:
         load = os.getloadavg()[0]
-        spec = dataclasses.replace(env, num_envs=n, vectorization="async")
+        spec = dataclasses.replace(env, num_envs=n, vectorization="async", envs_per_worker=args.envs_per_worker or env.envs_per_worker)
         t0 = time.monotonic()
         envs = make_vec_env(spec)
         t1 = time.monotonic()

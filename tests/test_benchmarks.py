@@ -44,7 +44,7 @@ TINY: dict[str, tuple[list[str], tuple[pytest.MarkDecorator, ...]]] = {
     "status_scale.py": (["--runs", "20", "--settings", "2", "--repeat", "1", "--schedulers"], (pytest.mark.e2e,)),
     "study_storage.py": (["--trials", "4", "--reports", "2", "--workers", "1", "--repeats", "1"], (pytest.mark.e2e,)),
     "submit_scale.py": (["--runs", "10", "--loop-max", "10", "--schedulers", "slurm", "sge"], (pytest.mark.slurm, pytest.mark.sge, pytest.mark.e2e)),
-    "vizdoom_speed.py": (["--sides", "random", "random-batched", "sample-factory", "--num-envs", "2", "--seconds", "1", "--out", "{tmp}/speed"], (pytest.mark.e2e,)),
+    "vizdoom_speed.py": (["--sides", "random", "sample-factory", "--num-envs", "2", "--seconds", "1", "--out", "{tmp}/speed"], (pytest.mark.e2e,)),
     "vizdoom_start.py": (["2", "--steps", "5"], (pytest.mark.e2e,)),
 }
 """A tiny run of each script: arguments (`{tmp}`: the test's directory) and markers."""
@@ -288,13 +288,13 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_pa
     if importlib.util.find_spec("vizdoom") is None:
         pytest.skip("vizdoom_speed.py needs vizdoom, which is not installed here")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "random-batched", "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "random", "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child = None
     try:
         deadline = time.monotonic() + 120
         while child is None or sum("vizdoom/vizdoom" in line for _, line in in_session(child)) < 2:  # both engines have started
             assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
-            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child random-batched" in line), None)
+            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child random" in line), None)
             time.sleep(0.2)
         bench.kill()
         bench.wait()

@@ -1,7 +1,7 @@
 """A bound on every call the trainer's own process makes into a user's env: `env.vectorization: sync`
 (building the envs, reset, step, close) and the evaluation video's env.
 
-Worker processes bound every wait on an env (hpcrl.rl.envs.Workers), but a sync vector env runs its
+Worker processes bound every wait on an env (hpcrl.rl.env_workers.Workers), but a sync vector env runs its
 envs in the trainer's process, where a `step` that never returns froze the run until the time limit.
 Sync exists because a cheap env's step costs less than the pipe round trip a worker would add (a
 CartPole step is microseconds), so moving those envs into a process would cost what sync saves.

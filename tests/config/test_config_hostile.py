@@ -116,6 +116,7 @@ UNSWEPT = {
     "train.torch_threads": [1, 2],
     "env.vectorization": ["sync", "async"],
     "env.worker_timeout_s": [10, 20],
+    "env.envs_per_worker": [1, 4],
     "sweep.seeds": [[0], [1]],
 }
 

@@ -5,12 +5,14 @@ ViZDoom PPO learner's CPU per step on 2 cores: benchmarks/vizdoom_speed.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import numpy as np
 import pytest
 
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl.envs import GroupedVectorEnv, make_vec_env, pipeline_groups
+from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes, make_vec_env, pipeline_groups
 
 
 @pytest.mark.parametrize(("envs", "cores", "groups"), [(1, 2, 1), (3, 2, 2), (4, 2, 2), (5, 2, 1), (8, 2, 1), (8, 16, 2), (32, 16, 2), (64, 16, 1)])
@@ -33,3 +35,32 @@ def test_workers_on_one_core_step_as_one_group() -> None:
         assert obs.shape == (3, 4) and list(reward) == [1.0, 1.0, 1.0]
     finally:
         envs.close()
+
+
+def run(envs, steps: int) -> list:
+    """What `steps` steps of fixed pseudo-random actions give: every array a rollout reads."""
+    actions = np.random.default_rng(7).integers(0, 2, size=(steps, envs.num_envs))
+    seen = [envs.reset(seed=11)[0]]
+    try:
+        for a in actions:
+            obs, reward, terminated, truncated, info = envs.step(a)
+            seen += [obs, reward, terminated, truncated, final_observations(obs, info), *finished_episodes(info)]
+    finally:
+        envs.close()
+    return seen
+
+
+@pytest.mark.parametrize("per_worker", [1, 2, 3, 5])
+def test_workers_hosting_several_envs_step_each_env_as_its_own_worker_would(per_worker: int) -> None:
+    """5 CartPoles in workers of 1, 2 (2+2+1), 3 (3+2) or all 5 envs, over 300 steps with the same
+    actions: every observation, reward, end of episode, final observation and episode statistic is
+    what the envs give stepped in this process (env i seeded 11 + i, autoreset in the same step).
+    An env given another env's seed, actions or rows, or a worker's final observation put in the
+    wrong row, breaks it."""
+    spec = EnvConfig(id="CartPole-v1", num_envs=5, vectorization="sync", worker_timeout_s=30.0)
+    expected = run(make_vec_env(spec), 300)
+    got = run(make_vec_env(dataclasses.replace(spec, vectorization="async", envs_per_worker=per_worker)), 300)
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(a, b, err_msg=f"item {i}")
+    assert sum(len(x) for x in expected[6::7]) > 10  # episodes did end, in several envs

@@ -21,7 +21,8 @@ from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.env_output import EnvOutputError
-from hpcrl.rl.envs import EnvWorkerError, make_env_here, make_vec_env
+from hpcrl.rl.env_workers import EnvWorkerError
+from hpcrl.rl.envs import make_env_here, make_vec_env
 from hpcrl.rl.rollout import THREAD_NAME
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -52,28 +53,33 @@ def drive(spec: EnvConfig) -> None:
         envs.close()
 
 
+@pytest.mark.parametrize(("per_worker", "worker"), [(1, "worker 3"), (2, "worker 1 (envs 2-3)")])
 @pytest.mark.parametrize(
     ("fail_in", "how", "line"),
     [
-        ("start", "hang", f"env {ENV_ID}: worker 0 did not answer start within 1 s"),
-        ("reset", "hang", f"env {ENV_ID}: worker 3 did not answer reset within 1 s"),
-        ("step", "hang", f"env {ENV_ID}: worker 3 did not answer step within 1 s"),
-        ("close", "hang", f"env {ENV_ID}: worker 3 did not answer close within 1 s"),
-        ("step", "exit", f"env {ENV_ID}: worker 3 exited with code 3 during step"),
+        ("start", "hang", "{first} did not answer start within 1 s"),
+        ("reset", "hang", "{worker} did not answer reset within 1 s"),
+        ("step", "hang", "{worker} did not answer step within 1 s"),
+        ("close", "hang", "{worker} did not answer close within 1 s"),
+        ("step", "exit", "{worker} exited with code 3 during step"),
     ],
 )
-def test_a_worker_that_hangs_or_dies_is_named_and_killed(fail_in: str, how: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """4 envs in two worker groups (0-1, 2-3: the grouping of two cores); env 3 (seed 3) or, at start, every worker fails."""
+def test_a_worker_that_hangs_or_dies_is_named_and_killed(per_worker: int, worker: str, fail_in: str, how: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 envs, one or two per worker, the workers in two groups (the grouping of two cores); env 3
+    (seed 3) or, at start, every worker fails: the line names the worker and, where it hosts
+    several, its envs."""
     monkeypatch.syspath_prepend(str(STANDINS))
     monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)
-    spec = EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "how": how, "seed": 3, "pid_dir": str(tmp_path)})
+    spec = EnvConfig(id=ENV_ID, num_envs=4, envs_per_worker=per_worker, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "how": how, "seed": 3, "pid_dir": str(tmp_path)})
     began = time.monotonic()
     with pytest.raises(EnvWorkerError) as raised:
         drive(spec)
-    assert str(raised.value) == line
+    first = "worker 0" if per_worker == 1 else "worker 0 (envs 0-1)"
+    assert str(raised.value) == f"env {ENV_ID}: " + line.format(worker=worker, first=first)
     assert time.monotonic() - began < 20  # the 1 s bound and the workers' start, not a hang
+    workers = 4 // per_worker
     pids = worker_pids(tmp_path)
-    assert len(pids) == 1 + (2 if fail_in == "start" else 4)  # the spaces probe, then workers; at start, the second group is never made
+    assert len(pids) == 1 + (workers // 2 if fail_in == "start" else workers)  # the spaces probe, then workers; at start, the second group is never made
     assert not [pid for pid in pids if alive(pid)]
 
 
@@ -217,7 +223,7 @@ def test_an_env_that_returns_what_its_space_cannot_hold_is_named(vectorization: 
     line naming the env and what it returned (and, in workers, the worker), not numpy's "all input
     arrays must have the same shape" nor, later, a non-finite loss blamed on train.lr."""
     monkeypatch.syspath_prepend(str(STANDINS))
-    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, vectorization=vectorization, worker_timeout_s=5.0, kwargs={"lie": lie, "seed": 3}))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, envs_per_worker=2, vectorization=vectorization, worker_timeout_s=5.0, kwargs={"lie": lie, "seed": 3}))
     try:
         envs.reset(seed=0)
         with pytest.raises(EnvOutputError) as raised:
@@ -225,17 +231,17 @@ def test_an_env_that_returns_what_its_space_cannot_hold_is_named(vectorization: 
                 envs.step(envs.action_space.sample())
     finally:
         envs.close()
-    assert str(raised.value) == f"env {ENV_ID}: step returned {what}" + (" (worker 3)" if vectorization == "async" else "")
+    assert str(raised.value) == f"env {ENV_ID}: step returned {what}" + (" (worker 1, envs 2-3)" if vectorization == "async" else "")
 
 
 def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(STANDINS))
-    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, vectorization="async", worker_timeout_s=5.0, kwargs={"pid_dir": str(tmp_path)}))
+    envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, envs_per_worker=2, vectorization="async", worker_timeout_s=5.0, kwargs={"pid_dir": str(tmp_path)}))
     envs.reset(seed=0)
     for _ in range(30):  # past the 20-step episodes: autoreset inside the workers
         envs.step(envs.action_space.sample())
     envs.close()
-    assert len(worker_pids(tmp_path)) == 1 + 4 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
+    assert len(worker_pids(tmp_path)) == 1 + 2 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
 
 
 @pytest.mark.e2e
@@ -245,7 +251,7 @@ def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path:
     (before worker waits were bounded, the run stayed "running" until killed)."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    env = {"id": ENV_ID, "num_envs": 4, "vectorization": "async", "worker_timeout_s": 3, "kwargs": {"fail_in": "step", "seed": 3, "pid_dir": str(pid_dir)}}
+    env = {"id": ENV_ID, "num_envs": 4, "envs_per_worker": 1, "vectorization": "async", "worker_timeout_s": 3, "kwargs": {"fail_in": "step", "seed": 3, "pid_dir": str(pid_dir)}}
     config = write_config(tmp_path, {"env": env, "sweep": {"seeds": [0]}})
     path = os.pathsep.join([str(STANDINS), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -276,7 +282,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import make_vec_env
-envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=4, vectorization="async", worker_timeout_s=600, kwargs={"fail_in": "step", "seed": 3, "pid_dir": sys.argv[2]}))
+envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=4, envs_per_worker=1, vectorization="async", worker_timeout_s=600, kwargs={"fail_in": "step", "seed": 3, "pid_dir": sys.argv[2]}))
 envs.reset(seed=0)
 print("stepping", flush=True)
 for _ in range(5):

@@ -147,7 +147,7 @@ class _StartTogether(gym.Wrapper):
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_32_workers_starting_at_the_same_instant_all_reset_and_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """32 ViZDoom workers whose games start at one instant (a barrier before each first reset) all
+    """32 ViZDoom workers of one env each, whose games start at one instant (a barrier before each first reset) all
     reset and step, and leave nothing behind: not in the working directory they share, not in the
     temporary directory.
 
@@ -168,7 +168,7 @@ def test_32_workers_starting_at_the_same_instant_all_reset_and_step(tmp_path: Pa
     make = envs_module.BACKENDS["vizdoom"]
     monkeypatch.setitem(envs_module.BACKENDS, "vizdoom", lambda spec, render_mode: _StartTogether(make(spec, render_mode), barrier))
     began = time.monotonic()
-    envs = make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=32, worker_timeout_s=120, kwargs={"downsample": 2}))
+    envs = make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=32, envs_per_worker=1, worker_timeout_s=120, kwargs={"downsample": 2}))
     try:
         obs, _ = envs.reset(seed=0)
         started = time.monotonic() - began
@@ -223,12 +223,13 @@ def test_worker_groups_step_as_one_async_vector_env(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("recurrent_size", [0, 16])
-def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int) -> None:
-    """A rollout over worker groups (each group's forward pass while the other group steps) gives
-    every env the observations, actions, episode starts and episodes that one batched forward pass
-    per vector step gives, from the same seed. Log-probabilities, values and rewards (a timeout's
+def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout over worker groups (each group's forward pass while the other group steps, as on a
+    GPU; pipelined here on the CPU) gives every env the observations, actions, episode starts and
+    episodes that one batched forward pass per vector step gives, from the same seed. Log-probabilities, values and rewards (a timeout's
     bootstrap value) may differ in the last bit: the CNN's kernels sum in another order for a
     smaller batch or another thread count."""
+    monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)  # 2 workers of 2 envs, in two groups
     exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["env.num_envs=4", "train.num_steps=90", f"train.recurrent_size={recurrent_size}"])
     results = []
     for envs in (make_vec_env(exp.env), _one_async_vector_env(exp.env)):
@@ -236,6 +237,8 @@ def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int) -> None:
         torch.set_num_threads(2)
         try:
             agent = algorithm_class("ppo")(exp.train, envs, torch.device("cpu"), 0)
+            agent.pipelined = isinstance(envs, GroupedVectorEnv)
+            assert not agent.pipelined or len(envs.groups) == 2
             agent.collect()  # 90 steps: past the 75-step timeout of the envs that never shoot
             results.append((agent.obs, agent.actions, agent.logprobs, agent.values, agent.firsts, agent.episodes, agent.rewards, agent.state))
         finally:

@@ -87,6 +87,7 @@ def test_an_alphazero_run_keeps_its_id_from_before_value_target_q() -> None:
         {"train": {"device": "cpu"}},
         {"env": {"vectorization": "async"}},
         {"env": {"worker_timeout_s": 30}},
+        {"env": {"envs_per_worker": 2}},
         {"resources": {"time": "07:00:00", "mem": "9G", "cpus": 3}},
         {"eval": {"episodes": 3}},
         {"container": {"binds": ["/a:/a"]}},

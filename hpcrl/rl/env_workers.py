@@ -1,0 +1,369 @@
+"""Env worker processes, each stepping several envs, with every wait on them bounded.
+
+A worker process hosts a share of a vector env's envs (`env.envs_per_worker`) and steps them in
+turn on one message each way per step, as Sample Factory's rollout workers do: on 2 cores, 8
+ViZDoom envs in 2 workers of 4 step at 0.30 ms of CPU a step against 0.44 ms in 8 workers of one
+(benchmarks/vizdoom_speed.py), the difference being the per-process wake-ups and messages. Inside a
+worker the envs are a gymnasium SyncVectorEnv in SAME_STEP autoreset mode, so each env's episodes,
+seeds (env i gets seed + i) and infos are what one AsyncVectorEnv of single-env workers gives.
+
+No wait on a worker is unbounded: a worker that does not answer its start, a reset, a step or its
+close within `timeout`, or that dies, raises EnvWorkerError naming the env, the worker (and its envs)
+and what it was doing, after every worker of the vector env and whatever they started (a ViZDoom
+env's game is a process of its own) are killed. Nor is the trainer's own process given a user's env
+to build: the spaces come from worker 0's env in a probe process (`probe_env`), under the same bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
+
+from hpcrl.runtime.launch import how_it_ended
+from hpcrl.runtime.lifeline import die_with_parent
+from hpcrl.store.rundir import RunError
+
+
+class EnvWorkerError(RunError):
+    """An env worker process that did not answer in time, or died: the run fails with this line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvDescription:
+    """What a vector env needs to know of its envs before its workers start."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    metadata: dict[str, Any]
+    render_mode: str | None
+
+
+def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, context: str | None) -> EnvDescription:
+    """The spaces of the env `thunk` builds (worker 0's), read in a process of its own.
+
+    gymnasium's AsyncVectorEnv builds and closes one env in the calling process for this, outside
+    every bound: an env whose constructor or close hangs froze the trainer. Here the probe must
+    answer its start and its close within `timeout` seconds, or EnvWorkerError names it and it is
+    killed with whatever it started; an error the env raised is raised here as it was there."""
+    ctx = multiprocessing.get_context(context)
+    answers, child_end = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_describe, args=(CloudpickleWrapper(thunk), child_end), name="Worker<probe>-0", daemon=True)
+    process.start()
+    child_end.close()
+    who = f"env {env_id}: worker 0's spaces probe"
+    try:
+        described = _answer(answers, process, who, "start", timeout)
+        _answer(answers, process, who, "close", timeout)
+        process.join(timeout)
+        return described
+    finally:
+        answers.close()
+        if process.exitcode is None:
+            kill_trees([process.pid] if process.pid is not None else [])
+            process.join(5.0)
+
+
+def _answer(pipe: multiprocessing.connection.Connection, process: Any, who: str, doing: str, bound: float, wait: float | None = None, where: str | None = None) -> Any:
+    """The next answer of a worker (or the probe) within `wait` seconds (what is left of `bound`);
+    EnvWorkerError when it is late or the process died; the env's own error when it raised one (a
+    RunError with `where` it was raised)."""
+    try:
+        if not pipe.poll(bound if wait is None else wait):
+            raise EnvWorkerError(f"{who} did not answer {doing} within {bound:g} s")
+        kind, value = pipe.recv()
+    except (EOFError, ConnectionResetError, BrokenPipeError) as exc:
+        process.join(1.0)  # its pipe closes as it exits, a moment before its exit code can be read
+        raise EnvWorkerError(f"{who} {how_it_ended(process.exitcode) if process.exitcode is not None else 'stopped answering'} during {doing}") from exc
+    if kind == "error":
+        raise _raised(value, who, where)
+    return value
+
+
+def _raised(value: tuple[type[BaseException], str, str], who: str, where: str | None) -> BaseException:
+    """The error an env raised in a worker, to raise here. A RunError (an env that returned what it
+    must not) is one line with the worker named; any other error is a bug in the env, whose
+    traceback is logged, as gymnasium does, before it is raised again under its own type."""
+    error_type, message, trace = value
+    if issubclass(error_type, RunError):
+        return error_type(message if where is None else f"{message} ({where})")
+    if trace:
+        gym.logger.error(f"{who} raised:\n{trace}")
+    try:
+        return error_type(message)
+    except Exception:  # noqa: BLE001 - a type built from other arguments: its name and message
+        return RuntimeError(f"{error_type.__name__}: {message}")
+
+
+def _error(exc: BaseException, with_trace: bool) -> tuple[type[BaseException], str, str]:
+    """An env's error as it crosses the pipe: its type (RuntimeError where the type does not pickle), message and traceback."""
+    trace = traceback.format_exc() if with_trace else ""
+    try:
+        multiprocessing.reduction.ForkingPickler.dumps(type(exc))
+    except Exception:  # noqa: BLE001 - a type the trainer could not unpickle: its name survives
+        return RuntimeError, f"{type(exc).__name__}: {exc}", trace
+    return type(exc), str(exc), trace
+
+
+def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Connection) -> None:
+    """The probe process: build the env, send what describes it, close it, say so. An error the
+    env raises goes back as its type and message (a traceback here would be a second message)."""
+    try:
+        die_with_parent()
+        env = thunk()
+        answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
+        env.close()
+        answers.send(("ok", None))
+    except Exception as exc:  # noqa: BLE001 - raised again in the trainer by _answer
+        answers.send(("error", _error(exc, with_trace=False)))
+
+
+def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection) -> None:
+    """A worker process: build its envs, say so with their spaces, then step and reset them on
+    command until `close`, which it answers before closing them (a close that hangs is the
+    trainer's to bound). An error in an env goes back with its traceback, and the worker ends."""
+    parent_end.close()
+    envs = None
+    try:
+        envs = gym.vector.SyncVectorEnv(thunks.fn, copy=False, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        pipe.send(("ok", (envs.single_observation_space, envs.single_action_space)))
+        while True:
+            command, data = pipe.recv()
+            if command == "step":
+                pipe.send(("ok", envs.step(data)))
+            elif command == "reset":
+                pipe.send(("ok", envs.reset(seed=data[0], options=data[1])))
+            else:  # close
+                pipe.send(("ok", None))
+                break
+    except (KeyboardInterrupt, EOFError):
+        pass  # the trainer is ending (a forked worker shares its terminal), or is gone
+    except Exception as exc:  # noqa: BLE001 - raised again in the trainer by _answer
+        with contextlib.suppress(OSError):
+            pipe.send(("error", _error(exc, with_trace=True)))
+    finally:
+        if envs is not None:
+            envs.close()
+
+
+class Workers(gym.vector.VectorEnv):
+    """The envs of `chunks` (one list of env factories per worker process) as one vector env in
+    SAME_STEP autoreset mode, every wait on a worker bounded by `timeout` seconds.
+
+    Each of the four waits (start, reset, step, close) raises EnvWorkerError (`env <id>: worker <w>
+    (envs a-b) did not answer <what> within <t> s`, or how a dead worker ended), after killing every
+    worker of this vector env and the processes they started: SIGTERM is not enough, since a forked
+    worker inherits the trainer's signal handlers, and a killed worker's children (ViZDoom's game)
+    would live on. Worker and env numbers count across the groups of a GroupedVectorEnv (`first_worker`
+    and `first_env` are this group's first). The spaces are `described` (`probe_env`); a worker
+    whose envs have other spaces fails the start."""
+
+    def __init__(self, chunks: Sequence[Sequence[Callable[[], gym.Env]]], described: EnvDescription, *, env_id: str, first_worker: int, first_env: int, timeout: float, context: str | None = None) -> None:
+        self.env_id, self.timeout = env_id, timeout
+        sizes = [len(chunk) for chunk in chunks]
+        bounds = np.cumsum([0, *sizes])
+        self.rows = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        """Each worker's envs, as rows of the batch."""
+        hosts = [f"envs {first_env + r.start}-{first_env + r.stop - 1}" if n > 1 else "" for n, r in zip(sizes, self.rows)]
+        self.names = [f"worker {first_worker + w}" + (f" ({h})" if h else "") for w, h in enumerate(hosts)]
+        """Each worker in the messages of timeouts and deaths: `worker 3`, or `worker 1 (envs 2-3)`."""
+        self.places = [f"worker {first_worker + w}" + (f", {h}" if h else "") for w, h in enumerate(hosts)]
+        """Where an env's RunError came from, at the end of its line: `(worker 3)`, or `(worker 1, envs 2-3)`."""
+        self.num_envs = int(bounds[-1])
+        self.single_observation_space, self.single_action_space = described.observation_space, described.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.metadata = {**described.metadata, "autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        self.render_mode = described.render_mode
+        self.closed = False
+        self._failed = False
+        self._pending: str | None = None
+        ctx = multiprocessing.get_context(context)
+        self.pipes: list[multiprocessing.connection.Connection] = []
+        self.processes: list[Any] = []
+        try:
+            with clear_mpi_env_vars():
+                for w, chunk in enumerate(chunks):
+                    pipe, child_end = ctx.Pipe()
+                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe), name=f"EnvWorker-{first_worker + w}", daemon=True)
+                    process.start()
+                    child_end.close()
+                    self.pipes.append(pipe)
+                    self.processes.append(process)
+            for (observation_space, action_space), name in zip(self._gather("start"), self.names):
+                if observation_space != self.single_observation_space or action_space != self.single_action_space:
+                    raise EnvWorkerError(
+                        f"env {env_id}: {name} has observation space {observation_space} and action space {action_space}, "
+                        f"worker 0's env {self.single_observation_space} and {self.single_action_space}: every env of a run needs the same spaces"
+                    )
+        except BaseException:
+            self._fail()
+            raise
+
+    def reset_async(self, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+        if seed is None or isinstance(seed, int):
+            seed = [None if seed is None else seed + i for i in range(self.num_envs)]
+        if len(seed) != self.num_envs:
+            raise ValueError(f"{len(seed)} seeds for {self.num_envs} envs")
+        self._send("reset", [(list(seed[rows]), options) for rows in self.rows])
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        answers = self._gather("reset", timeout)
+        return concat_batches([obs for obs, _ in answers]), concat_infos([info for _, info in answers], [r.stop - r.start for r in self.rows])
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def step_async(self, actions: Any) -> None:
+        self._send("step", [batch_rows(actions, rows) for rows in self.rows])
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        answers = self._gather("step", timeout)
+        obs, reward, terminated, truncated, infos = zip(*answers)
+        return (
+            concat_batches(obs), np.concatenate(reward), np.concatenate(terminated), np.concatenate(truncated),
+            concat_infos(infos, [r.stop - r.start for r in self.rows]),
+        )  # fmt: skip
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def _send(self, command: str, data: Sequence[Any]) -> None:
+        if self.closed or self._failed:
+            raise EnvWorkerError(f"env {self.env_id}: the workers were {'closed' if self.closed else 'stopped after a failure'}")
+        if self._pending is not None:
+            raise RuntimeError(f"env {self.env_id}: {command} sent while a {self._pending} is pending")
+        with self._dead_named(command):
+            for pipe, item in zip(self.pipes, data):
+                pipe.send((command, item))
+        self._pending = command
+
+    def _gather(self, doing: str, timeout: float | None = None) -> list[Any]:
+        """Every worker's answer to `doing`, each within what is left of `timeout` seconds (the
+        configured bound by default). On any failure every worker is killed before the error rises."""
+        if self._pending not in (None, doing):
+            raise RuntimeError(f"env {self.env_id}: waiting for {doing} while a {self._pending} is pending")
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        answers = []
+        try:
+            for pipe, process, name, place in zip(self.pipes, self.processes, self.names, self.places):
+                answers.append(_answer(pipe, process, f"env {self.env_id}: {name}", doing, limit, max(deadline - time.monotonic(), 0.0), place))
+        except BaseException:
+            self._fail()
+            raise
+        self._pending = None
+        return answers
+
+    @contextlib.contextmanager
+    def _dead_named(self, doing: str) -> Iterator[None]:
+        """A send to a worker that died (a broken pipe) as an EnvWorkerError saying which one and how it ended."""
+        try:
+            yield
+        except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+            ended = multiprocessing.connection.wait([p.sentinel for p in self.processes], timeout=1.0)
+            dead = [w for w, p in enumerate(self.processes) if p.sentinel in ended]
+            self._fail()
+            if not dead:
+                raise EnvWorkerError(f"env {self.env_id}: a worker stopped answering during {doing}") from exc
+            raise EnvWorkerError(f"env {self.env_id}: {self.names[dead[0]]} {how_it_ended(self.processes[dead[0]].exitcode)} during {doing}") from exc
+
+    def _fail(self) -> None:
+        self._failed = True
+        kill_trees([p.pid for p in self.processes if p.pid is not None and p.exitcode is None])
+        for process in self.processes:
+            process.join(5.0)  # killed: gone as soon as the kernel has reaped it
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close the workers within the timeout; kill them (with their children) when that is asked
+        for, when a call is still pending, when they failed, or when they do not close in time."""
+        limit = self.timeout if timeout is None else timeout
+        try:
+            if not (terminate or self._failed or self._pending is not None):
+                self._send("close", [None] * len(self.pipes))
+                self._gather("close", limit)
+                deadline = time.monotonic() + limit
+                for process, name in zip(self.processes, self.names):  # a worker closes its envs after it answered
+                    process.join(max(deadline - time.monotonic(), 0.0))
+                    if process.exitcode is None:
+                        raise EnvWorkerError(f"env {self.env_id}: {name} did not answer close within {limit:g} s")
+        finally:
+            self._fail()
+            for pipe in self.pipes:
+                pipe.close()
+
+
+def kill_trees(pids: Sequence[int]) -> None:
+    """SIGKILL these processes and every process under them. Each is stopped first, so that it
+    starts nothing while its descendants are listed (from /proc; without /proc, only the processes)."""
+    if not pids:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(os.path.join(entry.path, "stat")) as f:
+                        ppid = int(f.read().rpartition(")")[2].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue  # gone meanwhile
+                children.setdefault(ppid, []).append(int(entry.name))
+    victims = list(pids)
+    for pid in victims:  # grows as it goes: breadth first down the tree
+        victims.extend(children.get(pid, ()))
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def batch_rows(batch: Any, rows: slice) -> Any:
+    """Rows `rows` of a batch: an array, or a dict or tuple of them (Dict and Tuple spaces)."""
+    if isinstance(batch, dict):
+        return {k: batch_rows(v, rows) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(batch_rows(v, rows) for v in batch)
+    return batch[rows]
+
+
+def concat_batches(parts: Sequence[Any]) -> Any:
+    """Consecutive batches as one: arrays, or dicts or tuples of them."""
+    if isinstance(parts[0], dict):
+        return {k: concat_batches([p[k] for p in parts]) for k in parts[0]}
+    if isinstance(parts[0], tuple):
+        return tuple(concat_batches(list(p)) for p in zip(*parts))
+    return np.concatenate(parts)
+
+
+def concat_infos(parts: Sequence[dict[str, Any]], sizes: Sequence[int]) -> dict[str, Any]:
+    """Vector infos of consecutive batches as the info of one vector env: a key some batch lacks
+    is filled for its envs as gymnasium fills an env without it (zeros, False, None)."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for p in parts for k in p):
+        values = [p.get(key) for p in parts]
+        like = next(v for v in values if v is not None)
+        if isinstance(like, dict):
+            out[key] = concat_infos([v if v is not None else {} for v in values], sizes)
+        else:
+            out[key] = np.concatenate([v if v is not None else _blank(like, n) for v, n in zip(values, sizes)])
+    return out
+
+
+def _blank(like: np.ndarray, n: int) -> np.ndarray:
+    """An info array for n envs that did not report it, shaped and typed like `like`."""
+    return np.full(n, None, dtype=object) if like.dtype == object else np.zeros((n, *like.shape[1:]), like.dtype)
