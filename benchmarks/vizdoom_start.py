@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,9 +40,9 @@ from hpcrl.rl.envs import make_vec_env  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workers", nargs="*", type=int, default=[32, 64], help="envs (each a game)")
-    parser.add_argument("--steps", type=int, default=50, help="random vector steps after the reset")
-    parser.add_argument("--envs-per-worker", type=int, default=1, help="env.envs_per_worker; 0: the config's (one worker per usable core)")
+    parser.add_argument("workers", nargs="*", type=_args.positive_integer, default=[32, 64], help="envs (each a game)")
+    parser.add_argument("--steps", type=_args.count, default=50, help="random vector steps after the reset")
+    parser.add_argument("--envs-per-worker", type=_args.count, default=1, help="env.envs_per_worker; 0: the config's (one worker per usable core)")
     args = parser.parse_args()
     env = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml").env
     print(f"{'envs':>7} {'start s':>8} {'reset s':>8} {'steps s':>8} {'close s':>8}  load")

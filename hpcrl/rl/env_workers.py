@@ -204,8 +204,8 @@ class Workers(gym.vector.VectorEnv):
             for (observation_space, action_space), name in zip(self._gather("start"), self.names):
                 if observation_space != self.single_observation_space or action_space != self.single_action_space:
                     raise EnvWorkerError(
-                        f"env {env_id}: {name} has observation space {observation_space} and action space {action_space}, "
-                        f"worker 0's env {self.single_observation_space} and {self.single_action_space}: every env of a run needs the same spaces"
+                        f"env {env_id}: {name} built envs with observation space {observation_space} and action space {action_space}, "
+                        f"where the spaces probe's had {self.single_observation_space} and {self.single_action_space}: every env of a run needs the same spaces"
                     )
         except BaseException:
             self._fail()

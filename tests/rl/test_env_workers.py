@@ -234,6 +234,18 @@ def test_an_env_that_returns_what_its_space_cannot_hold_is_named(vectorization: 
     assert str(raised.value) == f"env {ENV_ID}: step returned {what}" + (" (worker 1, envs 2-3)" if vectorization == "async" else "")
 
 
+def test_workers_whose_envs_have_other_spaces_than_the_probe_read_fail_their_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An env whose observation space in the workers is not the one the spaces probe read (Box(5) against
+    Box(4)): one line at the start naming the worker and both spaces, not a shape error at the first step;
+    no worker left."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=4, envs_per_worker=2, vectorization="async", worker_timeout_s=5.0, kwargs={"lie": "space", "pid_dir": str(tmp_path)})
+    with pytest.raises(EnvWorkerError) as raised:
+        drive(spec)
+    assert str(raised.value).startswith(f"env {ENV_ID}: worker 0 (envs 0-1) built envs with observation space Box(-1.0, 1.0, (5,), float32) and action space Discrete(2), where the spaces probe's had Box(-1.0, 1.0, (4,), float32)")
+    assert not [pid for pid in worker_pids(tmp_path) if alive(pid)]
+
+
 def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(STANDINS))
     envs = make_vec_env(EnvConfig(id=ENV_ID, num_envs=4, envs_per_worker=2, vectorization="async", worker_timeout_s=5.0, kwargs={"pid_dir": str(tmp_path)}))

@@ -9,7 +9,8 @@ reset, its third step, or its close. With `everywhere=True` every env fails ther
 as the copy gymnasium's AsyncVectorEnv builds in the trainer's own process to read the spaces would
 (only `start` and `close` can be reached without a reset). An env that lies instead (`lie: shape`
 or `lie: nan`) returns, at the failing env's third step and in any process, an observation of
-shape (5,) or one holding a NaN. Each process's env writes its process id into `pid_dir` when given, so
+shape (5,) or one holding a NaN; with `lie: space` its observation space is Box(5) in a worker process
+(Box(4) in the probe and in the trainer). Each process's env writes its process id into `pid_dir` when given, so
 a test can check that no worker outlives the run.
 """
 
@@ -35,6 +36,8 @@ class FailingEnv(gym.Env):
         in_child = multiprocessing.parent_process() is not None
         # hpcrl reads the spaces from a probe process (`Worker<probe>-0`) that fails only `everywhere`
         self.in_worker = in_child and "<probe>" not in multiprocessing.current_process().name
+        if lie == "space" and self.in_worker:
+            self.observation_space = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
         if pid_dir and in_child:
             with open(os.path.join(pid_dir, str(os.getpid())), "w"):
                 pass
