@@ -424,14 +424,14 @@ class ActorCritic(nn.Module):
 
     # ------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def act(self, obs: Obs, deterministic: bool) -> torch.Tensor:
+    def act(self, obs: Obs, deterministic: bool, generator: torch.Generator | None = None) -> torch.Tensor:
         batch = next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
         if self.gru is not None and (self._memory is None or self._memory.shape[1] != batch):
             self._memory = self.initial_state(batch, self.critic_head.weight.device)
         first = torch.zeros(batch, device=self.critic_head.weight.device) if self.gru is not None else None
         a, _, self._memory = self._features(obs, self._memory, first)
         params = self.actor_head(a)
-        action = self.actor_head.mode(params) if deterministic else self.actor_head.sample(params)
+        action = self.actor_head.mode(params) if deterministic else self.actor_head.sample(params, generator)
         return self.clip_action(action)
 
     def reset_memory(self, done: np.ndarray | torch.Tensor) -> None:
@@ -470,12 +470,12 @@ class QNetwork(nn.Module):
         return F.linear(self.encoder.forward(obs), self.head.weight, self.head.bias)
 
     @torch.no_grad()
-    def act(self, obs: Obs, deterministic: bool) -> torch.Tensor:
+    def act(self, obs: Obs, deterministic: bool, generator: torch.Generator | None = None) -> torch.Tensor:
         greedy = self(obs).argmax(-1)
         if deterministic:
             return greedy
-        explore = torch.rand(greedy.shape, device=greedy.device) < self.EVAL_EPSILON
-        return torch.where(explore, torch.randint_like(greedy, self.n_actions), greedy)
+        explore = torch.rand(greedy.shape, device=greedy.device, generator=generator) < self.EVAL_EPSILON
+        return torch.where(explore, torch.randint(self.n_actions, greedy.shape, device=greedy.device, generator=generator, dtype=greedy.dtype), greedy)
 
     def reset_memory(self, done: Any) -> None:
         """Feed-forward: nothing to forget (the policy interface evaluation relies on)."""
