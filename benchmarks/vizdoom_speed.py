@@ -12,7 +12,7 @@ For each `--num-envs`, in one run and with the same `env:` section (configs/vizd
 default, `-p key=value` overrides as hpcrl's):
 - `random`: the vector env hpcrl trains on, stepped with random actions and nothing else: the most
   any learner could reach with these envs (the note says how its envs sit in worker processes:
-  `env.envs_per_worker`, by default one worker per core, 2 x 4 here; `-p env.envs_per_worker=1` for a
+  `env.envs_per_worker`, by default two workers per core, 4 x 2 here; `-p env.envs_per_worker=1` for a
   process, and a message each way, per env, hpcrl's layout until 2026-12-02);
 - `hpcrl-sync`, `hpcrl-async`: `hpcrl train`'s loop without its files (setup_torch with
   train.torch_threads, the agent built as train builds it) with `train.async_rollout` false / true;

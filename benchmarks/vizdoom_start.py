@@ -5,7 +5,7 @@
 
 Each row is a fresh vector env from `make_vec_env` with the bundled config's `env:` section,
 `env.num_envs` = N and `env.envs_per_worker` (1 by default here: every game starts at the same
-instant, the hardest case; 0 for the config's own layout, one worker per core): `start` is building it
+instant, the hardest case; 0 for the config's own layout, two workers per core): `start` is building it
 (the worker processes forked, each building its envs; the games are not running yet), `reset` the
 first reset (each worker's games start at once: the moment their engines used to race on
 `./_vizdoom/` in the shared working directory), `steps` that many random vector steps, `close`
@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workers", nargs="*", type=_args.positive_integer, default=[32, 64], help="envs (each a game)")
     parser.add_argument("--steps", type=_args.count, default=50, help="random vector steps after the reset")
-    parser.add_argument("--envs-per-worker", type=_args.count, default=1, help="env.envs_per_worker; 0: the config's (one worker per usable core)")
+    parser.add_argument("--envs-per-worker", type=_args.count, default=1, help="env.envs_per_worker; 0: the config's (two workers per usable core)")
     args = parser.parse_args()
     env = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml").env
     print(f"{'envs':>7} {'start s':>8} {'reset s':>8} {'steps s':>8} {'close s':>8}  load")

@@ -86,7 +86,7 @@ class EnvConfig:
     vectorization: Literal["auto", "sync", "async"] = setting("auto", learned=False)
     """`auto`: sync for cheap envs (IPC dominates), async for simulators."""
     envs_per_worker: Optional[int] = setting(None, ge=1, le=MAX_ENVS, learned=False)
-    """Envs each worker process steps in turn (`vectorization: async`); null: one worker per usable
+    """Envs each worker process steps in turn (`vectorization: async`); null: two workers per usable
     core, each with its share. A worker per env costs a process wake-up and a message each way per
     env and step."""
     worker_timeout_s: float = setting(120.0, gt=0, le=86400, learned=False)

@@ -21,11 +21,11 @@ def test_the_groups_follow_the_workers_per_core(envs: int, cores: int, groups: i
 
 
 def test_workers_on_one_core_step_as_one_group() -> None:
-    """3 workers where this process may use one core: one group of 3, stepping as the vector env it is."""
+    """3 workers of one env where this process may use one core: one group of 3, stepping as the vector env it is."""
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(before)})
     try:
-        envs = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=3, vectorization="async", worker_timeout_s=30.0))
+        envs = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=3, envs_per_worker=1, vectorization="async", worker_timeout_s=30.0))
     finally:
         os.sched_setaffinity(0, before)
     try:
