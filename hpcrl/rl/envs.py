@@ -7,9 +7,10 @@ gives truncated episodes the observation needed to bootstrap their value.
 
 Simulators step in worker processes (hpcrl.rl.env_workers.Workers), each hosting a share of the
 envs (`env.envs_per_worker`; two workers per usable core by default), the workers split into two
-groups that a rollout can step one at a time (`GroupedVectorEnv`): while one group's workers step,
-the learner runs the policy on the other group's observations, so inference and simulation overlap
-instead of taking turns. For everyone else the groups are one vector env with the usual `step`.
+groups that a rollout can step one at a time (`GroupedVectorEnv`): where the policy runs on a GPU
+(hpcrl.rl.ppo's `pipelined`), while one group's workers step the learner runs the policy on the
+other group's observations, so inference and simulation overlap instead of taking turns. For
+everyone else the groups are one vector env with the usual `step`.
 
 No wait on a worker is unbounded, nor is the trainer's own process ever given a user's env to build
 or close (hpcrl.rl.env_workers). A user's env that runs in the trainer's own process
