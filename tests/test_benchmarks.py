@@ -287,7 +287,8 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_pa
     child, its env workers and the ViZDoom engines under them, which outlived their workers and waited for ever."""
     if importlib.util.find_spec("vizdoom") is None:
         pytest.skip("vizdoom_speed.py needs vizdoom, which is not installed here")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    (tmp_path / "tmp").mkdir()  # the killed measurement's temporary files (no cleanup survives kill -9) stay in the test's own
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
     bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "random", "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child = None
     try:

@@ -16,14 +16,19 @@ to build: the spaces come from worker 0's env in a probe process (`probe_env`), 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
+import tempfile
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -129,11 +134,14 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
         answers.send(("error", _error(exc, with_trace=False)))
 
 
-def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection) -> None:
+def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection, scratch: str) -> None:
     """A worker process: build its envs, say so with their spaces, then step and reset them on
     command until `close`, which it answers before closing them (a close that hangs is the
-    trainer's to bound). An error in an env goes back with its traceback, and the worker ends."""
+    trainer's to bound). An error in an env goes back with its traceback, and the worker ends.
+    Its envs' temporary files go under `scratch` (ViZDoom's game directories), which the trainer
+    removes once the workers are gone, closed or killed."""
     parent_end.close()
+    tempfile.tempdir = scratch
     envs = None
     try:
         envs = gym.vector.SyncVectorEnv(thunks.fn, copy=False, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -192,11 +200,15 @@ class Workers(gym.vector.VectorEnv):
         ctx = multiprocessing.get_context(context)
         self.pipes: list[multiprocessing.connection.Connection] = []
         self.processes: list[Any] = []
+        self.scratch = tempfile.mkdtemp(prefix="hpcrl-envs-")
+        """The workers' temporary directory: what a killed env leaves there goes with it."""
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
         try:
             with clear_mpi_env_vars():
                 for w, chunk in enumerate(chunks):
                     pipe, child_end = ctx.Pipe()
-                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe), name=f"EnvWorker-{first_worker + w}", daemon=True)
+                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe, self.scratch), name=f"EnvWorker-{first_worker + w}", daemon=True)
                     process.start()
                     child_end.close()
                     self.pipes.append(pipe)
@@ -286,6 +298,7 @@ class Workers(gym.vector.VectorEnv):
         kill_trees([p.pid for p in self.processes if p.pid is not None and p.exitcode is None])
         for process in self.processes:
             process.join(5.0)  # killed: gone as soon as the kernel has reaped it
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Close the workers within the timeout; kill them (with their children) when that is asked
@@ -304,6 +317,16 @@ class Workers(gym.vector.VectorEnv):
             self._fail()
             for pipe in self.pipes:
                 pipe.close()
+            atexit.unregister(self._at_exit)
+
+
+def _close_at_exit(workers: weakref.ref[Workers]) -> None:
+    """At the exit of a program that never closed its workers (an exception, or a script that ends
+    without `close`): close them. Otherwise multiprocessing's own exit hook would SIGTERM the workers
+    alone, and their children (ViZDoom's game engines) would live on, orphans, for ever."""
+    envs = workers()
+    if envs is not None and not envs.closed:
+        envs.close()
 
 
 def kill_trees(pids: Sequence[int]) -> None:

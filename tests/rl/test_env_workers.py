@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -309,7 +310,10 @@ def test_env_workers_die_with_a_trainer_killed_while_one_hangs(per_worker: int, 
     worker (of one env or of two) is gone within seconds. The idle ones saw their pipe close; the hung one never reads it,
     and lived on for ever before."""
     path = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(STANDINS), str(tmp_path), str(per_worker)], env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, text=True)
+    scratch = tmp_path.with_name(tmp_path.name + "-tmp")  # the killed trainer's workers' directory stays there (kill -9 runs no cleanup)
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": path, "TMPDIR": str(scratch)}
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(STANDINS), str(tmp_path), str(per_worker)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert trainer.stdout is not None and trainer.stdout.readline() == "stepping\n"
         time.sleep(1.0)  # worker 3 is in its endless step by now
@@ -325,3 +329,81 @@ def test_env_workers_die_with_a_trainer_killed_while_one_hangs(per_worker: int, 
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert len(worker_pids(tmp_path)) == 1 + 4 // per_worker and not left
+
+
+ENGINE_ENV = '''
+import os, subprocess, sys, shutil, tempfile
+import gymnasium
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class WithEngine(CartPoleEnv):
+    """CartPole with what a ViZDoom game has: an engine process of its own and a temporary directory,
+    both ended by `close` (and by nothing else)."""
+
+    def __init__(self, record, **kwargs):
+        super().__init__(**kwargs)
+        self.directory = tempfile.mkdtemp(prefix="engine-")
+        self.engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(record, "a") as f:
+            f.write(f"{self.engine.pid} {os.getpid()} {self.directory}\\n")
+
+    def close(self):
+        self.engine.kill()
+        self.engine.wait()
+        shutil.rmtree(self.directory)
+
+
+gymnasium.register("WithEngine-v0", entry_point=WithEngine, max_episode_steps=500)
+'''
+
+ENDING = """
+import os, signal, sys
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.env_workers import EnvWorkerError
+from hpcrl.rl.envs import make_vec_env
+envs = make_vec_env(EnvConfig(id="engine_env:WithEngine-v0", num_envs=4, envs_per_worker=2, vectorization="async", kwargs={"record": sys.argv[2]}))
+envs.reset(seed=0)
+envs.step(envs.action_space.sample())
+if sys.argv[1] == "raise":
+    raise RuntimeError("the user's script fails")
+if sys.argv[1] == "kill-worker":
+    os.kill(int(open(sys.argv[2]).read().splitlines()[-1].split()[1]), signal.SIGKILL)  # a worker's (the first line is the probe's)
+    try:
+        envs.step(envs.action_space.sample())
+    except EnvWorkerError as exc:
+        print(exc)
+        envs.close()
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("ending", ["exit", "raise", "kill-worker"])
+def test_a_program_ending_without_closing_its_workers_leaves_no_engine_and_no_file(ending: str, tmp_path: Path) -> None:
+    """A script that builds envs in workers and ends without closing them (it returns, or raises): no env's
+    engine process lives on, and no temporary file stays. Before, multiprocessing's exit hook SIGTERMed the
+    workers alone, and every ViZDoom engine lived on as an orphan, its directory in /tmp. A worker killed from
+    outside (an OOM kill): its envs' files go with the workers' close. (Its engines are orphaned before the
+    trainer hears of it; in a job, the keeper of the job's processes ends them: tests/schedulers/test_local_orphans.py.)"""
+    (tmp_path / "engine_env.py").write_text(ENGINE_ENV)
+    (tmp_path / "tmp").mkdir()
+    record = tmp_path / "engines.txt"
+    path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path / "tmp")}
+    done = subprocess.run([sys.executable, "-c", ENDING, ending, str(record)], env=env, capture_output=True, text=True, timeout=120)
+    engines = [int(line.split()[0]) for line in record.read_text().splitlines()]
+    try:
+        assert done.returncode == (1 if ending == "raise" else 0), done.stderr[-2000:]
+        if ending == "kill-worker":
+            assert re.search(r"worker \d \(envs \d-\d\) was killed by SIGKILL during step", done.stdout), done.stdout
+        assert len(engines) == 5  # the probe's own env and the four in workers
+        assert not list((tmp_path / "tmp").iterdir())
+        if ending != "kill-worker":
+            deadline = time.monotonic() + 5
+            while [pid for pid in engines if alive(pid)] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not [pid for pid in engines if alive(pid)]
+    finally:
+        for pid in engines:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
