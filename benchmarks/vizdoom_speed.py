@@ -81,6 +81,11 @@ EnvPool 1.2.5 (`pip install envpool`; its Basic-v1 renders the scenario's 320x24
 (1,085-1,314 against 1,850 in the same minute, quiet; 1,122 against 1,869 under load), so it is
 no backend of hpcrl; the `envpool-random` side measures it where it is installed.
 
+Figures (2026-12-03, a 2-core Xeon with AMX, quiet; `--num-envs 8 --sides random hpcrl-async sb3 sample-factory
+--seconds 20`, twice, with the update yielding the cores to the rollout): random 3,937 / 3,984, hpcrl async 1,919 /
+2,001 (0.49x / 0.50x random; 0.79 / 0.85 ms of CPU a step), SB3 1,331 / 1,358, Sample Factory 1,663 / 1,655 (1.13):
+hpcrl 1.15x / 1.21x Sample Factory (docs/reference/benchmarks.md).
+
 Figures (2026-12-02, the 2-core VM quiet; `--num-envs 8 --sides random hpcrl-async sb3 sample-factory
 --seconds 20`): random 3,307 (0.48 ms/step), hpcrl async 1,405 (0.48 / 1.14), SB3 1,151 (1.05 / 1.56),
 Sample Factory 1,768 (1.08): on a quiet machine Sample Factory is the faster sampler, at about hpcrl's CPU

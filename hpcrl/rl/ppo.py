@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,9 +34,9 @@ from hpcrl.cores import usable_cores
 from hpcrl.rl import graphs
 from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
-from hpcrl.rl.networks import ActorCritic, Obs, obs_to_tensor
+from hpcrl.rl.networks import ActorCritic, Obs, cast_for_acting, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
-from hpcrl.rl.rollout import Rollout, RolloutThread, Uploader
+from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
@@ -81,8 +82,11 @@ class OnPolicyAgent:
 
     With `train.async_rollout` (the default for envs in worker processes), the envs collect
     rollout k+1 with the policy of iteration k (a copy, the behaviour policy) in a background
-    thread while the update of rollout k runs (hpcrl/rl/rollout.py). Otherwise a rollout and its
-    update take turns, and the update learns from the policy that acted (exact on-policy PPO).
+    thread while the update of rollout k runs (hpcrl/rl/rollout.py). On a CPU that update may run
+    at background priority (`YieldingUpdate`), leaving the cores to the rollout where that was
+    measured faster in this run (`FasterOfTwo`); it learns the same numbers either way. Otherwise
+    a rollout and its update take turns, and the update learns from the policy that acted (exact
+    on-policy PPO).
     """
 
     metric_names: tuple[str, ...] = ()
@@ -133,11 +137,18 @@ class OnPolicyAgent:
         self._spare: Rollout | None = None
         self._thread: RolloutThread | None = None
         self._generator: torch.Generator | None = None
+        self._yielding: YieldingUpdate | None = None
+        """On a CPU, the thread that runs the update at background priority beside a rollout in flight."""
+        self._pace = FasterOfTwo()
+        """Whether the update yields the cores to the rollout: whichever was faster, measured in this run."""
+        self._rollout_began = 0.0
+        self._paced: float | None = None
+        """When the rollout beside the last update `_pace` chose for began: `_pace` records how long both took."""
         self._graphs: dict[tuple[int, int], graphs.GraphedStep] = {}
         """The rollout's CUDA graphs, one per (acting policy, env group), made on first use."""
         if self.async_rollout:
             self._spare = Rollout(obs_space, action_space, cfg.num_steps, n, device)
-            self.behaviour = copy.deepcopy(self.policy)
+            self.behaviour = cast_for_acting(copy.deepcopy(self.policy), device)
             """The weights the background rollout acts with: the policy as it was when the rollout began."""
             self._generator = torch.Generator(device)
 
@@ -296,8 +307,13 @@ class OnPolicyAgent:
             # after construction is what the first rollout acts with.
             torch.set_num_threads(self._torch_threads()[0])  # the update overlaps the workers' steps from now on
             self._thread = RolloutThread(lambda buf: self._collect(buf, self.behaviour, self._generator), self.device)
+            if self.device.type == "cpu":
+                self._yielding = YieldingUpdate.start()
             self._start(self.rollout)
         buf = self._thread.wait()
+        if self._paced is not None:  # the rollout and the update beside it are both done
+            self._pace.record(time.perf_counter() - self._paced)
+            self._paced = None
         self.episodes.extend(buf.episodes)
         if self.iteration + 1 < self.num_iterations:
             spare = self._spare
@@ -316,6 +332,7 @@ class OnPolicyAgent:
         # The rollout's action draws: seeded from the main RNG at this point of the run, so a run
         # is the same whatever the timing of the two threads, and a resumed run reseeds alike.
         self._generator.manual_seed(int(torch.randint(2**62, (1,))))
+        self._rollout_began = time.perf_counter()
         self._thread.start(buf)
 
     def close(self) -> None:
@@ -323,6 +340,9 @@ class OnPolicyAgent:
         if self._thread is not None:
             self._thread.close()
             self._thread = None
+        if self._yielding is not None:
+            self._yielding.close()
+            self._yielding = None
 
     @torch.no_grad()
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,7 +390,12 @@ class OnPolicyAgent:
         self.rollout = self._next_rollout()
         self.global_step += self.steps_per_iteration
         adv, returns = self.advantages()
-        metrics = self.update(self.batch(adv, returns))
+        batch = self.batch(adv, returns)
+        if self._yielding is not None and self._thread is not None and self._thread.in_flight is not None:
+            yields, self._paced = self._pace.choose(), self._rollout_began
+            metrics = self._yielding(self.update, batch) if yields else self.update(batch)
+        else:
+            metrics = self.update(batch)
         if not self.losses_finite:
             raise FloatingPointError(f"non-finite loss at step {self.global_step} (iteration {self.iteration + 1}): lower train.lr or look for NaN rewards")
         if self.policy.obs_norm is not None:

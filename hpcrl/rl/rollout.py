@@ -10,6 +10,17 @@ envs never stop for an update. The policy lag is one iteration: PPO's ratio is t
 log-probabilities the behaviour policy stored, which is exactly the correction the clipped
 objective already makes for the epochs after the first.
 
+On a CPU the update and the rollout share the cores, and the rollout sets the pace: its forward
+pass, the workers' env steps and the next forward pass follow one another, while the update has
+slack (ViZDoom basic on 2 cores: 103 ms of CPU an update against ~250 ms a rollout). At equal
+priority the scheduler gives the update the cores the env workers are waiting for; `YieldingUpdate`
+runs the update in a thread of Linux's background class (SCHED_IDLE) instead, which takes a core
+only when the rollout's processes leave it idle. That is faster where the update fits in the
+cores the rollout leaves idle (8 ViZDoom envs on 2 cores: 1,965-2,049 env steps/s against
+1,843-1,869), and slower where it does not (twice the epochs: 1,521-1,549 against 1,602-1,638,
+the update's tail then runs alone on one core): `FasterOfTwo` measures both ways in every run and
+keeps the faster (1,978-1,993 and 1,537-1,555).
+
 On CUDA the rollout thread works on its own stream: its per-step `.cpu()` of the actions waits for
 its own forward pass only, not for the update's kernels queued on the main stream. Events order
 the two streams where they share data (the behaviour weights, a filled buffer).
@@ -18,7 +29,9 @@ the two streams where they share data (the behaviour weights, a filled buffer).
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import statistics
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +101,8 @@ class Uploader:
 
 THREAD_NAME = "hpcrl-rollout"
 """The background rollout's thread name (profilers and benchmarks/vizdoom_speed.py tell its CPU time apart by it)."""
+UPDATE_THREAD_NAME = "hpcrl-update"
+"""The thread of the update at background priority (`YieldingUpdate`)."""
 
 
 class RolloutThread:
@@ -153,3 +168,99 @@ class RolloutThread:
                 self._results.put(exc)
                 return
 
+
+class YieldingUpdate:
+    """Runs calls (the agent's update) in a thread of background CPU priority, one at a time.
+
+    Linux's SCHED_IDLE lets a thread run on a core nothing else wants, and any other thread that
+    wakes takes the core back at once: the env workers and the rollout thread never wait for the
+    update. The class is only for the update that overlaps a rollout on a CPU (`OnPolicyAgent`
+    decides when); the thread cannot return to normal priority unprivileged, so the agent runs an
+    update that is itself the bottleneck in its own thread instead. `YieldingUpdate.start()` is
+    None where the class cannot be set (not Linux, or a kernel or sandbox that refuses it).
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.Queue()
+        self._results: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=UPDATE_THREAD_NAME, daemon=True)
+
+    @classmethod
+    def start(cls) -> YieldingUpdate | None:
+        """A started thread of background priority, or None where there can be none."""
+        if not hasattr(os, "SCHED_IDLE"):
+            return None
+        runner = cls()
+        runner._thread.start()
+        ok, _ = runner._results.get()  # the thread says at once whether its priority was set
+        if not ok:
+            runner._thread.join()
+            return None
+        return runner
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` in the background thread: its result, or its exception raised here."""
+        self._requests.put((fn, args))
+        ok, result = self._results.get()
+        if not ok:
+            raise result
+        return result
+
+    def close(self) -> None:
+        """End the thread (between calls: the agent calls one at a time and waits for it)."""
+        if self._thread.is_alive():
+            self._requests.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread (Linux)
+        except OSError as exc:
+            self._results.put((False, exc))
+            return
+        self._results.put((True, None))
+        while (request := self._requests.get()) is not None:
+            fn, args = request
+            try:
+                self._results.put((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
+                self._results.put((False, exc))
+
+
+class FasterOfTwo:
+    """Chooses between two ways of doing a periodic job (the update at normal or background
+    priority) by timing both: in the first `2 * trials` of every `every` choices the two take
+    turns, and the rest of the period uses the one whose median time was shorter. Measured again
+    each period, as a run's pace moves (episode lengths change, other load on the machine comes and
+    goes); counted from this process's first choice, so a resumed run measures at once.
+    """
+
+    def __init__(self, every: int = 100, trials: int = 6) -> None:
+        if not 0 < 2 * trials <= every:
+            raise ValueError(f"FasterOfTwo: 2 x trials ({trials}) must be in [1, every ({every})]")
+        self.every, self.trials = every, trials
+        self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.best = False
+        self._count = 0
+        self._last: tuple[int, bool] | None = None
+
+    def choose(self) -> bool:
+        """The way for this time: turns while measuring, else the faster one."""
+        phase = self._count % self.every
+        self._count += 1
+        if phase == 0:
+            self.times = {False: [], True: []}
+        choice = bool(phase % 2) if phase < 2 * self.trials else self.best
+        self._last = (phase, choice)
+        return choice
+
+    def record(self, seconds: float) -> None:
+        """How long the way chosen last took."""
+        if self._last is None:
+            return
+        (phase, choice), self._last = self._last, None
+        if phase >= 2 * self.trials:
+            return
+        self.times[choice].append(seconds)
+        if all(len(t) >= self.trials for t in self.times.values()):
+            self.best = statistics.median(self.times[True]) < statistics.median(self.times[False])

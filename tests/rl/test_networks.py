@@ -3,6 +3,7 @@ observation statistics, the GRU core's episode resets, frame stacking, mixed pre
 
 from __future__ import annotations
 
+import copy
 import math
 
 import gymnasium as gym
@@ -12,7 +13,7 @@ import torch
 
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import make_env
-from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, obs_to_tensor
+from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, cast_for_acting, obs_to_tensor
 
 torch.manual_seed(0)
 
@@ -238,3 +239,29 @@ def test_bf16_on_cpu_follows_native_support() -> None:
         assert not torch.equal(mine, theirs)
     else:
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "none"])
+@pytest.mark.parametrize("pixels", [True, False])
+def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, pixels: bool) -> None:
+    """The background rollout's copy keeps its encoders' weights in the autocast dtype (cast once
+    per update, not at every step): the same actions, log-probabilities and values as the policy,
+    after weights are copied in as the rollout's refresh does."""
+    space = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8) if pixels else gym.spaces.Box(-1, 1, (5,), dtype=np.float32)
+    policy = ActorCritic(space, gym.spaces.Discrete(3), [16], "relu", amp=amp)
+    acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
+    reduced = {p.dtype for p in acting.parameters()} - {torch.float32}
+    assert reduced == ({torch.bfloat16} if amp == "bf16" and CPU_BF16 else set())
+    with torch.no_grad():
+        for p in policy.parameters():  # an update moved the weights
+            p.add_(torch.randn_like(p) * 0.1)
+        for mine, theirs in zip(acting.parameters(), policy.parameters()):
+            mine.copy_(theirs)
+    rng = np.random.default_rng(0)
+    obs = obs_to_tensor(rng.integers(0, 256, (8, *space.shape), dtype=np.uint8) if pixels else rng.uniform(-1, 1, (8, 5)).astype(np.float32), torch.device("cpu"))
+    with torch.no_grad():
+        ours = policy.step(obs, None, None, with_value=True, generator=torch.Generator().manual_seed(1))
+        theirs = acting.step(obs, None, None, with_value=True, generator=torch.Generator().manual_seed(1))
+    for x, y in zip(ours, theirs):
+        if x is not None:
+            assert torch.equal(x, y)
