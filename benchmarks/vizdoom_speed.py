@@ -53,6 +53,11 @@ Sample Factory's runner, its learner being a process of its own) / of it and eve
 processes a side runs against everybody else's; CPU per step hardly does, and `cores / CPU per step`
 bounds what a quiet machine can reach.
 
+`steps/ep`: environment steps per episode that ended in the window (-: none ended). A ViZDoom episode's
+start costs its engine and worker about as much CPU as three to four steps, so a side whose agent has learned to
+end episodes sooner (basic: a kill within ~12 steps) pays for four times the starts per step that random actions
+do (their episodes run to the 75-step time limit): read SPS with it.
+
 A second table splits each side's CPU per step by part (`_cpu.cpu_by_part`): `main` (the measuring process:
 hpcrl's update when its rollout runs in the background, else rollout and update; SB3's learner; Sample
 Factory's runner), `rollout` (hpcrl's background rollout thread: forward passes and pipe messages),
@@ -85,6 +90,10 @@ Figures (2026-12-03, a 2-core Xeon with AMX, quiet; `--num-envs 8 --sides random
 --seconds 20`, twice, with the update yielding the cores to the rollout): random 3,937 / 3,984, hpcrl async 1,919 /
 2,001 (0.49x / 0.50x random; 0.79 / 0.85 ms of CPU a step), SB3 1,331 / 1,358, Sample Factory 1,663 / 1,655 (1.13):
 hpcrl 1.15x / 1.21x Sample Factory (docs/reference/benchmarks.md).
+The same command later that day: random 3,645 (47.4 steps an episode), hpcrl async 1,832 (12.1; 0.50x random,
+1.20x Sample Factory), SB3 1,191 (25.9), Sample Factory 1,523 (48.9: not yet learning). hpcrl with learning switched
+off (`-p train.lr=1e-9`, 46.6 steps an episode), alternated with the defaults: 2,061 / 2,041 against 1,829 / 1,741
+(0.55x / 0.56x of the random rate beside it against 0.48x / 0.48x).
 
 Figures (2026-12-02, the 2-core VM quiet; `--num-envs 8 --sides random hpcrl-async sb3 sample-factory
 --seconds 20`): random 3,307 (0.48 ms/step), hpcrl async 1,405 (0.48 / 1.14), SB3 1,151 (1.05 / 1.56),
@@ -163,16 +172,17 @@ def per_step(cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, floa
     return {"cpu_ms_own": ms * (own1 - own0), "cpu_ms_all": ms * (all1 - all0), "cpu_ms_parts": {k: v for k, v in parts.items() if v > 0}}
 
 
-def _timed(step: Any, steps_of: Any, seconds: float) -> tuple[float, int, float, dict[str, float]]:
-    """Run `step()` once to warm up, then until `seconds` have passed: (SPS, steps, seconds, CPU per step)."""
+def _timed(step: Any, steps_of: Any, episodes_of: Any, seconds: float) -> dict[str, Any]:
+    """Run `step()` once to warm up, then until `seconds` have passed: SPS, steps, seconds, the episodes
+    that ended meanwhile (`episodes_of()` counts them) and CPU per step, as a row's fields."""
     step()
-    first, start, cpu = steps_of(), time.perf_counter(), cpu_seconds()
+    first, ended, start, cpu = steps_of(), episodes_of(), time.perf_counter(), cpu_seconds()
     while True:
         step()
         wall = time.perf_counter() - start
         if wall >= seconds:
             steps = steps_of() - first
-            return steps / wall, steps, wall, per_step((cpu, cpu_seconds()), steps)
+            return {"sps": steps / wall, "steps": steps, "seconds": wall, "episodes": episodes_of() - ended, **per_step((cpu, cpu_seconds()), steps)}
 
 
 def layout(spec: Any) -> str:
@@ -191,15 +201,15 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     envs = make_vec_env(spec)
     try:
         envs.reset(seed=0)
-        count = [0]
+        count, ended = [0], [0]
 
         def step() -> None:
             for _ in range(16):
-                envs.step(envs.action_space.sample())
+                _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
                 count[0] += envs.num_envs
+                ended[0] += int((terminated | truncated).sum())
 
-        sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall, "layout": layout(spec), **cpu}
+        return {**_timed(step, lambda: count[0], lambda: ended[0], args.seconds), "layout": layout(spec)}
     finally:
         envs.close()
 
@@ -230,17 +240,17 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
 
         if args.learn:  # train.total_steps as `hpcrl train` runs them (the learning rate annealed over them)
             step()
-            first, start, before = agent.global_step, time.perf_counter(), cpu_seconds()
+            first, ended, start, before = agent.global_step, len(agent.episodes), time.perf_counter(), cpu_seconds()
             while agent.iteration < agent.num_iterations:
                 step()
             wall, steps = time.perf_counter() - start, agent.global_step - first
-            sps, cpu = steps / wall, per_step((before, cpu_seconds()), steps)
+            timed = {"sps": steps / wall, "steps": steps, "seconds": wall, "episodes": len(agent.episodes) - ended, **per_step((before, cpu_seconds()), steps)}
         else:
-            sps, steps, wall, cpu = _timed(step, lambda: agent.global_step, args.seconds)
+            timed = _timed(step, lambda: agent.global_step, lambda: len(agent.episodes), args.seconds)
         from hpcrl.rl.networks import CPU_BF16
 
         amp = exp.train.amp if device.type == "cuda" or (exp.train.amp == "bf16" and CPU_BF16) else "none"  # bf16 on a CPU needs AMX
-        result = {"sps": sps, "steps": steps, "seconds": wall, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, "layout": layout(exp.env), **cpu}
+        result = {**timed, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, "layout": layout(exp.env)}
         if args.learn:
             from hpcrl.rl.envs import make_env
             from hpcrl.rl.networks import obs_to_tensor
@@ -283,12 +293,14 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
 
         def __init__(self) -> None:
             super().__init__()
-            self.marks: list[tuple[float, int, Any]] = []
+            self.marks: list[tuple[float, int, Any, int]] = []
+            self.ended = 0
 
         def _on_rollout_start(self) -> None:
-            self.marks.append((time.perf_counter(), self.num_timesteps, cpu_seconds()))
+            self.marks.append((time.perf_counter(), self.num_timesteps, cpu_seconds(), self.ended))
 
         def _on_step(self) -> bool:
+            self.ended += int(self.locals["dones"].sum())
             return bool(args.learn) or len(self.marks) < 2 or time.perf_counter() - self.marks[1][0] < args.seconds
 
     policy_kwargs: dict[str, Any] = {"features_extractor_kwargs": {"features_dim": t.hidden_sizes[0]}, "net_arch": []}
@@ -310,9 +322,9 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
             clock._on_rollout_start()  # the end of the last iteration
         if len(clock.marks) < 3:
             raise RuntimeError(f"SB3 did not finish one timed iteration in {args.seconds} s")
-        (start, first, cpu0), (end, last, cpu1) = clock.marks[1], clock.marks[-1]
-        result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none",
-                  **per_step((cpu0, cpu1), last - first)}  # fmt: skip
+        (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
+        result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "episodes": ended1 - ended0, "device": str(device),
+                  "torch_threads": torch.get_num_threads(), "amp": "none", **per_step((cpu0, cpu1), last - first)}  # fmt: skip
         if args.learn:
             result.update(total_steps=last, final_return=mean_return(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes))
         return result
@@ -365,15 +377,15 @@ def measure_envpool(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     try:
         env.reset()
         rng = np.random.default_rng(0)
-        count = [0]
+        count, ended = [0], [0]
 
         def step() -> None:
             for _ in range(16):
-                env.step(rng.integers(0, env.action_space.n, num_envs))
+                _, _, terminated, truncated, _ = env.step(rng.integers(0, env.action_space.n, num_envs))
                 count[0] += num_envs
+                ended[0] += int((terminated | truncated).sum())
 
-        sps, steps, wall, cpu = _timed(step, lambda: count[0], args.seconds)
-        return {"sps": sps, "steps": steps, "seconds": wall, **cpu}
+        return _timed(step, lambda: count[0], lambda: ended[0], args.seconds)
     finally:
         env.close()
 
@@ -498,26 +510,32 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         """(time, env steps trained on) after each training iteration; stops a timed run."""
 
         def __init__(self) -> None:
-            self.marks: list[tuple[float, int, Any]] = []
+            self.marks: list[tuple[float, int, Any, int]] = []
+            self.ended = 0
+
+        def episode(self, runner: Any, msg: Any, policy_id: Any) -> None:
+            """Its rollout workers' report of one finished episode."""
+            self.ended += 1
 
         def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
             if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
                 roles = {"learner_proc": "learner", "inference_proc": "inference", "rollout_proc": "env workers"}
                 for p in [*runner.processes, *runner.sampler.processes]:
                     PARTS["processes"][p.pid] = next((part for prefix, part in roles.items() if p.name.startswith(prefix)), "main")
-            self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds()))
+            self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds(), self.ended))
             if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
                 runner._stop_training()
 
     cfg, runner = make_runner(cfg)
     clock = Clock()
     runner.register_observer(clock)
+    runner.register_episodic_stats_handler(clock.episode)
     if runner.init() != ExperimentStatus.SUCCESS or runner.run() != ExperimentStatus.SUCCESS:
         raise RuntimeError("Sample Factory's runner did not succeed")
     if len(clock.marks) < 3:
         raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
-    (start, first, cpu0), (end, last, cpu1) = clock.marks[1], clock.marks[-1]
-    result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "device": "cpu", "torch_threads": 1, "amp": "none",
+    (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
+    result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "episodes": ended1 - ended0, "device": "cpu", "torch_threads": 1, "amp": "none",
               "layout": f"{s['workers']} workers x {per_worker} envs", **per_step((cpu0, cpu1), last - first)}  # fmt: skip
     if args.learn:
         result.update(total_steps=last, final_return=_sf_eval(cfg, args.eval_episodes))
@@ -633,18 +651,26 @@ def _failed(error: str) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     learn = any("final_return" in r for r in rows)
     ret = f"{'return':>8}" if learn else ""
-    lines = [f"{'envs':>5}  {'side':<15}{'SPS':>9}{'x random':>10}{'x SB3':>8}{'x SF':>7}{ret}{'CPU ms/step':>15}  {'device / threads / amp':<24}note"]
+    lines = [f"{'envs':>5}  {'side':<15}{'SPS':>9}{'x random':>10}{'x SB3':>8}{'x SF':>7}{ret}{'steps/ep':>9}{'CPU ms/step':>15}  {'device / threads / amp':<24}note"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * 8}{'':>15}  {'':<24}{_failed(r['error'])}")
+            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * 8}{'':>9}{'':>15}  {'':<24}{_failed(r['error'])}")
             continue
         x_random, x_sb3, x_sf = (f"{r[k]:.2f}" if r.get(k) else "" for k in ("x_random", "x_sb3", "x_sf"))
         final = f"{r['final_return']:>8.1f}" if "final_return" in r else (f"{'':>8}" if learn else "")
         where = f"{r.get('device', '')} / {r.get('torch_threads', '')} / {r.get('amp', '')}" if "device" in r else ""
         note = f"{r['steps']} steps in {r['seconds']:.1f} s" + (f", {r['layout']}" if "layout" in r else "") + (f", {r['total_steps']} steps trained" if "total_steps" in r else "")
         cpu = f"{r['cpu_ms_own']:.2f} / {r['cpu_ms_all']:.2f}" if "cpu_ms_all" in r else ""
-        lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{r['sps']:>9.0f}{x_random:>10}{x_sb3:>8}{x_sf:>7}{final}{cpu:>15}  {where:<24}{note}")
+        lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{r['sps']:>9.0f}{x_random:>10}{x_sb3:>8}{x_sf:>7}{final}{steps_per_episode(r):>9}{cpu:>15}  {where:<24}{note}")
     return "\n".join(lines)
+
+
+def steps_per_episode(row: dict[str, Any]) -> str:
+    """A row's environment steps per episode that ended in its window, as a cell: a ViZDoom episode's start
+    costs the engine about as much CPU as one or two steps, so a side whose agent has learned to end episodes
+    sooner (basic: a kill) pays for more starts per step than random actions, whose episodes run to the time
+    limit. `-` where no episode ended."""
+    return f"{row['steps'] / row['episodes']:.1f}" if row.get("episodes") else "-"
 
 
 PART_ORDER = ("main", "rollout", "inference", "learner", "env workers", "engines")
@@ -732,7 +758,7 @@ def main() -> None:
     from hpcrl.io import atomic_write_csv, atomic_write_text  # a temporary file of its own per writer: two runs into one --out never mix
 
     atomic_write_text(args.out / "speed.json", json.dumps({"meta": meta, "rows": rows}, indent=1))
-    fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "x_sf", "final_return", "total_steps", "cpu_ms_own", "cpu_ms_all", "steps", "seconds", "device", "torch_threads", "amp", "layout", "error"]
+    fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "x_sf", "final_return", "total_steps", "episodes", "cpu_ms_own", "cpu_ms_all", "steps", "seconds", "device", "torch_threads", "amp", "layout", "error"]
     atomic_write_csv(args.out / "speed.csv", fields, ([r.get(f, "") for f in fields] for r in rows))
     print(f"\nwrote {args.out / 'speed.json'} and {args.out / 'speed.csv'}")
 

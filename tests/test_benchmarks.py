@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -75,6 +76,24 @@ def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: p
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert "FAILED" not in proc.stdout, proc.stdout[-3000:]  # a side that failed is a row of the table, not an exit code
     assert "DIFFERENT" not in proc.stdout, proc.stdout[-3000:]  # results that should match a reference's did not
+    if script == "vizdoom_speed.py":
+        check_episodes_counted(json.loads((tmp_path / "speed" / "speed.json").read_text())["rows"])
+
+
+BASIC_LONGEST = 75
+"""Environment steps of ViZDoom basic's longest episode: its time limit, 300 tics at frame skip 4."""
+
+
+def check_episodes_counted(rows: list[dict]) -> None:
+    """vizdoom_speed.py's episodes per side, whose steps per episode explain a side's engine CPU (a start of
+    an episode costs about as much as a step or two): random actions end some episodes within a second, and
+    no more steps can pass than the envs' episodes allow (each env's steps in the window fit in the episodes
+    it ended there and the one it is in, at most BASIC_LONGEST steps each)."""
+    for row in rows:
+        if "error" in row:
+            continue
+        assert row["episodes"] > 0, row
+        assert row["steps"] <= (row["episodes"] + row["num_envs"]) * BASIC_LONGEST, row
 
 
 @pytest.mark.e2e
