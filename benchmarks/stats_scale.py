@@ -33,12 +33,13 @@ REFERENCE_COMMIT = "eefd824"
 def reference_stats():
     """hpcrl/stats.py of REFERENCE_COMMIT, imported as a module of its own."""
     text = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), "show", f"{REFERENCE_COMMIT}:hpcrl/stats.py"], capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp()) / "stats_before.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("stats_before", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["stats_before"] = module
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as folder:  # the file is read once, as the module is made
+        path = Path(folder) / "stats_before.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location("stats_before", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["stats_before"] = module
+        spec.loader.exec_module(module)
     return module
 
 

@@ -120,9 +120,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -467,8 +469,6 @@ def _sf_encoder(cfg: Any, obs_space: Any) -> Any:
 def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     """Sample Factory's APPO (its ParallelRunner: rollout workers, an inference worker and a learner in
     processes of their own) on hpcrl's env and network; the steps its learner trained on, per second."""
-    import tempfile
-
     from sample_factory.algo.runners.runner import AlgoObserver
     from sample_factory.algo.utils.context import global_model_factory
     from sample_factory.algo.utils.misc import ExperimentStatus
@@ -479,8 +479,9 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
 
     s = settings
     per_worker = s["num_envs"] // s["workers"]
-    train_dir = tempfile.mkdtemp(prefix="vzd-sf-")
-    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here
+    train_dir = s["train_dir"]
+    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `sample_factory_child` removes the folder, however this ended
+    os.environ["TMPDIR"] = tempfile.tempdir = train_dir  # a short path: see `sample_factory_child`
     learn = args.learn or 10**9
     argv = [
         "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", "--device=cpu", f"--seed={s['seed']}",
@@ -641,7 +642,15 @@ def sample_factory_child(args: argparse.Namespace, argv: list[str], num_envs: in
         python = venv_python("sample-factory", SF_REQUIREMENTS)
     except Unavailable as exc:
         return {"error": f"SKIPPED: {exc}"}
-    return run_child([*argv, "--sf-settings", json.dumps(sf_settings(args, num_envs))], "sample-factory", num_envs, timeout, str(python))
+    # Its checkpoints and its temporary files, in a folder directly under /tmp: with a temporary directory of a
+    # long path (76 characters: a pytest tmp_path) Sample Factory's runner waited for ever, its processes' Unix
+    # sockets beyond the 108 bytes a socket's path may have; 60 characters worked.
+    train_dir = tempfile.mkdtemp(prefix="vzd-sf-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+    try:
+        settings = {**sf_settings(args, num_envs), "train_dir": train_dir}
+        return run_child([*argv, "--sf-settings", json.dumps(settings)], "sample-factory", num_envs, timeout, str(python))
+    finally:
+        shutil.rmtree(train_dir, ignore_errors=True)
 
 
 def _failed(error: str) -> str:

@@ -34,7 +34,7 @@ BENCHMARKS = REPO / "benchmarks"
 TINY: dict[str, tuple[list[str], tuple[pytest.MarkDecorator, ...]]] = {
     "algos.py": (["--scale", "0.002", "--skip-vizdoom", "--no-ftz-reference", "--algos", "ppo"], (pytest.mark.slow,)),
     "alphazero.py": (["--games", "2", "--set", "train.total_steps=64", "train.simulations=2", "train.eval_simulations=2"], (pytest.mark.slow,)),
-    "alphazero_jobs.py": (["--total-steps", "64", "--actors", "1", "--timeout", "240"], (pytest.mark.slurm, pytest.mark.redis, pytest.mark.e2e)),
+    "alphazero_jobs.py": (["--total-steps", "64", "--actors", "1", "--timeout", "240", "--output", "{tmp}/azjobs"], (pytest.mark.slurm, pytest.mark.redis, pytest.mark.e2e)),
     "collect_scale.py": (["--runs", "20", "--settings", "4", "--rows", "10", "--repeat", "1"], (pytest.mark.e2e,)),
     "ddppo.py": (["--ranks", "2", "--envs", "2", "--num-steps", "8", "--steps", "64", "--epochs", "1", "--repeats", "1", "--raw-seconds", "0"], (pytest.mark.slow,)),
     "distributed.py": (["pipe", "--actors", "1", "--seconds", "0.5"], (pytest.mark.redis, pytest.mark.e2e)),
@@ -62,6 +62,11 @@ def test_every_benchmark_has_a_tiny_run() -> None:
     assert scripts == set(TINY), f"benchmarks without a tiny run here: {sorted(scripts - set(TINY))}; gone: {sorted(set(TINY) - scripts)}"
 
 
+USER_CACHES = ("torchinductor_", "sf2_")
+"""Folders in the temporary directory that a library keeps for its user and reuses in every run, rather than
+leaves behind: torch's compile cache, Sample Factory's env-info cache."""
+
+
 @pytest.mark.parametrize("script", [pytest.param(name, marks=marks) for name, (_, marks) in TINY.items()])
 def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if script in NEEDS and importlib.util.find_spec(NEEDS[script]) is None:
@@ -71,9 +76,15 @@ def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: p
     argv = [a.replace("{tmp}", str(tmp_path)) for a in TINY[script][0]]
     # A reference side's venv is used where a run of the benchmark built it, and is a SKIPPED row elsewhere (a fresh
     # CI machine): building one is minutes of pip; HPCRL_BENCH_BUILD=1 in the environment builds it here too.
-    env = {"HPCRL_BENCH_BUILD": "0", **os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    scratch = tmp_path / "tmp"  # the benchmark's temporary directory: what it leaves there is named below
+    scratch.mkdir()
+    short_before = set(Path("/tmp").glob("vzd-sf-*"))  # Sample Factory's folder, under /tmp whatever TMPDIR says (vizdoom_speed.py)
+    env = {"HPCRL_BENCH_BUILD": "0", **os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *argv], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900 if script in SLOW_START else 420)
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith(USER_CACHES))
+    assert left == [], f"{script} left these in its temporary directory"
+    assert set(Path("/tmp").glob("vzd-sf-*")) <= short_before, f"{script} left a Sample Factory folder in /tmp"
     assert "FAILED" not in proc.stdout, proc.stdout[-3000:]  # a side that failed is a row of the table, not an exit code
     assert "DIFFERENT" not in proc.stdout, proc.stdout[-3000:]  # results that should match a reference's did not
     if script == "vizdoom_speed.py":

@@ -301,7 +301,7 @@ def test_torchrun_starts_a_run_as_well(tmp_path: Path) -> None:
         ckpt.unlink()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "hpcrl", "train", str(exp_dir), "--task", "0"],
-        capture_output=True, text=True, timeout=180, cwd=REPO,
+        capture_output=True, text=True, timeout=180, cwd=REPO, env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's log folder (torchelastic_*) stays
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (rd / "DONE").exists() and csv_rows(rd / "train.csv")[-1]["step"] == "4096"
