@@ -167,9 +167,12 @@ def cpu_seconds() -> tuple[float, float, dict[str, float]]:
 
 def per_step(cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]], steps: int) -> dict[str, Any]:
     """CPU milliseconds per environment step between two `cpu_seconds()` readings: the measuring process,
-    all, and all by part (`cpu_ms_parts`)."""
+    all, and all by part (`cpu_ms_parts`). Nothing where no step was counted (a window of a second in which Sample
+    Factory, which counts its steps as its learner trains, trained none): the table then leaves the cells empty."""
+    if steps <= 0:
+        return {}
     (own0, all0, parts0), (own1, all1, parts1) = cpu
-    ms = 1000 / max(steps, 1)
+    ms = 1000 / steps
     parts = {k: ms * (v - parts0.get(k, 0.0)) for k, v in parts1.items()}
     return {"cpu_ms_own": ms * (own1 - own0), "cpu_ms_all": ms * (all1 - all0), "cpu_ms_parts": {k: v for k, v in parts.items() if v > 0}}
 
@@ -678,8 +681,8 @@ def steps_per_episode(row: dict[str, Any]) -> str:
     """A row's environment steps per episode that ended in its window, as a cell: a ViZDoom episode's start
     costs the engine about as much CPU as one or two steps, so a side whose agent has learned to end episodes
     sooner (basic: a kill) pays for more starts per step than random actions, whose episodes run to the time
-    limit. `-` where no episode ended."""
-    return f"{row['steps'] / row['episodes']:.1f}" if row.get("episodes") else "-"
+    limit. `-` where no episode ended or no step was counted."""
+    return f"{row['steps'] / row['episodes']:.1f}" if row.get("episodes") and row.get("steps") else "-"
 
 
 PART_ORDER = ("main", "rollout", "inference", "learner", "env workers", "engines")
