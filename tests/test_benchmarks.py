@@ -84,7 +84,8 @@ def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: p
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith(USER_CACHES))
     assert left == [], f"{script} left these in its temporary directory"
-    assert set(Path("/tmp").glob("vzd-sf-*")) <= short_before, f"{script} left a Sample Factory folder in /tmp"
+    if script == "vizdoom_speed.py":  # only its own run makes these: another test's may be running beside this one
+        assert set(Path("/tmp").glob("vzd-sf-*")) <= short_before, f"{script} left a Sample Factory folder in /tmp"
     assert "FAILED" not in proc.stdout, proc.stdout[-3000:]  # a side that failed is a row of the table, not an exit code
     assert "DIFFERENT" not in proc.stdout, proc.stdout[-3000:]  # results that should match a reference's did not
     if script == "vizdoom_speed.py":
@@ -97,13 +98,14 @@ BASIC_LONGEST = 75
 
 def check_episodes_counted(rows: list[dict]) -> None:
     """vizdoom_speed.py's episodes per side, whose steps per episode explain a side's engine CPU (a start of
-    an episode costs about as much as a step or two): random actions end some episodes within a second, and
-    no more steps can pass than the envs' episodes allow (each env's steps in the window fit in the episodes
-    it ended there and the one it is in, at most BASIC_LONGEST steps each)."""
+    an episode costs three to four steps): random actions end episodes within a second (a learner's tiny window
+    may end none), and no more steps can pass than the envs' episodes allow (each env's steps in the window fit
+    in the episodes it ended there and the one it is in, at most BASIC_LONGEST steps each)."""
     for row in rows:
         if "error" in row:
             continue
-        assert row["episodes"] > 0, row
+        if row["side"] == "random":
+            assert row["episodes"] > 0, row
         assert row["steps"] <= (row["episodes"] + row["num_envs"]) * BASIC_LONGEST, row
 
 
