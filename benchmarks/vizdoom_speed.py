@@ -54,7 +54,7 @@ processes a side runs against everybody else's; CPU per step hardly does, and `c
 bounds what a quiet machine can reach.
 
 `steps/ep`: environment steps per episode that ended in the window (-: none ended). A ViZDoom episode's
-start costs its engine and worker about as much CPU as three to four steps, so a side whose agent has learned to
+start costs its engine and worker about as much CPU as five steps of random actions, so a side whose agent has learned to
 end episodes sooner (basic: a kill within ~12 steps) pays for four times the starts per step that random actions
 do (their episodes run to the 75-step time limit): read SPS with it.
 

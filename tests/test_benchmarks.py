@@ -98,7 +98,7 @@ BASIC_LONGEST = 75
 
 def check_episodes_counted(rows: list[dict]) -> None:
     """vizdoom_speed.py's episodes per side, whose steps per episode explain a side's engine CPU (a start of
-    an episode costs three to four steps): random actions end episodes within a second (a learner's tiny window
+    an episode costs about five steps): random actions end episodes within a second (a learner's tiny window
     may end none), and no more steps can pass than the envs' episodes allow (each env's steps in the window fit
     in the episodes it ended there and the one it is in, at most BASIC_LONGEST steps each)."""
     for row in rows:
