@@ -165,6 +165,12 @@ def cpu_seconds() -> tuple[float, float, dict[str, float]]:
     return own, sum(parts.values()), parts
 
 
+def window(steps: int, seconds: float, episodes: int, cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]]) -> dict[str, Any]:
+    """A measured window as a row's fields: SPS, steps, seconds, the episodes that ended in it, and CPU per step
+    between its two `cpu_seconds()` readings (`per_step`). Every side's window is made here."""
+    return {"sps": steps / seconds, "steps": steps, "seconds": seconds, "episodes": episodes, **per_step(cpu, steps)}
+
+
 def per_step(cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]], steps: int) -> dict[str, Any]:
     """CPU milliseconds per environment step between two `cpu_seconds()` readings: the measuring process,
     all, and all by part (`cpu_ms_parts`). Nothing where no step was counted (a window of a second in which Sample
@@ -187,7 +193,7 @@ def _timed(step: Any, steps_of: Any, episodes_of: Any, seconds: float) -> dict[s
         wall = time.perf_counter() - start
         if wall >= seconds:
             steps = steps_of() - first
-            return {"sps": steps / wall, "steps": steps, "seconds": wall, "episodes": episodes_of() - ended, **per_step((cpu, cpu_seconds()), steps)}
+            return window(steps, wall, episodes_of() - ended, (cpu, cpu_seconds()))
 
 
 def layout(spec: Any) -> str:
@@ -249,7 +255,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
             while agent.iteration < agent.num_iterations:
                 step()
             wall, steps = time.perf_counter() - start, agent.global_step - first
-            timed = {"sps": steps / wall, "steps": steps, "seconds": wall, "episodes": len(agent.episodes) - ended, **per_step((before, cpu_seconds()), steps)}
+            timed = window(steps, wall, len(agent.episodes) - ended, (before, cpu_seconds()))
         else:
             timed = _timed(step, lambda: agent.global_step, lambda: len(agent.episodes), args.seconds)
         from hpcrl.rl.networks import CPU_BF16
@@ -328,8 +334,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         if len(clock.marks) < 3:
             raise RuntimeError(f"SB3 did not finish one timed iteration in {args.seconds} s")
         (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
-        result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "episodes": ended1 - ended0, "device": str(device),
-                  "torch_threads": torch.get_num_threads(), "amp": "none", **per_step((cpu0, cpu1), last - first)}  # fmt: skip
+        result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none"}
         if args.learn:
             result.update(total_steps=last, final_return=mean_return(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes))
         return result
@@ -539,8 +544,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     if len(clock.marks) < 3:
         raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
     (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
-    result = {"sps": (last - first) / (end - start), "steps": last - first, "seconds": end - start, "episodes": ended1 - ended0, "device": "cpu", "torch_threads": 1, "amp": "none",
-              "layout": f"{s['workers']} workers x {per_worker} envs", **per_step((cpu0, cpu1), last - first)}  # fmt: skip
+    result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": "cpu", "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
     if args.learn:
         result.update(total_steps=last, final_return=_sf_eval(cfg, args.eval_episodes))
     return result
