@@ -165,6 +165,12 @@ def cpu_seconds() -> tuple[float, float, dict[str, float]]:
     return own, sum(parts.values()), parts
 
 
+def episodes_ended(terminated: Any, truncated: Any) -> int:
+    """The episodes that ended in one vector step: each env whose episode terminated or was cut, every one of
+    them where several end in the same step."""
+    return int((terminated | truncated).sum())
+
+
 def window(steps: int, seconds: float, episodes: int, cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]]) -> dict[str, Any]:
     """A measured window as a row's fields: SPS, steps, seconds, the episodes that ended in it, and CPU per step
     between its two `cpu_seconds()` readings (`per_step`). Every side's window is made here."""
@@ -218,7 +224,7 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
             for _ in range(16):
                 _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
                 count[0] += envs.num_envs
-                ended[0] += int((terminated | truncated).sum())
+                ended[0] += episodes_ended(terminated, truncated)
 
         return {**_timed(step, lambda: count[0], lambda: ended[0], args.seconds), "layout": layout(spec)}
     finally:
@@ -393,7 +399,7 @@ def measure_envpool(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
             for _ in range(16):
                 _, _, terminated, truncated, _ = env.step(rng.integers(0, env.action_space.n, num_envs))
                 count[0] += num_envs
-                ended[0] += int((terminated | truncated).sum())
+                ended[0] += episodes_ended(terminated, truncated)
 
         return _timed(step, lambda: count[0], lambda: ended[0], args.seconds)
     finally:

@@ -91,6 +91,17 @@ def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: p
         check_episodes_counted(json.loads((tmp_path / "speed" / "speed.json").read_text())["rows"])
 
 
+def test_episodes_ended_in_one_step_count_each_env_once_however_it_ended() -> None:
+    """vizdoom_speed.py's random-action sides count episodes by the step: two envs ending in the same step are two
+    episodes, an env both terminated and cut is one."""
+    import numpy as np
+
+    ended = load_benchmark("vizdoom_speed").episodes_ended
+    assert ended(np.array([True, False, True, False]), np.array([False, False, True, True])) == 3
+    assert ended(np.array([True, True]), np.array([False, False])) == 2
+    assert ended(np.zeros(3, bool), np.zeros(3, bool)) == 0
+
+
 BASIC_LONGEST = 75
 """Environment steps of ViZDoom basic's longest episode: its time limit, 300 tics at frame skip 4."""
 
