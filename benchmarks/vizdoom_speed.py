@@ -494,6 +494,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     s = settings
     per_worker = s["num_envs"] // s["workers"]
     train_dir = s["train_dir"]
+    MEASUREMENT_FOLDER.append(train_dir)
     os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `sample_factory_child` removes the folder, however this ended
     os.environ["TMPDIR"] = tempfile.tempdir = train_dir  # a short path: see `sample_factory_child`
     learn = args.learn or 10**9
@@ -640,10 +641,17 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     return {"error": (lines[-1] if lines else f"exit {proc.returncode}, no output")[:300]}
 
 
+MEASUREMENT_FOLDER: list[str] = []
+"""The folder a measurement (child) works in where it has one of its own: removed if the benchmark dies midway."""
+
+
 def _end_measurement(signum: int, frame: Any) -> None:
     """A measurement's SIGTERM (the benchmark that started it died): SIGKILL its whole process group. Its env
     workers die with it anyway (their lifeline), but the game engines under them would not: orphaned, they
-    waited for their controller for ever."""
+    waited for their controller for ever. The measurement's own folder goes first (Sample Factory's: the parent,
+    which would have removed it, is gone)."""
+    if MEASUREMENT_FOLDER:
+        shutil.rmtree(MEASUREMENT_FOLDER[0], ignore_errors=True)
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 

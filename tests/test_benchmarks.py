@@ -353,6 +353,45 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_pa
     assert not left, left
 
 
+@pytest.mark.e2e
+def test_the_sample_factory_side_killed_with_9_leaves_no_process_and_no_folder(tmp_path: Path) -> None:
+    """vizdoom_speed.py's Sample Factory side works in a folder of its own under /tmp that the benchmark removes
+    after the measurement: with the benchmark killed by -9 midway, the measurement removes it as it ends its
+    session (its lifeline's SIGTERM), and none of Sample Factory's processes or engines is left."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _venvs
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    if importlib.util.find_spec("vizdoom") is None or not any(_venvs.CACHE.glob("sample-factory-*/bin/python")):
+        pytest.skip("needs vizdoom and Sample Factory's venv (built by a run of vizdoom_speed.py)")
+    folders = set(Path("/tmp").glob("vzd-sf-*"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
+    argv = ["--sides", "sample-factory", "--num-envs", "2", "--seconds", "120"]
+    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        deadline = time.monotonic() + 180
+        while child is None or sum("vizdoom/vizdoom" in line for _, line in in_session(child)) < 2:  # both engines have started
+            assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
+            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child sample-factory" in line), None)
+            time.sleep(0.2)
+        assert set(Path("/tmp").glob("vzd-sf-*")) - folders, "no folder of its own while it measures"
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 15
+        while in_session(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = in_session(child)
+    finally:
+        bench.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)
+    assert not left, left
+    assert set(Path("/tmp").glob("vzd-sf-*")) <= folders, "the killed measurement left its folder"
+
+
 def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:
     """--at-once promises each side a share of --cpus of its own ("one core each on two"); in turn, every side gets all."""
     sys.path.insert(0, str(BENCHMARKS))
