@@ -323,22 +323,38 @@ def test_a_benchmark_killed_with_9_at_once_leaves_no_side_training(tmp_path: Pat
     assert not left, left
 
 
+def _sample_factory_venv_built() -> bool:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _venvs
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return any(_venvs.CACHE.glob("sample-factory-*/bin/python"))
+
+
 @pytest.mark.e2e
-def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("side", ["random", "sample-factory"])
+def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: str, tmp_path: Path) -> None:
     """vizdoom_speed.py measures each side in a child of its own session: kill -9 of the benchmark must end the
-    child, its env workers and the ViZDoom engines under them, which outlived their workers and waited for ever."""
+    child, its env workers and the ViZDoom engines under them, which outlived their workers and waited for ever.
+    Sample Factory's side works in a folder of its own under /tmp, which the benchmark removes after the
+    measurement: killed midway, the measurement removes it as it ends its session (its lifeline's SIGTERM)."""
     if importlib.util.find_spec("vizdoom") is None:
         pytest.skip("vizdoom_speed.py needs vizdoom, which is not installed here")
+    if side == "sample-factory" and not _sample_factory_venv_built():
+        pytest.skip("Sample Factory's venv is not built here (a run of vizdoom_speed.py builds it)")
     (tmp_path / "tmp").mkdir()  # the killed measurement's temporary files (no cleanup survives kill -9) stay in the test's own
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
-    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "random", "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp"), "HPCRL_BENCH_BUILD": "0"}
+    folders = set(Path("/tmp").glob("vzd-sf-*"))
+    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", side, "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child = None
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while child is None or sum("vizdoom/vizdoom" in line for _, line in in_session(child)) < 2:  # both engines have started
             assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
-            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child random" in line), None)
+            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if f"--child {side}" in line), None)
             time.sleep(0.2)
+        measuring = set(Path("/tmp").glob("vzd-sf-*")) - folders
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 15
@@ -351,45 +367,9 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(tmp_pa
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)
     assert not left, left
-
-
-@pytest.mark.e2e
-def test_the_sample_factory_side_killed_with_9_leaves_no_process_and_no_folder(tmp_path: Path) -> None:
-    """vizdoom_speed.py's Sample Factory side works in a folder of its own under /tmp that the benchmark removes
-    after the measurement: with the benchmark killed by -9 midway, the measurement removes it as it ends its
-    session (its lifeline's SIGTERM), and none of Sample Factory's processes or engines is left."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import _venvs
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    if importlib.util.find_spec("vizdoom") is None or not any(_venvs.CACHE.glob("sample-factory-*/bin/python")):
-        pytest.skip("needs vizdoom and Sample Factory's venv (built by a run of vizdoom_speed.py)")
-    folders = set(Path("/tmp").glob("vzd-sf-*"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
-    argv = ["--sides", "sample-factory", "--num-envs", "2", "--seconds", "120"]
-    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    child = None
-    try:
-        deadline = time.monotonic() + 180
-        while child is None or sum("vizdoom/vizdoom" in line for _, line in in_session(child)) < 2:  # both engines have started
-            assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
-            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child sample-factory" in line), None)
-            time.sleep(0.2)
-        assert set(Path("/tmp").glob("vzd-sf-*")) - folders, "no folder of its own while it measures"
-        bench.kill()
-        bench.wait()
-        deadline = time.monotonic() + 15
-        while in_session(child) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = in_session(child)
-    finally:
-        bench.kill()
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child, signal.SIGKILL)
-    assert not left, left
-    assert set(Path("/tmp").glob("vzd-sf-*")) <= folders, "the killed measurement left its folder"
+    if side == "sample-factory":
+        assert measuring, "no folder of its own while it measured"
+        assert set(Path("/tmp").glob("vzd-sf-*")) <= folders, "the killed measurement left its folder"
 
 
 def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:
