@@ -1,5 +1,7 @@
 """argparse types the benchmarks share: a bad figure is one argparse line and exit 2, never a traceback or a
-measurement that silently means nothing (NaN seconds never end a loop; 0 envs or games divide by zero)."""
+measurement that silently means nothing (NaN seconds never end a loop; 0 envs or games divide by zero; a seed of
+-1 failed each side in numpy). Every numeric option of a benchmark takes one of these (tests/test_benchmarks.py
+checks that none is a bare int or float)."""
 
 from __future__ import annotations
 
@@ -7,27 +9,46 @@ import argparse
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hpcrl.config.limits import MAX_RUNS, MAX_SEED  # noqa: E402  # hpcrl's own bounds; no dependency (other venvs parse these too)
 
-def at_least(low: int):
-    """An int >= `low`."""
+
+def integer(low: int, high: int | None = None, what: str = "an integer"):
+    """An int >= `low` (and <= `high`, where given)."""
 
     def check(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text}")
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got {text}" if high is None else f"expected {what} in [{low}, {high}], got {text}")
         return value
 
     return check
 
 
-positive_integer = at_least(1)
-count = at_least(0)
+positive_integer = integer(1)
+count = integer(0)
 """count: 0 means the step the option asks for is not taken."""
+seed = integer(0, MAX_SEED, "a seed")
+"""A seed as hpcrl's configs take it (sweep.seeds): numpy's legacy seeding, which gymnasium and SB3 use, takes no other."""
+runs = integer(1, MAX_RUNS, "a number of runs")
+"""Runs of a made-up experiment: at most what one sweep may have (a typo must not fill the disk)."""
+
+
+def positive_number(text: str) -> float:
+    """A finite number > 0 (a factor, a fraction, a timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
 
 
 def seconds(text: str) -> float:
@@ -39,6 +60,15 @@ def seconds(text: str) -> float:
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"expected finite seconds > 0, at most 3600, got {text}")
     return value
+
+
+def seconds_or_zero(text: str) -> float:
+    """`seconds`, or 0: the measurement is not taken."""
+    try:
+        zero = float(text) == 0
+    except ValueError:
+        zero = False
+    return 0.0 if zero else seconds(text)
 
 
 def minutes(text: str) -> float:

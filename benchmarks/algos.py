@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import gymnasium as gym
 import numpy as np
 import torch
@@ -163,12 +164,12 @@ def _mean(results: list[tuple[int, float, float]]) -> tuple[int, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="fraction of each config's step budget (1: the full budget)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--scale", type=_args.positive_number, default=1.0, help="fraction of each config's step budget (1: the full budget)")
+    parser.add_argument("--seeds", type=_args.seed, nargs="+", default=[0])
     parser.add_argument("--algos", nargs="+", default=["ppo", "a2c", "dqn"])
     parser.add_argument("--skip-vizdoom", action="store_true")
-    parser.add_argument("--vizdoom-steps", type=int, default=4096)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for hpcrl and SB3 (CartPole)")
+    parser.add_argument("--vizdoom-steps", type=_args.positive_integer, default=4096)
+    parser.add_argument("--threads", type=_args.positive_integer, default=1, help="torch threads, the same for hpcrl and SB3 (CartPole)")
     parser.add_argument("--no-ftz-reference", action="store_true", help="skip SB3's second run with denormals flushed")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} torch thread(s) for both hpcrl and SB3; seeds {args.seeds}")

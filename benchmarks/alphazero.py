@@ -129,7 +129,7 @@ def connect_four(config: Path, seed: int, minutes: float, n_games: int, override
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=CONFIG)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=_args.seed, nargs="+", default=[0])
     parser.add_argument("--games", type=_args.positive_integer, default=200)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, as `hpcrl sweep` takes them")
     parser.add_argument("--connect-four", type=_args.minutes, metavar="MINUTES", help="connect four instead: train this long, then play OpenSpiel's MCTS")

@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
+
 from hpcrl.config.experiment import ConfigError, load_experiment
 from hpcrl.distributed import runstats
 from hpcrl.store.expdir import load_runs, run_dir
@@ -58,12 +60,12 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tictactoe_alphaze
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=CONFIG)
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--total-steps", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--actors", type=_args.positive_integer, default=2)
+    parser.add_argument("--total-steps", type=_args.positive_integer, default=10_000)
+    parser.add_argument("--seed", type=_args.seed, default=0)
     parser.add_argument("--output", type=Path, default=None)
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--slack", type=float, default=None, help="distributed.ratio_slack (default: the config's)")
+    parser.add_argument("--timeout", type=_args.positive_number, default=900)
+    parser.add_argument("--slack", metavar="SLACK", default=None, help="distributed.ratio_slack (default: the config's), which the config checks")
     args = parser.parse_args()
     root = args.output or Path(tempfile.mkdtemp(prefix="azjobs-"))
     overrides = [
@@ -73,7 +75,7 @@ def main() -> None:
     ]
     try:
         exp = load_experiment(args.config, overrides)
-    except ConfigError as exc:  # --slack nan, --actors 0, ...: the config's own one-line refusal
+    except ConfigError as exc:  # --slack nan, -1, ...: the config's own one-line refusal
         parser.error(str(exc))
     out = io.StringIO()
     if submit_experiment(exp, "slurm", detach=True, out=out) != 0:

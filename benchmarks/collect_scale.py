@@ -151,14 +151,14 @@ def verdict(ours: dict[str, str], theirs: dict[str, str], figures_only: bool) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, nargs="+", default=[1000, 10000])
-    parser.add_argument("--seeds", type=int, default=10, help="seeds a setting: settings = runs / seeds")
-    parser.add_argument("--settings", type=int, help="settings for every size (instead of runs / seeds)")
-    parser.add_argument("--rows", type=int, default=400, help="logged iterations per run")
-    parser.add_argument("--repeat", type=int, default=3, help="timed collects of each; the median and the best are printed")
+    parser.add_argument("--runs", type=_args.runs, nargs="+", default=[1000, 10000])
+    parser.add_argument("--seeds", type=_args.positive_integer, default=10, help="seeds a setting: settings = runs / seeds")
+    parser.add_argument("--settings", type=_args.positive_integer, help="settings for every size (instead of runs / seeds)")
+    parser.add_argument("--rows", type=_args.positive_integer, default=400, help="logged iterations per run")
+    parser.add_argument("--repeat", type=_args.positive_integer, default=3, help="timed collects of each; the median and the best are printed")
     parser.add_argument("--no-reference", action="store_true", help="time the current collect only")
     parser.add_argument("--before", metavar="REV", type=_args.commit(REPO), help="also time collect as it was at this commit (say, the one before a speed-up), alternating with the others, its results compared too")
-    parser.add_argument("--blas-threads", type=int, help="OPENBLAS_NUM_THREADS for both collects (default: as the environment has it)")
+    parser.add_argument("--blas-threads", type=_args.positive_integer, help="OPENBLAS_NUM_THREADS for both collects (default: as the environment has it)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp_name:

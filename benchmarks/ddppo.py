@@ -47,6 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,15 +126,15 @@ def raw_env_rate(envs: int, seconds: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=2, help="ranks of the DD-PPO side (the reference is 1 rank)")
-    parser.add_argument("--envs", type=int, default=16, help="total envs of each side; the DD-PPO side runs envs / ranks per rank")
-    parser.add_argument("--num-steps", type=int, default=32, help="vector steps per rollout (train.num_steps)")
-    parser.add_argument("--steps", type=int, default=65536, help="train.total_steps of each run")
-    parser.add_argument("--epochs", type=int, default=20, help="train.update_epochs: optimiser steps (so all-reduces) per rollout")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each side, alternating")
+    parser.add_argument("--ranks", type=_args.positive_integer, default=2, help="ranks of the DD-PPO side (the reference is 1 rank)")
+    parser.add_argument("--envs", type=_args.positive_integer, default=16, help="total envs of each side; the DD-PPO side runs envs / ranks per rank")
+    parser.add_argument("--num-steps", type=_args.positive_integer, default=32, help="vector steps per rollout (train.num_steps)")
+    parser.add_argument("--steps", type=_args.positive_integer, default=65536, help="train.total_steps of each run")
+    parser.add_argument("--epochs", type=_args.positive_integer, default=20, help="train.update_epochs: optimiser steps (so all-reduces) per rollout")
+    parser.add_argument("--repeats", type=_args.positive_integer, default=3, help="runs of each side, alternating")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: where a GPU is lent (NCCL; resources.gpus = ranks)")
     parser.add_argument("--dir", type=Path, default=None, help="where the experiments go (default: a temporary directory, removed)")
-    parser.add_argument("--raw-seconds", type=float, default=2.0, help="seconds of raw env stepping per env count (0: skip)")
+    parser.add_argument("--raw-seconds", type=_args.seconds_or_zero, default=2.0, help="seconds of raw env stepping per env count (0: skip)")
     args = parser.parse_args()
     if args.envs % args.ranks:
         parser.error(f"--envs {args.envs} is not a multiple of --ranks {args.ranks}")

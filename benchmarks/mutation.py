@@ -53,6 +53,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 
 # One natural counterpart per binary operator; every other binary-operator swap is skipped.
@@ -335,11 +337,11 @@ def report(outcomes: list[Outcome], command: str, wall_s: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="+", metavar="TARGET", help=f"targets to run (default: all of {', '.join(t.name for t in TARGETS)})")
-    p.add_argument("--max-mutants", type=int, default=60, help="per target; the rest are sampled out, seeded (default 60)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout-factor", type=float, default=4.0, help="per-mutant timeout = factor x the unmutated selection's time (default 4)")
-    p.add_argument("--min-timeout", type=float, default=30.0, help="seconds, at least (default 30)")
-    p.add_argument("--budget-minutes", type=float, default=40.0, help="whole run; later targets are not run past it (default 40)")
+    p.add_argument("--max-mutants", type=_args.positive_integer, default=60, help="per target; the rest are sampled out, seeded (default 60)")
+    p.add_argument("--seed", type=_args.seed, default=0)
+    p.add_argument("--timeout-factor", type=_args.positive_number, default=4.0, help="per-mutant timeout = factor x the unmutated selection's time (default 4)")
+    p.add_argument("--min-timeout", type=_args.positive_number, default=30.0, help="seconds, at least (default 30)")
+    p.add_argument("--budget-minutes", type=_args.positive_number, default=40.0, help="whole run; later targets are not run past it (default 40)")
     p.add_argument("--report", type=Path, help="also write the report to this file")
     p.add_argument("--survivors-of", type=Path, metavar="REPORT", help="only the mutants an earlier report lists as SURVIVED (re-check them after adding tests)")
     p.add_argument("--tests-under", default="", metavar="PREFIX", help="keep only the selected tests whose path starts with this (e.g. tests/test_contracts.py)")

@@ -471,7 +471,7 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=_args.seconds, default=15.0, help="hpcrl's side: seconds of training between snapshots")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="hpcrl's config overrides")
     parser.add_argument("--path", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_args.seed, default=0)
     parser.add_argument("--train-hpcrl", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train-openspiel", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--check-jit", action="store_true", help=argparse.SUPPRESS)

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,8 +64,8 @@ def train_seconds(root: Path, steps: int, every: int | None) -> tuple[float, int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=1, help="take the fastest of N trainings of each")
+    parser.add_argument("--steps", type=_args.positive_integer, default=100_000)
+    parser.add_argument("--repeats", type=_args.positive_integer, default=1, help="take the fastest of N trainings of each")
     args = parser.parse_args()
     every = args.steps // 10
     times: dict[str, list[float]] = {"without": [], "with": []}

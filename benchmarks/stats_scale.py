@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import numpy as np
 
 from hpcrl.results import stats
@@ -71,11 +72,11 @@ def synthetic_sweep(settings: int, seeds: int, points: int, rng: np.random.Gener
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", type=int, default=100)
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--points", type=int, default=200, help="logged points per training curve")
+    parser.add_argument("--settings", type=_args.positive_integer, default=100)
+    parser.add_argument("--seeds", type=_args.positive_integer, default=10)
+    parser.add_argument("--points", type=_args.positive_integer, default=200, help="logged points per training curve")
     parser.add_argument("--agg", choices=("mean", "iqm"), default="iqm")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is reported")
+    parser.add_argument("--repeats", type=_args.positive_integer, default=3, help="timed repetitions; the best is reported")
     args = parser.parse_args()
 
     finals, curves = synthetic_sweep(args.settings, args.seeds, args.points, np.random.default_rng(0))

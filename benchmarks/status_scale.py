@@ -36,6 +36,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "tests" / "data" / "conformance.yaml"
 CHUNK = 1000
@@ -292,9 +294,9 @@ def bench_cluster(name: str, runs: int, settings: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, nargs="+", default=[1000, 10000])
-    parser.add_argument("--settings", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--runs", type=_args.runs, nargs="+", default=[1000, 10000])
+    parser.add_argument("--settings", type=_args.positive_integer, default=100)
+    parser.add_argument("--repeat", type=_args.positive_integer, default=3)
     parser.add_argument("--schedulers", nargs="*", default=["slurm", "sge"], choices=["slurm", "sge"])
     parser.add_argument("--show", action="store_true", help="print `hpcrl status` of the synthetic experiment of --runs[0] runs (the capture in docs/how-to/status-at-scale.md) and stop")
     args = parser.parse_args()

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -211,10 +212,10 @@ def pooled(runs: list[list[Row]], which: slice, phase: int | None = None) -> lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=100, help="n_trials of the study")
-    parser.add_argument("--reports", type=int, default=10, help="trial.report + should_prune per trial (eval every 100/K %% of the budget)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes sharing the study")
-    parser.add_argument("--repeats", type=int, default=3, help="fresh studies, their trials pooled (the tail is noisy)")
+    parser.add_argument("--trials", type=_args.positive_integer, default=100, help="n_trials of the study")
+    parser.add_argument("--reports", type=_args.positive_integer, default=10, help="trial.report + should_prune per trial (eval every 100/K %% of the budget)")
+    parser.add_argument("--workers", type=_args.positive_integer, default=2, help="worker processes sharing the study")
+    parser.add_argument("--repeats", type=_args.positive_integer, default=3, help="fresh studies, their trials pooled (the tail is noisy)")
     parser.add_argument("--dir", type=Path, default=None, help="where the experiment goes (default: the system's temp dir)")
     args = parser.parse_args()
     runs: list[list[Row]] = []

@@ -33,7 +33,10 @@ default, `-p key=value` overrides as hpcrl's):
   stepped in turn (its double buffering). The same network: hpcrl's CNN (the Nature layout with
   train.cnn_channels' filters) and one hidden layer, built from Sample Factory's own encoder parts,
   relu, no RNN (Sample Factory's default is a GRU); the same PPO numbers: rollout num_steps, minibatch
-  num_envs x num_steps / num_minibatches, num_minibatches per epoch, update_epochs, lr, gamma,
+  num_envs x num_steps / num_minibatches (its minibatches are whole rollouts: where one is shorter than
+  num_steps, with fewer envs than minibatches, its rollout is cut to the largest length that divides
+  both, 16 steps at 2 envs, and the samples per update stay hpcrl's; with a minibatch shorter than its
+  rollout, 2.1.1 trained on nothing and said nothing), num_minibatches per epoch, update_epochs, lr, gamma,
   lambda, clip 0.2 for the ratio and the value, entropy coefficient, value coefficient (half
   vf_coef: hpcrl's value loss has the factor 1/2, Sample Factory's has not), gradient clipping,
   Adam eps 1e-5, reward scale (Sample Factory's learner-side `--reward_scale`, so returns stay raw),
@@ -119,6 +122,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -424,8 +428,9 @@ def sf_settings(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     workers = args.sf_workers or min(num_envs, len(os.sched_getaffinity(0)))
     if num_envs % workers:
         raise SystemExit(f"--sf-workers {workers} does not divide {num_envs} envs")
+    minibatch = num_envs * t.num_steps // t.num_minibatches
     return {"scenario": scenario, "frame_skip": int(kw.get("frame_skip", 4)), "resolution": f"{width}x{height}", "width": width // down, "height": height // down,
-            "num_envs": num_envs, "workers": workers, "rollout": t.num_steps, "minibatches": t.num_minibatches, "epochs": t.update_epochs, "lr": t.lr,
+            "num_envs": num_envs, "workers": workers, "rollout": math.gcd(t.num_steps, minibatch), "minibatch": minibatch, "minibatches": t.num_minibatches, "epochs": t.update_epochs, "lr": t.lr,
             "gamma": t.gamma, "gae_lambda": t.gae_lambda, "clip": t.clip_coef, "clip_value": t.clip_coef if t.clip_vloss else 1e9, "ent_coef": t.ent_coef,
             "vf_coef": t.vf_coef * 0.5, "max_grad_norm": t.max_grad_norm, "reward_scale": t.reward_scale, "cnn_channels": list(t.cnn_channels),
             "hidden": t.hidden_sizes[0], "activation": t.activation, "seed": args.seed}  # fmt: skip
@@ -501,7 +506,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     argv = [
         "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", "--device=cpu", f"--seed={s['seed']}",
         f"--num_workers={s['workers']}", f"--num_envs_per_worker={per_worker}", f"--worker_num_splits={2 if per_worker % 2 == 0 else 1}",
-        f"--rollout={s['rollout']}", f"--batch_size={s['num_envs'] * s['rollout'] // s['minibatches']}", f"--num_batches_per_epoch={s['minibatches']}",
+        f"--rollout={s['rollout']}", f"--batch_size={s['minibatch']}", f"--num_batches_per_epoch={s['minibatches']}",
         f"--num_epochs={s['epochs']}", f"--learning_rate={s['lr']}", f"--gamma={s['gamma']}", f"--gae_lambda={s['gae_lambda']}",
         f"--ppo_clip_ratio={s['clip']}", f"--ppo_clip_value={s['clip_value']}", "--exploration_loss=entropy", f"--exploration_loss_coeff={s['ent_coef']}",
         f"--value_loss_coeff={s['vf_coef']}", f"--max_grad_norm={s['max_grad_norm']}", f"--reward_scale={s['reward_scale']}", "--adam_eps=1e-5",
@@ -516,8 +521,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     doom_override_defaults(parser)
     parser.add_argument("--hpcrl_scenario")
     parser.add_argument("--hpcrl_resolution")
-    parser.add_argument("--hpcrl_hidden", type=int)
-    parser.add_argument("--hpcrl_cnn", type=int, nargs=3)
+    parser.add_argument("--hpcrl_hidden", type=_args.positive_integer)
+    parser.add_argument("--hpcrl_cnn", type=_args.positive_integer, nargs=3)
     cfg = parse_full_cfg(parser, argv)
     register_env("hpcrl_doom", _sf_env)
     global_model_factory().register_encoder_factory(_sf_encoder)
@@ -551,6 +556,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     if len(clock.marks) < 3:
         raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
     (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
+    if last == first:  # a setting its learner cannot batch: it "trains" on nothing, at once and for ever
+        raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
     result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": "cpu", "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
     if args.learn:
         result.update(total_steps=last, final_return=_sf_eval(cfg, args.eval_episodes))
@@ -733,7 +740,7 @@ def main() -> None:
     parser.add_argument("--learn", type=_args.count, default=0, metavar="STEPS",
                         help="instead of --seconds: each learner trains STEPS env steps from scratch (hpcrl: train.total_steps), then its final policy plays --eval-episodes")
     parser.add_argument("--eval-episodes", type=_args.positive_integer, default=20, help="with --learn: episodes of the final evaluation (actions sampled), raw returns")
-    parser.add_argument("--seed", type=int, default=0, help="every learner's seed")
+    parser.add_argument("--seed", type=_args.seed, default=0, help="every learner's seed")
     parser.add_argument("--sf-workers", type=_args.count, default=0, help="Sample Factory's rollout workers (default: one per core, at most one per env)")
     parser.add_argument("--out", type=Path, default=None, help="directory for speed.json and speed.csv (without it, the tables are only printed)")
     parser.add_argument("--child", help=argparse.SUPPRESS)

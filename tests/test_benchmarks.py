@@ -10,6 +10,7 @@ without it (that mutation.py's targets and gpu_node.sh's paths still exist) is c
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import json
@@ -110,10 +111,13 @@ def check_episodes_counted(rows: list[dict]) -> None:
     """vizdoom_speed.py's episodes per side, whose steps per episode explain a side's engine CPU (a start of
     an episode costs about five steps): random actions end episodes within a second (a learner's tiny window
     may end none), and no more steps can pass than the envs' episodes allow (each env's steps in the window fit
-    in the episodes it ended there and the one it is in, at most BASIC_LONGEST steps each)."""
+    in the episodes it ended there and the one it is in, at most BASIC_LONGEST steps each). And each side
+    measured steps: Sample Factory's learner, given a minibatch shorter than its rollout, trained on none and
+    the table said 0 steps/s."""
     for row in rows:
         if "error" in row:
             continue
+        assert row["steps"] > 0, row
         if row["side"] == "random":
             assert row["episodes"] > 0, row
         assert row["steps"] <= (row["episodes"] + row["num_envs"]) * BASIC_LONGEST, row
@@ -266,6 +270,15 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "0", "0"], "argument --cpus: each core once (--at-once would put two sides on one), got 0 0"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--sides", "hpcrl", "hpcrl"], "argument --sides: each side once (they would train into the same folder)"),
         ("collect_scale.py", ["--before", "no-such-commit"], "argument --before: 'no-such-commit' is no commit of"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--seed", "-1"], "argument --seed: expected a seed in [0, 4294967295], got -1"),
+        ("algos.py", ["--seeds", "0", "4294967296"], "argument --seeds: expected a seed in [0, 4294967295], got 4294967296"),
+        ("collect_scale.py", ["--seeds", "0"], "argument --seeds: expected an integer >= 1, got 0"),
+        ("collect_scale.py", ["--runs", "20", "1e9"], "argument --runs: expected a number of runs in [1, 100000], got 1e9"),
+        ("stats_scale.py", ["--seeds", "0"], "argument --seeds: expected an integer >= 1, got 0"),
+        ("ddppo.py", ["--raw-seconds", "nan"], "argument --raw-seconds: expected finite seconds > 0, at most 3600, got nan"),
+        ("mutation.py", ["--timeout-factor", "0"], "argument --timeout-factor: expected a finite number > 0, got 0"),
+        ("study_storage.py", ["--reports", "0"], "argument --reports: expected an integer >= 1, got 0"),
+        ("alphazero_jobs.py", ["--slack", "nan", "--output", "{tmp}"], "distributed.ratio_slack: expected a number, got 'nan'"),
     ],
 )
 def test_a_benchmark_refuses_a_figure_that_would_measure_nothing_in_one_line(script: str, argv: list[str], line: str, tmp_path: Path) -> None:
@@ -274,6 +287,19 @@ def test_a_benchmark_refuses_a_figure_that_would_measure_nothing_in_one_line(scr
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *(a.replace("{tmp}", str(tmp_path)) for a in argv)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_every_numeric_option_of_a_benchmark_is_checked_by_a_shared_type() -> None:
+    """A bare `type=int` took a seed of -1 (each side then failed in numpy) and `--seeds 0` (a division by zero,
+    or figures compared against nothing): every numeric option goes through benchmarks/_args.py instead."""
+    bare = []
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+                for keyword in node.keywords:
+                    if keyword.arg == "type" and isinstance(keyword.value, ast.Name) and keyword.value.id in ("int", "float"):
+                        bare.append(f"{path.name}:{node.lineno} {ast.unparse(node.args[0]) if node.args else ''} type={keyword.value.id}")
+    assert not bare, "options without a checked type (benchmarks/_args.py):\n" + "\n".join(bare)
 
 
 def test_two_comparisons_into_one_path_are_refused_in_one_line(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Literal, Optional, Union
 
 from hpcrl.config import strict_yaml, tasks
 from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, OnPolicyConfig, TrainConfig
+from hpcrl.config.limits import MAX_RUNS, MAX_SEED
 from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
 from hpcrl.config.schema import (
     ConfigError,
@@ -43,9 +44,6 @@ from hpcrl.config.schema import (
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
-MAX_RUNS = 100_000
-"""Runs one sweep may have (grid points x seeds), checked before any run is made: a scheduler's
-array limit is far lower, and a typo in a grid must not take the login node's memory."""
 MAX_NAME = 200
 """Bytes of an experiment name: a directory name may have 255, and job names and job logs add
 suffixes such as `-aggregate`."""
@@ -171,7 +169,7 @@ class SearchConfig:
     samples: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
     """random: how many points. Sample i is the same whatever the count, so a re-sweep with more
     samples trains only the new ones."""
-    seed: int = setting(0, ge=0, le=2**32 - 1)
+    seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seed of the random points and of Optuna's sampler: the same seed, the same points."""
     n_trials: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
     """optuna: trials of the study (complete, pruned and failed); a re-sweep with more adds trials."""
@@ -219,8 +217,8 @@ def _seed_shorthand(value: Any) -> Any:
         return list(range(value))
     if isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)):
         low, high = int(m.group(1)), int(m.group(2))
-        if low > high or high - low + 1 > MAX_RUNS or high > 2**32 - 1:
-            raise ValueError(f"a range of seeds is LOW..HIGH with LOW <= HIGH <= {2**32 - 1} and at most {MAX_RUNS:,} seeds, got {value!r}")
+        if low > high or high - low + 1 > MAX_RUNS or high > MAX_SEED:
+            raise ValueError(f"a range of seeds is LOW..HIGH with LOW <= HIGH <= {MAX_SEED} and at most {MAX_RUNS:,} seeds, got {value!r}")
         return list(range(low, high + 1))
     if isinstance(value, str):
         raise ValueError(f"expected a list of seeds, a count (5) or a range ('10..19'), got {value!r}")
@@ -229,7 +227,7 @@ def _seed_shorthand(value: Any) -> Any:
 
 @dataclass
 class SweepConfig:
-    seeds: list[int] = setting(factory=lambda: [0], ge=0, le=2**32 - 1, min_items=1, shorthand=_seed_shorthand)
+    seeds: list[int] = setting(factory=lambda: [0], ge=0, le=MAX_SEED, min_items=1, shorthand=_seed_shorthand)
     """Seeds of numpy and torch, each a run (0 .. 2**32-1): a list, a count (`5`: seeds 0..4) or an inclusive
     range (`"10..19"`)."""
     grid: dict[str, list[Verbatim]] = setting(factory=dict)

@@ -20,8 +20,9 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from hpcrl.config.experiment import MAX_RUNS, Experiment, SweepConfig
+from hpcrl.config.experiment import Experiment, SweepConfig
 from hpcrl.config.hparams import ALGORITHMS
+from hpcrl.config.limits import MAX_RUNS
 from hpcrl.config.schema import _NUMBER, Rules, Verbatim, field_rules, hints, public_fields
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

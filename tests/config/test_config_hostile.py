@@ -16,7 +16,8 @@ import yaml
 from factories import TINY, deep_update, write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import MAX_NAME, MAX_RUNS, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.config.experiment import MAX_NAME, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.config.limits import MAX_RUNS
 from hpcrl.sweep.runs import expand
 
 DQN_TRAIN = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100}
