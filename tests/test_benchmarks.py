@@ -235,6 +235,28 @@ def test_collect_scale_names_a_moved_figure_and_only_a_format_change_as_one() ->
     assert verdict(theirs, theirs, True).startswith("byte-identical")
 
 
+def test_collect_scale_takes_an_interval_withheld_since_the_reference_for_the_same_figure() -> None:
+    """Since issue 38 hpcrl withholds an interval that says nothing (a side under 3 seeds, or no spread: `1 [1, 1]`)
+    and shows one seed's zero-width interval as `-`: with 2 seeds a setting, or by chance with 5, the comparison
+    called every such experiment DIFFERENT. The value beside a withheld interval, and every interval shown, must
+    still match."""
+    verdict = load_benchmark("collect_scale").verdict
+    theirs = {
+        "improvement.csv": "x,y,p,ci_low,ci_high\na,b,1,1,1\nb,a,0.6,0.2,1\n",
+        "terminal": "P(X > Y)  a           b\na         -           1 [1, 1]\nb         0.6 [0.2, 1]  -\nmean  20.1  [20.1, 20.1]",
+    }
+    ours = {
+        "improvement.csv": "x,y,p,ci_low,ci_high,no_ci\na,b,1,,,no spread\nb,a,0.6,0.2,1,\n",
+        "terminal": "P(X > Y)  a             b\na         -             1 (no CI: no spread)\nb         0.6 [0.2, 1]  -\nmean  20.1  -",
+    }
+    assert verdict(ours, theirs, True).startswith("the same figures (format changed since, on purpose: improvement.csv, terminal;")
+    moved = {"improvement.csv": ours["improvement.csv"].replace("a,b,1,", "a,b,0.9,"), "terminal": ours["terminal"].replace("1 (no", "0.9 (no")}
+    assert verdict(moved, theirs, True) == "DIFFERENT figures: improvement.csv, terminal"
+    shown = {"improvement.csv": ours["improvement.csv"].replace("0.2,1,", "0.3,1,"), "terminal": ours["terminal"].replace("[0.2, 1]", "[0.3, 1]")}
+    assert verdict(shown, theirs, True) == "DIFFERENT figures: improvement.csv, terminal"
+    assert verdict({**ours, "terminal": ours["terminal"].replace("20.1  -", "20.2  -")}, theirs, True) == "DIFFERENT figures: terminal"
+
+
 GPU_NODE = BENCHMARKS / "gpu_node.sh"
 
 
