@@ -166,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=_args.positive_number, default=1.0, help="fraction of each config's step budget (1: the full budget)")
     parser.add_argument("--seeds", type=_args.seed, nargs="+", default=[0])
-    parser.add_argument("--algos", nargs="+", default=["ppo", "a2c", "dqn"])
+    parser.add_argument("--algos", nargs="+", choices=["ppo", "a2c", "dqn"], default=["ppo", "a2c", "dqn"])
     parser.add_argument("--skip-vizdoom", action="store_true")
     parser.add_argument("--vizdoom-steps", type=_args.positive_integer, default=4096)
     parser.add_argument("--threads", type=_args.positive_integer, default=1, help="torch threads, the same for hpcrl and SB3 (CartPole)")

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _args  # noqa: E402  # benchmarks/_args.py: the script's own folder is first on sys.path
 
-from hpcrl.config.experiment import load_experiment  # noqa: E402
+from hpcrl.config.experiment import ConfigError, load_experiment  # noqa: E402
 from hpcrl.rl import checkpoint, games  # noqa: E402
 from hpcrl.rl.alphazero import AlphaZero, make_network  # noqa: E402
 from hpcrl.rl.strength import evaluate_strength  # noqa: E402
@@ -136,6 +136,11 @@ def main() -> None:
     parser.add_argument("--parallel", action="store_true", help="connect four: every seed at once, one process each (the minutes are the machine's, not each seed's)")
     parser.add_argument("--save", type=Path, help="connect four: save each seed's trained network here")
     args = parser.parse_args()
+    config = CONNECT_FOUR if args.connect_four is not None and args.config == CONFIG else args.config
+    try:  # the config and overrides each seed reads: a bad key or value is one line, before anything is trained
+        load_experiment(config, args.set)
+    except ConfigError as exc:
+        parser.error(str(exc))
     torch.set_num_threads(1)
     if args.connect_four is not None and args.parallel and len(args.seeds) > 1:
         argv = [a for a in sys.argv[1:] if a != "--parallel"]  # a later --seeds overrides the earlier one
@@ -143,7 +148,7 @@ def main() -> None:
         sys.exit(max(child.wait() for child in children))
     if args.connect_four is not None:
         for seed in args.seeds:
-            connect_four(CONNECT_FOUR if args.config == CONFIG else args.config, seed, args.connect_four, args.games, args.set, args.save)
+            connect_four(config, seed, args.connect_four, args.games, args.set, args.save)
         return
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:

@@ -488,13 +488,19 @@ def main() -> None:
         return serve(args.serve, args.simulations, args.seed)
     from _venvs import Unavailable, venv_python
 
+    from hpcrl.config.experiment import ConfigError, load_experiment
+
+    try:  # hpcrl's side's config: a bad override is one line, before any folder or venv is made
+        load_experiment(CONFIGS[args.game], [f"sweep.seeds=[{args.seed}]", *args.set])
+    except ConfigError as exc:
+        parser.error(str(exc))
     args.opponents = args.opponents or OPPONENTS[args.game]
-    args.path.mkdir(parents=True, exist_ok=True)
     cpus = args.cpus or sorted(os.sched_getaffinity(0))
     if len(set(args.sides)) < len(args.sides):
         parser.error(f"argument --sides: each side once (they would train into the same folder), got {' '.join(args.sides)}")
     if len(set(cpus)) < len(cpus):
         parser.error(f"argument --cpus: each core once (--at-once would put two sides on one), got {' '.join(map(str, cpus))}")
+    args.path.mkdir(parents=True, exist_ok=True)
     lock = open(args.path / ".lock", "w")  # held until this process ends
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

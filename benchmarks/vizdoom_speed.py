@@ -757,6 +757,13 @@ def main() -> None:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             parser.error(f"argument --out: cannot make a directory there ({exc.strerror}): {str(args.out)!r}")
+    from hpcrl.config.experiment import ConfigError
+
+    for n in args.num_envs:  # the experiment every side reads: a bad key or value is one line, before anything is measured
+        try:
+            _experiment(args, n)
+        except ConfigError as exc:
+            parser.error(str(exc))
     import torch
 
     argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]

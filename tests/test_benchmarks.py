@@ -301,11 +301,17 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("mutation.py", ["--timeout-factor", "0"], "argument --timeout-factor: expected a finite number > 0, got 0"),
         ("study_storage.py", ["--reports", "0"], "argument --reports: expected an integer >= 1, got 0"),
         ("alphazero_jobs.py", ["--slack", "nan", "--output", "{tmp}"], "distributed.ratio_slack: expected a number, got 'nan'"),
+        ("algos.py", ["--algos", "ppo", "sac"], "argument --algos: invalid choice: 'sac'"),
+        ("alphazero.py", ["--set", "train.simulations=0"], "tictactoe_alphazero.yaml: train.simulations: expected"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "-p", "nokey=1"], "vizdoom_ppo.yaml: -p nokey: unknown key"),
+        ("openspiel_alphazero.py", ["--path", "{tmp}/az", "--set", "nokey=1"], "connect4_alphazero.yaml: -p nokey: unknown key"),
     ],
 )
 def test_a_benchmark_refuses_a_figure_that_would_measure_nothing_in_one_line(script: str, argv: list[str], line: str, tmp_path: Path) -> None:
     """NaN seconds never ended a measurement, 0 envs divided by zero, a revision that is no commit was a git
-    traceback: each is one argparse line and exit 2, before anything is built or measured."""
+    traceback, a config override with a typo a ConfigError traceback (or, in vizdoom_speed.py, a FAILED row per
+    side, and in openspiel_alphazero.py minutes of building OpenSpiel's venv first): each is one argparse line and
+    exit 2, before anything is built or measured."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *(a.replace("{tmp}", str(tmp_path)) for a in argv)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
