@@ -67,16 +67,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=_args.positive_number, default=900)
     parser.add_argument("--slack", metavar="SLACK", default=None, help="distributed.ratio_slack (default: the config's), which the config checks")
     args = parser.parse_args()
-    root = args.output or Path(tempfile.mkdtemp(prefix="azjobs-"))
     overrides = [
-        f"output={root}", f"sweep.seeds=[{args.seed}]", f"distributed.actors={args.actors}", f"train.total_steps={args.total_steps}",
+        f"sweep.seeds=[{args.seed}]", f"distributed.actors={args.actors}", f"train.total_steps={args.total_steps}",
         "eval.every_steps=null", "tracking.tensorboard=false",  # no evaluations in the trainer: they would count as neither busy nor waiting
         *([f"distributed.ratio_slack={args.slack}"] if args.slack is not None else []),
     ]
-    try:
-        exp = load_experiment(args.config, overrides)
+    try:  # before the default output folder is made: a refused run leaves nothing behind
+        load_experiment(args.config, [*([f"output={args.output}"] if args.output else []), *overrides])
     except ConfigError as exc:  # --slack nan, -1, ...: the config's own one-line refusal
         parser.error(str(exc))
+    root = args.output or Path(tempfile.mkdtemp(prefix="azjobs-"))
+    exp = load_experiment(args.config, [f"output={root}", *overrides])
     out = io.StringIO()
     if submit_experiment(exp, "slurm", detach=True, out=out) != 0:
         sys.exit(f"hpcrl sweep failed:\n{out.getvalue()}")

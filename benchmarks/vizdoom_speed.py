@@ -752,11 +752,6 @@ def main() -> None:
         result = measure(args, args.child, args.num_envs[0])
         print(RESULT + json.dumps(result), flush=True)
         return
-    if args.out is not None:  # made now: a path that cannot be one is refused before minutes of measuring, not after
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            parser.error(f"argument --out: cannot make a directory there ({exc.strerror}): {str(args.out)!r}")
     from hpcrl.config.experiment import ConfigError
 
     for n in args.num_envs:  # the experiment every side reads: a bad key or value is one line, before anything is measured
@@ -764,6 +759,11 @@ def main() -> None:
             _experiment(args, n)
         except ConfigError as exc:
             parser.error(str(exc))
+    if args.out is not None:  # made now: a path that cannot be one is refused before minutes of measuring, not after
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"argument --out: cannot make a directory there ({exc.strerror}): {str(args.out)!r}")
     import torch
 
     argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]

@@ -300,10 +300,11 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("ddppo.py", ["--raw-seconds", "nan"], "argument --raw-seconds: expected finite seconds > 0, at most 3600, got nan"),
         ("mutation.py", ["--timeout-factor", "0"], "argument --timeout-factor: expected a finite number > 0, got 0"),
         ("study_storage.py", ["--reports", "0"], "argument --reports: expected an integer >= 1, got 0"),
-        ("alphazero_jobs.py", ["--slack", "nan", "--output", "{tmp}"], "distributed.ratio_slack: expected a number, got 'nan'"),
+        ("alphazero_jobs.py", ["--slack", "nan"], "distributed.ratio_slack: expected a number, got 'nan'"),
+        ("alphazero_jobs.py", ["--slack", "2", "--output", "{tmp}/az"], "distributed.ratio_slack: expected a number in [0, 1], got 2"),
         ("algos.py", ["--algos", "ppo", "sac"], "argument --algos: invalid choice: 'sac'"),
         ("alphazero.py", ["--set", "train.simulations=0"], "tictactoe_alphazero.yaml: train.simulations: expected"),
-        ("vizdoom_speed.py", ["--out", "{tmp}", "-p", "nokey=1"], "vizdoom_ppo.yaml: -p nokey: unknown key"),
+        ("vizdoom_speed.py", ["--out", "{tmp}/speed", "-p", "nokey=1"], "vizdoom_ppo.yaml: -p nokey: unknown key"),
         ("openspiel_alphazero.py", ["--path", "{tmp}/az", "--set", "nokey=1"], "connect4_alphazero.yaml: -p nokey: unknown key"),
     ],
 )
@@ -311,10 +312,16 @@ def test_a_benchmark_refuses_a_figure_that_would_measure_nothing_in_one_line(scr
     """NaN seconds never ended a measurement, 0 envs divided by zero, a revision that is no commit was a git
     traceback, a config override with a typo a ConfigError traceback (or, in vizdoom_speed.py, a FAILED row per
     side, and in openspiel_alphazero.py minutes of building OpenSpiel's venv first): each is one argparse line and
-    exit 2, before anything is built or measured."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    exit 2, before anything is built or measured, with no folder made for it (alphazero_jobs.py made its default
+    output folder in the temporary directory before the config refused its arguments; vizdoom_speed.py, --out)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *(a.replace("{tmp}", str(tmp_path)) for a in argv)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not any(scratch.iterdir()), sorted(p.name for p in scratch.iterdir())
+    made = [a for a in argv if a.startswith("{tmp}/") and Path(a.replace("{tmp}", str(tmp_path))).exists()]
+    assert not made, f"refused, yet made {made}"
 
 
 def test_every_numeric_option_of_a_benchmark_is_checked_by_a_shared_type() -> None:
