@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
+
 from hpcrl.config.experiment import load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Scheduler
@@ -161,22 +163,10 @@ def bench(name: str, runs: int, loop_max: int) -> None:
                 scheduler.cancel(loop_ids[start : start + 200])
 
 
-def count(text: str, least: int = 1, most: int = 100_000) -> int:
-    """An argparse type: a whole number in [least, most] (a bad one is argparse's one line and exit 2;
-    most: the longest seed list a config takes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = least - 1
-    if not least <= value <= most:
-        raise argparse.ArgumentTypeError(f"expected a whole number in [{least}, {most}], got {text!r}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=count, nargs="+", default=[1000], help="sweep sizes, each measured on every scheduler")
-    parser.add_argument("--loop-max", type=lambda t: count(t, 0), default=1000, help="largest size the one-job-at-a-time reference is run for")
+    parser.add_argument("--runs", type=_args.runs, nargs="+", default=[1000], help="sweep sizes, each measured on every scheduler")
+    parser.add_argument("--loop-max", type=_args.integer(0, _args.MAX_RUNS, "a number of runs"), default=1000, help="largest size the one-job-at-a-time reference is run for")
     parser.add_argument("--schedulers", nargs="+", default=["slurm", "sge"], choices=["slurm", "sge"])
     args = parser.parse_args()
     for name in args.schedulers:
