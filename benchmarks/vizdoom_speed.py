@@ -59,7 +59,9 @@ bounds what a quiet machine can reach.
 `steps/ep`: environment steps per episode that ended in the window (-: none ended). A ViZDoom episode's
 start costs its engine and worker about as much CPU as five steps of random actions, so a side whose agent has learned to
 end episodes sooner (basic: a kill within ~12 steps) pays for four times the starts per step that random actions
-do (their episodes run to the 75-step time limit): read SPS with it.
+do (their episodes run to the 75-step time limit): read SPS with it. The last table says what such a start
+does to a batched rollout: each vector step's wall time by how many of its envs ended an episode in it (the
+random-action and hpcrl sides, which step hpcrl's vector env; `step_waits` in speed.json).
 
 A second table splits each side's CPU per step by part (`_cpu.cpu_by_part`): `main` (the measuring process:
 hpcrl's update when its rollout runs in the background, else rollout and update; SB3's learner; Sample
@@ -175,6 +177,38 @@ def episodes_ended(terminated: Any, truncated: Any) -> int:
     return int((terminated | truncated).sum())
 
 
+class StepWaits:
+    """Each vector step's wall time, by how many of its envs ended an episode in it: where a learner that ends
+    episodes sooner waits. ViZDoom starts an episode in ~1.7 ms of wall time, and a batched rollout waits for the
+    worker whose game restarts (2026-12-03, 8 envs on 2 cores: 2.9 ms a step in which none ended, 4.5 with one).
+    It wraps `envs.step` of hpcrl's vector env (the random-action and hpcrl sides; a rollout that pipelines
+    worker groups on a GPU steps them otherwise, and nothing is recorded)."""
+
+    def __init__(self, envs: Any) -> None:
+        self.inner = envs.step
+        envs.step = self
+        self.begin()
+
+    def begin(self) -> None:
+        """Forget what was recorded: the measured window starts."""
+        self.counts: dict[int, int] = {}
+        self.seconds: dict[int, float] = {}
+
+    def __call__(self, actions: Any) -> Any:
+        start = time.perf_counter()
+        outcome = self.inner(actions)
+        wall, ended = time.perf_counter() - start, episodes_ended(outcome[2], outcome[3])
+        counts, seconds = self.counts, self.seconds  # (one pair: `begin` may swap them from another thread)
+        counts[ended] = counts.get(ended, 0) + 1
+        seconds[ended] = seconds.get(ended, 0.0) + wall
+        return outcome
+
+    def fields(self) -> dict[str, Any]:
+        """`step_waits`: {episodes ended in a step: [steps, mean wall ms]}, as a row's field (none recorded: none)."""
+        counts, seconds = self.counts, self.seconds
+        return {"step_waits": {str(k): [counts[k], 1000 * seconds[k] / counts[k]] for k in sorted(counts)}} if counts else {}
+
+
 def window(steps: int, seconds: float, episodes: int, cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]]) -> dict[str, Any]:
     """A measured window as a row's fields: SPS, steps, seconds, the episodes that ended in it, and CPU per step
     between its two `cpu_seconds()` readings (`per_step`). Every side's window is made here."""
@@ -193,17 +227,20 @@ def per_step(cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, floa
     return {"cpu_ms_own": ms * (own1 - own0), "cpu_ms_all": ms * (all1 - all0), "cpu_ms_parts": {k: v for k, v in parts.items() if v > 0}}
 
 
-def _timed(step: Any, steps_of: Any, episodes_of: Any, seconds: float) -> dict[str, Any]:
+def _timed(step: Any, steps_of: Any, episodes_of: Any, seconds: float, waits: StepWaits | None = None) -> dict[str, Any]:
     """Run `step()` once to warm up, then until `seconds` have passed: SPS, steps, seconds, the episodes
-    that ended meanwhile (`episodes_of()` counts them) and CPU per step, as a row's fields."""
+    that ended meanwhile (`episodes_of()` counts them) and CPU per step, as a row's fields (with `waits`,
+    the vector steps' waits in the window)."""
     step()
+    if waits is not None:
+        waits.begin()
     first, ended, start, cpu = steps_of(), episodes_of(), time.perf_counter(), cpu_seconds()
     while True:
         step()
         wall = time.perf_counter() - start
         if wall >= seconds:
             steps = steps_of() - first
-            return window(steps, wall, episodes_of() - ended, (cpu, cpu_seconds()))
+            return {**window(steps, wall, episodes_of() - ended, (cpu, cpu_seconds())), **(waits.fields() if waits is not None else {})}
 
 
 def layout(spec: Any) -> str:
@@ -220,6 +257,7 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
 
     spec = _experiment(args, num_envs).env
     envs = make_vec_env(spec)
+    waits = StepWaits(envs)
     try:
         envs.reset(seed=0)
         count, ended = [0], [0]
@@ -230,7 +268,7 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                 count[0] += envs.num_envs
                 ended[0] += episodes_ended(terminated, truncated)
 
-        return {**_timed(step, lambda: count[0], lambda: ended[0], args.seconds), "layout": layout(spec)}
+        return {**_timed(step, lambda: count[0], lambda: ended[0], args.seconds, waits), "layout": layout(spec)}
     finally:
         envs.close()
 
@@ -246,6 +284,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
     device = setup_torch(exp.train.torch_threads, exp.train.device)
     seed_everything(args.seed)
     envs = make_vec_env(exp.env)
+    waits = StepWaits(envs)
     agent = None
     try:
         agent = algorithm_class(exp.algo)(exp.train, envs, device, args.seed)
@@ -261,13 +300,14 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
 
         if args.learn:  # train.total_steps as `hpcrl train` runs them (the learning rate annealed over them)
             step()
+            waits.begin()
             first, ended, start, before = agent.global_step, len(agent.episodes), time.perf_counter(), cpu_seconds()
             while agent.iteration < agent.num_iterations:
                 step()
             wall, steps = time.perf_counter() - start, agent.global_step - first
-            timed = window(steps, wall, len(agent.episodes) - ended, (before, cpu_seconds()))
+            timed = {**window(steps, wall, len(agent.episodes) - ended, (before, cpu_seconds())), **waits.fields()}
         else:
-            timed = _timed(step, lambda: agent.global_step, lambda: len(agent.episodes), args.seconds)
+            timed = _timed(step, lambda: agent.global_step, lambda: len(agent.episodes), args.seconds, waits)
         from hpcrl.rl.networks import CPU_BF16
 
         amp = exp.train.amp if device.type == "cuda" or (exp.train.amp == "bf16" and CPU_BF16) else "none"  # bf16 on a CPU needs AMX
@@ -728,6 +768,24 @@ def parts_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def waits_table(rows: list[dict[str, Any]]) -> str:
+    """Each side's vector steps by the episodes that ended in them (0, 1, 2, 3 or more): the mean wall time of
+    such a step and its share of the steps (`StepWaits`)."""
+    lines = [f"{'envs':>5}  {'side':<15}" + "".join(f"{f'{k} ended':>17}" for k in ("0", "1", "2", "3+"))]
+    for r in rows:
+        if "step_waits" not in r:
+            continue
+        waits = {int(k): v for k, v in r["step_waits"].items()}
+        total = sum(n for n, _ in waits.values())
+        cells = ""
+        for low, high in ((0, 0), (1, 1), (2, 2), (3, None)):
+            group = [(n, ms) for k, (n, ms) in waits.items() if low <= k and (high is None or k <= high)]
+            n = sum(g for g, _ in group)
+            cells += f"{sum(g * ms for g, ms in group) / n:>9.2f} ms {100 * n / total:>3.0f}%" if n else f"{'-':>17}"
+        lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{cells}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "vizdoom_ppo.yaml"))
@@ -796,6 +854,9 @@ def main() -> None:
     if any("cpu_ms_parts" in r for r in rows):
         print("\nCPU ms per environment step, by part (where the time goes):")
         print(parts_table(rows))
+    if any("step_waits" in r for r in rows):
+        print("\nA vector step's wall time by the episodes that ended in it, and its share of the steps (a restarting game holds up its batch):")
+        print(waits_table(rows))
     if args.out is None:
         return
     meta = {"config": args.config, "overrides": args.overrides, "device": args.device, "seconds": args.seconds, "cpus": os.cpu_count(), "torch": torch.__version__}

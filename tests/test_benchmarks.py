@@ -113,11 +113,15 @@ def check_episodes_counted(rows: list[dict]) -> None:
     may end none), and no more steps can pass than the envs' episodes allow (each env's steps in the window fit
     in the episodes it ended there and the one it is in, at most BASIC_LONGEST steps each). And each side
     measured steps: Sample Factory's learner, given a minibatch shorter than its rollout, trained on none and
-    the table said 0 steps/s."""
+    the table said 0 steps/s. The random-action side's vector steps by the episodes ended in them add up to its
+    window: its steps and its episodes."""
     for row in rows:
         if "error" in row:
             continue
         assert row["steps"] > 0, row
+        if row["side"] == "random":  # every vector step of the window is in its waits, with the episodes that ended in it
+            waits = {int(k): n for k, (n, _) in row["step_waits"].items()}
+            assert sum(waits.values()) * row["num_envs"] == row["steps"] and sum(k * n for k, n in waits.items()) == row["episodes"], row
         if row["side"] == "random":
             assert row["episodes"] > 0, row
         assert row["steps"] <= (row["episodes"] + row["num_envs"]) * BASIC_LONGEST, row
@@ -407,12 +411,14 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
     (tmp_path / "tmp").mkdir()  # the killed measurement's temporary files (no cleanup survives kill -9) stay in the test's own
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp"), "HPCRL_BENCH_BUILD": "0"}
     folders = set(Path("/tmp").glob("vzd-sf-*"))
-    bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", side, "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "bench.log"  # what the benchmark said, should it end before it was killed
+    with open(log, "w") as out:
+        bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", side, "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     child = None
     try:
         deadline = time.monotonic() + 180
         while child is None or sum("vizdoom/vizdoom" in line for _, line in in_session(child)) < 2:  # both engines have started
-            assert bench.poll() is None and time.monotonic() < deadline, "the measurement never started its games"
+            assert bench.poll() is None and time.monotonic() < deadline, f"the measurement never started its games (exit {bench.poll()}):\n{log.read_text()[-2000:]}"
             child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if f"--child {side}" in line), None)
             time.sleep(0.2)
         measuring = set(Path("/tmp").glob("vzd-sf-*")) - folders
