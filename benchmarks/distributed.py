@@ -48,13 +48,14 @@ with 1, 2 and 4 actors and of configs/cartpole_dqn.yaml (single process), then p
 of the learner (or trainer) over the whole run, and the final evaluation return.
 
     PYTHONPATH=. python benchmarks/distributed.py pipe [--actors 1 2 4] [--seconds 5] [--repeats 3] [--bound 64]
-    PYTHONPATH=. python benchmarks/distributed.py learning [--actors 1 2 4] [--seeds 0 1 2] [--output /tmp/h7bench]
+    PYTHONPATH=. python benchmarks/distributed.py learning [--actors 1 2 4] [--seeds 0 1 2] [--output EMPTY_FOLDER]
     PYTHONPATH=. python benchmarks/distributed.py bridge [--actors 1 2] [--seconds 3] [--nodes slurm-node1 slurm-node2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import multiprocessing as mp
 import os
@@ -62,6 +63,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,13 +395,17 @@ def run_figures(experiment: Path) -> list[tuple[int, float, float]]:
 
 
 def learning(args: argparse.Namespace) -> int:
+    """Every side trained anew, into --output or a temporary folder removed at the end: into a folder that held an
+    earlier run, `hpcrl sweep` would submit nothing (its runs are done) and the table would print that run's figures."""
     seeds = f"sweep.seeds=[{','.join(map(str, args.seeds))}]"
     results: list[tuple[str, list[tuple[int, float, float]]]] = []
-    exp = sweep("cartpole_dqn.yaml", args.output / "single", [seeds])
-    results.append(("single-process DQN", run_figures(exp)))
-    for n in args.actors:
-        exp = sweep("cartpole_apex.yaml", args.output / f"actors{n}", [seeds, f"distributed.actors={n}", f"resources.max_concurrent={n + 1}"])
-        results.append((f"Ape-X DQN, {n} actor{'s' if n > 1 else ''}", run_figures(exp)))
+    with tempfile.TemporaryDirectory(prefix="hpcrl-distributed-") if args.output is None else contextlib.nullcontext(str(args.output)) as folder:
+        output = Path(folder)
+        exp = sweep("cartpole_dqn.yaml", output / "single", [seeds])
+        results.append(("single-process DQN", run_figures(exp)))
+        for n in args.actors:
+            exp = sweep("cartpole_apex.yaml", output / f"actors{n}", [seeds, f"distributed.actors={n}", f"resources.max_concurrent={n + 1}"])
+            results.append((f"Ape-X DQN, {n} actor{'s' if n > 1 else ''}", run_figures(exp)))
     print(f"\n{'':<22}  {'env steps/s':>11}  {'final return per seed':<28}  {'mean':>6}")
     for name, runs in results:
         per_seed = " ".join(f"s{seed}:{ret:.0f}" for seed, _, ret in runs)
@@ -419,7 +425,7 @@ def main() -> int:
     learn = sub.add_parser("learning")
     learn.add_argument("--actors", type=_args.positive_integer, nargs="+", default=[1, 2, 4])
     learn.add_argument("--seeds", type=_args.seed, nargs="+", default=[0, 1, 2])
-    learn.add_argument("--output", type=Path, default=Path("/tmp/hpcrl-distributed-bench"))
+    learn.add_argument("--output", type=Path, help="an empty or new folder, kept (default: a temporary one, removed)")
     learn.set_defaults(func=learning)
     across = sub.add_parser("bridge")
     across.add_argument("--actors", type=_args.positive_integer, nargs="+", default=[1, 2])
@@ -427,6 +433,8 @@ def main() -> int:
     across.add_argument("--nodes", nargs="+", default=["slurm-node1", "slurm-node2"], help="namespace nodes (tests/clusters/nodes.sh)")
     across.set_defaults(func=bridge)
     args = parser.parse_args()
+    if getattr(args, "output", None) is not None and args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
+        parser.error(f"argument --output: {str(args.output)!r} is not an empty folder (in one that holds an earlier run, nothing would be trained anew)")
     return args.func(args)
 
 

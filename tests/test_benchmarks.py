@@ -307,6 +307,7 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("alphazero_jobs.py", ["--slack", "nan"], "distributed.ratio_slack: expected a number, got 'nan'"),
         ("alphazero_jobs.py", ["--slack", "2", "--output", "{tmp}/az"], "distributed.ratio_slack: expected a number in [0, 1], got 2"),
         ("algos.py", ["--algos", "ppo", "sac"], "argument --algos: invalid choice: 'sac'"),
+        ("distributed.py", ["learning", "--output", "{tmp}"], "is not an empty folder (in one that holds an earlier run, nothing would be trained anew)"),
         ("alphazero.py", ["--set", "train.simulations=0"], "tictactoe_alphazero.yaml: train.simulations: expected"),
         ("vizdoom_speed.py", ["--out", "{tmp}/speed", "-p", "nokey=1"], "vizdoom_ppo.yaml: -p nokey: unknown key"),
         ("openspiel_alphazero.py", ["--path", "{tmp}/az", "--set", "nokey=1"], "connect4_alphazero.yaml: -p nokey: unknown key"),
