@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpcrl.config.limits import MAX_RUNS, MAX_SEED  # noqa: E402  # hpcrl's own bounds; no dependency (other venvs parse these too)
@@ -92,6 +93,26 @@ def cpu(text: str) -> int:
     if value not in allowed:
         raise argparse.ArgumentTypeError(f"expected a core this process may use ({', '.join(map(str, allowed))}), got {text}")
     return value
+
+
+def experiment(parser: argparse.ArgumentParser, config: str | Path, overrides: list[str]) -> Any:
+    """hpcrl's experiment of `config` with `overrides`, or the config's own refusal (an unknown key, a value out of
+    range, no such file) as argparse's one line and exit 2, before a benchmark builds or measures anything."""
+    from hpcrl.config.experiment import ConfigError, load_experiment  # here: other projects' venvs import this module too
+
+    try:
+        return load_experiment(Path(config), overrides)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def empty_folder(text: str) -> Path:
+    """A folder that is new or empty: in one that holds an earlier run, `hpcrl sweep` finds its runs done, trains
+    nothing, and the benchmark would print that run's figures as its own."""
+    path = Path(text)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an empty folder (in one that holds an earlier run, nothing would be trained anew)")
+    return path
 
 
 def commit(repo: Path):

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _args  # noqa: E402  # benchmarks/_args.py: the script's own folder is first on sys.path
 
-from hpcrl.config.experiment import ConfigError, load_experiment  # noqa: E402
+from hpcrl.config.experiment import load_experiment  # noqa: E402
 from hpcrl.rl import checkpoint, games  # noqa: E402
 from hpcrl.rl.alphazero import AlphaZero, make_network  # noqa: E402
 from hpcrl.rl.strength import evaluate_strength  # noqa: E402
@@ -137,10 +137,7 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="connect four: save each seed's trained network here")
     args = parser.parse_args()
     config = CONNECT_FOUR if args.connect_four is not None and args.config == CONFIG else args.config
-    try:  # the config and overrides each seed reads: a bad key or value is one line, before anything is trained
-        load_experiment(config, args.set)
-    except ConfigError as exc:
-        parser.error(str(exc))
+    _args.experiment(parser, config, args.set)  # what each seed reads: a bad key or value is one line, before anything is trained
     torch.set_num_threads(1)
     if args.connect_four is not None and args.parallel and len(args.seeds) > 1:
         argv = [a for a in sys.argv[1:] if a != "--parallel"]  # a later --seeds overrides the earlier one

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.experiment import load_experiment
 from hpcrl.distributed import runstats
 from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment
@@ -72,10 +72,8 @@ def main() -> None:
         "eval.every_steps=null", "tracking.tensorboard=false",  # no evaluations in the trainer: they would count as neither busy nor waiting
         *([f"distributed.ratio_slack={args.slack}"] if args.slack is not None else []),
     ]
-    try:  # before the default output folder is made: a refused run leaves nothing behind
-        load_experiment(args.config, [*([f"output={args.output}"] if args.output else []), *overrides])
-    except ConfigError as exc:  # --slack nan, -1, ...: the config's own one-line refusal
-        parser.error(str(exc))
+    # --slack nan, -1, ...: the config's own one-line refusal, before the default output folder is made
+    _args.experiment(parser, args.config, [*([f"output={args.output}"] if args.output else []), *overrides])
     root = args.output or Path(tempfile.mkdtemp(prefix="azjobs-"))
     exp = load_experiment(args.config, [f"output={root}", *overrides])
     out = io.StringIO()

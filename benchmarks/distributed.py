@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import fcntl
 import multiprocessing as mp
 import os
 import socket
@@ -401,6 +402,12 @@ def learning(args: argparse.Namespace) -> int:
     results: list[tuple[str, list[tuple[int, float, float]]]] = []
     with tempfile.TemporaryDirectory(prefix="hpcrl-distributed-") if args.output is None else contextlib.nullcontext(str(args.output)) as folder:
         output = Path(folder)
+        output.mkdir(parents=True, exist_ok=True)
+        lock = open(output / ".lock", "w")  # noqa: SIM115  # held until this process ends: two runs started at once into one --output
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"distributed.py: another run of this benchmark is training into {output}") from None
         exp = sweep("cartpole_dqn.yaml", output / "single", [seeds])
         results.append(("single-process DQN", run_figures(exp)))
         for n in args.actors:
@@ -425,7 +432,7 @@ def main() -> int:
     learn = sub.add_parser("learning")
     learn.add_argument("--actors", type=_args.positive_integer, nargs="+", default=[1, 2, 4])
     learn.add_argument("--seeds", type=_args.seed, nargs="+", default=[0, 1, 2])
-    learn.add_argument("--output", type=Path, help="an empty or new folder, kept (default: a temporary one, removed)")
+    learn.add_argument("--output", type=_args.empty_folder, help="an empty or new folder, kept (default: a temporary one, removed)")
     learn.set_defaults(func=learning)
     across = sub.add_parser("bridge")
     across.add_argument("--actors", type=_args.positive_integer, nargs="+", default=[1, 2])
@@ -433,8 +440,6 @@ def main() -> int:
     across.add_argument("--nodes", nargs="+", default=["slurm-node1", "slurm-node2"], help="namespace nodes (tests/clusters/nodes.sh)")
     across.set_defaults(func=bridge)
     args = parser.parse_args()
-    if getattr(args, "output", None) is not None and args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
-        parser.error(f"argument --output: {str(args.output)!r} is not an empty folder (in one that holds an earlier run, nothing would be trained anew)")
     return args.func(args)
 
 

@@ -488,12 +488,7 @@ def main() -> None:
         return serve(args.serve, args.simulations, args.seed)
     from _venvs import Unavailable, venv_python
 
-    from hpcrl.config.experiment import ConfigError, load_experiment
-
-    try:  # hpcrl's side's config: a bad override is one line, before any folder or venv is made
-        load_experiment(CONFIGS[args.game], [f"sweep.seeds=[{args.seed}]", *args.set])
-    except ConfigError as exc:
-        parser.error(str(exc))
+    _args.experiment(parser, CONFIGS[args.game], [f"sweep.seeds=[{args.seed}]", *args.set])  # hpcrl's side's: before any folder or venv is made
     args.opponents = args.opponents or OPPONENTS[args.game]
     cpus = args.cpus or sorted(os.sched_getaffinity(0))
     if len(set(args.sides)) < len(args.sides):

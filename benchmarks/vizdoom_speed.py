@@ -147,11 +147,16 @@ RESULT = "RESULT "
 
 
 # ---------------------------------------------------------------------------- one measurement (child)
+def _overrides(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) -> list[str]:
+    """The overrides of every side's experiment: the config's -p, the device and the envs measured."""
+    gpus = [f"resources.gpus={int(args.device.partition(':')[2] or 0) + 1}"] if args.device.startswith("cuda") else []  # the GPUs a task asks for cover its device
+    return [f"train.device={args.device}", *gpus, f"env.num_envs={num_envs}", *args.overrides, *extra]
+
+
 def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) -> Any:
     from hpcrl.config.experiment import load_experiment
 
-    gpus = [f"resources.gpus={int(args.device.partition(':')[2] or 0) + 1}"] if args.device.startswith("cuda") else []  # the GPUs a task asks for cover its device
-    return load_experiment(Path(args.config), [f"train.device={args.device}", *gpus, f"env.num_envs={num_envs}", *args.overrides, *extra])
+    return load_experiment(Path(args.config), _overrides(args, num_envs, extra))
 
 
 PARTS: dict[str, dict[int, str]] = {"threads": {}, "processes": {}}
@@ -187,6 +192,9 @@ class StepWaits:
     def __init__(self, envs: Any) -> None:
         self.inner = envs.step
         envs.step = self
+        self.env_steps = 0
+        self.episodes = 0
+        """Every environment step and ended episode so far (the random-action side's counts)."""
         self.begin()
 
     def begin(self) -> None:
@@ -198,6 +206,8 @@ class StepWaits:
         start = time.perf_counter()
         outcome = self.inner(actions)
         wall, ended = time.perf_counter() - start, episodes_ended(outcome[2], outcome[3])
+        self.env_steps += len(outcome[2])
+        self.episodes += ended
         counts, seconds = self.counts, self.seconds  # (one pair: `begin` may swap them from another thread)
         counts[ended] = counts.get(ended, 0) + 1
         seconds[ended] = seconds.get(ended, 0.0) + wall
@@ -260,15 +270,12 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     waits = StepWaits(envs)
     try:
         envs.reset(seed=0)
-        count, ended = [0], [0]
 
         def step() -> None:
             for _ in range(16):
-                _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
-                count[0] += envs.num_envs
-                ended[0] += episodes_ended(terminated, truncated)
+                envs.step(envs.action_space.sample())
 
-        return {**_timed(step, lambda: count[0], lambda: ended[0], args.seconds, waits), "layout": layout(spec)}
+        return {**_timed(step, lambda: waits.env_steps, lambda: waits.episodes, args.seconds, waits), "layout": layout(spec)}
     finally:
         envs.close()
 
@@ -713,7 +720,8 @@ def sample_factory_child(args: argparse.Namespace, argv: list[str], num_envs: in
     # Its checkpoints and its temporary files, in a folder directly under /tmp: with a temporary directory of a
     # long path (76 characters: a pytest tmp_path) Sample Factory's runner waited for ever, its processes' Unix
     # sockets beyond the 108 bytes a socket's path may have; 60 characters worked.
-    train_dir = tempfile.mkdtemp(prefix="vzd-sf-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+    # Named for this benchmark's process: a folder left behind says whose it was.
+    train_dir = tempfile.mkdtemp(prefix=f"vzd-sf-{os.getpid()}-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
     try:
         settings = {**sf_settings(args, num_envs), "train_dir": train_dir}
         return run_child([*argv, "--sf-settings", json.dumps(settings)], "sample-factory", num_envs, timeout, str(python))
@@ -810,13 +818,8 @@ def main() -> None:
         result = measure(args, args.child, args.num_envs[0])
         print(RESULT + json.dumps(result), flush=True)
         return
-    from hpcrl.config.experiment import ConfigError
-
     for n in args.num_envs:  # the experiment every side reads: a bad key or value is one line, before anything is measured
-        try:
-            _experiment(args, n)
-        except ConfigError as exc:
-            parser.error(str(exc))
+        _args.experiment(parser, args.config, _overrides(args, n))
     if args.out is not None:  # made now: a path that cannot be one is refused before minutes of measuring, not after
         try:
             args.out.mkdir(parents=True, exist_ok=True)
