@@ -108,11 +108,22 @@ def experiment(parser: argparse.ArgumentParser, config: str | Path, overrides: l
 
 def empty_folder(text: str) -> Path:
     """A folder that is new or empty: in one that holds an earlier run, `hpcrl sweep` finds its runs done, trains
-    nothing, and the benchmark would print that run's figures as its own."""
+    nothing, and the benchmark would print that run's figures as its own. (Made by `make_folder`.)"""
+    if not text or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"expected a folder's path on one line, got {text!r}")
     path = Path(text)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise argparse.ArgumentTypeError(f"{text!r} is not an empty folder (in one that holds an earlier run, nothing would be trained anew)")
     return path
+
+
+def make_folder(parser: argparse.ArgumentParser, path: Path, option: str) -> None:
+    """Make the folder an option names, now: a path that cannot be one is argparse's one line, before minutes of
+    measuring rather than after."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"argument {option}: cannot make a directory there ({exc.strerror}): {str(path)!r}")
 
 
 def commit(repo: Path):

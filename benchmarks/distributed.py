@@ -378,7 +378,10 @@ def bridge(args: argparse.Namespace) -> int:
 def sweep(config: str, output: Path, overrides: list[str]) -> Path:
     cmd = [sys.executable, "-m", "hpcrl", "sweep", str(REPO / "configs" / config), "--scheduler", "local", "-p", f"output={output}", *sum((["-p", o] for o in overrides), [])]
     began = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+        raise SystemExit(f"distributed.py: hpcrl sweep of {config} failed: {lines[-1]}")
     name = config.removesuffix(".yaml")
     print(f"  {config} {' '.join(overrides)}: {time.monotonic() - began:.0f} s wall", flush=True)
     return output / name
@@ -402,7 +405,6 @@ def learning(args: argparse.Namespace) -> int:
     results: list[tuple[str, list[tuple[int, float, float]]]] = []
     with tempfile.TemporaryDirectory(prefix="hpcrl-distributed-") if args.output is None else contextlib.nullcontext(str(args.output)) as folder:
         output = Path(folder)
-        output.mkdir(parents=True, exist_ok=True)
         lock = open(output / ".lock", "w")  # noqa: SIM115  # held until this process ends: two runs started at once into one --output
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -440,6 +442,8 @@ def main() -> int:
     across.add_argument("--nodes", nargs="+", default=["slurm-node1", "slurm-node2"], help="namespace nodes (tests/clusters/nodes.sh)")
     across.set_defaults(func=bridge)
     args = parser.parse_args()
+    if getattr(args, "output", None) is not None:  # learning's
+        _args.make_folder(parser, args.output, "--output")
     return args.func(args)
 
 

@@ -820,11 +820,8 @@ def main() -> None:
         return
     for n in args.num_envs:  # the experiment every side reads: a bad key or value is one line, before anything is measured
         _args.experiment(parser, args.config, _overrides(args, n))
-    if args.out is not None:  # made now: a path that cannot be one is refused before minutes of measuring, not after
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            parser.error(f"argument --out: cannot make a directory there ({exc.strerror}): {str(args.out)!r}")
+    if args.out is not None:
+        _args.make_folder(parser, args.out, "--out")
     import torch
 
     argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]

@@ -339,6 +339,8 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("alphazero_jobs.py", ["--slack", "2", "--output", "{tmp}/az"], "distributed.ratio_slack: expected a number in [0, 1], got 2"),
         ("algos.py", ["--algos", "ppo", "sac"], "argument --algos: invalid choice: 'sac'"),
         ("distributed.py", ["learning", "--output", "{tmp}"], "is not an empty folder (in one that holds an earlier run, nothing would be trained anew)"),
+        ("distributed.py", ["learning", "--output", "{tmp}/a\nb"], "argument --output: expected a folder's path on one line, got"),
+        ("distributed.py", ["learning", "--output", "/dev/null/x"], "argument --output: cannot make a directory there (Not a directory): '/dev/null/x'"),
         ("alphazero.py", ["--set", "train.simulations=0"], "tictactoe_alphazero.yaml: train.simulations: expected"),
         ("vizdoom_speed.py", ["--out", "{tmp}/speed", "-p", "nokey=1"], "vizdoom_ppo.yaml: -p nokey: unknown key"),
         ("openspiel_alphazero.py", ["--path", "{tmp}/az", "--set", "nokey=1"], "connect4_alphazero.yaml: -p nokey: unknown key"),
