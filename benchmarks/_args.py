@@ -17,6 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpcrl.config.limits import MAX_RUNS, MAX_SEED  # noqa: E402  # hpcrl's own bounds; no dependency (other venvs parse these too)
 
 
+def shown(text: str) -> str:
+    """An argument as a refusal quotes it: as typed, or escaped where it would break the one line (a line break)."""
+    return text if text.isprintable() else repr(text)
+
+
 def integer(low: int, high: int | None = None, what: str = "an integer"):
     """An int >= `low` (and <= `high`, where given)."""
 
@@ -26,7 +31,7 @@ def integer(low: int, high: int | None = None, what: str = "an integer"):
         except ValueError:
             value = low - 1
         if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got {text}" if high is None else f"expected {what} in [{low}, {high}], got {text}")
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got {shown(text)}" if high is None else f"expected {what} in [{low}, {high}], got {shown(text)}")
         return value
 
     return check
@@ -48,7 +53,7 @@ def positive_number(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {shown(text)}")
     return value
 
 
@@ -59,7 +64,7 @@ def seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected finite seconds > 0, at most 3600, got {text}")
+        raise argparse.ArgumentTypeError(f"expected finite seconds > 0, at most 3600, got {shown(text)}")
     return value
 
 
@@ -79,7 +84,7 @@ def minutes(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected minutes, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected finite minutes >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected finite minutes >= 0, got {shown(text)}")
     return value
 
 
@@ -91,7 +96,7 @@ def cpu(text: str) -> int:
     except ValueError:
         value = -1
     if value not in allowed:
-        raise argparse.ArgumentTypeError(f"expected a core this process may use ({', '.join(map(str, allowed))}), got {text}")
+        raise argparse.ArgumentTypeError(f"expected a core this process may use ({', '.join(map(str, allowed))}), got {shown(text)}")
     return value
 
 

@@ -328,6 +328,7 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--sides", "hpcrl", "hpcrl"], "argument --sides: each side once (they would train into the same folder)"),
         ("collect_scale.py", ["--before", "no-such-commit"], "argument --before: 'no-such-commit' is no commit of"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--seed", "-1"], "argument --seed: expected a seed in [0, 4294967295], got -1"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--seed", "1\n2"], "argument --seed: expected a seed in [0, 4294967295], got '1\\n2'\n"),
         ("algos.py", ["--seeds", "0", "4294967296"], "argument --seeds: expected a seed in [0, 4294967295], got 4294967296"),
         ("collect_scale.py", ["--seeds", "0"], "argument --seeds: expected an integer >= 1, got 0"),
         ("collect_scale.py", ["--runs", "20", "1e9"], "argument --runs: expected a number of runs in [1, 100000], got 1e9"),
