@@ -673,7 +673,12 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     """One measurement in a child process of its own session (run by `python`), killed with its group past `timeout`."""
     from hpcrl.runtime.lifeline import dies_with_me
 
-    cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs)]
+    # Its temporary files (its envs' game folders: SB3's SubprocVecEnv workers keep theirs in TMPDIR) in a folder of its
+    # own, removed below however the measurement ended, or by the measurement itself if this process dies first. Directly
+    # under /tmp and named for this process: multiprocessing's sockets in a long TMPDIR pass the 108 bytes a socket's
+    # path may have (SB3's workers: "AF_UNIX path too long"; Sample Factory's runner waited for ever).
+    scratch = tempfile.mkdtemp(prefix=f"vzd-{side}-{os.getpid()}-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+    cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs), "--scratch", scratch]
     # A session of its own, killed as a group below; and told by the kernel when this process dies (kill -9), as
     # SIGTERM, on which it kills its group (`_end_measurement`).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=dies_with_me(signal.SIGTERM))
@@ -688,6 +693,7 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running (env workers)
         except ProcessLookupError:
             pass
+        shutil.rmtree(scratch, ignore_errors=True)
     for line in out.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])
@@ -696,7 +702,7 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
 
 
 MEASUREMENT_FOLDER: list[str] = []
-"""The folder a measurement (child) works in where it has one of its own: removed if the benchmark dies midway."""
+"""The folders a measurement (child) works in (its scratch folder, Sample Factory's): removed if the benchmark dies midway."""
 
 
 def _end_measurement(signum: int, frame: Any) -> None:
@@ -704,8 +710,8 @@ def _end_measurement(signum: int, frame: Any) -> None:
     workers die with it anyway (their lifeline), but the game engines under them would not: orphaned, they
     waited for their controller for ever. The measurement's own folder goes first (Sample Factory's: the parent,
     which would have removed it, is gone)."""
-    if MEASUREMENT_FOLDER:
-        shutil.rmtree(MEASUREMENT_FOLDER[0], ignore_errors=True)
+    for folder in MEASUREMENT_FOLDER:
+        shutil.rmtree(folder, ignore_errors=True)
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
@@ -811,8 +817,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="directory for speed.json and speed.csv (without it, the tables are only printed)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--sf-settings", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if args.scratch:  # the folder its parent made for its temporary files
+            os.environ["TMPDIR"] = tempfile.tempdir = args.scratch
+            MEASUREMENT_FOLDER.append(args.scratch)
         signal.signal(signal.SIGTERM, _end_measurement)
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         result = measure(args, args.child, args.num_envs[0])

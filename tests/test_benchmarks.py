@@ -91,8 +91,8 @@ def test_a_benchmark_runs_at_a_tiny_size(script: str, tmp_path: Path, request: p
     assert left == [], f"{script} left these in its temporary directory"
     assert "FAILED" not in proc.stdout, proc.stdout[-3000:]  # a side that failed is a row of the table, not an exit code
     assert "DIFFERENT" not in proc.stdout, proc.stdout[-3000:]  # results that should match a reference's did not
-    if script == "vizdoom_speed.py":  # its Sample Factory folders: under /tmp whatever TMPDIR says, named for its process
-        assert not list(Path("/tmp").glob(f"vzd-sf-{bench.pid}-*")), f"{script} left a Sample Factory folder in /tmp"
+    if script == "vizdoom_speed.py":  # its measurements' folders: under /tmp whatever TMPDIR says, named for its process
+        assert not list(Path("/tmp").glob(f"vzd-*-{bench.pid}-*")), f"{script} left a measurement's folder in /tmp"
         check_episodes_counted(json.loads((tmp_path / "speed" / "speed.json").read_text())["rows"])
 
 
@@ -433,7 +433,7 @@ def _sample_factory_venv_built() -> bool:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("side", ["random", "sample-factory"])
+@pytest.mark.parametrize("side", ["random", "sb3", "sample-factory"])
 def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: str, tmp_path: Path) -> None:
     """vizdoom_speed.py measures each side in a child of its own session: kill -9 of the benchmark must end the
     child, its env workers and the ViZDoom engines under them, which outlived their workers and waited for ever.
@@ -441,9 +441,11 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
     measurement: killed midway, the measurement removes it as it ends its session (its lifeline's SIGTERM)."""
     if importlib.util.find_spec("vizdoom") is None:
         pytest.skip("vizdoom_speed.py needs vizdoom, which is not installed here")
+    if side == "sb3" and importlib.util.find_spec("stable_baselines3") is None:
+        pytest.skip("SB3 is not installed here")
     if side == "sample-factory" and not _sample_factory_venv_built():
         pytest.skip("Sample Factory's venv is not built here (a run of vizdoom_speed.py builds it)")
-    (tmp_path / "tmp").mkdir()  # the killed measurement's temporary files (no cleanup survives kill -9) stay in the test's own
+    (tmp_path / "tmp").mkdir()  # the benchmark's temporary directory: the killed measurement must empty what it made there
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp"), "HPCRL_BENCH_BUILD": "0"}
     log = tmp_path / "bench.log"  # what the benchmark said, should it end before it was killed
     with open(log, "w") as out:
@@ -468,6 +470,9 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)
     assert not left, left
+    # SB3's SubprocVecEnv workers left their games' folders in TMPDIR: each measurement now has a scratch folder of its own.
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith(USER_CACHES)] == []
+    assert not list(Path("/tmp").glob(f"vzd-*-{bench.pid}-*")), "the killed measurement left its scratch folder"
     if side == "sample-factory":
         assert measuring, "no folder of its own while it measured"
         assert not any(folder.exists() for folder in measuring), "the killed measurement left its folder"
