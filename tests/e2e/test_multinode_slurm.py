@@ -232,16 +232,17 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_never_loses_to_perfect_play(nodes: None, tmp_path: Path) -> None:
+def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_at_most_draws_perfect_play_bar_a_rare_opening(nodes: None, tmp_path: Path) -> None:
     """The bundled decoupled tic-tac-toe config, seed 0: trainer and two self-play jobs on three nodes, 24,000
     positions instead of its 10,000 (a lost node costs the run one self-play job for the ~50 s until Slurm has it
     DOWN and the requeued job runs), and `distributed.ratio_slack: 0`: with the config's 0.5 the trainer's
     updates per game float with how the CPU is shared (under the whole suite's load that run lost 7 of 100 games
-    to perfect play). 0 losses in 100 games: with the config's earlier recipe (40 simulations, a quarter noise)
-    the run lost 1-2 in most whole-suite runs, as the second player in one opening, from its first evaluation
-    on (neither a window of all 24,000 positions nor 400 simulations at evaluation removed it); with the simple
-    mode's recipe, which the config now has, 0 in every evaluation of four runs with two CPU burners beside
-    them (2026-12-02)."""
+    to perfect play). At most 2 losses in 100 games against perfect play: the untrained network under the same
+    400-simulation search loses 27, 37 and 42 of 100 (seeds 0-2, 2026-12-03), so the bar shows the run learned.
+    It is not 0: with the simple mode's recipe this run lost none in four runs beside two CPU burners
+    (2026-12-02), and 1 (as the second player, in one opening) in a CI run of the whole suite (stop 53): on a
+    third of the single-host budget, whose 0 losses tests/rl/test_alphazero.py holds, a rare opening can stay
+    unlearnt, and the fault-tolerance this test is for must not fail on that."""
     import io
 
     from hpcrl.config.experiment import load_experiment
@@ -283,7 +284,7 @@ def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_neve
 
     assert int(rundir.done_step(rd) or 0) == total
     (perfect,) = [r for r in csv_rows(rd / "strength.csv") if r["opponent"] == "perfect"]
-    assert int(perfect["games"]) == 100 and int(perfect["losses"]) == 0, (perfect, runstats.read(rd))
+    assert int(perfect["games"]) == 100 and int(perfect["losses"]) <= 2, (perfect, runstats.read(rd))
     log = logs(exp_dir, "actors")
     print(f"\ndecoupled AlphaZero: trainer on {trainer[0]}, self-play on {players[1][0]} and {victim}; {victim} killed at {at} positions; "
           f"perfect play: {perfect}; {log.count('connected to learner')} connections; trainer stats {runstats.read(rd)}")
