@@ -74,7 +74,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl.config.experiment import DistributedConfig, load_experiment
+from hpcrl.config.distributed_spec import DistributedConfig
+from hpcrl.config.experiment import load_experiment
 from hpcrl.distributed import wire
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, RUNNING, Board, connect

@@ -5,6 +5,11 @@ key path (`cartpole.yaml: train.lr: expected a number, got 'fast'`), because a t
 after 500 jobs have queued costs a day. Each field declares its own rules (`hpcrl.config.schema.setting`);
 the `check()` methods hold only rules that join several fields; the sweep's rules (what may be
 swept, how many runs, duplicate points) are at the end of this file.
+
+The sections a config shares with other parts of hpcrl have modules of their own (`sweep_spec`,
+`resources_spec`, `container_spec`, `distributed_spec`, `program_spec`, `hparams` for `train:`);
+this one holds the `Experiment` that joins them, `env:`, `eval:`, `tracking:` and `results:`,
+and what reads a file into it: dotted keys and overrides, and the rules that need the whole config.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from hpcrl.config import strict_yaml, tasks
+from hpcrl.config.container_spec import ContainerConfig, CudaConfig, ImageConfig
+from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, OnPolicyConfig, TrainConfig
-from hpcrl.config.limits import MAX_RUNS, MAX_SEED
+from hpcrl.config.limits import MAX_ENVS, MAX_RUNS
 from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
+from hpcrl.config.resources_spec import Resources
 from hpcrl.config.schema import (
     ConfigError,
     Problems,
@@ -35,41 +43,22 @@ from hpcrl.config.schema import (
     did_you_mean,
     field_rules,
     hints,
-    integer_spelling_problem,
     key_path,
+    non_empty_problem,
     plain,
     public_fields,
     setting,
+    word_problem,
 )
+from hpcrl.config.sweep_spec import SweepConfig, WhenRule
 
 __all__ = ["ConfigError", "Experiment", "load_experiment", "experiment_from_dict", "apply_settings"]
 
 MAX_NAME = 200
 """Bytes of an experiment name: a directory name may have 255, and job names and job logs add
 suffixes such as `-aggregate`."""
-MAX_ENVS = 4096
-"""Environments of one run (env.num_envs, distributed.envs_per_actor): each is a simulator."""
 MAX_ROLLOUT = 1_000_000
 """Transitions of one on-policy rollout (train.num_steps x env.num_envs), held in memory at once."""
-
-
-def _env_name_problem(key: str) -> str | None:
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        return None
-    return "expected an environment variable name (letters, digits, underscore)"
-
-
-CONTAINER_RUNTIMES = ("singularity", "apptainer")
-
-
-def _runtime_problem(value: str) -> str | None:
-    if value in CONTAINER_RUNTIMES or (value.startswith("/") and not any(c.isspace() for c in value)):
-        return None
-    return f"expected one of {', '.join(map(repr, CONTAINER_RUNTIMES))} or an absolute path to one, got {value!r}"
-
-
-def _word_problem(text: str) -> str | None:
-    return None if text.strip() and not any(c.isspace() for c in text) else f"expected one word without spaces, got {text!r}"
 
 
 @dataclass
@@ -101,305 +90,6 @@ class EnvConfig:
     (so evaluation uses them)."""
     max_episode_steps: Optional[int] = setting(None, ge=1)
     """Truncate episodes after this many steps (gymnasium's TimeLimit); null: the env's own limit."""
-
-
-@dataclass
-class WhenRule:
-    """Settings for the grid points that match (RL Zoo keeps hyperparameters per algorithm and env):
-    `{match: {algo: a2c}, set: {train.lr: 7e-4}}`. Rules apply in order; a later one wins."""
-
-    match: dict[str, Verbatim] = setting(factory=dict)
-    """Swept key -> one of its grid values; every pair must hold. Empty: every point."""
-    set: dict[str, Verbatim] = setting(factory=dict)
-    """Dotted key -> value, for keys that are not swept themselves."""
-
-
-@dataclass
-class Distribution:
-    """Where one searched key's values come from (`sweep.search.space`): `{type: loguniform, low:
-    1.0e-4, high: 1.0e-2}`, `{type: int, low: 16, high: 256, log: true}`, `{type: choice, values:
-    [tanh, relu]}`. Both bounds are included; the values are typed by the key's own field."""
-
-    type: Literal["uniform", "loguniform", "int", "choice"]
-    """`uniform` and `loguniform` between low and high, `int` (integers between low and high), or `choice` among values."""
-    low: Optional[float] = None
-    """Smallest value (included); above 0 on a log scale."""
-    high: Optional[float] = None
-    """Largest value (included); above low."""
-    log: bool = False
-    """For `int`: sample on a log scale (loguniform is `uniform` with log: true)."""
-    values: list[Verbatim] = setting(factory=list)
-    """The options of a `choice`."""
-
-    def check(self) -> list[tuple[str, str]]:
-        if self.type == "choice":
-            if not self.values:
-                return [("values", "expected at least one option for a choice")]
-            if self.low is not None or self.high is not None:
-                return [("low" if self.low is not None else "high", "a choice takes values, not low and high")]
-            return []
-        if self.values:
-            return [("values", f"only a choice takes values; {self.type} takes low and high")]
-        for key in ("low", "high"):
-            if getattr(self, key) is None:
-                return [(key, f"required for {self.type}")]
-        assert self.low is not None and self.high is not None
-        if self.low >= self.high:
-            return [("low", f"must be below high ({_num_text(self.low)} >= {_num_text(self.high)})")]
-        if (self.type == "loguniform" or self.log) and self.low <= 0:
-            return [("low", f"a log scale needs low > 0, got {_num_text(self.low)}")]
-        if self.type == "int" and not (self.low.is_integer() and self.high.is_integer()):
-            return [("low" if not self.low.is_integer() else "high", "an int distribution needs integer bounds")]
-        return []
-
-
-def _num_text(value: float) -> str:
-    return f"{value:g}"
-
-
-@dataclass
-class SearchConfig:
-    """Search beyond the grid: random samples (`method: random`), or an Optuna study whose workers
-    are the train array's tasks (`method: optuna`, `pip install 'hpcrl[optuna]'`)."""
-
-    space: dict[str, Distribution] = setting(factory=dict)
-    """Dotted key -> distribution; each run samples every key. Keys may not also be in the grid."""
-    method: Literal["random", "optuna"] = "random"
-    """`random`: `samples` points; `optuna`: a study of `n_trials` trials run by the train array's tasks."""
-    samples: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
-    """random: how many points. Sample i is the same whatever the count, so a re-sweep with more
-    samples trains only the new ones."""
-    seed: int = setting(0, ge=0, le=MAX_SEED)
-    """Seed of the random points and of Optuna's sampler: the same seed, the same points."""
-    n_trials: Optional[int] = setting(None, ge=1, le=MAX_RUNS)
-    """optuna: trials of the study (complete, pruned and failed); a re-sweep with more adds trials."""
-    sampler: Literal["tpe", "random"] = "tpe"
-    """optuna: TPE, or random sampling."""
-    pruner: Literal["none", "median", "hyperband", "asha"] = "median"
-    """Stops trials whose intermediate metric is poor: median (MedianPruner), hyperband
-    (HyperbandPruner) or asha (SuccessiveHalvingPruner)."""
-    direction: Literal["maximize", "minimize"] = "maximize"
-    """optuna: whether a higher or a lower metric is better."""
-    metric: Literal["auto", "eval", "train"] = "auto"
-    """What a trial reports and is judged on: the evaluations during training (`eval`, needs
-    eval.every_steps), the training episodes' return (`train`), or `auto`: eval when it is set."""
-    startup_trials: int = setting(5, ge=0, le=MAX_RUNS)
-    """Trials that are sampled at random and never pruned before TPE and the pruner start judging."""
-    warmup_percent: int = setting(10, ge=0, le=99)
-    """Percent of its budget a trial trains before the pruner may stop it."""
-    storage: Optional[str] = setting(None, valid=_word_problem)
-    """An RDB URL (postgresql://...) for large studies; default: Optuna's journal file in the
-    experiment directory, which needs no server and works on NFS and Lustre homes."""
-
-    def check(self) -> list[tuple[str, str]]:
-        if not self.space:
-            return [("space", "expected at least one key to search")]
-        if self.method == "random":
-            if self.samples is None:
-                return [("samples", "required for method random (how many points)")]
-            if self.n_trials is not None:
-                return [("n_trials", "for method optuna; random search takes samples")]
-        else:
-            if self.n_trials is None:
-                return [("n_trials", "required for method optuna (how many trials)")]
-            if self.samples is not None:
-                return [("samples", "for method random; an Optuna study takes n_trials")]
-        return []
-
-
-def _seed_shorthand(value: Any) -> Any:
-    """`5` -> [0, 1, 2, 3, 4]; `"10..19"` -> [10, ..., 19]; a list (or anything else) as it is."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if problem := integer_spelling_problem(value):
-            raise ValueError(problem)
-        if not 1 <= value <= MAX_RUNS:
-            raise ValueError(f"a count of seeds is 1..{MAX_RUNS:,}, got {value}")
-        return list(range(value))
-    if isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", value)):
-        low, high = int(m.group(1)), int(m.group(2))
-        if low > high or high - low + 1 > MAX_RUNS or high > MAX_SEED:
-            raise ValueError(f"a range of seeds is LOW..HIGH with LOW <= HIGH <= {MAX_SEED} and at most {MAX_RUNS:,} seeds, got {value!r}")
-        return list(range(low, high + 1))
-    if isinstance(value, str):
-        raise ValueError(f"expected a list of seeds, a count (5) or a range ('10..19'), got {value!r}")
-    return value
-
-
-@dataclass
-class SweepConfig:
-    seeds: list[int] = setting(factory=lambda: [0], ge=0, le=MAX_SEED, min_items=1, shorthand=_seed_shorthand)
-    """Seeds of numpy and torch, each a run (0 .. 2**32-1): a list, a count (`5`: seeds 0..4) or an inclusive
-    range (`"10..19"`)."""
-    grid: dict[str, list[Verbatim]] = setting(factory=dict)
-    """Dotted key -> values; the runs are the product of all lists times the seeds. `algo` and
-    `env.id` may be swept: settings that only some points need go in `when`."""
-    when: list[WhenRule] = setting(factory=list)
-    """Rules that set keys for the grid points they match, in order (a later rule wins)."""
-    search: Optional[SearchConfig] = None
-    """Sampled keys beside the grid: random points, or an Optuna study."""
-
-    def check(self) -> list[tuple[str, str]]:
-        if len(set(self.seeds)) != len(self.seeds):
-            return [("seeds", "seeds repeat")]
-        return []
-
-
-_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B)?$", re.IGNORECASE)
-_BARE = re.compile(r"^\d+(?:\.\d+)?$")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
-
-
-def parse_mem_mb(text: str) -> int:
-    """'4G' -> 4096. Slurm's and SGE's own suffixes (K, M, G, T; `GB` and `GiB` read as G), so a
-    value reads the same in both templates. The unit is required: Slurm reads a bare `--mem=32` as
-    32 MB while most who write `mem: 32` mean 32 GB, and a job that gets 32 MB dies at its first
-    import; one rule that cannot surprise is to take no number without its unit."""
-    m = _MEM.match(text.strip())
-    if _BARE.match(number := text.strip()):
-        raise ValueError(f"{number} has no unit (Slurm would read {number} MB): write {number}G for gigabytes or {number}M for megabytes")
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"expected a memory size such as 4G or 500M, got {text!r}")
-    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[m.group(2).upper()]
-    return max(1, int(float(m.group(1)) * factor))
-
-
-def parse_time_s(text: str) -> int:
-    """'1-02:00:00' or '02:00:00' -> seconds."""
-    m = _TIME.match(text.strip())
-    if not m:
-        raise ValueError(f"expected a time limit as HH:MM:SS or D-HH:MM:SS, got {text!r}")
-    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
-    if minutes >= 60 or seconds >= 60:
-        raise ValueError(f"expected minutes and seconds below 60, got {text!r}")
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def format_time(seconds: int) -> str:
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def _mem_problem(text: str) -> str | None:
-    try:
-        parse_mem_mb(text)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def _time_problem(text: str) -> str | None:
-    try:
-        if parse_time_s(text) <= 0:
-            return "expected a positive time limit"
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-@dataclass
-class Resources:
-    """What each array task asks its scheduler for. Words and lines that reach `#SBATCH` / `#$`
-    directives are checked with `hpcrl.config.directives`, the rule the job templates apply again."""
-
-    gpus: int = setting(0, ge=0)
-    """GPUs per task (per node for a run of several ranks)."""
-    cpus: int = setting(1, ge=1)
-    """CPUs per task (per rank); also the job's OMP_NUM_THREADS for a user's program."""
-    mem: str = setting("4G", valid=_mem_problem)
-    """Memory per task (per node), with a unit: `4G`, `500M`, `1.5T`."""
-    time: str = setting("01:00:00", valid=_time_problem)
-    """Time limit of a train task, `HH:MM:SS` or `D-HH:MM:SS`; the warning signal comes signal_seconds before it."""
-    queue: Optional[str] = setting(None, directive="word")
-    """SGE queue (`-q`)."""
-    partition: Optional[str] = setting(None, directive="word")
-    """Slurm partition (`--partition`)."""
-    account: Optional[str] = setting(None, directive="word")
-    """Slurm account to charge (`--account`)."""
-    max_concurrent: Optional[int] = setting(None, ge=1)
-    """Cap on array tasks running at once (`%N` / `-tc N`); also the local pool size."""
-    extra: list[str] = setting(factory=list, directive="line")
-    """Raw directive lines appended as written, e.g. `--constraint=a100` or `-l h=node01`."""
-    signal_seconds: int = setting(120, ge=0)
-    """Seconds before the time limit at which the job is told to checkpoint and requeue."""
-    max_stalled_requeues: int = setting(3, ge=1, le=1000)
-    """Requeues in a row a run may ask for without progress (no new checkpoint, step or metric file in
-    its directory) before it is FAILED instead: a program that exits 99 whatever happens."""
-    sge_pe: str = setting("smp", directive="word")
-    """Grid Engine parallel environment that holds a task's CPUs (`-pe smp N`)."""
-    sge_gpu_resource: str = setting("gpu", directive="word")
-    """Grid Engine complex that counts GPUs; it should be consumable per JOB, not per slot."""
-    sge_mem_resource: Optional[str] = setting("mem_free", directive="word")
-    """Grid Engine memory request; h_vmem caps virtual memory, which CUDA processes exceed at once."""
-    eval_time: str = setting("00:30:00", valid=_time_problem)
-    """Time limit of an eval task, `HH:MM:SS` or `D-HH:MM:SS`."""
-    ranks: int = setting(1, ge=1, le=4096)
-    """Processes of one run (DD-PPO: each steps its own envs, gradients are all-reduced); one per
-    GPU when `gpus` > 0. `cpus` is per rank, `gpus` and `mem` per node."""
-    nodes: int = setting(1, ge=1, le=1024)
-    """Nodes one run spans; `ranks` must be a multiple of it (ranks per node = ranks / nodes)."""
-    collective_timeout: int = setting(300, ge=10, le=86400)
-    """Seconds a rank waits in a collective (the rendezvous, an all-reduce) before the run fails:
-    a rank that died never leaves the others hanging longer than this."""
-    max_gpus_per_node: int = setting(16, ge=0)
-    """The most GPUs a task may ask for: a larger request is a typo, refused at sweep time."""
-    max_cpus_per_node: int = setting(1024, ge=1)
-    """The most CPUs a task may ask for (cpus x ranks per node): a larger request is refused at sweep time."""
-
-    def check(self) -> list[tuple[str, str]]:
-        errors = []
-        if self.gpus > self.max_gpus_per_node:
-            errors.append(("gpus", f"expected 0..{self.max_gpus_per_node} GPUs per task, got {self.gpus}"))
-        if self.cpus > self.max_cpus_per_node:
-            errors.append(("cpus", f"expected 1..{self.max_cpus_per_node} CPUs per task, got {self.cpus}"))
-        if self.signal_seconds >= parse_time_s(self.time):
-            errors.append(("signal_seconds", f"must be shorter than the time limit {self.time}"))
-        if self.nodes > self.ranks:
-            errors.append(("nodes", f"at most one node per rank: {self.nodes} nodes for {self.ranks} rank{'s' if self.ranks > 1 else ''}"))
-        elif self.ranks % self.nodes:
-            errors.append(("ranks", f"expected a multiple of resources.nodes ({self.nodes}), so every node runs as many ranks, got {self.ranks}"))
-        elif self.gpus and self.ranks > 1 and self.gpus != self.ranks_per_node:
-            errors.append(("gpus", f"one rank per GPU: {self.ranks_per_node} ranks per node need gpus: {self.ranks_per_node}, got {self.gpus}"))
-        elif self.cpus * self.ranks_per_node > self.max_cpus_per_node:
-            errors.append(("cpus", f"{self.ranks_per_node} ranks per node x {self.cpus} cpus is more than {self.max_cpus_per_node} CPUs per node"))
-        return errors
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.ranks // self.nodes
-
-
-@dataclass
-class ContainerConfig:
-    image: Optional[str] = None
-    """Path to a .sif image; jobs run the host's Python when it is empty."""
-    runtime: str = setting("singularity", valid=_runtime_problem)
-    """`singularity`, `apptainer`, or the absolute path of either (a site's own install, off the PATH a job
-    gets). With `runs: program` a name is resolved on the sweep's PATH and the job gets the path."""
-    binds: list[str] = setting(factory=list)
-    """`src[:dst[:opts]]` mounts into the image; the experiment directory (and a program's working
-    directory, and cuda.lib_path) are added where no bind shows them at the same path."""
-    home: Optional[str] = None
-    """`--home`: the home directory inside the container (a cluster home may be slow or over quota)."""
-    nv: bool = True
-    """`--nv` (the host's NVIDIA driver in the image) for the stages that ask for GPUs (resources.gpus,
-    eval.gpus); a stage without one (the aggregate) runs without it."""
-    env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
-    """Variables set inside the container, exported by the job as `SINGULARITYENV_*` and `APPTAINERENV_*`."""
-    cleanenv: bool = False
-    """`--cleanenv`: start from an empty environment inside the container, but for what container.env sets."""
-    runs: Literal["hpcrl", "program"] = "hpcrl"
-    """What runs inside the image. `hpcrl`: each job runs `hpcrl` there (the image has hpcrl, as
-    `hpcrl build-image` makes it). `program` (algo: program only): hpcrl supervises from the host
-    and starts only the program's command in the image, which then needs no hpcrl. The default
-    stays `hpcrl` so that a config written before this key runs as it did."""
-
-
-@dataclass
-class CudaConfig:
-    lib_path: Optional[str] = None
-    """Prepended to LD_LIBRARY_PATH in the job when it is not already there; with an image, also bound
-    into it read-only at the same path (unless container.binds already show it there)."""
-    modules: list[str] = setting(factory=list)
-    """Environment modules the job loads (`module load`) before hpcrl runs; one that fails stops the job."""
 
 
 @dataclass
@@ -443,9 +133,9 @@ class TrackingConfig:
     wandb: bool = False
     """Weights & Biases in offline mode (jobs have no network); `wandb sync` the run directories'
     `wandb/` folders later from a login node."""
-    wandb_project: str = setting("hpcrl", valid=_word_problem)
+    wandb_project: str = setting("hpcrl", valid=word_problem)
     """W&B project of the offline runs."""
-    wandb_entity: Optional[str] = setting(None, valid=_word_problem)
+    wandb_entity: Optional[str] = setting(None, valid=word_problem)
     """W&B entity (user or team); null: W&B's default."""
 
 
@@ -472,217 +162,9 @@ class ResultsConfig:
     """Score each task as (score - random) / (reference - random) before aggregating across tasks."""
     scores: dict[str, ScoreReference] = setting(factory=dict)
     """Random and reference scores per env id; hpcrl ships them for the classic-control envs."""
-    task: Optional[str] = setting(None, valid=_word_problem)
+    task: Optional[str] = setting(None, valid=word_problem)
     """The task (env id) the runs are scored on when hpcrl cannot tell (algo: program): the key that
     `compare` joins experiments on."""
-
-
-def _python_problem(text: str) -> str | None:
-    if re.fullmatch(r"3\.\d+(\.\d+)?", text):
-        return None
-    return f"expected a Python version such as 3.11 (quote it: YAML reads 3.10 as 3.1), got {text!r}"
-
-
-def _miniforge_problem(text: str) -> str | None:
-    if re.fullmatch(r"\d+\.\d+\.\d+-\d+", text):
-        return None
-    return f"expected a Miniforge release such as 24.11.3-0 (its tag on github.com/conda-forge/miniforge), got {text!r}"
-
-
-def _conda_version_problem(text: str) -> str | None:
-    """A version conda pins a package to (`habitat-sim=VERSION`): refused here, not minutes into a build."""
-    if re.fullmatch(r"\d[0-9A-Za-z._+*]*", text):
-        return None
-    return f"expected a conda version such as 0.3.3 or 0.3.3.2026.03.12, got {text!r}"
-
-
-def _os_package_problem(name: str) -> str | None:
-    if re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?", name):
-        return None
-    return f"expected a Debian package name (optionally =version), got {name!r}"
-
-
-def _requirement_problem(req: str) -> str | None:
-    if req.strip() and not req.lstrip().startswith("-"):
-        return None
-    return f"expected one requirement such as numpy>=1.26 (no pip options), got {req!r}"
-
-
-def _non_empty(text: str) -> str | None:
-    return None if text.strip() else "expected a non-empty single line"
-
-
-def _label_problem(key: str) -> str | None:
-    return None if re.fullmatch(r"[^\s=#]+", key) else "expected a label name without spaces, '=' or '#'"
-
-
-@dataclass
-class ImageConfig:
-    """The Singularity image the jobs run in (`hpcrl build-image`). Its values end up in a
-    definition file, where a line break would start a section or a header: every string of the
-    schema is one line, and these fields say what else they accept."""
-
-    base: str = "docker://nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
-    """`docker://IMAGE:TAG` (pin `@sha256:...` for a reproducible base), `library://` or `oras://` URIs,
-    or the path of a local .sif (`Bootstrap: localimage`): a heavy base built rarely, with a thin layer on top."""
-    os_packages: list[str] = setting(factory=list, valid=_os_package_problem)
-    """Debian/Ubuntu packages, installed with apt: the base must be Debian or Ubuntu based."""
-    python: str = setting("3.11", valid=_python_problem)
-    """Python of the image's conda environment (Miniforge), whatever Python the base ships."""
-    miniforge: str = setting("24.11.3-0", valid=_miniforge_problem)
-    """The Miniforge release that installs conda in the image: pinned, so that the definition (and its content hash) names what the image holds."""
-    torch: str = setting("torch==2.5.1", valid=_requirement_problem)
-    """The torch requirement pip installs from torch_index (match the base's CUDA)."""
-    torch_index: Optional[str] = setting("https://download.pytorch.org/whl/cu124", valid=_non_empty)
-    """The index that holds the torch build for the base's CUDA (cu124 for CUDA 12.4); null for PyPI."""
-    pip: list[str] = setting(factory=list, valid=_requirement_problem)
-    """More requirements pip installs into the image's environment."""
-    extras: list[Literal["vizdoom", "habitat", "distributed", "video", "tensorboard"]] = setting(factory=list)
-    """hpcrl's extras installed with it, each with the OS packages and conda packages it needs (habitat: habitat-sim)."""
-    habitat_channel: str = setting("aihabitat-nightly", valid=_non_empty)
-    """Conda channel of habitat-sim: the stable `aihabitat` channel has Linux builds for Python 3.9 only,
-    older than hpcrl supports."""
-    habitat_version: Optional[str] = setting(None, valid=_conda_version_problem)
-    """Pin habitat-sim (conda version spec, e.g. `0.3.3`); the newest build in the channel otherwise."""
-    hpcrl_source: Optional[str] = setting(None, valid=_non_empty)
-    """Source checkout or wheel of hpcrl copied into the image through `%files`; by default the
-    checkout this hpcrl runs from."""
-    env: dict[str, str] = setting(factory=dict, keys=_env_name_problem)
-    """Variables of the image's `%environment`, set in every job that runs it."""
-    labels: dict[str, str] = setting(factory=dict, keys=_label_problem)
-    """`%labels` of the image (`apptainer inspect` shows them), beside hpcrl's own."""
-    output_dir: str = setting("images", valid=_non_empty)
-    """Directory of the built images: `<output_dir>/<name>-<content hash>.sif`, which `hpcrl sweep` uses
-    when container.image is not set."""
-    cachedir: Optional[str] = setting(None, valid=_non_empty)
-    """APPTAINER_CACHEDIR of the build (default `~/.apptainer/cache`, a quota trap); `$VARS` expand
-    where the build runs, so `--submit` can use the node's scratch."""
-    tmpdir: Optional[str] = setting(None, valid=_non_empty)
-    """APPTAINER_TMPDIR: holds the whole unpacked image, so local disk, not Lustre/NFS."""
-    template: str = setting("hpcrl.def.j2", valid=_non_empty)
-    """Template name, looked up in ./singularity/ first, then in hpcrl's bundled singularity/."""
-    build_time: str = setting("02:00:00", valid=_time_problem)
-    """Time limit of the `--submit` build job, `HH:MM:SS`."""
-    build_mem: str = setting("8G", valid=_mem_problem)
-    """Limits of the `--submit` build job: a build takes longer, and more memory, than many training tasks."""
-
-    _REMOTE = ("docker", "library", "oras", "shub")
-
-    def bootstrap(self) -> tuple[str, str]:
-        """(`Bootstrap:` agent, `From:` value) of the base; ValueError says what a base may be."""
-        scheme, sep, rest = self.base.partition("://")
-        if sep and scheme in self._REMOTE and rest.strip() and not any(c.isspace() for c in rest):
-            return scheme, rest
-        if not sep and self.base.endswith(".sif"):
-            return "localimage", self.base
-        raise ValueError(
-            "expected docker://IMAGE:TAG, library://..., oras://..., shub://... or the path of a local .sif, "
-            f"got {self.base!r}"
-        )
-
-    def check(self) -> list[tuple[str, str]]:
-        """The base is parsed by `bootstrap()`, which the image builder calls too."""
-        try:
-            self.bootstrap()
-        except ValueError as exc:
-            return [("base", str(exc))]
-        return []
-
-
-def _address_problem(text: str) -> str | None:
-    host, sep, port = text.rpartition(":")
-    if sep and host and port.isdigit() and 0 < int(port) < 65536:
-        return None
-    return f"expected host:port, got {text!r}"
-
-
-def _bind_problem(text: str) -> str | None:
-    if text.strip() and not any(c.isspace() for c in text):
-        return None
-    return f"expected an address or 'auto', got {text!r}"
-
-
-@dataclass
-class RedisConfig:
-    """Where the run's board and queue live."""
-
-    address: Optional[str] = setting(None, valid=_address_problem)
-    """`host:port` of an external Redis shared by the runs; empty: each learner job starts its own
-    redis-server (the Debian package; `hpcrl build-image` installs it with image.extras: [distributed])."""
-    password_env: str = setting("HPCRL_REDIS_PASSWORD", valid=_env_name_problem)
-    """Environment variable of the learner job that holds the external Redis's password (never the config file)."""
-    bind: str = setting("auto", valid=_bind_problem)
-    """Address the learner's own redis-server listens on; `auto`: the address the learner node's host name
-    resolves to (what actors on other nodes dial); `127.0.0.1` keeps it to one machine."""
-    executable: str = setting("redis-server", valid=_non_empty)
-    """The redis-server a learner job starts (a name on the job's PATH, or a path)."""
-
-
-@dataclass
-class DistributedConfig:
-    """Ape-X style: per run, one learner job and an array of actor jobs talking through Redis.
-
-    Only off-policy learning is correct when actors act with parameters a few versions old, so
-    this section requires `algo: dqn` (the learner keeps DQN's replay; train.* still applies) or
-    `algo: alphazero` (a trainer job and `actors` self-play jobs; hpcrl/distributed/selfplay.py).
-    """
-
-    actors: int = setting(2, ge=1, le=10_000)
-    """Actor jobs per run (AlphaZero: self-play jobs)."""
-    envs_per_actor: int = setting(4, ge=1, le=MAX_ENVS)
-    """Envs per actor; for AlphaZero, the games a self-play job plays in lockstep (one forward pass for all their leaves)."""
-    batch_transitions: int = setting(64, ge=1, le=1_000_000)
-    """Transitions per message an actor sends (rounded up to whole vector steps; AlphaZero: positions, rounded up to whole games)."""
-    batches_per_send: int = setting(8, ge=1, le=1024, learned=False)
-    """Batches an actor coalesces into one round trip at most (each stays its own message on the queue)."""
-    send_delay_s: float = setting(0.002, ge=0, le=60, learned=False)
-    """Longest a built batch waits for others before it is sent (0: each batch goes at once). Short on
-    purpose: an actor sends its waiting batches and reads the parameter version once per round trip, so
-    a batch held back longer was acted on with older parameters (20 ms: 205 stale drops in a CartPole
-    run of the bundled config, against 16 with one batch per round trip)."""
-    queue_bound: int = setting(8, ge=1, le=100_000)
-    """Batches the queue may hold; a full queue blocks the actors (backpressure) instead of dropping.
-    Small on purpose: a batch waits in a full queue for queue_bound x batch_transitions x updates per
-    transition / publish_every parameter versions, which must stay below max_lag."""
-    publish_every: int = setting(20, ge=1)
-    """Learner updates between parameter publications; each publication is a new parameter version."""
-    max_lag: int = setting(25, ge=0)
-    """Batches produced with parameters more than this many versions old are dropped (and counted)."""
-    ratio_slack: float = setting(0.0, ge=0, le=1)
-    """How far the learner's updates per unit of data (DQN: per transition; AlphaZero: per game) may
-    drift from the set ratio, as a fraction of the updates earned so far, so that neither side waits:
-    with no batch queued the learner trains ahead on its window, with the queue half full it takes
-    batches and owes the updates (hpcrl/distributed/pace.py). 0: the ratio is held exactly, and the
-    faster side waits for the slower one; `hpcrl status` shows the realised ratio."""
-    epsilon: float = setting(0.4, gt=0, le=1)
-    """Ape-X's base ε: each env slot explores with a power of it (epsilon_alpha)."""
-    epsilon_alpha: float = setting(7.0, ge=0)
-    """Env slot k of K acts with epsilon ** (1 + alpha * k / (K - 1)) (Ape-X's per-actor exploration)."""
-    prioritized: bool = False
-    """Prioritised replay on the learner (proportional, with importance weights)."""
-    priority_alpha: float = setting(0.6, ge=0)
-    """Prioritised replay's exponent: how much the TD error shapes sampling (0: uniform)."""
-    priority_beta: float = setting(0.4, ge=0, le=1)
-    """Initial importance-sampling exponent, annealed to 1 over total_steps."""
-    heartbeat_s: float = setting(1.0, gt=0, learned=False)
-    """Seconds between an actor's heartbeats (and the learner's reports to `hpcrl status`)."""
-    dead_after_s: float = setting(3.0, gt=0, learned=False)
-    """An actor whose heartbeat is older than this is reported dead (its key expires)."""
-    learner_timeout_s: float = setting(600.0, gt=0, learned=False)
-    """Actors wait this long for a learner (at start, or after it went away) before exiting with code 75."""
-    parallel_runs: Optional[int] = setting(None, ge=1, learned=False)
-    """Runs whose learner and actors run at once; later runs wait for the earlier learners. Default: all on
-    a cluster; on the local executor, as many as its task pool (resources.max_concurrent) holds."""
-    actor_cpus: int = setting(1, ge=1, learned=False)
-    """CPUs of each actor job."""
-    actor_mem: str = setting("2G", valid=_mem_problem, learned=False)
-    """Memory of each actor job, with a unit (`2G`)."""
-    redis: RedisConfig = setting(factory=RedisConfig, learned=False)
-
-    def check(self) -> list[tuple[str, str]]:
-        if self.dead_after_s <= self.heartbeat_s:
-            return [("dead_after_s", f"must be longer than heartbeat_s ({self.heartbeat_s:g})")]
-        return []
 
 
 def _name_problem(name: str) -> str | None:
@@ -720,9 +202,9 @@ class Experiment:
     """The eval stage and the evaluations during training."""
     image: Optional[ImageConfig] = setting(None, learned=False)
     """How `hpcrl build-image` builds the image of this config (and names it for container.image)."""
-    output: str = setting("logs", valid=_non_empty, learned=False)
+    output: str = setting("logs", valid=non_empty_problem, learned=False)
     """Root under which `<output>/<name>/` is created."""
-    python: Optional[str] = setting(None, valid=_non_empty, learned=False)
+    python: Optional[str] = setting(None, valid=non_empty_problem, learned=False)
     """Interpreter the job scripts run when no image is set; defaults to the one running `hpcrl sweep`."""
     distributed: Optional[DistributedConfig] = None
     """Decoupled learner and actor jobs (Ape-X style) instead of one train job per run."""

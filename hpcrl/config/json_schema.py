@@ -2,7 +2,7 @@
 checks a YAML file that names it).
 
 It is generated from the same typed fields and bounds that validation uses (`hpcrl.config.schema`'s
-`setting()` rules and the dataclasses of `hpcrl.config.experiment`), never written by hand, so the two cannot
+`setting()` rules and the sections' dataclasses in `hpcrl.config`), never written by hand, so the two cannot
 drift. The schema holds what is per key: keys, types, choices, bounds and list lengths, and each
 field's docstring as its description. Rules that join several keys (a rollout's size, `nodes`
 dividing `ranks`, a grid point that breaks another key) stay with `hpcrl sweep`, which checks them
@@ -20,10 +20,11 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from hpcrl.config.experiment import Experiment, SweepConfig
+from hpcrl.config.experiment import Experiment
 from hpcrl.config.hparams import ALGORITHMS
 from hpcrl.config.limits import MAX_RUNS
 from hpcrl.config.schema import _NUMBER, Rules, Verbatim, field_rules, hints, public_fields
+from hpcrl.config.sweep_spec import SweepConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _SEED_RANGE = r"^\s*\d+\s*\.\.\s*\d+\s*$"

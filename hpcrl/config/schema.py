@@ -415,6 +415,23 @@ def one_line_problem(value: Any) -> str | None:
     return None
 
 
+def env_name_problem(key: str) -> str | None:
+    """A name a shell and a container runtime take as a variable name."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        return None
+    return "expected an environment variable name (letters, digits, underscore)"
+
+
+def word_problem(text: str) -> str | None:
+    """One word: a project, an entity, a storage URL."""
+    return None if text.strip() and not any(c.isspace() for c in text) else f"expected one word without spaces, got {text!r}"
+
+
+def non_empty_problem(text: str) -> str | None:
+    """Something, not blanks: a path, a command, a channel."""
+    return None if text.strip() else "expected a non-empty single line"
+
+
 def _check_rules(rules: Rules, value: Any, path: str) -> None:
     """The field's declared rules, then the one-line rule, on a scalar, each list item, or each
     key and string value of a mapping (env.kwargs included: no config string holds a line break)."""

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcrl.config.experiment import DistributedConfig
+from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.config.hparams import DQNConfig
 from hpcrl.distributed import wire
 from hpcrl.rl.algorithms import algorithm_class

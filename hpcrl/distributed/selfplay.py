@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcrl.config.experiment import DistributedConfig
+from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import wire
 from hpcrl.distributed.apex import episode_schema, param_arrays

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from hpcrl.config.experiment import ConfigError, Experiment, ImageConfig, load_experiment
+from hpcrl.config.container_spec import ImageConfig
+from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
 from hpcrl.image import build as image
 from hpcrl.io import atomic_write_text
 from hpcrl.schedulers import backend_class, get_scheduler

@@ -16,7 +16,7 @@ import math
 import random
 from typing import Any
 
-from hpcrl.config.experiment import Distribution, SearchConfig
+from hpcrl.config.sweep_spec import Distribution, SearchConfig
 
 
 def _rounded(value: float, low: float, high: float) -> float:

@@ -30,8 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from hpcrl.config.experiment import ConfigError, Distribution, Experiment, apply_settings, learned_settings
+from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, learned_settings
 from hpcrl.config.schema import plain
+from hpcrl.config.sweep_spec import Distribution
 from hpcrl.io import atomic_write_text
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Run

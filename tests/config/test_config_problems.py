@@ -15,7 +15,8 @@ import pytest
 from factories import write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import ConfigError, load_experiment, parse_mem_mb
+from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.resources_spec import parse_mem_mb
 from hpcrl.config.schema import MAX_PROBLEMS
 
 

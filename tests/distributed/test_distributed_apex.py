@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from hpcrl.config.experiment import DistributedConfig
+from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.distributed.apex import NStepBuffer, Replay, actor_epsilons
 
 

@@ -24,7 +24,8 @@ from factories import HEAD_ADDRESS, deep_update
 from test_config_hostile import assert_refused, sweep
 from test_conformance import BACKENDS, Backend, active_tasks, csv_rows, status_text, wait_until
 
-from hpcrl.config.experiment import DistributedConfig, EnvConfig, load_experiment
+from hpcrl.config.distributed_spec import DistributedConfig
+from hpcrl.config.experiment import EnvConfig, load_experiment
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.pace import Pace

@@ -352,7 +352,7 @@ def test_dqn_target_rule_on_a_crafted_q_network(double: bool) -> None:
 
 @pytest.mark.parametrize("double", [False, True])
 def test_apex_learner_target_rule_on_a_crafted_q_network(double: bool) -> None:
-    from hpcrl.config.experiment import DistributedConfig
+    from hpcrl.config.distributed_spec import DistributedConfig
     from hpcrl.config.hparams import DQNConfig
     from hpcrl.distributed.apex import ApexLearner
 
@@ -367,7 +367,7 @@ def test_apex_learner_target_rule_on_a_crafted_q_network(double: bool) -> None:
 
 
 def test_apex_learner_stops_at_a_non_finite_loss() -> None:
-    from hpcrl.config.experiment import DistributedConfig
+    from hpcrl.config.distributed_spec import DistributedConfig
     from hpcrl.config.hparams import DQNConfig
     from hpcrl.distributed.apex import ApexLearner
 
