@@ -4,6 +4,7 @@ how `hpcrl build-image` builds the image. Their strings end up in job scripts an
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -54,29 +55,20 @@ class CudaConfig:
     """Environment modules the job loads (`module load`) before hpcrl runs; one that fails stops the job."""
 
 
-def _python_problem(text: str) -> str | None:
-    if re.fullmatch(r"3\.\d+(\.\d+)?", text):
-        return None
-    return f"expected a Python version such as 3.11 (quote it: YAML reads 3.10 as 3.1), got {text!r}"
+def _matching(pattern: str, expected: str) -> Callable[[str], str | None]:
+    """The rule of a string that must match `pattern` whole: None, or `expected ..., got '...'`."""
+
+    def problem(text: str) -> str | None:
+        return None if re.fullmatch(pattern, text) else f"expected {expected}, got {text!r}"
+
+    return problem
 
 
-def _miniforge_problem(text: str) -> str | None:
-    if re.fullmatch(r"\d+\.\d+\.\d+-\d+", text):
-        return None
-    return f"expected a Miniforge release such as 24.11.3-0 (its tag on github.com/conda-forge/miniforge), got {text!r}"
-
-
-def _conda_version_problem(text: str) -> str | None:
-    """A version conda pins a package to (`habitat-sim=VERSION`): refused here, not minutes into a build."""
-    if re.fullmatch(r"\d[0-9A-Za-z._+*]*", text):
-        return None
-    return f"expected a conda version such as 0.3.3 or 0.3.3.2026.03.12, got {text!r}"
-
-
-def _os_package_problem(name: str) -> str | None:
-    if re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?", name):
-        return None
-    return f"expected a Debian package name (optionally =version), got {name!r}"
+_python_problem = _matching(r"3\.\d+(\.\d+)?", "a Python version such as 3.11 (quote it: YAML reads 3.10 as 3.1)")
+_miniforge_problem = _matching(r"\d+\.\d+\.\d+-\d+", "a Miniforge release such as 24.11.3-0 (its tag on github.com/conda-forge/miniforge)")
+_conda_version_problem = _matching(r"\d[0-9A-Za-z._+*]*", "a conda version such as 0.3.3 or 0.3.3.2026.03.12")
+"""A version conda pins a package to (`habitat-sim=VERSION`): refused here, not minutes into a build."""
+_os_package_problem = _matching(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9]+)?(=[A-Za-z0-9.+~:-]+)?", "a Debian package name (optionally =version)")
 
 
 def _requirement_problem(req: str) -> str | None:
