@@ -545,10 +545,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
 
     s = settings
     per_worker = s["num_envs"] // s["workers"]
-    train_dir = s["train_dir"]
-    MEASUREMENT_FOLDER.append(train_dir)
-    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `sample_factory_child` removes the folder, however this ended
-    os.environ["TMPDIR"] = tempfile.tempdir = train_dir  # a short path: see `sample_factory_child`
+    train_dir = args.scratch  # its checkpoints too, in the measurement's scratch folder (its TMPDIR: a short path, see `run_child`)
+    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `run_child` removes the folder, however this ended
     learn = args.learn or 10**9
     argv = [
         "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", "--device=cpu", f"--seed={s['seed']}",
@@ -673,11 +671,12 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     """One measurement in a child process of its own session (run by `python`), killed with its group past `timeout`."""
     from hpcrl.runtime.lifeline import dies_with_me
 
-    # Its temporary files (its envs' game folders: SB3's SubprocVecEnv workers keep theirs in TMPDIR) in a folder of its
-    # own, removed below however the measurement ended, or by the measurement itself if this process dies first. Directly
-    # under /tmp and named for this process: multiprocessing's sockets in a long TMPDIR pass the 108 bytes a socket's
-    # path may have (SB3's workers: "AF_UNIX path too long"; Sample Factory's runner waited for ever).
-    scratch = tempfile.mkdtemp(prefix=f"vzd-{side}-{os.getpid()}-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+    # Its temporary files (its envs' game folders: SB3's SubprocVecEnv workers keep theirs in TMPDIR; Sample Factory's
+    # checkpoints) in a folder of its own, removed below however the measurement ended, or by the measurement itself if
+    # this process dies first. Directly under /tmp and named for this process: multiprocessing's sockets in a long
+    # TMPDIR pass the 108 bytes a socket's path may have (SB3's workers: "AF_UNIX path too long"; Sample Factory's
+    # runner waited for ever with a 76-character pytest tmp_path; 60 characters worked).
+    scratch = tempfile.mkdtemp(prefix=scratch_prefix(side, os.getpid()), dir="/tmp" if os.access("/tmp", os.W_OK) else None)
     cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs), "--scratch", scratch]
     # A session of its own, killed as a group below; and told by the kernel when this process dies (kill -9), as
     # SIGTERM, on which it kills its group (`_end_measurement`).
@@ -701,8 +700,14 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     return {"error": (lines[-1] if lines else f"exit {proc.returncode}, no output")[:300]}
 
 
+def scratch_prefix(side: str, benchmark_pid: int) -> str:
+    """The name a measurement's scratch folder starts with: the side and the benchmark's process, so a folder left
+    behind says whose it was, and a measurement knows the folder its parent made (`--scratch`) from any other."""
+    return f"vzd-{side}-{benchmark_pid}-"
+
+
 MEASUREMENT_FOLDER: list[str] = []
-"""The folders a measurement (child) works in (its scratch folder, Sample Factory's): removed if the benchmark dies midway."""
+"""The scratch folder a measurement (child) works in: removed by the measurement if the benchmark dies midway."""
 
 
 def _end_measurement(signum: int, frame: Any) -> None:
@@ -723,16 +728,7 @@ def sample_factory_child(args: argparse.Namespace, argv: list[str], num_envs: in
         python = venv_python("sample-factory", SF_REQUIREMENTS)
     except Unavailable as exc:
         return {"error": f"SKIPPED: {exc}"}
-    # Its checkpoints and its temporary files, in a folder directly under /tmp: with a temporary directory of a
-    # long path (76 characters: a pytest tmp_path) Sample Factory's runner waited for ever, its processes' Unix
-    # sockets beyond the 108 bytes a socket's path may have; 60 characters worked.
-    # Named for this benchmark's process: a folder left behind says whose it was.
-    train_dir = tempfile.mkdtemp(prefix=f"vzd-sf-{os.getpid()}-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
-    try:
-        settings = {**sf_settings(args, num_envs), "train_dir": train_dir}
-        return run_child([*argv, "--sf-settings", json.dumps(settings)], "sample-factory", num_envs, timeout, str(python))
-    finally:
-        shutil.rmtree(train_dir, ignore_errors=True)
+    return run_child([*argv, "--sf-settings", json.dumps(sf_settings(args, num_envs))], "sample-factory", num_envs, timeout, str(python))
 
 
 def _failed(error: str) -> str:
@@ -820,9 +816,12 @@ def main() -> None:
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.scratch:  # the folder its parent made for its temporary files
-            os.environ["TMPDIR"] = tempfile.tempdir = args.scratch
-            MEASUREMENT_FOLDER.append(args.scratch)
+        # The folder its parent made for its temporary files, removed with the measurement: nothing else.
+        scratch = Path(args.scratch or "")
+        if not (scratch.name.startswith(scratch_prefix(args.child, os.getppid())) and scratch.is_dir() and not scratch.is_symlink()):
+            parser.error(f"argument --scratch: not a folder this measurement's benchmark made: {_args.shown(args.scratch or '')}")
+        os.environ["TMPDIR"] = tempfile.tempdir = args.scratch
+        MEASUREMENT_FOLDER.append(args.scratch)
         signal.signal(signal.SIGTERM, _end_measurement)
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         result = measure(args, args.child, args.num_envs[0])

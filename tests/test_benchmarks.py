@@ -329,6 +329,7 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("collect_scale.py", ["--before", "no-such-commit"], "argument --before: 'no-such-commit' is no commit of"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--seed", "-1"], "argument --seed: expected a seed in [0, 4294967295], got -1"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--seed", "1\n2"], "argument --seed: expected a seed in [0, 4294967295], got '1\\n2'\n"),
+        ("vizdoom_speed.py", ["--child", "random", "--scratch", "/"], "argument --scratch: not a folder this measurement's benchmark made: /\n"),
         ("algos.py", ["--seeds", "0", "4294967296"], "argument --seeds: expected a seed in [0, 4294967295], got 4294967296"),
         ("collect_scale.py", ["--seeds", "0"], "argument --seeds: expected an integer >= 1, got 0"),
         ("collect_scale.py", ["--runs", "20", "1e9"], "argument --runs: expected a number of runs in [1, 100000], got 1e9"),
@@ -457,7 +458,7 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
             assert bench.poll() is None and time.monotonic() < deadline, f"the measurement never started its games (exit {bench.poll()}):\n{log.read_text()[-2000:]}"
             child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if f"--child {side}" in line), None)
             time.sleep(0.2)
-        measuring = list(Path("/tmp").glob(f"vzd-sf-{bench.pid}-*"))  # this benchmark's Sample Factory folder (another test's may be beside it)
+        measuring = list(Path("/tmp").glob(f"vzd-{side}-{bench.pid}-*"))  # this measurement's folder (another test's may be beside it)
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 15
