@@ -44,11 +44,11 @@ from hpcrl.config.schema import (
     field_rules,
     hints,
     key_path,
+    no_spaces_problem,
     non_empty_problem,
     plain,
     public_fields,
     setting,
-    word_problem,
 )
 from hpcrl.config.sweep_spec import SweepConfig, WhenRule
 
@@ -133,9 +133,9 @@ class TrackingConfig:
     wandb: bool = False
     """Weights & Biases in offline mode (jobs have no network); `wandb sync` the run directories'
     `wandb/` folders later from a login node."""
-    wandb_project: str = setting("hpcrl", valid=word_problem)
+    wandb_project: str = setting("hpcrl", valid=no_spaces_problem)
     """W&B project of the offline runs."""
-    wandb_entity: Optional[str] = setting(None, valid=word_problem)
+    wandb_entity: Optional[str] = setting(None, valid=no_spaces_problem)
     """W&B entity (user or team); null: W&B's default."""
 
 
@@ -162,7 +162,7 @@ class ResultsConfig:
     """Score each task as (score - random) / (reference - random) before aggregating across tasks."""
     scores: dict[str, ScoreReference] = setting(factory=dict)
     """Random and reference scores per env id; hpcrl ships them for the classic-control envs."""
-    task: Optional[str] = setting(None, valid=word_problem)
+    task: Optional[str] = setting(None, valid=no_spaces_problem)
     """The task (env id) the runs are scored on when hpcrl cannot tell (algo: program): the key that
     `compare` joins experiments on."""
 

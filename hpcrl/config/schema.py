@@ -422,8 +422,9 @@ def env_name_problem(key: str) -> str | None:
     return "expected an environment variable name (letters, digits, underscore)"
 
 
-def word_problem(text: str) -> str | None:
-    """One word: a project, an entity, a storage URL."""
+def no_spaces_problem(text: str) -> str | None:
+    """One word without spaces (a W&B project or entity, a storage URL); not `directives.word_problem`, which a
+    scheduler directive's token obeys (no quotes, backslashes or `#` either)."""
     return None if text.strip() and not any(c.isspace() for c in text) else f"expected one word without spaces, got {text!r}"
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from hpcrl.config.limits import MAX_RUNS, MAX_SEED
-from hpcrl.config.schema import Verbatim, integer_spelling_problem, setting, word_problem
+from hpcrl.config.schema import Verbatim, integer_spelling_problem, no_spaces_problem, setting
 
 
 @dataclass
@@ -98,7 +98,7 @@ class SearchConfig:
     """Trials that are sampled at random and never pruned before TPE and the pruner start judging."""
     warmup_percent: int = setting(10, ge=0, le=99)
     """Percent of its budget a trial trains before the pruner may stop it."""
-    storage: Optional[str] = setting(None, valid=word_problem)
+    storage: Optional[str] = setting(None, valid=no_spaces_problem)
     """An RDB URL (postgresql://...) for large studies; default: Optuna's journal file in the
     experiment directory, which needs no server and works on NFS and Lustre homes."""
 
