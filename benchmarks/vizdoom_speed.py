@@ -22,9 +22,9 @@ default, `-p key=value` overrides as hpcrl's):
   the value), coefficients, gradient clipping and reward scale, on the same device and thread count;
   SB3 has no mixed precision, so it runs in float32;
 - `sample-factory`: Sample Factory 2.1.1's APPO (rollout workers, an inference worker and a learner,
-  each a process of its own; sampling goes on while the learner learns), in a venv of its own built on
-  first use (benchmarks/_venvs.py: sample-factory 2.1.1, gymnasium 0.29.1, vizdoom 1.3.2, torch 2.13.0
-  CPU); where it cannot be built, the side is SKIPPED with pip's reason. Its own Doom env
+  each a process of its own; sampling goes on while the learner learns; benchmarks/_sample_factory.py), in a
+  venv of its own built on first use (benchmarks/_venvs.py: sample-factory 2.1.1, gymnasium 0.29.1, vizdoom
+  1.3.2, torch 2.13.0 CPU); where it cannot be built, the side is SKIPPED with pip's reason. Its own Doom env
   (sf_examples' VizdoomEnv) on the scenario file hpcrl's `env.id` names, from ViZDoom's package
   (basic.cfg: not sf_examples' own basic.cfg, which renders a HUD and has 4 game variables), the same
   frame skip and game resolution, the frame turned grey and averaged to the same size (Sample
@@ -82,42 +82,8 @@ its own session with a hard limit (`--timeout`, default 3 x seconds + 180 s for 
 that fails or hangs prints its error, its process group is killed, and the others go on. The table
 goes to stdout, and with `--out DIR` `speed.json` and `speed.csv` to DIR.
 
-Figures (2026-11-26): docs/reference/benchmarks.md. On one H200 with 16 cores (`--device cuda --num-envs 8 32
---seconds 15`): 8 envs: random 6,031, sync 1,583, async 2,172, SB3 1,708; 32 envs: random 10,447,
-sync 5,091, async 6,311, SB3 4,548. The rollout alone (the update replaced by nothing) ran at 2,679
-with 8 envs, so what is left is the rollout's per-step inference round trip, not the update.
-EnvPool 1.2.5 (`pip install envpool`; its Basic-v1 renders the scenario's 320x240 RGB and resizes,
-3 channels) stepped 8 envs at 0.5-0.7x the rate of hpcrl's 8 worker processes on the 2-core VM
-(1,085-1,314 against 1,850 in the same minute, quiet; 1,122 against 1,869 under load), so it is
-no backend of hpcrl; the `envpool-random` side measures it where it is installed.
-
-Figures (2026-12-03, a 2-core Xeon with AMX, quiet; `--num-envs 8 --sides random hpcrl-async sb3 sample-factory
---seconds 20`, twice, with the update yielding the cores to the rollout): random 3,937 / 3,984, hpcrl async 1,919 /
-2,001 (0.49x / 0.50x random; 0.79 / 0.85 ms of CPU a step), SB3 1,331 / 1,358, Sample Factory 1,663 / 1,655 (1.13):
-hpcrl 1.15x / 1.21x Sample Factory (docs/reference/benchmarks.md).
-The same command later that day: random 3,645 (47.4 steps an episode), hpcrl async 1,832 (12.1; 0.50x random,
-1.20x Sample Factory), SB3 1,191 (25.9), Sample Factory 1,523 (48.9: not yet learning). hpcrl with learning switched
-off (`-p train.lr=1e-9`, 46.6 steps an episode), alternated with the defaults: 2,061 / 2,041 against 1,829 / 1,741
-(0.55x / 0.56x of the random rate beside it against 0.48x / 0.48x).
-
-Figures (2026-12-02, the 2-core VM quiet; `--num-envs 8 --sides random hpcrl-async sb3 sample-factory
---seconds 20`): random 3,307 (0.48 ms/step), hpcrl async 1,405 (0.48 / 1.14), SB3 1,151 (1.05 / 1.56),
-Sample Factory 1,768 (1.08): on a quiet machine Sample Factory is the faster sampler, at about hpcrl's CPU
-per step, by keeping both cores busy. `--learn 49152`, seed 0: hpcrl 75.0, SB3 75.8, Sample Factory 2.1.
-
-Figures (2026-12-02, later; after the env workers' downsampling was made 11x cheaper, hpcrl.rl.vizdoom_env.block_mean;
-the same command, three runs): hpcrl async against Sample Factory 1,580 / 1,475 (1.07x), 1,199 / 1,276 (0.94x),
-1,175 / 1,239 (0.95x). The part table of the last: hpcrl update 0.35 + rollout thread 0.27 + env workers 0.42 +
-engines 0.33 = 1.37 ms a step; Sample Factory inference 0.50 + learner 0.37 + env workers 0.42 + engines 0.25 =
-1.56. hpcrl needs less CPU a step and keeps 1.6 of 2 cores busy to Sample Factory's 1.9 (docs/reference/benchmarks.md).
-
-Figures (2026-11-27, issue 39; the 2-core VM shared with other sessions, load average 8-16 throughout,
-so SPS are indicative and the CPU column is the figure to compare): 8 envs, 20 s windows, `-p
-train.torch_threads=1` (SB3 at 2 threads spins in OpenMP barriers on a loaded machine: 59 SPS, 7.3 ms
-of CPU a step): random 1,574 (0.90 ms/step), hpcrl async 638 (0.72 / 1.72), SB3 352 (0.88 / 1.85),
-Sample Factory 333 (1.84); over 60 s windows hpcrl async 786 and Sample Factory 789 (1.80 and 1.74
-ms/step): Sample Factory starts slower and then keeps pace. At equal steps (`--learn 49152`, seed 0):
-final return hpcrl 74.0, SB3 41.4, Sample Factory 62.5.
+Figures, each with its machine, date and command: docs/reference/benchmarks.md (on one H200, 2-core VMs
+quiet and loaded, a 2-core Xeon with AMX and a 2-core AMD EPYC; EnvPool's random-action rate beside hpcrl's workers).
 """
 
 from __future__ import annotations
@@ -137,6 +103,7 @@ from pathlib import Path
 from typing import Any
 
 import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
+from _window import PARTS, StepWaits, cpu_seconds, episodes_ended, mean_return, timed, window
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -157,100 +124,6 @@ def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) 
     from hpcrl.config.experiment import load_experiment
 
     return load_experiment(Path(args.config), _overrides(args, num_envs, extra))
-
-
-PARTS: dict[str, dict[int, str]] = {"threads": {}, "processes": {}}
-"""The parts of the measured side that `cpu_seconds` tells apart (_cpu.cpu_by_part's `threads` and
-`processes`), named by the side's measurement once they exist."""
-
-
-def cpu_seconds() -> tuple[float, float, dict[str, float]]:
-    """CPU seconds used so far by (this process, it and every process under it: env workers, their game
-    engines, Sample Factory's workers, those by part). Unlike steps per second, CPU time per step hardly
-    depends on what else the machine runs: the figure to compare on a loaded machine (a quiet one's rate is
-    at most cores / CPU time per step)."""
-    from _cpu import cpu_by_part
-
-    parts = cpu_by_part(os.getpid(), PARTS["threads"], PARTS["processes"])
-    own = sum(v for k, v in parts.items() if k == "main" or k in PARTS["threads"].values())
-    return own, sum(parts.values()), parts
-
-
-def episodes_ended(terminated: Any, truncated: Any) -> int:
-    """The episodes that ended in one vector step: each env whose episode terminated or was cut, every one of
-    them where several end in the same step."""
-    return int((terminated | truncated).sum())
-
-
-class StepWaits:
-    """Each vector step's wall time, by how many of its envs ended an episode in it: where a learner that ends
-    episodes sooner waits. ViZDoom starts an episode in ~1.7 ms of wall time, and a batched rollout waits for the
-    worker whose game restarts (2026-12-03, 8 envs on 2 cores: 2.9 ms a step in which none ended, 4.5 with one).
-    It wraps `envs.step` of hpcrl's vector env (the random-action and hpcrl sides; a rollout that pipelines
-    worker groups on a GPU steps them otherwise, and nothing is recorded)."""
-
-    def __init__(self, envs: Any) -> None:
-        self.inner = envs.step
-        envs.step = self
-        self.env_steps = 0
-        self.episodes = 0
-        """Every environment step and ended episode so far (the random-action side's counts)."""
-        self.begin()
-
-    def begin(self) -> None:
-        """Forget what was recorded: the measured window starts."""
-        self.counts: dict[int, int] = {}
-        self.seconds: dict[int, float] = {}
-
-    def __call__(self, actions: Any) -> Any:
-        start = time.perf_counter()
-        outcome = self.inner(actions)
-        wall, ended = time.perf_counter() - start, episodes_ended(outcome[2], outcome[3])
-        self.env_steps += len(outcome[2])
-        self.episodes += ended
-        counts, seconds = self.counts, self.seconds  # (one pair: `begin` may swap them from another thread)
-        counts[ended] = counts.get(ended, 0) + 1
-        seconds[ended] = seconds.get(ended, 0.0) + wall
-        return outcome
-
-    def fields(self) -> dict[str, Any]:
-        """`step_waits`: {episodes ended in a step: [steps, mean wall ms]}, as a row's field (none recorded: none)."""
-        counts, seconds = self.counts, self.seconds
-        return {"step_waits": {str(k): [counts[k], 1000 * seconds[k] / counts[k]] for k in sorted(counts)}} if counts else {}
-
-
-def window(steps: int, seconds: float, episodes: int, cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]]) -> dict[str, Any]:
-    """A measured window as a row's fields: SPS, steps, seconds, the episodes that ended in it, and CPU per step
-    between its two `cpu_seconds()` readings (`per_step`). Every side's window is made here."""
-    return {"sps": steps / seconds, "steps": steps, "seconds": seconds, "episodes": episodes, **per_step(cpu, steps)}
-
-
-def per_step(cpu: tuple[tuple[float, float, dict[str, float]], tuple[float, float, dict[str, float]]], steps: int) -> dict[str, Any]:
-    """CPU milliseconds per environment step between two `cpu_seconds()` readings: the measuring process,
-    all, and all by part (`cpu_ms_parts`). Nothing where no step was counted (a window of a second in which Sample
-    Factory, which counts its steps as its learner trains, trained none): the table then leaves the cells empty."""
-    if steps <= 0:
-        return {}
-    (own0, all0, parts0), (own1, all1, parts1) = cpu
-    ms = 1000 / steps
-    parts = {k: ms * (v - parts0.get(k, 0.0)) for k, v in parts1.items()}
-    return {"cpu_ms_own": ms * (own1 - own0), "cpu_ms_all": ms * (all1 - all0), "cpu_ms_parts": {k: v for k, v in parts.items() if v > 0}}
-
-
-def _timed(step: Any, steps_of: Any, episodes_of: Any, seconds: float, waits: StepWaits | None = None) -> dict[str, Any]:
-    """Run `step()` once to warm up, then until `seconds` have passed: SPS, steps, seconds, the episodes
-    that ended meanwhile (`episodes_of()` counts them) and CPU per step, as a row's fields (with `waits`,
-    the vector steps' waits in the window)."""
-    step()
-    if waits is not None:
-        waits.begin()
-    first, ended, start, cpu = steps_of(), episodes_of(), time.perf_counter(), cpu_seconds()
-    while True:
-        step()
-        wall = time.perf_counter() - start
-        if wall >= seconds:
-            steps = steps_of() - first
-            return {**window(steps, wall, episodes_of() - ended, (cpu, cpu_seconds())), **(waits.fields() if waits is not None else {})}
 
 
 def layout(spec: Any) -> str:
@@ -275,7 +148,7 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
             for _ in range(16):
                 envs.step(envs.action_space.sample())
 
-        return {**_timed(step, lambda: waits.env_steps, lambda: waits.episodes, args.seconds, waits), "layout": layout(spec)}
+        return {**timed(step, lambda: waits.env_steps, lambda: waits.episodes, args.seconds, waits), "layout": layout(spec)}
     finally:
         envs.close()
 
@@ -312,13 +185,13 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
             while agent.iteration < agent.num_iterations:
                 step()
             wall, steps = time.perf_counter() - start, agent.global_step - first
-            timed = {**window(steps, wall, len(agent.episodes) - ended, (before, cpu_seconds())), **waits.fields()}
+            measured = {**window(steps, wall, len(agent.episodes) - ended, (before, cpu_seconds())), **waits.fields()}
         else:
-            timed = _timed(step, lambda: agent.global_step, lambda: len(agent.episodes), args.seconds, waits)
+            measured = timed(step, lambda: agent.global_step, lambda: len(agent.episodes), args.seconds, waits)
         from hpcrl.rl.networks import CPU_BF16
 
         amp = exp.train.amp if device.type == "cuda" or (exp.train.amp == "bf16" and CPU_BF16) else "none"  # bf16 on a CPU needs AMX
-        result = {**timed, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, "layout": layout(exp.env)}
+        result = {**measured, "device": str(device), "torch_threads": torch.get_num_threads(), "amp": amp, "layout": layout(exp.env)}
         if args.learn:
             from hpcrl.rl.envs import make_env
             from hpcrl.rl.networks import obs_to_tensor
@@ -452,7 +325,7 @@ def measure_envpool(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
                 count[0] += num_envs
                 ended[0] += episodes_ended(terminated, truncated)
 
-        return _timed(step, lambda: count[0], lambda: ended[0], args.seconds)
+        return timed(step, lambda: count[0], lambda: ended[0], args.seconds)
     finally:
         env.close()
 
@@ -492,168 +365,6 @@ def _scenario_file(env_id: str) -> str:
     return Path(gym.registry[resolve_id(env_id)].kwargs["scenario_config_file"]).name
 
 
-def _sf_env(full_env_name: str, cfg: Any, env_config: Any, render_mode: str | None = None) -> Any:
-    """Sample Factory's own Doom env (sf_examples' VizdoomEnv and wrappers) on hpcrl's scenario file
-    from ViZDoom's package, its frame skip, resolution, and the same downsampled grey frame
-    (area interpolation: the mean of each block, as hpcrl's adapter takes it)."""
-    import vizdoom
-    from gymnasium.spaces import Discrete
-    from sample_factory.envs.env_wrappers import PixelFormatChwWrapper, ResizeWrapper
-    from sf_examples.vizdoom.doom.doom_gym import VizdoomEnv
-    from sf_examples.vizdoom.doom.wrappers.observation_space import SetResolutionWrapper
-
-    env = VizdoomEnv(Discrete(4), os.path.join(vizdoom.scenarios_path, cfg.hpcrl_scenario), skip_frames=cfg.env_frameskip, render_mode=render_mode)
-    env = SetResolutionWrapper(env, cfg.hpcrl_resolution)
-    env = ResizeWrapper(env, cfg.res_w, cfg.res_h, grayscale=True, add_channel_dim=True, area_interpolation=True)
-    return PixelFormatChwWrapper(env) if cfg.pixel_format == "CHW" else env
-
-
-def _sf_encoder(cfg: Any, obs_space: Any) -> Any:
-    """hpcrl's CNN for Sample Factory: the Nature CNN's layout with train.cnn_channels' filters, then
-    one hidden layer (train.hidden_sizes), built from Sample Factory's own conv encoder parts."""
-    from sample_factory.model.encoder import ConvEncoderImpl, Encoder
-    from sample_factory.model.model_utils import nonlinearity
-
-    class HpcrlCNN(Encoder):
-        def __init__(self, cfg: Any, obs_space: Any) -> None:
-            super().__init__(cfg)
-            shape = obs_space["obs"].shape
-            c1, c2, c3 = cfg.hpcrl_cnn
-            filters = [[shape[0], c1, 8, 4], [c1, c2, 4, 2], [c2, c3, 3, 1]]
-            self.enc = ConvEncoderImpl(shape, filters, [cfg.hpcrl_hidden], nonlinearity(cfg))
-            self.out = cfg.hpcrl_hidden
-
-        def forward(self, obs_dict: Any) -> Any:
-            return self.enc(obs_dict["obs"])
-
-        def get_out_size(self) -> int:
-            return self.out
-
-    return HpcrlCNN(cfg, obs_space)
-
-
-def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
-    """Sample Factory's APPO (its ParallelRunner: rollout workers, an inference worker and a learner in
-    processes of their own) on hpcrl's env and network; the steps its learner trained on, per second."""
-    from sample_factory.algo.runners.runner import AlgoObserver
-    from sample_factory.algo.utils.context import global_model_factory
-    from sample_factory.algo.utils.misc import ExperimentStatus
-    from sample_factory.cfg.arguments import parse_full_cfg, parse_sf_args
-    from sample_factory.envs.env_utils import register_env
-    from sample_factory.train import make_runner
-    from sf_examples.vizdoom.doom.doom_params import add_doom_env_args, doom_override_defaults
-
-    s = settings
-    per_worker = s["num_envs"] // s["workers"]
-    train_dir = args.scratch  # its checkpoints too, in the measurement's scratch folder (its TMPDIR: a short path, see `run_child`)
-    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `run_child` removes the folder, however this ended
-    learn = args.learn or 10**9
-    argv = [
-        "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", "--device=cpu", f"--seed={s['seed']}",
-        f"--num_workers={s['workers']}", f"--num_envs_per_worker={per_worker}", f"--worker_num_splits={2 if per_worker % 2 == 0 else 1}",
-        f"--rollout={s['rollout']}", f"--batch_size={s['minibatch']}", f"--num_batches_per_epoch={s['minibatches']}",
-        f"--num_epochs={s['epochs']}", f"--learning_rate={s['lr']}", f"--gamma={s['gamma']}", f"--gae_lambda={s['gae_lambda']}",
-        f"--ppo_clip_ratio={s['clip']}", f"--ppo_clip_value={s['clip_value']}", "--exploration_loss=entropy", f"--exploration_loss_coeff={s['ent_coef']}",
-        f"--value_loss_coeff={s['vf_coef']}", f"--max_grad_norm={s['max_grad_norm']}", f"--reward_scale={s['reward_scale']}", "--adam_eps=1e-5",
-        "--normalize_input=False", "--normalize_returns=False", "--obs_scale=255.0", "--use_rnn=False", f"--nonlinearity={s['activation']}",
-        f"--env_frameskip={s['frame_skip']}", f"--res_w={s['width']}", f"--res_h={s['height']}", "--summaries_use_frameskip=False",
-        f"--train_for_env_steps={learn}", "--save_every_sec=100000", "--save_best_every_sec=100000", "--experiment_summaries_interval=100000",
-        f"--hpcrl_scenario={s['scenario']}", f"--hpcrl_resolution={s['resolution']}", f"--hpcrl_hidden={s['hidden']}",
-        "--hpcrl_cnn", *map(str, s["cnn_channels"]),
-    ]  # fmt: skip
-    parser, _ = parse_sf_args(argv=argv)
-    add_doom_env_args(parser)
-    doom_override_defaults(parser)
-    parser.add_argument("--hpcrl_scenario")
-    parser.add_argument("--hpcrl_resolution")
-    parser.add_argument("--hpcrl_hidden", type=_args.positive_integer)
-    parser.add_argument("--hpcrl_cnn", type=_args.positive_integer, nargs=3)
-    cfg = parse_full_cfg(parser, argv)
-    register_env("hpcrl_doom", _sf_env)
-    global_model_factory().register_encoder_factory(_sf_encoder)
-
-    class Clock(AlgoObserver):
-        """(time, env steps trained on) after each training iteration; stops a timed run."""
-
-        def __init__(self) -> None:
-            self.marks: list[tuple[float, int, Any, int]] = []
-            self.ended = 0
-
-        def episode(self, runner: Any, msg: Any, policy_id: Any) -> None:
-            """Its rollout workers' report of one finished episode."""
-            self.ended += 1
-
-        def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
-            if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
-                roles = {"learner_proc": "learner", "inference_proc": "inference", "rollout_proc": "env workers"}
-                for p in [*runner.processes, *runner.sampler.processes]:
-                    PARTS["processes"][p.pid] = next((part for prefix, part in roles.items() if p.name.startswith(prefix)), "main")
-            self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds(), self.ended))
-            if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
-                runner._stop_training()
-
-    cfg, runner = make_runner(cfg)
-    clock = Clock()
-    runner.register_observer(clock)
-    runner.register_episodic_stats_handler(clock.episode)
-    if runner.init() != ExperimentStatus.SUCCESS or runner.run() != ExperimentStatus.SUCCESS:
-        raise RuntimeError("Sample Factory's runner did not succeed")
-    if len(clock.marks) < 3:
-        raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
-    (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
-    if last == first:  # a setting its learner cannot batch: it "trains" on nothing, at once and for ever
-        raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
-    result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": "cpu", "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
-    if args.learn:
-        result.update(total_steps=last, final_return=_sf_eval(cfg, args.eval_episodes))
-    return result
-
-
-def _sf_eval(cfg: Any, episodes: int) -> float:
-    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions."""
-    import torch
-    from sample_factory.algo.learning.learner import Learner
-    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
-    from sample_factory.model.actor_critic import create_actor_critic
-
-    env = _sf_env("hpcrl_doom", cfg, None)
-    policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
-    policy.load_state_dict(Learner.load_checkpoint(Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*"), "cpu")["model"])
-    policy.eval()
-    rnn = torch.zeros(1, 1)
-
-    def act(obs: Any) -> int:
-        with torch.no_grad():
-            out = policy(prepare_and_normalize_obs(policy, {"obs": torch.as_tensor(obs)[None]}), rnn)
-        return int(out["actions"][0])
-
-    try:
-        return mean_return(env, act, episodes)
-    finally:
-        env.close()
-
-
-def _dict_space(space: Any) -> Any:
-    import gymnasium as gym
-
-    return gym.spaces.Dict({"obs": space})
-
-
-def mean_return(env: Any, act: Any, episodes: int, seed: int = 1_000_003) -> float:
-    """The mean raw return of `episodes` episodes, one after another on `env` (the same loop for every side)."""
-    total = 0.0
-    obs, _ = env.reset(seed=seed)
-    for _ in range(episodes):
-        done, ret = False, 0.0
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(act(obs))
-            ret += float(reward)
-            done = terminated or truncated
-        total += ret
-        obs, _ = env.reset()
-    return total / episodes
-
-
 def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any]:
     if side == "random":
         return measure_random(args, num_envs)
@@ -662,6 +373,8 @@ def measure(args: argparse.Namespace, side: str, num_envs: int) -> dict[str, Any
     if side == "sb3":
         return measure_sb3(args, num_envs)
     if side == "sample-factory":
+        from _sample_factory import measure_sample_factory  # in Sample Factory's venv
+
         return measure_sample_factory(args, json.loads(args.sf_settings))
     return measure_envpool(args, num_envs)
 

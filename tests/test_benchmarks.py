@@ -101,7 +101,7 @@ def test_episodes_ended_in_one_step_count_each_env_once_however_it_ended() -> No
     episodes, an env both terminated and cut is one."""
     import numpy as np
 
-    ended = load_benchmark("vizdoom_speed").episodes_ended
+    ended = load_benchmark("_window").episodes_ended
     assert ended(np.array([True, False, True, False]), np.array([False, False, True, True])) == 3
     assert ended(np.array([True, True]), np.array([False, False])) == 2
     assert ended(np.zeros(3, bool), np.zeros(3, bool)) == 0
@@ -116,7 +116,7 @@ def test_step_waits_time_each_vector_step_by_the_episodes_that_ended_in_it() -> 
 
     bench = load_benchmark("vizdoom_speed")
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    waits = bench.StepWaits(envs)
+    waits = load_benchmark("_window").StepWaits(envs)
     envs.reset(seed=0)
     rng = np.random.default_rng(0)
     envs.step(rng.integers(0, 2, 4))

@@ -1,0 +1,161 @@
+"""benchmarks/vizdoom_speed.py's `sample-factory` side: Sample Factory 2.1.1's APPO on hpcrl's scenario, frame and
+network, run by the measurement's child in Sample Factory's own venv (no hpcrl there: the settings arrive as JSON,
+made by `vizdoom_speed.sf_settings` in hpcrl's environment). vizdoom_speed.py's docstring says which of Sample
+Factory's settings match hpcrl's and which differ, and why."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import _args
+from _window import PARTS, cpu_seconds, mean_return, window
+
+
+def _env(full_env_name: str, cfg: Any, env_config: Any, render_mode: str | None = None) -> Any:
+    """Sample Factory's own Doom env (sf_examples' VizdoomEnv and wrappers) on hpcrl's scenario file
+    from ViZDoom's package, its frame skip, resolution, and the same downsampled grey frame
+    (area interpolation: the mean of each block, as hpcrl's adapter takes it)."""
+    import vizdoom
+    from gymnasium.spaces import Discrete
+    from sample_factory.envs.env_wrappers import PixelFormatChwWrapper, ResizeWrapper
+    from sf_examples.vizdoom.doom.doom_gym import VizdoomEnv
+    from sf_examples.vizdoom.doom.wrappers.observation_space import SetResolutionWrapper
+
+    env = VizdoomEnv(Discrete(4), os.path.join(vizdoom.scenarios_path, cfg.hpcrl_scenario), skip_frames=cfg.env_frameskip, render_mode=render_mode)
+    env = SetResolutionWrapper(env, cfg.hpcrl_resolution)
+    env = ResizeWrapper(env, cfg.res_w, cfg.res_h, grayscale=True, add_channel_dim=True, area_interpolation=True)
+    return PixelFormatChwWrapper(env) if cfg.pixel_format == "CHW" else env
+
+
+def _encoder(cfg: Any, obs_space: Any) -> Any:
+    """hpcrl's CNN for Sample Factory: the Nature CNN's layout with train.cnn_channels' filters, then
+    one hidden layer (train.hidden_sizes), built from Sample Factory's own conv encoder parts."""
+    from sample_factory.model.encoder import ConvEncoderImpl, Encoder
+    from sample_factory.model.model_utils import nonlinearity
+
+    class HpcrlCNN(Encoder):
+        def __init__(self, cfg: Any, obs_space: Any) -> None:
+            super().__init__(cfg)
+            shape = obs_space["obs"].shape
+            c1, c2, c3 = cfg.hpcrl_cnn
+            filters = [[shape[0], c1, 8, 4], [c1, c2, 4, 2], [c2, c3, 3, 1]]
+            self.enc = ConvEncoderImpl(shape, filters, [cfg.hpcrl_hidden], nonlinearity(cfg))
+            self.out = cfg.hpcrl_hidden
+
+        def forward(self, obs_dict: Any) -> Any:
+            return self.enc(obs_dict["obs"])
+
+        def get_out_size(self) -> int:
+            return self.out
+
+    return HpcrlCNN(cfg, obs_space)
+
+
+def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    """Sample Factory's APPO (its ParallelRunner: rollout workers, an inference worker and a learner in
+    processes of their own) on hpcrl's env and network; the steps its learner trained on, per second."""
+    from sample_factory.algo.runners.runner import AlgoObserver
+    from sample_factory.algo.utils.context import global_model_factory
+    from sample_factory.algo.utils.misc import ExperimentStatus
+    from sample_factory.cfg.arguments import parse_full_cfg, parse_sf_args
+    from sample_factory.envs.env_utils import register_env
+    from sample_factory.train import make_runner
+    from sf_examples.vizdoom.doom.doom_params import add_doom_env_args, doom_override_defaults
+
+    s = settings
+    per_worker = s["num_envs"] // s["workers"]
+    train_dir = args.scratch  # its checkpoints too, in the measurement's scratch folder (its TMPDIR: a short path, see `run_child`)
+    os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `run_child` removes the folder, however this ended
+    learn = args.learn or 10**9
+    argv = [
+        "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", "--device=cpu", f"--seed={s['seed']}",
+        f"--num_workers={s['workers']}", f"--num_envs_per_worker={per_worker}", f"--worker_num_splits={2 if per_worker % 2 == 0 else 1}",
+        f"--rollout={s['rollout']}", f"--batch_size={s['minibatch']}", f"--num_batches_per_epoch={s['minibatches']}",
+        f"--num_epochs={s['epochs']}", f"--learning_rate={s['lr']}", f"--gamma={s['gamma']}", f"--gae_lambda={s['gae_lambda']}",
+        f"--ppo_clip_ratio={s['clip']}", f"--ppo_clip_value={s['clip_value']}", "--exploration_loss=entropy", f"--exploration_loss_coeff={s['ent_coef']}",
+        f"--value_loss_coeff={s['vf_coef']}", f"--max_grad_norm={s['max_grad_norm']}", f"--reward_scale={s['reward_scale']}", "--adam_eps=1e-5",
+        "--normalize_input=False", "--normalize_returns=False", "--obs_scale=255.0", "--use_rnn=False", f"--nonlinearity={s['activation']}",
+        f"--env_frameskip={s['frame_skip']}", f"--res_w={s['width']}", f"--res_h={s['height']}", "--summaries_use_frameskip=False",
+        f"--train_for_env_steps={learn}", "--save_every_sec=100000", "--save_best_every_sec=100000", "--experiment_summaries_interval=100000",
+        f"--hpcrl_scenario={s['scenario']}", f"--hpcrl_resolution={s['resolution']}", f"--hpcrl_hidden={s['hidden']}",
+        "--hpcrl_cnn", *map(str, s["cnn_channels"]),
+    ]  # fmt: skip
+    parser, _ = parse_sf_args(argv=argv)
+    add_doom_env_args(parser)
+    doom_override_defaults(parser)
+    parser.add_argument("--hpcrl_scenario")
+    parser.add_argument("--hpcrl_resolution")
+    parser.add_argument("--hpcrl_hidden", type=_args.positive_integer)
+    parser.add_argument("--hpcrl_cnn", type=_args.positive_integer, nargs=3)
+    cfg = parse_full_cfg(parser, argv)
+    register_env("hpcrl_doom", _env)
+    global_model_factory().register_encoder_factory(_encoder)
+
+    class Clock(AlgoObserver):
+        """(time, env steps trained on) after each training iteration; stops a timed run."""
+
+        def __init__(self) -> None:
+            self.marks: list[tuple[float, int, Any, int]] = []
+            self.ended = 0
+
+        def episode(self, runner: Any, msg: Any, policy_id: Any) -> None:
+            """Its rollout workers' report of one finished episode."""
+            self.ended += 1
+
+        def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
+            if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
+                roles = {"learner_proc": "learner", "inference_proc": "inference", "rollout_proc": "env workers"}
+                for p in [*runner.processes, *runner.sampler.processes]:
+                    PARTS["processes"][p.pid] = next((part for prefix, part in roles.items() if p.name.startswith(prefix)), "main")
+            self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds(), self.ended))
+            if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
+                runner._stop_training()
+
+    cfg, runner = make_runner(cfg)
+    clock = Clock()
+    runner.register_observer(clock)
+    runner.register_episodic_stats_handler(clock.episode)
+    if runner.init() != ExperimentStatus.SUCCESS or runner.run() != ExperimentStatus.SUCCESS:
+        raise RuntimeError("Sample Factory's runner did not succeed")
+    if len(clock.marks) < 3:
+        raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
+    (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
+    if last == first:  # a setting its learner cannot batch: it "trains" on nothing, at once and for ever
+        raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
+    result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": "cpu", "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
+    if args.learn:
+        result.update(total_steps=last, final_return=_final_return(cfg, args.eval_episodes))
+    return result
+
+
+def _final_return(cfg: Any, episodes: int) -> float:
+    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions."""
+    import torch
+    from sample_factory.algo.learning.learner import Learner
+    from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
+    from sample_factory.model.actor_critic import create_actor_critic
+
+    env = _env("hpcrl_doom", cfg, None)
+    policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
+    policy.load_state_dict(Learner.load_checkpoint(Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*"), "cpu")["model"])
+    policy.eval()
+    rnn = torch.zeros(1, 1)
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            out = policy(prepare_and_normalize_obs(policy, {"obs": torch.as_tensor(obs)[None]}), rnn)
+        return int(out["actions"][0])
+
+    try:
+        return mean_return(env, act, episodes)
+    finally:
+        env.close()
+
+
+def _dict_space(space: Any) -> Any:
+    import gymnasium as gym
+
+    return gym.spaces.Dict({"obs": space})
