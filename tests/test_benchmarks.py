@@ -107,6 +107,22 @@ def test_episodes_ended_in_one_step_count_each_env_once_however_it_ended() -> No
     assert ended(np.zeros(3, bool), np.zeros(3, bool)) == 0
 
 
+def test_a_window_gives_cpu_per_step_between_its_two_readings_and_nothing_for_no_steps() -> None:
+    """Every side's row (vizdoom_speed.py, benchmarks/_window.py): steps per second, and CPU milliseconds per step as
+    the difference of two `cpu_seconds()` readings divided by the window's steps, for the measuring process, all
+    processes and each part (a part that used nothing in the window is left out). A window that counted no step
+    (Sample Factory's learner trained on none) has rates but no CPU per step, rather than a division by zero."""
+    window = load_benchmark("_window").window
+    before = (1.0, 3.0, {"main": 1.0, "env workers": 1.5, "engines": 0.5})
+    after = (1.5, 5.0, {"main": 1.5, "env workers": 2.5, "engines": 0.5, "rollout": 0.5})
+    row = window(1000, 2.0, 7, (before, after))
+    assert row["sps"] == 500 and row["steps"] == 1000 and row["episodes"] == 7
+    assert row["cpu_ms_own"] == pytest.approx(0.5) and row["cpu_ms_all"] == pytest.approx(2.0)
+    assert row["cpu_ms_parts"] == pytest.approx({"main": 0.5, "env workers": 1.0, "rollout": 0.5})
+    empty = window(0, 1.0, 0, (before, after))
+    assert empty["sps"] == 0 and "cpu_ms_all" not in empty and "cpu_ms_parts" not in empty
+
+
 def test_step_waits_time_each_vector_step_by_the_episodes_that_ended_in_it() -> None:
     """vizdoom_speed.py's third table: on a real vector env (CartPole, episodes ending often under random actions)
     each bucket's steps, episodes and mean wall time add up to what the loop saw; begin() starts a window afresh;
