@@ -13,6 +13,7 @@ squared error without PPO's 1/2 factor, weighted by vf_coef.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ class A2C(OnPolicyAgent):
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> FlatOptimizer:
         return RMSprop(params, lr=self.cfg.lr, alpha=self.cfg.rms_alpha, eps=self.cfg.rms_eps)
 
-    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+    def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
         cfg = self.cfg
         state = self.rollout_state  # the whole batch is one minibatch: every env's full sequence
         firsts = batch["firsts"] if state is not None else None
@@ -41,4 +42,5 @@ class A2C(OnPolicyAgent):
         policy_loss = -(adv * logprob).mean()
         value_loss = ((batch["returns"] - value) ** 2).mean()
         self.step_with_entropy(policy_loss + cfg.vf_coef * value_loss, params)
+        yield  # its one gradient step
         return {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": self.mean_entropy(params).item()}

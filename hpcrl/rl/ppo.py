@@ -22,7 +22,7 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -36,7 +36,7 @@ from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
 from hpcrl.rl.networks import ActorCritic, Obs, cast_for_acting, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
-from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate
+from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate, run_to_end
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
@@ -78,15 +78,16 @@ def gae(rewards: np.ndarray, values: np.ndarray, firsts: np.ndarray, next_value:
 
 
 class OnPolicyAgent:
-    """Rollout, GAE and checkpointing for actor-critic algorithms; subclasses define the update.
+    """Rollout, GAE and checkpointing for actor-critic algorithms; subclasses define the update
+    (`update_steps`, a generator of its gradient steps).
 
     With `train.async_rollout` (the default for envs in worker processes), the envs collect
     rollout k+1 with the policy of iteration k (a copy, the behaviour policy) in a background
     thread while the update of rollout k runs (hpcrl/rl/rollout.py). On a CPU that update may run
-    at background priority (`YieldingUpdate`), leaving the cores to the rollout where that was
-    measured faster in this run (`FasterOfTwo`); it learns the same numbers either way. Otherwise
-    a rollout and its update take turns, and the update learns from the policy that acted (exact
-    on-policy PPO).
+    at background priority (`YieldingUpdate`) until the rollout is done, leaving the cores to the
+    rollout where that was measured faster in this run (`FasterOfTwo`); it learns the same numbers
+    either way. Otherwise a rollout and its update take turns, and the update learns from the
+    policy that acted (exact on-policy PPO).
     """
 
     metric_names: tuple[str, ...] = ()
@@ -393,7 +394,7 @@ class OnPolicyAgent:
         batch = self.batch(adv, returns)
         if self._yielding is not None and self._thread is not None and self._thread.in_flight is not None:
             yields, self._paced = self._pace.choose(), self._rollout_began
-            metrics = self._yielding(self.update, batch) if yields else self.update(batch)
+            metrics = self._yielding(self.update_steps(batch), self._thread.finished) if yields else self.update(batch)
         else:
             metrics = self.update(batch)
         if not self.losses_finite:
@@ -405,6 +406,12 @@ class OnPolicyAgent:
         return {**metrics, "lr": lr}
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        """One update from `batch`, in this thread: its metrics for the log."""
+        return run_to_end(self.update_steps(batch))
+
+    def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
+        """The update as a generator that yields after each gradient step and returns its metrics:
+        where an update at background priority hands over to the main thread (`YieldingUpdate`)."""
         raise NotImplementedError
 
     def step_with_entropy(self, loss: torch.Tensor, params: Any) -> None:
@@ -447,7 +454,7 @@ class PPO(OnPolicyAgent):
     metric_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "lr")
     cfg: PPOConfig
 
-    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+    def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
         cfg = self.cfg
         clip = cfg.clip_coef * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_clip else cfg.clip_coef
 
@@ -479,6 +486,7 @@ class PPO(OnPolicyAgent):
                 else:
                     v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
                 self.step_with_entropy(pg_loss + cfg.vf_coef * v_loss, params)
+                yield
             if cfg.target_kl is not None and self.ranks.any(bool(_approx_kl(logratio) > cfg.target_kl)):
                 break  # on every rank at once: the ranks' updates stay in step
         with torch.no_grad():

@@ -15,11 +15,12 @@ pass, the workers' env steps and the next forward pass follow one another, while
 slack (ViZDoom basic on 2 cores: 103 ms of CPU an update against ~250 ms a rollout). At equal
 priority the scheduler gives the update the cores the env workers are waiting for; `YieldingUpdate`
 runs the update in a thread of Linux's background class (SCHED_IDLE) instead, which takes a core
-only when the rollout's processes leave it idle. That is faster where the update fits in the
-cores the rollout leaves idle (8 ViZDoom envs on 2 cores: 1,965-2,049 env steps/s against
-1,843-1,869), and slower where it does not (twice the epochs: 1,521-1,549 against 1,602-1,638,
-the update's tail then runs alone on one core): `FasterOfTwo` measures both ways in every run and
-keeps the faster (1,978-1,993 and 1,537-1,555).
+only when the rollout's processes leave it idle, and only until the rollout is done: the update's
+remaining gradient steps then run at normal priority, so other load on the node cannot starve it.
+That is faster where the update fits in the cores the rollout leaves idle (8 ViZDoom envs on 2
+cores: 1,965-2,049 env steps/s against 1,843-1,869), and slower where it does not (twice the
+epochs: 1,521-1,549 against 1,602-1,638, the update's tail then runs alone on one core):
+`FasterOfTwo` measures both ways in every run and keeps the faster (1,978-1,993 and 1,537-1,555).
 
 On CUDA the rollout thread works on its own stream: its per-step `.cpu()` of the actions waits for
 its own forward pass only, not for the update's kernels queued on the main stream. Events order
@@ -33,8 +34,8 @@ import os
 import queue
 import statistics
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -99,6 +100,8 @@ class Uploader:
         return staging.to(self.device, non_blocking=True)
 
 
+T = TypeVar("T")
+
 THREAD_NAME = "hpcrl-rollout"
 """The background rollout's thread name (profilers and benchmarks/vizdoom_speed.py tell its CPU time apart by it)."""
 UPDATE_THREAD_NAME = "hpcrl-update"
@@ -119,6 +122,8 @@ class RolloutThread:
         self._results: queue.Queue[tuple[Rollout, Any] | BaseException] = queue.Queue()
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.in_flight: Rollout | None = None
+        self.finished = threading.Event()
+        """Set when the rollout `start` began is full (or failed): an update beside it stops yielding the cores."""
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -130,6 +135,7 @@ class RolloutThread:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
         self.in_flight = rollout
+        self.finished.clear()
         self._requests.put((rollout, ready))
 
     def wait(self) -> Rollout:
@@ -154,6 +160,7 @@ class RolloutThread:
     def _run(self) -> None:
         while (request := self._requests.get()) is not None:
             rollout, ready = request
+            result: tuple[Rollout, Any] | BaseException
             try:
                 with torch.no_grad(), (torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()):
                     if ready is not None:
@@ -163,25 +170,34 @@ class RolloutThread:
                     if self.stream is not None:
                         done = torch.cuda.Event()
                         done.record(self.stream)
-                self._results.put((rollout, done))
+                result = (rollout, done)
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
-                self._results.put(exc)
+                result = exc
+            self.finished.set()  # before the result: the caller clears it only for a rollout it starts after reading this one
+            self._results.put(result)
+            if isinstance(result, BaseException):
                 return
 
 
 class YieldingUpdate:
-    """Runs calls (the agent's update) in a thread of background CPU priority, one at a time.
+    """Advances updates (generators of gradient steps) in a thread of background CPU priority.
 
     Linux's SCHED_IDLE lets a thread run on a core nothing else wants, and any other thread that
     wakes takes the core back at once: the env workers and the rollout thread never wait for the
-    update. The class is only for the update that overlaps a rollout on a CPU (`OnPolicyAgent`
-    decides when); the thread cannot return to normal priority unprivileged, so the agent runs an
-    update that is itself the bottleneck in its own thread instead. `YieldingUpdate.start()` is
-    None where the class cannot be set (not Linux, or a kernel or sandbox that refuses it).
+    update. But beside any other work of normal priority on every core (another job on a shared
+    node, a user's own processes) the thread gets almost nothing (the kernel weighs it 3 to their
+    1,024): an async PPO iteration on CartPole beside one busy process a core took 15 s, at
+    normal priority 0.18 s. So the
+    thread advances an update only while the rollout beside it is in flight (`until` unset) and
+    hands the rest back to the caller, which finishes it at normal priority (an unprivileged
+    thread cannot leave SCHED_IDLE): once the rollout is done the update is the run's critical
+    path. At most one gradient step runs in the background after the rollout ends.
+    `YieldingUpdate.start()` is None where the class cannot be set (not Linux, or a kernel or
+    sandbox that refuses it).
     """
 
     def __init__(self) -> None:
-        self._requests: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.Queue()
+        self._requests: queue.Queue[tuple[Generator[Any, None, Any], threading.Event] | None] = queue.Queue()
         self._results: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=UPDATE_THREAD_NAME, daemon=True)
 
@@ -198,13 +214,15 @@ class YieldingUpdate:
             return None
         return runner
 
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` in the background thread: its result, or its exception raised here."""
-        self._requests.put((fn, args))
+    def __call__(self, steps: Generator[Any, None, T], until: threading.Event) -> T:
+        """The value `steps` returns: advanced in the background thread while `until` is unset,
+        then here; an exception it raises is raised here."""
+        self._requests.put((steps, until))
         ok, result = self._results.get()
         if not ok:
             raise result
-        return result
+        finished, value = result
+        return value if finished else run_to_end(steps)
 
     def close(self) -> None:
         """End the thread (between calls: the agent calls one at a time and waits for it)."""
@@ -220,11 +238,24 @@ class YieldingUpdate:
             return
         self._results.put((True, None))
         while (request := self._requests.get()) is not None:
-            fn, args = request
+            steps, until = request
             try:
-                self._results.put((True, fn(*args)))
+                while not until.is_set():
+                    next(steps)
+                self._results.put((True, (False, None)))  # the rest is the caller's
+            except StopIteration as stop:
+                self._results.put((True, (True, stop.value)))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
                 self._results.put((False, exc))
+
+
+def run_to_end(steps: Generator[Any, None, T]) -> T:
+    """What a generator returns, once it has run to its end in this thread."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as stop:
+        return stop.value
 
 
 class FasterOfTwo:
