@@ -198,7 +198,8 @@ class YieldingUpdate:
 
     def __init__(self) -> None:
         self._requests: queue.Queue[tuple[Generator[Any, None, Any], threading.Event] | None] = queue.Queue()
-        self._results: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        self._results: queue.Queue[tuple[bool, Any] | BaseException] = queue.Queue()
+        """(whether the generator finished, what it returned), or the exception it raised."""
         self._thread = threading.Thread(target=self._run, name=UPDATE_THREAD_NAME, daemon=True)
 
     @classmethod
@@ -208,8 +209,7 @@ class YieldingUpdate:
             return None
         runner = cls()
         runner._thread.start()
-        ok, _ = runner._results.get()  # the thread says at once whether its priority was set
-        if not ok:
+        if isinstance(runner._results.get(), BaseException):  # the thread says at once whether its priority was set
             runner._thread.join()
             return None
         return runner
@@ -218,8 +218,8 @@ class YieldingUpdate:
         """The value `steps` returns: advanced in the background thread while `until` is unset,
         then here; an exception it raises is raised here."""
         self._requests.put((steps, until))
-        ok, result = self._results.get()
-        if not ok:
+        result = self._results.get()
+        if isinstance(result, BaseException):
             raise result
         finished, value = result
         return value if finished else run_to_end(steps)
@@ -234,19 +234,19 @@ class YieldingUpdate:
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread (Linux)
         except OSError as exc:
-            self._results.put((False, exc))
+            self._results.put(exc)
             return
-        self._results.put((True, None))
+        self._results.put((False, None))
         while (request := self._requests.get()) is not None:
             steps, until = request
             try:
                 while not until.is_set():
                     next(steps)
-                self._results.put((True, (False, None)))  # the rest is the caller's
+                self._results.put((False, None))  # the rest is the caller's
             except StopIteration as stop:
-                self._results.put((True, (True, stop.value)))
+                self._results.put((True, stop.value))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
-                self._results.put((False, exc))
+                self._results.put(exc)
 
 
 def run_to_end(steps: Generator[Any, None, T]) -> T:

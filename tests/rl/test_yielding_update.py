@@ -4,6 +4,7 @@ run learns, and is used only where measuring says it is the faster way."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import threading
@@ -190,19 +191,8 @@ def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, tor
     """Six iterations of async PPO on CartPole, the update always (True), never (False) or as measured (None)."""
     agent = make_agent("ppo", EnvConfig(id="CartPole-v1", num_envs=2, vectorization="async"), total_steps=10_000, async_rollout=True, **PPO_CARTPOLE)
     threads: set[str] = set()
-    update_steps = agent.update_steps
-
-    def recorded(batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
-        steps = update_steps(batch)
-        while True:
-            threads.add(threading.current_thread().name)  # the thread that runs the next gradient step
-            try:
-                next(steps)
-            except StopIteration as stop:
-                return stop.value
-            yield
-
-    agent.update_steps = recorded
+    step = agent.step_with_entropy
+    agent.step_with_entropy = lambda loss, params: (threads.add(threading.current_thread().name), step(loss, params))[1]  # each gradient step's thread
     if yields is not None:
         agent._pace.choose = lambda: yields
     try:
@@ -211,6 +201,42 @@ def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, tor
     finally:
         agent.close()
         agent.envs.close()
+
+
+def test_an_agent_s_update_goes_to_the_main_thread_once_the_rollout_beside_it_is_done() -> None:
+    """Each rollout after the first starts once the update beside it has begun, and each gradient step waits
+    until that rollout is done: the update at background priority makes its first step in its thread, then
+    hands the other 19 of its 20 to the main thread, every iteration (had it kept them, a busy node would
+    starve it). Without the gate a short rollout may end before the update begins, which then runs whole in
+    the main thread."""
+    agent = make_agent("ppo", EnvConfig(id="CartPole-v1", num_envs=2, vectorization="async"), total_steps=10_000, async_rollout=True, **PPO_CARTPOLE)
+    agent._pace.choose = lambda: True
+    threads: list[str] = []
+    began = threading.Event()
+    collect, step, rollouts = agent._collect, agent.step_with_entropy, itertools.count()
+
+    def gated(buf: Any, *args: Any) -> None:
+        if next(rollouts) > 0:  # the first rollout has no update beside it
+            assert began.wait(60)
+            began.clear()
+        collect(buf, *args)
+
+    def after_the_rollout(loss: torch.Tensor, params: Any) -> None:
+        if len(threads) % 20 == 0:
+            began.set()
+        assert agent._thread.finished.wait(60)
+        threads.append(threading.current_thread().name)
+        step(loss, params)
+
+    agent._collect, agent.step_with_entropy = gated, after_the_rollout
+    try:
+        for _ in range(4):
+            agent.train_iteration()
+    finally:
+        agent.close()
+        agent.envs.close()
+    assert PPO_CARTPOLE["update_epochs"] == 20 and PPO_CARTPOLE["num_minibatches"] == 1
+    assert threads == ([UPDATE_THREAD_NAME] + ["MainThread"] * 19) * 4
 
 
 def test_an_update_at_background_priority_learns_the_same_numbers() -> None:
