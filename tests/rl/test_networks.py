@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl import networks
 from hpcrl.rl.envs import make_env
-from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, cast_for_acting, obs_to_tensor
+from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, cast_for_acting, obs_to_tensor, patch_conv
 
 torch.manual_seed(0)
 
@@ -26,6 +27,55 @@ def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
     assert NatureCNN(4, 84, 84).out_dim == 3136  # the DQN paper's 7 x 7 x 64
     with pytest.raises(ValueError, match="40x30 are too small for the Nature CNN"):
         NatureCNN(1, 30, 40)
+
+
+@pytest.mark.parametrize(("channels", "kernel", "stride", "size"), [(1, 8, 4, (60, 80)), (3, 4, 2, (14, 19)), (2, 3, 1, (9, 7)), (1, 8, 4, (36, 37))])
+def test_patch_conv_is_the_convolution_and_its_gradients(channels: int, kernel: int, stride: int, size: tuple[int, int]) -> None:
+    """The first convolution as one GEMM over patches gives conv2d's output and the weight's, bias's
+    and input's gradients, against float64 convolutions (sizes that stride does not divide too)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(5, channels, *size, generator=gen)
+    weight = torch.randn(6, channels, kernel, kernel, generator=gen) * 0.1
+    bias = torch.randn(6, generator=gen)
+    grad = None
+    results = []
+    for fn, dtype in ((patch_conv, torch.float32), (torch.nn.functional.conv2d, torch.float64)):
+        leaves = [t.to(dtype).detach().requires_grad_(True) for t in (x, weight, bias)]
+        out = fn(*leaves, stride)
+        grad = torch.randn(out.shape, generator=gen, dtype=torch.float64) if grad is None else grad
+        out.backward(grad.to(dtype))
+        results.append([out.detach().double(), *(t.grad.double() for t in leaves)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_through_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training on one-channel frames on a CPU takes the GEMM (oneDNN's weight gradient is slow
+    there); acting (no gradients), stacked frames and frames too many for the patch matrix keep
+    oneDNN's convolution. Either way the features and gradients are the convolution's."""
+    calls = []
+    real = networks.patch_conv
+    monkeypatch.setattr(networks, "patch_conv", lambda *a: calls.append(a[0].shape) or real(*a))
+    grey, stacked = torch.rand(16, 1, 60, 80), torch.rand(16, 4, 60, 80)
+    for frames in (grey, stacked):
+        cnn = NatureCNN(frames.shape[1], 60, 80, filters=[16, 32, 32])
+        reference = copy.deepcopy(cnn)
+        calls.clear()
+        out = cnn(frames)
+        out.square().sum().backward()
+        assert calls == ([frames.shape] if frames is grey else [])
+        want = reference.net(frames)
+        want.square().sum().backward()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        for got, ref in zip(cnn.parameters(), reference.parameters()):
+            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-5)
+        calls.clear()
+        with torch.no_grad():
+            torch.testing.assert_close(cnn(frames), want.detach(), rtol=1e-5, atol=1e-5)
+        assert calls == []
+    monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64 - 1)  # one element short for 16 frames
+    NatureCNN(1, 60, 80)(grey)
+    assert calls == []
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
