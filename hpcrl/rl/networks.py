@@ -101,7 +101,7 @@ class NatureCNN(nn.Module):
             raise ValueError(f"image observations of {width}x{height} are too small for the Nature CNN (at least {self.MIN_SIZE}x{self.MIN_SIZE}; lower env.kwargs.downsample)")
         init = layer_init if orthogonal else (lambda layer: layer)
         self.net = nn.Sequential(
-            init(nn.Conv2d(channels, c1, 8, stride=4)), nn.ReLU(),
+            init(PatchConv2d(channels, c1, 8, stride=4)), nn.ReLU(),
             init(nn.Conv2d(c1, c2, 4, stride=2)), nn.ReLU(),
             init(nn.Conv2d(c2, c3, 3, stride=1)), nn.ReLU(),
             nn.Flatten(),
@@ -114,34 +114,39 @@ class NatureCNN(nn.Module):
             self.out_dim = int(self.net(torch.zeros(1, channels, height, width)).shape[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        first = self.net[0]
-        if _first_conv_as_gemm(x, first):
-            return self.net[2:](torch.relu(patch_conv(x, first.weight, first.bias, first.stride[0])))
-        return self.net(x)
+        return self.net(x.contiguous(memory_format=torch.channels_last))
 
 
 PATCH_CONV_MAX = 1 << 26
 """The most elements (256 MB of float32) `patch_conv`'s patch matrix may hold; above, oneDNN's convolution."""
 
 
-def _first_conv_as_gemm(x: torch.Tensor, conv: nn.Conv2d) -> bool:
-    """Whether the first convolution is computed by `patch_conv`: while training on a CPU in
-    float32, for one-channel images (ViZDoom's grey frames, Habitat's depth). oneDNN computes that
-    convolution's weight gradient at a fraction of its speed elsewhere: on a 2-core AMD EPYC (AVX2,
-    torch 2.13), 16 filters 8x8/4 over 64 80x60 frames took 6.1 ms forward and backward against
-    2.3 ms as one GEMM over the patches (32 filters: 10.6 against 3.3; 32 256x256 depth frames: 116
-    against 33). PPO's update on configs/vizdoom_ppo.yaml fell from 183 to 140 ms of CPU, and its
-    three seeds trained at once on the 2 cores in 122-126 s instead of 135-136. With more channels
-    oneDNN wins (4 stacked 84x84 frames: 55 ms against 149) and without gradients (the rollout's
-    acting pass, 8 frames: 0.14 ms against 0.18) too, so both keep it."""
-    weight, (k, _), (stride, _) = conv.weight, conv.kernel_size, conv.stride
-    if x.device.type != "cpu" or x.shape[1] != 1 or x.dtype != torch.float32 or weight.dtype != torch.float32:
-        return False
-    if not (torch.is_grad_enabled() and weight.requires_grad) or torch.is_autocast_enabled("cpu"):
-        return False
-    positions = ((x.shape[2] - k) // stride + 1) * ((x.shape[3] - k) // stride + 1)
-    return x.shape[0] * positions * k * k <= PATCH_CONV_MAX
+class PatchConv2d(nn.Conv2d):
+    """The Nature CNN's first convolution (square kernel, no padding): `nn.Conv2d`, except that while
+    training on one-channel images (ViZDoom's grey frames, Habitat's depth) on a CPU in float32 it is
+    computed by `patch_conv`. oneDNN computes that convolution's weight gradient at a fraction of its
+    speed elsewhere: on a 2-core AMD EPYC (AVX2, torch 2.13), 16 filters 8x8/4 over 64 80x60 frames
+    took 6.1 ms forward and backward against 2.3 ms as one GEMM over the patches (32 filters: 10.6
+    against 3.3; 32 256x256 depth frames: 116 against 33). PPO's update on configs/vizdoom_ppo.yaml
+    fell from 183 to 140 ms of CPU, and its three seeds trained at once on the 2 cores in 122-126 s
+    instead of 135-136. With more channels oneDNN wins (4 stacked 84x84 frames: 55 ms against 149),
+    and without gradients (the rollout's acting pass, 8 frames: 0.14 ms against 0.18) too, so both
+    keep it. Its parameters are nn.Conv2d's: checkpoints load either way."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return patch_conv(x, self.weight, self.bias, self.stride[0]) if self._as_gemm(x) else super().forward(x)
+
+    def _as_gemm(self, x: torch.Tensor) -> bool:
+        if not (torch.is_grad_enabled() and self.weight.requires_grad) or self.in_channels != 1:
+            return False  # acting, or stacked frames: the cheap tests first, the rollout asks at every step
+        if x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return False
+        (k, _), (stride, _) = self.kernel_size, self.stride
+        positions = ((x.shape[2] - k) // stride + 1) * ((x.shape[3] - k) // stride + 1)
+        return x.shape[0] * positions * k * k <= PATCH_CONV_MAX
 
 
 def patch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:

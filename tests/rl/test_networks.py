@@ -51,8 +51,8 @@ def test_patch_conv_is_the_convolution_and_its_gradients(channels: int, kernel: 
 
 def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_through_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training on one-channel frames on a CPU takes the GEMM (oneDNN's weight gradient is slow
-    there); acting (no gradients), stacked frames and frames too many for the patch matrix keep
-    oneDNN's convolution. Either way the features and gradients are the convolution's."""
+    there); acting (no gradients), stacked frames, autocast and frames too many for the patch matrix
+    keep oneDNN's convolution. Either way the features and gradients are the convolution's."""
     calls = []
     real = networks.patch_conv
     monkeypatch.setattr(networks, "patch_conv", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -73,9 +73,15 @@ def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_throug
         with torch.no_grad():
             torch.testing.assert_close(cnn(frames), want.detach(), rtol=1e-5, atol=1e-5)
         assert calls == []
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # amp on an AMX CPU: oneDNN's bfloat16 convolution
+        NatureCNN(1, 60, 80)(grey)
+    assert calls == []
     monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64 - 1)  # one element short for 16 frames
     NatureCNN(1, 60, 80)(grey)
     assert calls == []
+    monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64)
+    NatureCNN(1, 60, 80)(grey)
+    assert calls == [grey.shape]
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
