@@ -177,6 +177,8 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
                 torch.cuda.synchronize(device)
             if not PARTS["threads"]:  # the background rollout's thread starts in the first iteration
                 PARTS["threads"] = {t.native_id: "rollout" for t in threading.enumerate() if t.name == THREAD_NAME and t.native_id}
+            if agent._learner is not None and not PARTS["processes"]:  # and the learner process, where it pays
+                PARTS["processes"] = {agent._learner.process.pid: "learner"}
 
         if args.learn:  # train.total_steps as `hpcrl train` runs them (the learning rate annealed over them)
             step()

@@ -36,13 +36,18 @@ def flatten_parameters(params: list[nn.Parameter]) -> nn.Parameter:
     with torch.no_grad():
         flat = nn.Parameter(torch.cat([_in_memory_order(p.detach()).reshape(-1) for p in params]))
     flat.grad = torch.zeros_like(flat)
+    _view_into(params, flat)
+    return flat
+
+
+def _view_into(params: list[nn.Parameter], flat: nn.Parameter) -> None:
+    """Make each of `params` and its gradient a view of its stretch of `flat` and `flat.grad`."""
     offset = 0
     for p in params:
         n = p.numel()
         p.data = _view_like(flat.data[offset : offset + n], p)
         p.grad = _view_like(flat.grad[offset : offset + n], p)
         offset += n
-    return flat
 
 
 def _channels_last(p: torch.Tensor) -> bool:
@@ -85,7 +90,8 @@ class FlatOptimizer:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if set(state) != set(self.state):
             raise ValueError(f"{type(self).__name__} state has {sorted(state)}, expected {sorted(self.state)}")
-        self.state = {k: v.to(self.state[k].device) for k, v in state.items()}
+        for k, v in state.items():  # in place: the state may be shared with a learner process
+            self.state[k].copy_(v)
 
 
 class Adam(FlatOptimizer):
@@ -140,7 +146,8 @@ class GradientStep:
         self, params: Iterable[nn.Parameter], make_optimizer: Callable[[list[nn.Parameter]], Any], max_grad_norm: float, amp: str, device: torch.device,
         reduce: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
-        self.flat = flatten_parameters(list(params))
+        self.params = list(params)
+        self.flat = flatten_parameters(self.params)
         self.reduce = reduce
         """DD-PPO's all-reduce of the flat gradient, right after backward: one collective per step,
         before clipping (so the clip sees the averaged gradient) and before fp16 unscaling (so an
@@ -175,6 +182,18 @@ class GradientStep:
         """Scale the gradient to a global norm of at most max_grad_norm (nn.utils.clip_grad_norm_'s rule)."""
         grad = self.flat.grad
         grad.mul_((self.max_grad_norm / (torch.linalg.vector_norm(grad) + 1e-6)).clamp_(max=1.0))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What a replica of this step works on: the flat weights, their gradient, the optimiser's state."""
+        return {"weights": self.flat.data, "grad": self.flat.grad, **{f"optimizer.{k}": v for k, v in self.optimizer.state.items()}}
+
+    def bind(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Work on `tensors` (as `tensors()` names them; another process's, in shared memory) from
+        now on, with the numbers they hold."""
+        self.flat.data = tensors["weights"]
+        self.flat.grad = tensors["grad"]
+        _view_into(self.params, self.flat)
+        self.optimizer.state = {k: tensors[f"optimizer.{k}"] for k in self.optimizer.state}
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else {}}

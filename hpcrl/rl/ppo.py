@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import subprocess
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -34,7 +35,8 @@ from hpcrl.cores import usable_cores
 from hpcrl.rl import graphs
 from hpcrl.rl.ddp import Ranks
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes
-from hpcrl.rl.networks import ActorCritic, Obs, cast_for_acting, obs_to_tensor
+from hpcrl.rl.learner_process import LearnerProcess
+from hpcrl.rl.networks import ActorCritic, Obs, cast_for_acting, is_image, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
 from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate, run_to_end
 
@@ -85,12 +87,15 @@ class OnPolicyAgent:
     rollout k+1 with the policy of iteration k (a copy, the behaviour policy) in a background
     thread while the update of rollout k runs (hpcrl/rl/rollout.py). On a CPU that update may run
     at background priority (`YieldingUpdate`) until the rollout is done, leaving the cores to the
-    rollout where that was measured faster in this run (`FasterOfTwo`); it learns the same numbers
-    either way. Otherwise a rollout and its update take turns, and the update learns from the
+    rollout where that was measured faster in this run (`FasterOfTwo`), in a learner process of its
+    own where that pays (`hpcrl.rl.learner_process`); it learns the same numbers either way. Otherwise a rollout and its update take turns, and the update learns from the
     policy that acted (exact on-policy PPO).
     """
 
     metric_names: tuple[str, ...] = ()
+    resumable_update = False
+    """Whether `update_steps(batch, start, clipped)` can take up an update another process began
+    (`hpcrl.rl.learner_process`): PPO's many gradient steps; A2C's one step gains nothing there."""
 
     def __init__(self, cfg: OnPolicyConfig, envs: gym.vector.VectorEnv, device: torch.device, seed: int, ranks: Ranks | None = None) -> None:
         self.cfg, self.envs, self.device = cfg, envs, device
@@ -140,6 +145,10 @@ class OnPolicyAgent:
         self._generator: torch.Generator | None = None
         self._yielding: YieldingUpdate | None = None
         """On a CPU, the thread that runs the update at background priority beside a rollout in flight."""
+        self._learner: LearnerProcess | None = None
+        """Where it pays (`_learner_process_pays`), the process that does so instead, once it is ready."""
+        self._beside = False
+        """Whether updates beside the rollout have gone to the learner process (it was ready)."""
         self._pace = FasterOfTwo()
         """Whether the update yields the cores to the rollout: whichever was faster, measured in this run."""
         self._rollout_began = 0.0
@@ -307,9 +316,14 @@ class OnPolicyAgent:
             # Started on the first iteration (also of a resumed run), so that a checkpoint loaded
             # after construction is what the first rollout acts with.
             torch.set_num_threads(self._torch_threads()[0])  # the update overlaps the workers' steps from now on
-            self._thread = RolloutThread(lambda buf: self._collect(buf, self.behaviour, self._generator), self.device)
+            finished = None
             if self.device.type == "cpu":
                 self._yielding = YieldingUpdate.start()
+                if self._yielding is not None and self._learner_process_pays():
+                    with contextlib.suppress(OSError, subprocess.SubprocessError):  # no shared memory or process to be had: the thread does it
+                        self._learner = LearnerProcess(self)
+                        finished = self._learner.finished
+            self._thread = RolloutThread(lambda buf: self._collect(buf, self.behaviour, self._generator), self.device, finished)
             self._start(self.rollout)
         buf = self._thread.wait()
         if self._paced is not None:  # the rollout and the update beside it are both done
@@ -344,6 +358,52 @@ class OnPolicyAgent:
         if self._yielding is not None:
             self._yielding.close()
             self._yielding = None
+        if self._learner is not None:
+            self._learner.close()
+            self._learner = None
+
+    def _learner_process_pays(self) -> bool:
+        """Whether the update beside the rollout goes to a learner process once it has started:
+        a CNN's update (where it is worth a process's start) that can be taken up where the
+        process stopped, on one rank (the ranks' collectives are this process's) without a GRU."""
+        return self.resumable_update and not self.ranks.distributed and self.policy.gru is None and is_image(self.envs.single_observation_space)
+
+    def learner_setup(self) -> dict[str, Any]:
+        """What `learner_replica` builds a replica of this agent's learning parts from."""
+        return {"cfg": self.cfg, "obs_space": self.envs.single_observation_space, "action_space": self.envs.single_action_space, "num_envs": self.num_envs}
+
+    def _learner_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors an update writes or reads besides its batch, by name."""
+        step = {f"step.{k}": v for k, v in self.gradient_step.tensors().items()}
+        buffers = {f"buffer.{i}": b for i, b in enumerate(self.policy.buffers())}
+        return {**step, **buffers, "losses_finite": self.losses_finite}
+
+    def _bind_learner(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.gradient_step.bind({k.removeprefix("step."): v for k, v in tensors.items() if k.startswith("step.")})
+        for i, buffer in enumerate(self.policy.buffers()):
+            buffer.data = tensors[f"buffer.{i}"]
+        self.losses_finite = tensors["losses_finite"]
+
+    def share_learner(self, put: Callable[[torch.Tensor], tuple[torch.Tensor, Any]]) -> dict[str, Any]:
+        """Move the learning tensors where `put` maps them (shared memory), keeping their numbers:
+        how the learner process maps each, by name."""
+        mapped = {name: put(tensor) for name, tensor in self._learner_tensors().items()}
+        self._bind_learner({name: m for name, (m, _) in mapped.items()})
+        return {name: spec for name, (_, spec) in mapped.items()}
+
+    @classmethod
+    def learner_replica(cls, setup: dict[str, Any], tensors: dict[str, torch.Tensor]) -> OnPolicyAgent:
+        """The learning parts of an agent without its envs, on `tensors` (`_learner_tensors`'
+        names): what `update_steps` reads, in the learner process."""
+        agent = cls.__new__(cls)
+        agent.cfg, agent.device, agent.ranks = setup["cfg"], torch.device("cpu"), Ranks.single()
+        agent.policy = cls.make_policy(agent.cfg, setup["obs_space"], setup["action_space"])
+        agent.gradient_step = GradientStep(agent.policy.parameters(), agent.make_optimizer, agent.cfg.max_grad_norm, agent.cfg.amp, agent.device)
+        agent.losses_finite = torch.ones((), dtype=torch.bool)
+        agent._bind_learner(tensors)
+        agent.num_envs, agent.iteration, agent.num_iterations = setup["num_envs"], 0, 1  # the two set by each update
+        agent.batch_size = agent.num_envs * agent.cfg.num_steps
+        return agent
 
     @torch.no_grad()
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -369,7 +429,7 @@ class OnPolicyAgent:
         """(row index, GRU state at the rollout start) per minibatch. Feed-forward minibatches are
         random transitions; recurrent ones are whole env sequences, so the GRU can be replayed."""
         if count == 1:
-            yield slice(None), self.rollout_state
+            yield slice(None), self.rollout_state if self.policy.gru is not None else None
         elif self.policy.gru is None:
             size = max(1, self.batch_size // count)
             perm = torch.randperm(self.batch_size, device=self.device)
@@ -393,8 +453,17 @@ class OnPolicyAgent:
         adv, returns = self.advantages()
         batch = self.batch(adv, returns)
         if self._yielding is not None and self._thread is not None and self._thread.in_flight is not None:
+            beside = self._learner is not None and self._learner.ready()
+            if beside and not self._beside:  # the background way is another from now on: measure both again
+                self._beside = True
+                self._pace.restart()
             yields, self._paced = self._pace.choose(), self._rollout_began
-            metrics = self._yielding(self.update_steps(batch), self._thread.finished) if yields else self.update(batch)
+            if not yields:
+                metrics = self.update(batch)
+            elif beside:
+                metrics = self._update_beside(batch, lr)
+            else:
+                metrics = self._yielding(self.update_steps(batch), self._thread.finished)
         else:
             metrics = self.update(batch)
         if not self.losses_finite:
@@ -408,6 +477,16 @@ class OnPolicyAgent:
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         """One update from `batch`, in this thread: its metrics for the log."""
         return run_to_end(self.update_steps(batch))
+
+    def _update_beside(self, batch: dict[str, Any], lr: float) -> dict[str, float]:
+        """One update from `batch`, begun in the learner process while the rollout is in flight,
+        and finished here at normal priority where the rollout ended first."""
+        assert self._learner is not None
+        finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
+        if finished:
+            return value
+        done, clipped = value
+        return run_to_end(self.update_steps(batch, done, torch.tensor(clipped, device=self.device)))
 
     def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
         """The update as a generator that yields after each gradient step and returns its metrics:
@@ -453,8 +532,14 @@ class OnPolicyAgent:
 class PPO(OnPolicyAgent):
     metric_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "lr")
     cfg: PPOConfig
+    resumable_update = True
 
-    def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
+    def update_steps(self, batch: dict[str, Any], start: int = 0, clipped: torch.Tensor | None = None) -> Generator[tuple[int, torch.Tensor], None, dict[str, float]]:
+        """The update's gradient steps; between two of them it yields (steps done, samples clipped
+        so far). With `start` > 0 the first `start` steps were made elsewhere on these same weights
+        (the learner process, `hpcrl.rl.learner_process`), and `clipped` counts their clipped
+        samples: they are skipped here, their minibatches drawn all the same, so the update is the
+        same numbers wherever each of its steps ran."""
         cfg = self.cfg
         clip = cfg.clip_coef * (1.0 - self.iteration / self.num_iterations) if cfg.anneal_clip else cfg.clip_coef
 
@@ -466,17 +551,24 @@ class PPO(OnPolicyAgent):
 
         # With one minibatch (the whole batch), its normalised advantages are the same every epoch.
         whole_neg_adv = neg_advantages(batch["adv"]) if cfg.num_minibatches == 1 else None
-        # Diagnostics (approx_kl, clipfrac, entropy) come from the detached ratios and the last
-        # minibatch after the epochs, not from a handful of extra ops in every minibatch.
-        ratios: list[torch.Tensor] = []
+        # Diagnostics (approx_kl, entropy) come from the last minibatch after the epochs, not from a
+        # handful of extra ops in every minibatch; clipfrac from a running count of clipped samples.
+        clipped = torch.zeros((), device=self.device) if clipped is None else clipped.to(self.device)
+        done = samples = 0
         for _ in range(cfg.update_epochs):
             for mb, state in self.minibatches(cfg.num_minibatches):
+                done += 1
+                samples += self.batch_size if isinstance(mb, slice) else len(mb)
+                if done <= start:
+                    continue
+                if done > start + 1:
+                    yield done - 1, clipped
                 take = (lambda x: x) if isinstance(mb, slice) else (lambda x, mb=mb: x[mb])  # no view ops for the whole batch
                 firsts = take(batch["firsts"]) if state is not None else None
                 newlogprob, params, newvalue = self.policy.evaluate_params(_map(take, batch["obs"]), take(batch["actions"]), state, firsts)
                 logratio = newlogprob - take(batch["logprobs"])
                 ratio = logratio.exp()
-                ratios.append(ratio.detach())
+                clipped += ((ratio.detach() - 1.0).abs() > clip).sum()
                 neg_adv = whole_neg_adv if whole_neg_adv is not None else neg_advantages(take(batch["adv"]))
                 pg_loss = torch.max(neg_adv * ratio, neg_adv * ratio.clamp(1 - clip, 1 + clip)).mean()
                 returns, old_values = take(batch["returns"]), take(batch["values"])
@@ -486,17 +578,15 @@ class PPO(OnPolicyAgent):
                 else:
                     v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
                 self.step_with_entropy(pg_loss + cfg.vf_coef * v_loss, params)
-                yield
-            if cfg.target_kl is not None and self.ranks.any(bool(_approx_kl(logratio) > cfg.target_kl)):
+            # The epoch's last step decides whether to stop, where it ran (an epoch done elsewhere passed there).
+            if done > start and cfg.target_kl is not None and self.ranks.any(bool(_approx_kl(logratio) > cfg.target_kl)):
                 break  # on every rank at once: the ranks' updates stay in step
-        with torch.no_grad():
-            clipfrac = ((torch.cat(ratios) - 1.0).abs() > clip).float().mean()  # of all samples of all epochs
         return {
             "policy_loss": pg_loss.item(),
             "value_loss": v_loss.item(),
             "entropy": self.mean_entropy(params).item(),
             "approx_kl": _approx_kl(logratio).item(),
-            "clipfrac": clipfrac.item(),
+            "clipfrac": (clipped / samples).item(),  # of all samples of all epochs
         }
 
 

@@ -21,6 +21,8 @@ That is faster where the update fits in the cores the rollout leaves idle (8 ViZ
 cores: 1,965-2,049 env steps/s against 1,843-1,869), and slower where it does not (twice the
 epochs: 1,521-1,549 against 1,602-1,638, the update's tail then runs alone on one core):
 `FasterOfTwo` measures both ways in every run and keeps the faster (1,978-1,993 and 1,537-1,555).
+Where the update is a CNN's on one rank, `hpcrl.rl.learner_process` makes those background steps in a
+process of its own once it has started, so that they no longer share the rollout thread's GIL.
 
 On CUDA the rollout thread works on its own stream: its per-step `.cpu()` of the actions waits for
 its own forward pass only, not for the update's kernels queued on the main stream. Events order
@@ -115,15 +117,16 @@ class RolloutThread:
     worker that failed) is raised again in the caller of `wait`.
     """
 
-    def __init__(self, collect: Callable[[Rollout], None], device: torch.device) -> None:
+    def __init__(self, collect: Callable[[Rollout], None], device: torch.device, finished: threading.Event | None = None) -> None:
         self._collect = collect
         self.device = device
         self._requests: queue.Queue[tuple[Rollout, Any] | None] = queue.Queue()
         self._results: queue.Queue[tuple[Rollout, Any] | BaseException] = queue.Queue()
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.in_flight: Rollout | None = None
-        self.finished = threading.Event()
-        """Set when the rollout `start` began is full (or failed): an update beside it stops yielding the cores."""
+        self.finished = finished or threading.Event()
+        """Set when the rollout `start` began is full (or failed): an update beside it stops yielding the
+        cores. A learner process's event where there is one (`hpcrl.rl.learner_process.SharedEvent`)."""
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -274,6 +277,11 @@ class FasterOfTwo:
         self.best = False
         self._count = 0
         self._last: tuple[int, bool] | None = None
+
+    def restart(self) -> None:
+        """Measure both ways again from the next choice on (one of them has changed)."""
+        self._count = 0
+        self._last = None
 
     def choose(self) -> bool:
         """The way for this time: turns while measuring, else the faster one."""

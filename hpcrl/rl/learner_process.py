@@ -1,0 +1,298 @@
+"""An update's gradient steps in a process of their own, beside the background rollout (CPU, one rank).
+
+`YieldingUpdate` runs the update in a thread of the trainer at background priority, so it takes
+only the cores the rollout leaves idle; but that thread shares one GIL with the rollout thread,
+which then waits for it between the ops of its forward pass. Measured on ViZDoom basic (8 envs in
+4 workers, a 2-core EPYC; a rollout of 512 steps beside a loop of gradient steps of the same CNN
+at SCHED_IDLE): alone 1,126 / 1,262 env steps/s; with the loop in a thread 1,012 / 1,115, the
+loop making 17-22 steps/s; with the loop in a process 1,101 / 1,253, making 24-33 steps/s.
+
+The learner process holds a replica of the agent's learning parts (`OnPolicyAgent.learner_replica`)
+whose weights, flat gradient, optimiser state and observation statistics are the trainer's own
+tensors: both map the same files in shared memory (`/dev/shm`, unlinked as soon as both have
+them). For each update the trainer copies its batch into shared buffers and sends the iteration,
+learning rate, torch thread count and random state; the process (at SCHED_IDLE from its start) makes gradient steps
+while the rollout is in flight, and answers with its metrics when it finished the update, or
+with the steps it made once the rollout is done: the trainer then makes the rest at normal
+priority (`update_steps(start=...)`, which skips those steps but draws their minibatches alike),
+so other load on the node cannot starve the update. Both run the same code with the same thread
+count and random state on the same memory, so a run learns the same numbers wherever each step ran
+(tests/rl/test_learner_process.py).
+
+The process is a plain `python -m hpcrl.rl.learner_process` (not multiprocessing's spawn, which
+re-runs a user's main script in the child), gets SIGKILL when the trainer dies
+(`hpcrl.runtime.lifeline`), and ends when its pipe closes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import multiprocessing.connection
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hpcrl.runtime.lifeline import die_with_parent, dies_with_me
+
+ANSWER_TIMEOUT_S = 600.0
+"""How long the trainer waits for one answer of the process: a gradient step at background
+priority beside a fully busy node, or its start. Past it the run fails with what happened."""
+
+Spec = tuple[str, tuple[int, ...], torch.dtype]
+"""A shared tensor as the other process maps it: file name, shape, dtype."""
+
+
+def _mapped(path: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype).view(shape)
+
+
+class SharedFiles:
+    """Contiguous tensors mapped from files of one directory in shared memory. The files are
+    unlinked once the other process has mapped them (`unlink`): the mappings live on, and a
+    trainer killed later leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="hpcrl-learner-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self._count = 0
+
+    def put(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Spec]:
+        """A mapped copy of `tensor`, and how the other process maps the same memory."""
+        self._count += 1
+        name = f"{self._count}.bin"
+        path = os.path.join(self.dir, name)
+        shape, dtype = tuple(tensor.shape), tensor.dtype
+        with open(path, "wb") as f:
+            f.truncate(max(1, math.prod(shape)) * tensor.element_size())
+        mapped = _mapped(path, shape, dtype)
+        mapped.copy_(tensor)
+        return mapped, (name, shape, dtype)
+
+    def unlink(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SharedEvent(threading.Event):
+    """A threading.Event whose state the learner process reads from one shared byte: set when
+    the rollout is done (`RolloutThread.finished`)."""
+
+    def __init__(self, byte: torch.Tensor) -> None:
+        super().__init__()
+        self.byte = byte
+
+    def set(self) -> None:
+        self.byte.fill_(1)
+        super().set()
+
+    def clear(self) -> None:
+        self.byte.fill_(0)
+        super().clear()
+
+
+class LearnerProcess:
+    """The learner process of one agent: `start` it, then call it with each update's batch once `ready`."""
+
+    def __init__(self, agent: Any) -> None:
+        self.files = SharedFiles()
+        try:
+            specs = agent.share_learner(self.files.put)
+            flag, flag_spec = self.files.put(torch.zeros((), dtype=torch.uint8))
+            self.finished = SharedEvent(flag)
+            """The rollout thread's `finished`: the process stops making steps once it is set."""
+            self._batch: dict[str, Any] | None = None
+            to_child, self._send_end = os.pipe()
+            self._recv_end, from_child = os.pipe()
+            try:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", __name__, str(to_child), str(from_child), str(os.getpid())],
+                    pass_fds=(to_child, from_child), preexec_fn=functools.partial(_born_idle, dies_with_me()), stdin=subprocess.DEVNULL,  # noqa: PLW1509 - a syscall and lifeline's prctl, looked up before the fork
+                )  # fmt: skip
+            finally:
+                os.close(to_child)
+                os.close(from_child)
+            self._to = multiprocessing.connection.Connection(self._send_end, readable=False)
+            self._from = multiprocessing.connection.Connection(self._recv_end, writable=False)
+            self._to.send((type(agent), agent.learner_setup(), specs, flag_spec, self.files.dir))
+        except BaseException:
+            self.files.unlink()
+            raise
+        self._ready = False
+        self.steps_made = 0
+        """Gradient steps this process made (the tests read it)."""
+
+    def ready(self) -> bool:
+        """Whether the process has its replica (it starts in the background: a few seconds)."""
+        if not self._ready and self._from.poll():
+            self._answer()
+            self._ready = True
+            self.files.unlink()
+        return self._ready
+
+    def __call__(self, batch: dict[str, Any], iteration: int, iterations: int, lr: float) -> tuple[bool, Any]:
+        """Run `batch`'s update there until the rollout is done: (True, its metrics, having set
+        this process's random state to where the update left it) or (False, (steps made, samples
+        they clipped)), the rest of the update being the caller's."""
+        specs = None
+        if self._batch is None:
+            files = SharedFiles()
+            try:
+                mapped = {k: files.put(v.contiguous()) for k, v in _flat_items(batch)}
+                self._batch = {k: m for k, (m, _) in mapped.items()}
+                specs = {k: s for k, (_, s) in mapped.items()}
+                self._send(("update", iteration, iterations, lr, torch.get_num_threads(), _rng_bytes(), (files.dir, specs)))
+                result = self._answer()
+            finally:
+                files.unlink()
+        else:
+            for k, v in _flat_items(batch):
+                self._batch[k].copy_(v)
+            self._send(("update", iteration, iterations, lr, torch.get_num_threads(), _rng_bytes(), None))
+            result = self._answer()
+        finished, value, steps, rng = result
+        self.steps_made += steps
+        if finished:
+            _set_rng(rng)
+        return finished, value
+
+    def close(self) -> None:
+        """End the process (between updates)."""
+        try:
+            self._to.send(None)
+        except OSError:
+            pass
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._to.close()
+        self._from.close()
+        self.files.unlink()
+
+    def _send(self, message: Any) -> None:
+        try:
+            self._to.send(message)
+        except OSError as exc:
+            raise RuntimeError(f"the learner process is gone ({self._how_it_ended()})") from exc
+
+    def _answer(self) -> Any:
+        if not self._from.poll(ANSWER_TIMEOUT_S):
+            self.process.kill()
+            raise RuntimeError(f"the learner process did not answer in {ANSWER_TIMEOUT_S:.0f} s (killed)")
+        try:
+            kind, value = self._from.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"the learner process died ({self._how_it_ended()})") from exc
+        if kind == "error":
+            raise RuntimeError(f"the learner process failed:\n{value}")
+        return value
+
+    def _how_it_ended(self) -> str:
+        try:
+            code = self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        return f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
+
+
+def _born_idle(lifeline: Callable[[], None]) -> None:
+    """The process's preexec_fn: its lifeline, and SCHED_IDLE from its first instruction, so that even
+    its start (importing torch: some 2.7 s of CPU) takes only cores the run leaves idle."""
+    lifeline()
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _rng_bytes() -> bytes:
+    """torch's CPU random state as bytes: a tensor sent down the pipe would go through torch's
+    tensor sharing, which needs multiprocessing's own process tree."""
+    return torch.get_rng_state().numpy().tobytes()
+
+
+def _set_rng(state: bytes) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+def _flat_items(batch: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The batch's tensors by one flat name each (an observation dict's keys as `obs.key`)."""
+    items: list[tuple[str, torch.Tensor]] = []
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            items += [(f"{key}.{k}", v) for k, v in value.items()]
+        else:
+            items.append((key, value))
+    return items
+
+
+def _nested(flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, tensor in flat.items():
+        key, _, sub = name.partition(".")
+        if sub:
+            out.setdefault(key, {})[sub] = tensor
+        else:
+            out[key] = tensor
+    return out
+
+
+def _map_all(directory: str, specs: dict[str, Spec]) -> dict[str, torch.Tensor]:
+    return {k: _mapped(os.path.join(directory, name), shape, dtype) for k, (name, shape, dtype) in specs.items()}
+
+
+def _serve(to_trainer: multiprocessing.connection.Connection, requests: multiprocessing.connection.Connection) -> None:
+    agent_class, setup, specs, flag_spec, directory = requests.recv()
+    try:
+        agent = agent_class.learner_replica(setup, _map_all(directory, specs))
+        finished = _map_all(directory, {"flag": flag_spec})["flag"]
+    except BaseException:  # noqa: BLE001 - the trainer raises it
+        to_trainer.send(("error", traceback.format_exc()))
+        return
+    to_trainer.send(("ready", None))
+    batch: dict[str, Any] | None = None
+    while (request := requests.recv()) is not None:
+        _, iteration, iterations, lr, threads, rng, new_batch = request
+        try:
+            if new_batch is not None:
+                batch = _nested(_map_all(*new_batch))
+            assert batch is not None, "the first update brings its batch"
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            _set_rng(rng)
+            agent.iteration, agent.num_iterations = iteration, iterations
+            agent.gradient_step.set_lr(lr)
+            steps = agent.update_steps(batch)
+            done, clipped = 0, 0.0
+            try:
+                while not bool(finished):
+                    done, count = next(steps)
+                    clipped = float(count)
+                answer = (False, (done, clipped), done, None)
+            except StopIteration as stop:  # its last step came after the last yield
+                answer = (True, stop.value, done + 1, _rng_bytes())
+        except BaseException:  # noqa: BLE001 - the trainer raises it
+            to_trainer.send(("error", traceback.format_exc()))
+            return
+        to_trainer.send(("done", answer))
+
+
+def main(argv: list[str]) -> None:
+    """`python -m hpcrl.rl.learner_process TO_CHILD FROM_CHILD PARENT_PID` (what `LearnerProcess` starts)."""
+    to_child, from_child, parent = (int(a) for a in argv)
+    die_with_parent(parent=parent)
+    requests = multiprocessing.connection.Connection(to_child, writable=False)
+    to_trainer = multiprocessing.connection.Connection(from_child, readable=False)
+    try:
+        _serve(to_trainer, requests)
+    except EOFError:  # the trainer closed its end: nothing more to do
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,182 @@
+"""The learner process (hpcrl/rl/learner_process.py): an update's gradient steps made beside the
+rollout in a process of their own, the rest by the trainer; the same numbers whichever made which,
+and nothing left behind however either ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from test_algorithms import make_agent
+
+from hpcrl.config.experiment import EnvConfig
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the learner process runs at SCHED_IDLE, Linux's")
+
+
+class Bars(gym.Env):
+    """36x36 grey frames with a bar in one of three columns; reward 1 for naming the column."""
+
+    observation_space = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return self._frame(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        reward = float(int(action) == self.column)
+        return self._frame(), reward, bool(self.np_random.random() < 0.2), False, {}
+
+    def _frame(self) -> np.ndarray:
+        self.column = int(self.np_random.integers(3))
+        frame = self.np_random.integers(0, 40, (1, 36, 36), dtype=np.uint8)
+        frame[:, :, 12 * self.column : 12 * self.column + 12] += 200
+        return frame
+
+
+if "hpcrl-test/Bars-v0" not in gym.registry:
+    gym.register("hpcrl-test/Bars-v0", entry_point=Bars)
+
+BARS = EnvConfig(id="hpcrl-test/Bars-v0", num_envs=4, vectorization="async")
+PPO_BARS = dict(lr=5e-4, num_steps=32, num_minibatches=16, update_epochs=3, cnn_channels=[16, 16, 16], hidden_sizes=[64], async_rollout=True, total_steps=100_000)
+
+
+def _ready(agent: Any) -> None:
+    """One iteration (the learner process starts in the first), then wait until it has its replica."""
+    agent.train_iteration()
+    assert agent._learner is not None, "an image policy's update beside the rollout goes to a learner process"
+    deadline = time.monotonic() + 120
+    while not agent._learner.ready():
+        assert time.monotonic() < deadline, "the learner process did not start in 120 s"
+        time.sleep(0.05)
+
+
+def _trained(beside: bool, **train: Any) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], dict[str, torch.Tensor], int, int]:
+    """Six iterations of async PPO on Bars with the update beside the rollout (in the learner process once
+    it is ready) or never. Beside, each rollout ends at once, or after 0.3 s (time for the whole update there),
+    or says it has ended once the process has made a step of the update (the trainer then makes the rest). (metrics, weights,
+    optimiser state, steps made there, steps made here)."""
+    agent = make_agent("ppo", BARS, **{**PPO_BARS, **train})
+    agent._pace.choose = lambda: beside
+    here = 0
+    step = agent.step_with_entropy
+
+    def counted(loss: torch.Tensor, params: Any) -> None:
+        nonlocal here
+        here += 1
+        step(loss, params)
+
+    collect, endings = agent._collect, iter(["at once", "split", "after 0.3 s", "at once", "split", "split"])
+
+    def ended(buf: Any, *args: Any) -> None:
+        weights = agent.gradient_step.flat.data.clone()  # the update beside this rollout has not begun
+        ending = next(endings, "at once")
+        if beside and ending == "split" and agent._learner is not None and agent._learner.ready():
+            deadline = time.monotonic() + 120
+            while torch.equal(agent.gradient_step.flat.data, weights):
+                assert time.monotonic() < deadline, "the learner process made no step in 120 s"
+                time.sleep(0)
+            agent._thread.finished.set()  # as if the rollout were done: the process stops after this step or the next
+        collect(buf, *args)
+        if beside and ending == "after 0.3 s":
+            time.sleep(0.3)
+
+    agent._collect = ended
+    try:
+        if beside:
+            _ready(agent)
+        else:
+            agent.train_iteration()
+        agent.step_with_entropy = counted
+        metrics = [agent.train_iteration() for _ in range(5)]
+        made = agent._learner.steps_made if agent._learner is not None else 0
+        optimizer = {k: v.clone() for k, v in agent.gradient_step.optimizer.state.items()}
+        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, optimizer, made, here
+    finally:
+        agent.close()
+        agent.envs.close()
+
+
+@pytest.mark.parametrize("target_kl", [None, 0.002])
+def test_a_run_learns_the_same_numbers_whichever_process_made_each_gradient_step(target_kl: float | None) -> None:
+    """The trainer alone, and the trainer with the learner process making what steps it can while the rollout
+    is in flight: the same metrics, weights and optimiser state to the bit (same code, thread count, random
+    state and memory). With target_kl the epochs stop where the epoch's last step decides, wherever it ran."""
+    alone_metrics, alone_weights, alone_optimizer, made, here = _trained(False, target_kl=target_kl)
+    assert made == 0
+    metrics, weights, optimizer, made, here = _trained(True, target_kl=target_kl)
+    assert made > 0 and here > 0, f"the learner process made {made} steps, the trainer {here}: no update was shared"
+    assert metrics == alone_metrics
+    for name, tensor in alone_weights.items():
+        assert torch.equal(weights[name], tensor), name
+    for name, tensor in alone_optimizer.items():
+        assert torch.equal(optimizer[name], tensor), name
+
+
+def test_a_learner_process_that_dies_fails_the_run_with_how_it_ended() -> None:
+    agent = make_agent("ppo", BARS, **PPO_BARS)
+    agent._pace.choose = lambda: True
+    try:
+        _ready(agent)
+        agent._learner.process.kill()
+        agent._learner.process.wait(10)
+        with pytest.raises(RuntimeError, match=r"learner process (died|is gone) \(killed by signal 9\)"):
+            agent.train_iteration()
+    finally:
+        agent.close()
+        agent.envs.close()
+
+
+TRAINER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path[:0] = [sys.argv[1], sys.argv[2]]
+    from test_learner_process import BARS, PPO_BARS, _ready
+    from test_algorithms import make_agent
+    agent = make_agent("ppo", BARS, **PPO_BARS)
+    agent._pace.choose = lambda: True
+    _ready(agent)
+    print(agent._learner.process.pid, agent._learner.files.dir, flush=True)
+    while True:
+        agent.train_iteration()
+    """
+)
+
+
+def test_the_learner_process_and_its_shared_files_go_with_a_killed_trainer() -> None:
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(Path(__file__).parent), str(Path(__file__).parents[1])], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pid, shared = trainer.stdout.readline().split()
+        assert not os.path.exists(shared), "the shared files are unlinked once both processes map them"
+        time.sleep(1.0)  # updates under way
+        os.kill(trainer.pid, signal.SIGKILL)  # the trainer alone: what it started must go by itself
+        trainer.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(int(pid)):
+            assert time.monotonic() < deadline, "the learner process outlived its trainer"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie is not running; its parent, the trainer, is gone and init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
