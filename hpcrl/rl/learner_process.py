@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from hpcrl.runtime.lifeline import die_with_parent, dies_with_me
+from hpcrl.runtime.lifeline import dies_with_me
 
 ANSWER_TIMEOUT_S = 600.0
 """How long the trainer waits for one answer of the process: a gradient step at background
@@ -112,7 +112,7 @@ class LearnerProcess:
             self._recv_end, from_child = os.pipe()
             try:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", __name__, str(to_child), str(from_child), str(os.getpid())],
+                    [sys.executable, "-m", __name__, str(to_child), str(from_child)],
                     pass_fds=(to_child, from_child), preexec_fn=functools.partial(_born_idle, dies_with_me()), stdin=subprocess.DEVNULL,  # noqa: PLW1509 - a syscall and lifeline's prctl, looked up before the fork
                 )  # fmt: skip
             finally:
@@ -283,9 +283,9 @@ def _serve(to_trainer: multiprocessing.connection.Connection, requests: multipro
 
 
 def main(argv: list[str]) -> None:
-    """`python -m hpcrl.rl.learner_process TO_CHILD FROM_CHILD PARENT_PID` (what `LearnerProcess` starts)."""
-    to_child, from_child, parent = (int(a) for a in argv)
-    die_with_parent(parent=parent)
+    """`python -m hpcrl.rl.learner_process TO_CHILD FROM_CHILD`, the pipes' descriptors (what `LearnerProcess`
+    starts, its lifeline and priority set before the exec)."""
+    to_child, from_child = (int(a) for a in argv)
     requests = multiprocessing.connection.Connection(to_child, writable=False)
     to_trainer = multiprocessing.connection.Connection(from_child, readable=False)
     try:

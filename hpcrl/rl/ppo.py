@@ -88,8 +88,9 @@ class OnPolicyAgent:
     thread while the update of rollout k runs (hpcrl/rl/rollout.py). On a CPU that update may run
     at background priority (`YieldingUpdate`) until the rollout is done, leaving the cores to the
     rollout where that was measured faster in this run (`FasterOfTwo`), in a learner process of its
-    own where that pays (`hpcrl.rl.learner_process`); it learns the same numbers either way. Otherwise a rollout and its update take turns, and the update learns from the
-    policy that acted (exact on-policy PPO).
+    own where that pays (`hpcrl.rl.learner_process`); it learns the same numbers either way.
+    Otherwise a rollout and its update take turns, and the update learns from the policy that
+    acted (exact on-policy PPO).
     """
 
     metric_names: tuple[str, ...] = ()
@@ -489,8 +490,9 @@ class OnPolicyAgent:
         return run_to_end(self.update_steps(batch, done, torch.tensor(clipped, device=self.device)))
 
     def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
-        """The update as a generator that yields after each gradient step and returns its metrics:
-        where an update at background priority hands over to the main thread (`YieldingUpdate`)."""
+        """The update as a generator that yields between its gradient steps (A2C after its one) and
+        returns its metrics: where an update at background priority hands over to the main thread
+        (`YieldingUpdate`)."""
         raise NotImplementedError
 
     def step_with_entropy(self, loss: torch.Tensor, params: Any) -> None:
