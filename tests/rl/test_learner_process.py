@@ -155,8 +155,11 @@ TRAINER = textwrap.dedent(
 )
 
 
-def test_the_learner_process_and_its_shared_files_go_with_a_killed_trainer() -> None:
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(Path(__file__).parent), str(Path(__file__).parents[1])], stdout=subprocess.PIPE, text=True, start_new_session=True)
+def test_the_learner_process_and_its_shared_files_go_with_a_killed_trainer(tmp_path: Path) -> None:
+    # TMPDIR: the env workers' scratch directories, which no one is left to remove after a SIGKILL (a job's
+    # scheduler removes its TMPDIR), go with the test's own.
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(Path(__file__).parent), str(Path(__file__).parents[1])], stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
         pid, shared = trainer.stdout.readline().split()
         assert not os.path.exists(shared), "the shared files are unlinked once both processes map them"
