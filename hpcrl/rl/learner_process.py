@@ -71,7 +71,9 @@ class SharedFiles:
         path = os.path.join(self.dir, name)
         shape, dtype = tuple(tensor.shape), tensor.dtype
         with open(path, "wb") as f:
-            f.truncate(max(1, math.prod(shape)) * tensor.element_size())
+            # Allocated now: a file only truncated to size gets its pages as they are first written,
+            # and a write that finds /dev/shm full (a container's 64 MB) is a SIGBUS, not an OSError.
+            os.posix_fallocate(f.fileno(), 0, max(1, math.prod(shape)) * tensor.element_size())
         mapped = _mapped(path, shape, dtype)
         mapped.copy_(tensor)
         return mapped, (name, shape, dtype)
@@ -139,7 +141,8 @@ class LearnerProcess:
     def __call__(self, batch: dict[str, Any], iteration: int, iterations: int, lr: float) -> tuple[bool, Any]:
         """Run `batch`'s update there until the rollout is done: (True, its metrics, having set
         this process's random state to where the update left it) or (False, (steps made, samples
-        they clipped)), the rest of the update being the caller's."""
+        they clipped)), the rest of the update being the caller's. OSError: no room in shared
+        memory for the first batch; nothing was sent."""
         specs = None
         if self._batch is None:
             files = SharedFiles()

@@ -176,6 +176,53 @@ def test_the_learner_process_and_its_shared_files_go_with_a_killed_trainer(tmp_p
         trainer.wait()
 
 
+SMALL_SHM = textwrap.dedent(
+    """
+    import os, sys
+    sys.path[:0] = [sys.argv[1], sys.argv[2]]
+    from test_learner_process import BARS, PPO_BARS, _ready
+    from test_algorithms import make_agent
+    agent = make_agent("ppo", BARS, **PPO_BARS)
+    agent._pace.choose = lambda: True
+    if sys.argv[3] == "batch":  # room for the weights, then none for the first batch
+        _ready(agent)
+        free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+        with open("/dev/shm/filler", "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, free - 4096)
+    for _ in range(3):
+        agent.train_iteration()
+    print(agent._learner is None, agent.global_step, flush=True)
+    agent.close()
+    agent.envs.close()
+    """
+)
+
+
+def _can_mount_tmpfs() -> bool:
+    if os.geteuid() != 0:
+        return False
+    try:
+        return subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /dev/shm"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and `unshare -m` to give a trainer a /dev/shm of its own size")
+@pytest.mark.parametrize(("full_before", "size"), [("weights", "8k"), ("batch", "64m")])
+def test_a_full_dev_shm_leaves_the_update_to_the_thread(full_before: str, size: str) -> None:
+    """A /dev/shm too small for the learner's weights (a container's 64 MB beside a large network), or filled
+    before its first batch: the run goes on with the update in its thread, where a file only truncated to size
+    had the trainer die of SIGBUS at its first write."""
+    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec \"$0\" \"$@\""
+    here = str(Path(__file__).parent)
+    argv = ["unshare", "-m", "sh", "-c", script, sys.executable, "-c", SMALL_SHM, here, str(Path(__file__).parents[1]), full_before]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    fell_back, steps = done.stdout.split()
+    assert fell_back == "True", "the run kept a learner process with no room for it"
+    assert int(steps) == (4 if full_before == "batch" else 3) * 32 * 4, "every iteration ran"
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie is not running; its parent, the trainer, is gone and init reaps it)."""
     try:
