@@ -46,7 +46,8 @@ default, `-p key=value` overrides as hpcrl's):
   own rule); it samples with a policy up to its max_policy_lag versions old and corrects nothing
   (hpcrl's async rollout is exactly one iteration behind); one torch thread in each of its
   processes (its rule). Steps are environment steps (`--summaries_use_frameskip=False`), those its
-  learner trained on, as hpcrl counts them.
+  learner trained on, as hpcrl counts them. With `--device cuda`, its learner and inference worker run on
+  the GPU (`--device=gpu`, its one GPU), as hpcrl's update and forward pass do.
 - `envpool-random` (only where envpool is installed and the scenario is `basic`): EnvPool's
   Basic-v1 at the same frame skip and 80x60 frames, stepped with random actions.
 
@@ -355,7 +356,8 @@ def sf_settings(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
             "num_envs": num_envs, "workers": workers, "rollout": math.gcd(t.num_steps, minibatch), "minibatch": minibatch, "minibatches": t.num_minibatches, "epochs": t.update_epochs, "lr": t.lr,
             "gamma": t.gamma, "gae_lambda": t.gae_lambda, "clip": t.clip_coef, "clip_value": t.clip_coef if t.clip_vloss else 1e9, "ent_coef": t.ent_coef,
             "vf_coef": t.vf_coef * 0.5, "max_grad_norm": t.max_grad_norm, "reward_scale": t.reward_scale, "cnn_channels": list(t.cnn_channels),
-            "hidden": t.hidden_sizes[0], "activation": t.activation, "seed": args.seed}  # fmt: skip
+            "hidden": t.hidden_sizes[0], "activation": t.activation, "seed": args.seed,
+            "device": "gpu" if args.device.startswith("cuda") else "cpu"}  # fmt: skip
 
 
 def _scenario_file(env_id: str) -> str:
@@ -400,8 +402,9 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"error": f"no result within {timeout:.0f} s: killed"}
+        _, err = proc.communicate()
+        last = [x.strip() for x in err.splitlines() if x.strip()][-1:]  # where it was: a start that never ended, say
+        return {"error": f"no result within {timeout:.0f} s: killed" + (f"; its last line: {last[0]}"[:300] if last else "")}
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running (env workers)

@@ -175,6 +175,19 @@ def check_episodes_counted(rows: list[dict]) -> None:
 
 
 @pytest.mark.e2e
+def test_a_measurement_killed_at_its_timeout_says_where_it_was(tmp_path: Path) -> None:
+    """vizdoom_speed.py's FAILED row for a measurement that never answered carries the last line it wrote (Sample
+    Factory's runner that waits for its inference worker for ever logs where it is every few seconds), and the
+    measurement's whole process group goes with it."""
+    bench = load_benchmark("vizdoom_speed")
+    stuck = tmp_path / "stuck"
+    stuck.write_text(f'#!/bin/sh\necho "Total num frames: 0" >&2\necho $$ > {tmp_path}/pid\nexec sleep 60\n')
+    stuck.chmod(0o755)
+    result = bench.run_child([], "sample-factory", 2, timeout=2.0, python=str(stuck))
+    assert result == {"error": "no result within 2 s: killed; its last line: Total num frames: 0"}
+    assert not Path(f"/proc/{(tmp_path / 'pid').read_text().strip()}").exists()
+
+
 def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """No registry (pip pointed at a closed port, no local wheels): Sample Factory's side is one SKIPPED row
     naming pip's failure, the rest of the table stands, the exit is 0; and no half-built venv is left. Without
