@@ -10,14 +10,15 @@ loop making 17-22 steps/s; with the loop in a process 1,101 / 1,253, making 24-3
 The learner process holds a replica of the agent's learning parts (`OnPolicyAgent.learner_replica`)
 whose weights, flat gradient, optimiser state and observation statistics are the trainer's own
 tensors: both map the same files in shared memory (`/dev/shm`, unlinked as soon as both have
-them). For each update the trainer copies its batch into shared buffers and sends the iteration,
-learning rate, torch thread count and random state; the process (at SCHED_IDLE from its start) makes gradient steps
-while the rollout is in flight, and answers with its metrics when it finished the update, or
-with the steps it made once the rollout is done: the trainer then makes the rest at normal
-priority (`update_steps(start=...)`, which skips those steps but draws their minibatches alike),
-so other load on the node cannot starve the update. Both run the same code with the same thread
-count and random state on the same memory, so a run learns the same numbers wherever each step ran
-(tests/rl/test_learner_process.py).
+them), with buffers for the batch, all taken at the start (where /dev/shm has no room for them the
+run keeps the update in its thread). For each update the trainer copies its batch into those
+buffers and sends the iteration, learning rate, torch thread count and random state; the process
+(at SCHED_IDLE from its start) makes gradient steps while the rollout is in flight, and answers
+with its metrics when it finished the update, or with the steps it made once the rollout is done:
+the trainer then makes the rest at normal priority (`update_steps(start=...)`, which skips those
+steps but draws their minibatches alike), so other load on the node cannot starve the update. Both
+run the same code with the same thread count and random state on the same memory, so a run learns
+the same numbers wherever each step ran (tests/rl/test_learner_process.py).
 
 The process is a plain `python -m hpcrl.rl.learner_process` (not multiprocessing's spawn, which
 re-runs a user's main script in the child), gets SIGKILL when the trainer dies
@@ -109,7 +110,11 @@ class LearnerProcess:
             flag, flag_spec = self.files.put(torch.zeros((), dtype=torch.uint8))
             self.finished = SharedEvent(flag)
             """The rollout thread's `finished`: the process stops making steps once it is set."""
-            self._batch: dict[str, Any] | None = None
+            # The batch's buffers too, now: the rollout's shapes are fixed, so all the shared memory a run
+            # needs is taken (or found missing) before the first update, never midway.
+            batch = {k: self.files.put(v.contiguous()) for k, v in _flat_items(agent.batch(*agent.advantages()))}
+            self._batch = {k: m for k, (m, _) in batch.items()}
+            batch_specs = {k: spec for k, (_, spec) in batch.items()}
             to_child, self._send_end = os.pipe()
             self._recv_end, from_child = os.pipe()
             try:
@@ -122,7 +127,7 @@ class LearnerProcess:
                 os.close(from_child)
             self._to = multiprocessing.connection.Connection(self._send_end, readable=False)
             self._from = multiprocessing.connection.Connection(self._recv_end, writable=False)
-            self._to.send((type(agent), agent.learner_setup(), specs, flag_spec, self.files.dir))
+            self._to.send((type(agent), agent.learner_setup(), specs, flag_spec, batch_specs, self.files.dir))
         except BaseException:
             self.files.unlink()
             raise
@@ -141,25 +146,11 @@ class LearnerProcess:
     def __call__(self, batch: dict[str, Any], iteration: int, iterations: int, lr: float) -> tuple[bool, Any]:
         """Run `batch`'s update there until the rollout is done: (True, its metrics, having set
         this process's random state to where the update left it) or (False, (steps made, samples
-        they clipped)), the rest of the update being the caller's. OSError: no room in shared
-        memory for the first batch; nothing was sent."""
-        specs = None
-        if self._batch is None:
-            files = SharedFiles()
-            try:
-                mapped = {k: files.put(v.contiguous()) for k, v in _flat_items(batch)}
-                self._batch = {k: m for k, (m, _) in mapped.items()}
-                specs = {k: s for k, (_, s) in mapped.items()}
-                self._send(("update", iteration, iterations, lr, torch.get_num_threads(), _rng_bytes(), (files.dir, specs)))
-                result = self._answer()
-            finally:
-                files.unlink()
-        else:
-            for k, v in _flat_items(batch):
-                self._batch[k].copy_(v)
-            self._send(("update", iteration, iterations, lr, torch.get_num_threads(), _rng_bytes(), None))
-            result = self._answer()
-        finished, value, steps, rng = result
+        they clipped)), the rest of the update being the caller's."""
+        for k, v in _flat_items(batch):
+            self._batch[k].copy_(v)
+        self._send(("update", iteration, iterations, lr, torch.get_num_threads(), _rng_bytes()))
+        finished, value, steps, rng = self._answer()
         self.steps_made += steps
         if finished:
             _set_rng(rng)
@@ -250,21 +241,18 @@ def _map_all(directory: str, specs: dict[str, Spec]) -> dict[str, torch.Tensor]:
 
 
 def _serve(to_trainer: multiprocessing.connection.Connection, requests: multiprocessing.connection.Connection) -> None:
-    agent_class, setup, specs, flag_spec, directory = requests.recv()
+    agent_class, setup, specs, flag_spec, batch_specs, directory = requests.recv()
     try:
         agent = agent_class.learner_replica(setup, _map_all(directory, specs))
         finished = _map_all(directory, {"flag": flag_spec})["flag"]
+        batch = _nested(_map_all(directory, batch_specs))
     except BaseException:  # noqa: BLE001 - the trainer raises it
         to_trainer.send(("error", traceback.format_exc()))
         return
     to_trainer.send(("ready", None))
-    batch: dict[str, Any] | None = None
     while (request := requests.recv()) is not None:
-        _, iteration, iterations, lr, threads, rng, new_batch = request
+        _, iteration, iterations, lr, threads, rng = request
         try:
-            if new_batch is not None:
-                batch = _nested(_map_all(*new_batch))
-            assert batch is not None, "the first update brings its batch"
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             _set_rng(rng)

@@ -482,13 +482,8 @@ class OnPolicyAgent:
     def _update_beside(self, batch: dict[str, Any], lr: float) -> dict[str, float]:
         """One update from `batch`, begun in the learner process while the rollout is in flight,
         and finished here at normal priority where the rollout ended first."""
-        assert self._learner is not None and self._yielding is not None and self._thread is not None
-        try:
-            finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
-        except OSError:  # no room for the batch in shared memory: the update's thread does it from now on
-            self._learner.close()
-            self._learner = None
-            return self._yielding(self.update_steps(batch), self._thread.finished)
+        assert self._learner is not None
+        finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
         if finished:
             return value
         done, clipped = value

@@ -184,7 +184,7 @@ SMALL_SHM = textwrap.dedent(
     from test_algorithms import make_agent
     agent = make_agent("ppo", BARS, **PPO_BARS)
     agent._pace.choose = lambda: True
-    if sys.argv[3] == "batch":  # room for the weights, then none for the first batch
+    if sys.argv[3] == "after":  # everything mapped, then /dev/shm filled to its last page
         _ready(agent)
         free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
         with open("/dev/shm/filler", "wb") as f:
@@ -208,19 +208,23 @@ def _can_mount_tmpfs() -> bool:
 
 
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and `unshare -m` to give a trainer a /dev/shm of its own size")
-@pytest.mark.parametrize(("full_before", "size"), [("weights", "8k"), ("batch", "64m")])
+@pytest.mark.parametrize(("full_before", "size"), [("weights", "8k"), ("batch", "256k"), ("after", "64m")])
 def test_a_full_dev_shm_leaves_the_update_to_the_thread(full_before: str, size: str) -> None:
-    """A /dev/shm too small for the learner's weights (a container's 64 MB beside a large network), or filled
-    before its first batch: the run goes on with the update in its thread, where a file only truncated to size
-    had the trainer die of SIGBUS at its first write."""
+    """A /dev/shm too small for the learner's weights (a container's 64 MB beside a large network), or with
+    room for its weights (160 kB here) but not its batch (190 kB): the run goes on with the update in its
+    thread, where a file only truncated to size had the trainer die of SIGBUS at its first write. Filled once
+    the process has mapped everything, it keeps the process: nothing more is taken midway."""
     script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec \"$0\" \"$@\""
     here = str(Path(__file__).parent)
     argv = ["unshare", "-m", "sh", "-c", script, sys.executable, "-c", SMALL_SHM, here, str(Path(__file__).parents[1]), full_before]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
     fell_back, steps = done.stdout.split()
-    assert fell_back == "True", "the run kept a learner process with no room for it"
-    assert int(steps) == (4 if full_before == "batch" else 3) * 32 * 4, "every iteration ran"
+    if full_before == "after":
+        assert fell_back == "False", "a /dev/shm filled after the start made the run drop its learner process"
+    else:
+        assert fell_back == "True", "the run kept a learner process with no room for it"
+    assert int(steps) == (4 if full_before == "after" else 3) * 32 * 4, "every iteration ran"
 
 
 def _alive(pid: int) -> bool:
