@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,14 @@ def positive_number(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {shown(text)}")
     return value
+
+
+def device(text: str) -> str:
+    """Where a benchmark's learners run, named as torch does: cpu, cuda or cuda:N. Not `auto`: a figure
+    says which device made it."""
+    if not re.fullmatch(r"cpu|cuda|cuda:[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {shown(text)}")
+    return text
 
 
 def seconds(text: str) -> float:

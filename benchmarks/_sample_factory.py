@@ -66,12 +66,14 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     from sf_examples.vizdoom.doom.doom_params import add_doom_env_args, doom_override_defaults
 
     s = settings
+    if s["gpu"] is not None:  # before CUDA starts in any of its processes: they inherit it
+        os.environ["CUDA_VISIBLE_DEVICES"] = s["gpu"]
     per_worker = s["num_envs"] // s["workers"]
     train_dir = args.scratch  # its checkpoints too, in the measurement's scratch folder (its TMPDIR: a short path, see `run_child`)
     os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `run_child` removes the folder, however this ended
     learn = args.learn or 10**9
     argv = [
-        "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", f"--device={s['device']}", f"--seed={s['seed']}",
+        "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", f"--device={'cpu' if s['gpu'] is None else 'gpu'}", f"--seed={s['seed']}",
         f"--num_workers={s['workers']}", f"--num_envs_per_worker={per_worker}", f"--worker_num_splits={2 if per_worker % 2 == 0 else 1}",
         f"--rollout={s['rollout']}", f"--batch_size={s['minibatch']}", f"--num_batches_per_epoch={s['minibatches']}",
         f"--num_epochs={s['epochs']}", f"--learning_rate={s['lr']}", f"--gamma={s['gamma']}", f"--gae_lambda={s['gae_lambda']}",
@@ -125,7 +127,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
     if last == first:  # a setting its learner cannot batch: it "trains" on nothing, at once and for ever
         raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
-    result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": "cuda" if s["device"] == "gpu" else "cpu", "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
+    result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": args.device, "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
     if args.learn:
         result.update(total_steps=last, final_return=_final_return(cfg, args.eval_episodes))
     return result

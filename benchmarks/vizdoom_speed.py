@@ -46,8 +46,8 @@ default, `-p key=value` overrides as hpcrl's):
   own rule); it samples with a policy up to its max_policy_lag versions old and corrects nothing
   (hpcrl's async rollout is exactly one iteration behind); one torch thread in each of its
   processes (its rule). Steps are environment steps (`--summaries_use_frameskip=False`), those its
-  learner trained on, as hpcrl counts them. With `--device cuda`, its learner and inference worker run on
-  the GPU (`--device=gpu`, its one GPU), as hpcrl's update and forward pass do.
+  learner trained on, as hpcrl counts them. With `--device cuda[:N]`, its learner and inference worker run on
+  the GPU hpcrl's side runs on (`--device=gpu`, that GPU the only one it sees: `sf_gpu`).
 - `envpool-random` (only where envpool is installed and the scenario is `basic`): EnvPool's
   Basic-v1 at the same frame skip and 80x60 frames, stepped with random actions.
 
@@ -93,6 +93,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -357,7 +358,22 @@ def sf_settings(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
             "gamma": t.gamma, "gae_lambda": t.gae_lambda, "clip": t.clip_coef, "clip_value": t.clip_coef if t.clip_vloss else 1e9, "ent_coef": t.ent_coef,
             "vf_coef": t.vf_coef * 0.5, "max_grad_norm": t.max_grad_norm, "reward_scale": t.reward_scale, "cnn_channels": list(t.cnn_channels),
             "hidden": t.hidden_sizes[0], "activation": t.activation, "seed": args.seed,
-            "device": "gpu" if args.device.startswith("cuda") else "cpu"}  # fmt: skip
+            "gpu": sf_gpu(args.device)}  # fmt: skip
+
+
+def sf_gpu(device: str) -> str | None:
+    """The one GPU Sample Factory's side sees (its CUDA_VISIBLE_DEVICES) where hpcrl's side runs on `device`:
+    its learner takes the first GPU it sees, so cuda:N is the Nth of those this process sees. None: the CPU."""
+    if device == "cpu":
+        return None
+    index = int(device.partition(":")[2] or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(index)
+    ids = [x.strip() for x in visible.split(",") if x.strip()]
+    if index >= len(ids):
+        raise SystemExit(f"--device {device}: CUDA_VISIBLE_DEVICES={visible!r} shows {len(ids)} GPU(s)")
+    return ids[index]
 
 
 def _scenario_file(env_id: str) -> str:
@@ -403,8 +419,8 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
-        last = [x.strip() for x in err.splitlines() if x.strip()][-1:]  # where it was: a start that never ended, say
-        return {"error": f"no result within {timeout:.0f} s: killed" + (f"; its last line: {last[0]}"[:300] if last else "")}
+        last = last_line(err)  # where it was: a start that never ended, say
+        return {"error": f"no result within {timeout:.0f} s: killed" + (f"; its last line: {last}" if last else "")[:300]}
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running (env workers)
@@ -414,8 +430,14 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     for line in out.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    return {"error": (lines[-1] if lines else f"exit {proc.returncode}, no output")[:300]}
+    return {"error": (last_line(err) or f"exit {proc.returncode}, no output")[:300]}
+
+
+def last_line(text: str) -> str:
+    """The last line of a measurement's stderr that says something, without terminal colours (Sample Factory's
+    log lines come coloured, and a cut one would leave the table's rest in its colour)."""
+    lines = [x.strip() for x in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if x.strip()]
+    return lines[-1] if lines else ""
 
 
 def scratch_prefix(side: str, benchmark_pid: int) -> str:
@@ -518,7 +540,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "vizdoom_ppo.yaml"))
     parser.add_argument("-p", dest="overrides", action="append", default=[], help="key=value, as hpcrl's -p")
-    parser.add_argument("--device", default="cpu", help="train.device of hpcrl and SB3: cpu, cuda, cuda:N")
+    parser.add_argument("--device", type=_args.device, default="cpu", help="train.device of hpcrl and SB3 (Sample Factory: the same GPU): cpu, cuda, cuda:N")
     parser.add_argument("--num-envs", type=_args.positive_integer, nargs="+", default=[8])
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--seconds", type=_args.seconds, default=20.0, help="timed seconds per measurement, after one warm-up iteration")

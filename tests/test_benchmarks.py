@@ -174,20 +174,35 @@ def check_episodes_counted(rows: list[dict]) -> None:
         assert row["steps"] <= (row["episodes"] + row["num_envs"]) * BASIC_LONGEST, row
 
 
-@pytest.mark.e2e
 def test_a_measurement_killed_at_its_timeout_says_where_it_was(tmp_path: Path) -> None:
     """vizdoom_speed.py's FAILED row for a measurement that never answered carries the last line it wrote (Sample
     Factory's runner that waits for its inference worker for ever logs where it is every few seconds), and the
     measurement's whole process group goes with it."""
     bench = load_benchmark("vizdoom_speed")
     stuck = tmp_path / "stuck"
-    stuck.write_text(f'#!/bin/sh\necho "Total num frames: 0" >&2\necho $$ > {tmp_path}/pid\nexec sleep 60\n')
+    stuck.write_text(f'#!/bin/sh\nprintf "\\033[36m[12:00] Total num frames: 0\\033[0m\\n\\n" >&2\necho $$ > {tmp_path}/pid\nexec sleep 60\n')
     stuck.chmod(0o755)
     result = bench.run_child([], "sample-factory", 2, timeout=2.0, python=str(stuck))
-    assert result == {"error": "no result within 2 s: killed; its last line: Total num frames: 0"}
+    assert result == {"error": "no result within 2 s: killed; its last line: [12:00] Total num frames: 0"}
     assert not Path(f"/proc/{(tmp_path / 'pid').read_text().strip()}").exists()
 
 
+def test_sample_factory_sees_the_one_gpu_hpcrl_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sample Factory's learner takes the first GPU it sees: for hpcrl's cuda:N its side sees only the Nth GPU
+    this process sees, so both sides measure on the same card; none it cannot see is one line."""
+    sf_gpu = load_benchmark("vizdoom_speed").sf_gpu
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert (sf_gpu("cpu"), sf_gpu("cuda"), sf_gpu("cuda:3")) == (None, "0", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")
+    assert (sf_gpu("cuda"), sf_gpu("cuda:1")) == ("4", "6")
+    with pytest.raises(SystemExit, match=r"--device cuda:2: CUDA_VISIBLE_DEVICES='4, 6' shows 2 GPU\(s\)"):
+        sf_gpu("cuda:2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SystemExit, match="shows 0 GPU"):
+        sf_gpu("cuda")
+
+
+@pytest.mark.e2e
 def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """No registry (pip pointed at a closed port, no local wheels): Sample Factory's side is one SKIPPED row
     naming pip's failure, the rest of the table stands, the exit is 0; and no half-built venv is left. Without
@@ -347,6 +362,8 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
         ("vizdoom_speed.py", ["--out", "{tmp}", "--seconds", "nan"], "argument --seconds: expected finite seconds > 0, at most 3600, got nan"),
         ("distributed.py", ["pipe", "--seconds", "0"], "argument --seconds: expected finite seconds > 0, at most 3600, got 0"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--num-envs", "0"], "argument --num-envs: expected an integer >= 1, got 0"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--device", "cuda:x"], "argument --device: expected cpu, cuda or cuda:N, got cuda:x"),
+        ("vizdoom_speed.py", ["--out", "{tmp}", "--device", "cuda\n"], "argument --device: expected cpu, cuda or cuda:N, got 'cuda\\n'"),
         ("vizdoom_speed.py", ["--out", "/dev/null"], "argument --out: cannot make a directory there (File exists): '/dev/null'"),
         ("vizdoom_speed.py", ["--out", "/dev/null/speed\nx"], "argument --out: cannot make a directory there (Not a directory): '/dev/null/speed\\nx'"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--learn", "-5"], "argument --learn: expected an integer >= 0, got -5"),
