@@ -36,6 +36,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
+from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
 from hpcrl.store.rundir import RunError
@@ -126,6 +127,7 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
     env raises goes back as its type and message (a traceback here would be a second message)."""
     try:
         die_with_parent()
+        leave_stops_to_the_trainer()
         env = thunk()
         answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
         env.close()
@@ -139,8 +141,10 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     command until `close`, which it answers before closing them (a close that hangs is the
     trainer's to bound). An error in an env goes back with its traceback, and the worker ends.
     Its envs' temporary files go under `scratch` (ViZDoom's game directories), which the trainer
-    removes once the workers are gone, closed or killed."""
+    removes once the workers are gone, closed or killed. Deaf to the signals the trainer stops on,
+    and so are its envs' engines: the trainer ends the worker."""
     parent_end.close()
+    leave_stops_to_the_trainer()
     tempfile.tempdir = scratch
     envs = None
     try:
@@ -155,8 +159,8 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
             else:  # close
                 pipe.send(("ok", None))
                 break
-    except (KeyboardInterrupt, EOFError):
-        pass  # the trainer is ending (a forked worker shares its terminal), or is gone
+    except EOFError:
+        pass  # the trainer is gone
     except Exception as exc:  # noqa: BLE001 - raised again in the trainer by _answer
         with contextlib.suppress(OSError):
             pipe.send(("error", _error(exc, with_trace=True)))
@@ -323,10 +327,16 @@ class Workers(gym.vector.VectorEnv):
 def _close_at_exit(workers: weakref.ref[Workers]) -> None:
     """At the exit of a program that never closed its workers (an exception, or a script that ends
     without `close`): close them. Otherwise multiprocessing's own exit hook would SIGTERM the workers
-    alone, and their children (ViZDoom's game engines) would live on, orphans, for ever."""
+    alone, and their children (ViZDoom's game engines) would live on, orphans, for ever. A close that
+    raises kills the workers (with their engines and files): that hook then joins its children without
+    a bound, and a worker ignores the SIGTERM it sends them first (`leave_stops_to_the_trainer`)."""
     envs = workers()
     if envs is not None and not envs.closed:
-        envs.close()
+        try:
+            envs.close()
+        except BaseException:
+            envs._fail()
+            raise
 
 
 def kill_trees(pids: Sequence[int]) -> None:

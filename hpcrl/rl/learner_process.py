@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.lifeline import dies_with_me
 
 ANSWER_TIMEOUT_S = 600.0
@@ -199,8 +200,10 @@ class LearnerProcess:
 
 def _born_idle(lifeline: Callable[[], None]) -> None:
     """The process's preexec_fn: its lifeline, and SCHED_IDLE from its first instruction, so that even
-    its start (importing torch: some 2.7 s of CPU) takes only cores the run leaves idle."""
+    its start (importing torch: some 2.7 s of CPU) takes only cores the run leaves idle; deaf to the
+    signals the trainer stops on, which end it itself (its pipe, SIGKILL, or its lifeline)."""
     lifeline()
+    leave_stops_to_the_trainer()
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 

@@ -81,6 +81,16 @@ def ignore_warnings() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def leave_stops_to_the_trainer() -> None:
+    """Called in a process the trainer starts and ends itself (an env worker, the learner process):
+    ignore a scheduler's warnings and Ctrl-C, here and in every program it execs (SIG_IGN outlives an
+    exec; a handler does not). Grid Engine signals every process of a job, Slurm's cancel every
+    process of a step, a terminal its foreground group: the trainer checkpoints on them, and a helper
+    or a ViZDoom engine they killed (its default action) would fail the run they ask to save."""
+    ignore_warnings()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag], int], out: TextIO | None) -> int:
     """Run `body(run_dir, stop)` unless the run is done or locked; its return value is the exit code."""
     rd = run_dir(experiment_dir, run.run_id)

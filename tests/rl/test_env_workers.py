@@ -367,6 +367,11 @@ envs.reset(seed=0)
 envs.step(envs.action_space.sample())
 if sys.argv[1] == "raise":
     raise RuntimeError("the user's script fails")
+if sys.argv[1] == "close-fails":  # the exit's own close raises (seen with /dev/shm full): the exit must not hang
+    from hpcrl.rl.env_workers import Workers
+    def fails(self, *args, **kwargs):
+        raise OSError("no room")
+    Workers.close_extras = fails
 if sys.argv[1] == "kill-worker":
     os.kill(int(open(sys.argv[2]).read().splitlines()[-1].split()[1]), signal.SIGKILL)  # a worker's (the first line is the probe's)
     try:
@@ -378,13 +383,15 @@ if sys.argv[1] == "kill-worker":
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("ending", ["exit", "raise", "kill-worker"])
+@pytest.mark.parametrize("ending", ["exit", "raise", "kill-worker", "close-fails"])
 def test_a_program_ending_without_closing_its_workers_leaves_no_engine_and_no_file(ending: str, tmp_path: Path) -> None:
     """A script that builds envs in workers and ends without closing them (it returns, or raises): no env's
     engine process lives on, and no temporary file stays. Before, multiprocessing's exit hook SIGTERMed the
     workers alone, and every ViZDoom engine lived on as an orphan, its directory in /tmp. A worker killed from
     outside (an OOM kill): its envs' files go with the workers' close. (Its engines are orphaned before the
-    trainer hears of it; in a job, the keeper of the job's processes ends them: tests/schedulers/test_local_orphans.py.)"""
+    trainer hears of it; in a job, the keeper of the job's processes ends them: tests/schedulers/test_local_orphans.py.)
+    A close at the exit that raises: the workers are killed, and the exit does not wait for ever on them (they ignore
+    the SIGTERM that multiprocessing's exit hook sends before it joins them without a bound)."""
     (tmp_path / "engine_env.py").write_text(ENGINE_ENV)
     (tmp_path / "tmp").mkdir()
     record = tmp_path / "engines.txt"

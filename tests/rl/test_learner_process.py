@@ -139,6 +139,25 @@ def test_a_learner_process_that_dies_fails_the_run_with_how_it_ended() -> None:
         agent.envs.close()
 
 
+def test_a_warning_or_ctrl_c_that_reaches_the_learner_process_leaves_it_working() -> None:
+    """Grid Engine sends its warnings (USR1, USR2) to every process of a job, Slurm's cancel TERM to every
+    process of a step, a terminal SIGINT to its foreground group: the trainer checkpoints on them, and the
+    learner process, which would have died (a run failed with "learner process died"), goes on."""
+    agent = make_agent("ppo", BARS, **PPO_BARS)
+    agent._pace.choose = lambda: True
+    try:
+        _ready(agent)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            agent._learner.process.send_signal(sig)
+        made = agent._learner.steps_made
+        for _ in range(2):
+            agent.train_iteration()
+        assert agent._learner.process.poll() is None and agent._learner.steps_made > made
+    finally:
+        agent.close()
+        agent.envs.close()
+
+
 TRAINER = textwrap.dedent(
     """
     import sys, time

@@ -5,8 +5,10 @@ AsyncVectorEnv), the three bundled configs running end to end (tiny budgets), an
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -275,3 +277,41 @@ def test_ppo_learns_basic_with_the_bundled_config(tmp_path: Path) -> None:
     returns = [float(row.split(",")[1]) for row in rows[1:]]
     assert len(returns) == exp.eval.episodes
     assert np.mean(returns) >= 70, returns
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid`, from /proc's children lists."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            children = [int(c) for c in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        except FileNotFoundError:
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="needs /proc's children lists")
+def test_a_warning_or_ctrl_c_sent_to_every_process_of_the_job_leaves_the_games_running() -> None:
+    """Grid Engine signals every process of a job at its warnings (USR1, USR2), Slurm's cancel every process of a
+    step (TERM), a terminal its foreground group (SIGINT). The trainer checkpoints on them; its env workers and
+    their ViZDoom engines, which died of them ("Unexpected ViZDoom instance crash" at the next step: a run failed
+    where it was asked to save), step on."""
+    envs = make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=2, vectorization="async", kwargs={"downsample": 2}))
+    try:
+        envs.reset(seed=0)
+        base = envs.unwrapped
+        workers = [p.pid for group in getattr(base, "groups", [base]) for p in group.unwrapped.processes]
+        helpers = [*workers, *(d for w in workers for d in _descendants(w))]
+        assert any(open(f"/proc/{p}/comm").read().strip() == "vizdoom" for p in helpers), "no ViZDoom engine under the trainer"
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            for pid in helpers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        time.sleep(0.5)
+        for _ in range(20):
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert all(os.path.exists(f"/proc/{p}") for p in helpers)
+    finally:
+        envs.close()
