@@ -75,13 +75,14 @@ class Deadline:
                 "trainer's own process cannot be bounded (train.async_rollout: true with env.vectorization: sync): set env.vectorization: async"
             )
         deadline = time.monotonic() + self.timeout
-        theirs_fired = False
+        theirs_fired = ended = False
 
         def expired(signum: int, frame: Any) -> None:
             nonlocal theirs_fired
             if time.monotonic() < deadline:  # the alarm of whoever set one before us, and sooner: theirs
                 theirs_fired = True
-                signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-6))
+                if not ended:  # Python runs a handler late: once the call has ended, our own timer stays off
+                    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-6))
                 if callable(previous):
                     previous(signum, frame)
                 return
@@ -97,6 +98,7 @@ class Deadline:
         try:
             yield
         finally:
+            ended = True
             signal.setitimer(signal.ITIMER_REAL, 0)
             _armed.clear()
             signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
