@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from typing import Any
 
@@ -102,10 +103,30 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         def __init__(self) -> None:
             self.marks: list[tuple[float, int, Any, int]] = []
             self.ended = 0
+            self.died: list[str] = []
 
         def episode(self, runner: Any, msg: Any, policy_id: Any) -> None:
             """Its rollout workers' report of one finished episode."""
             self.ended += 1
+
+        def on_start(self, runner: Any) -> None:
+            """A watch on its processes, once a second: its runner outlives a rollout worker that died (an exception
+            in its event loop, numpy 2 under 2.1.1's) and waits for frames for ever; the watch ends the run instead."""
+            from signal_slot.signal_slot import EventLoopObject, Timer
+
+            clock = self
+
+            class Watch(EventLoopObject):  # a timer's slot must be a method of one
+                def look(self) -> None:
+                    dead = [f"{p.name} ({_how(p.exitcode)})" for p in [*runner.processes, *runner.sampler.processes] if p.exitcode is not None]
+                    if dead and not runner.stopped:
+                        clock.died = dead
+                        timer.stop()
+                        runner._stop_training(failed=True)
+
+            self.watch = Watch(runner.event_loop, "hpcrl_watch")
+            timer = Timer(runner.event_loop, 1.0)
+            timer.timeout.connect(self.watch.look)
 
         def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
             if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
@@ -121,7 +142,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     runner.register_observer(clock)
     runner.register_episodic_stats_handler(clock.episode)
     if runner.init() != ExperimentStatus.SUCCESS or runner.run() != ExperimentStatus.SUCCESS:
-        raise RuntimeError("Sample Factory's runner did not succeed")
+        raise RuntimeError(f"Sample Factory's {', '.join(clock.died)} died mid-run" if clock.died else "Sample Factory's runner did not succeed")
     if len(clock.marks) < 3:
         raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
     (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
@@ -131,6 +152,11 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     if args.learn:
         result.update(total_steps=last, final_return=_final_return(cfg, args.eval_episodes))
     return result
+
+
+def _how(exitcode: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    return f"killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
 
 
 def _final_return(cfg: Any, episodes: int) -> float:

@@ -419,8 +419,8 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
-        last = last_line(err)  # where it was: a start that never ended, say
-        return {"error": f"no result within {timeout:.0f} s: killed" + (f"; its last line: {last}" if last else "")[:300]}
+        said = what_it_said(err)  # where it was: a start that never ended, say
+        return {"error": (f"no result within {timeout:.0f} s: killed" + (f"; its last line: {said}" if said else ""))[:400]}
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running (env workers)
@@ -430,14 +430,36 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     for line in out.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])
-    return {"error": (last_line(err) or f"exit {proc.returncode}, no output")[:300]}
+    return {"error": (what_it_said(err) or f"exit {proc.returncode}, no output")[:400]}
+
+
+def _said(text: str) -> list[str]:
+    """A measurement's stderr, the lines that say something, without terminal colours (Sample Factory's log lines
+    come coloured, and a cut one would leave the table's rest in its colour)."""
+    return [x.strip() for x in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if x.strip()]
 
 
 def last_line(text: str) -> str:
-    """The last line of a measurement's stderr that says something, without terminal colours (Sample Factory's
-    log lines come coloured, and a cut one would leave the table's rest in its colour)."""
-    lines = [x.strip() for x in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if x.strip()]
+    """The last line of a measurement's stderr that says something."""
+    lines = _said(text)
     return lines[-1] if lines else ""
+
+
+_EXCEPTION = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
+
+
+def first_error(text: str) -> str:
+    """The first line of a measurement's stderr that names a Python exception (`ValueError: ...`): a process of the
+    side that died first while the rest went on. Sample Factory's runner outlives its rollout workers: with numpy 2
+    under its 2.1.1 each died at its first step ("setting an array element with a sequence"), and the runner's last
+    line, until killed, was its report of 0 frames."""
+    return next((x for x in _said(text) if _EXCEPTION.match(x)), "")
+
+
+def what_it_said(text: str) -> str:
+    """A failed measurement's last line, and its first error where that is another line."""
+    last, first = last_line(text), first_error(text)
+    return last if first in ("", last) else f"{last}; its first error: {first}"
 
 
 def scratch_prefix(side: str, benchmark_pid: int) -> str:

@@ -187,6 +187,26 @@ def test_a_measurement_killed_at_its_timeout_says_where_it_was(tmp_path: Path) -
     assert not Path(f"/proc/{(tmp_path / 'pid').read_text().strip()}").exists()
 
 
+def test_a_failed_measurement_names_the_first_error_of_a_process_that_died_before_it(tmp_path: Path) -> None:
+    """Where a side's process died and the rest went on (Sample Factory's runner outlives its rollout workers, which
+    died of numpy 2 under its 2.1.1 at their first step: "0 frames" was all its last line said), the FAILED row
+    names that first error beside the last line, and a last line that is itself the first error once."""
+    bench = load_benchmark("vizdoom_speed")
+    worker_died = tmp_path / "worker_died"
+    worker_died.write_text(
+        "#!/bin/sh\nprintf 'Traceback (most recent call last):\\n  File \"x.py\", line 1\\n"
+        "\\033[33mValueError: setting an array element with a sequence.\\033[0m\\n[12:00] Total num frames: 0\\n"
+        "RuntimeError: the runner gave up\\n' >&2\nexit 1\n"
+    )
+    worker_died.chmod(0o755)
+    result = bench.run_child([], "sample-factory", 2, timeout=30.0, python=str(worker_died))
+    assert result == {"error": "RuntimeError: the runner gave up; its first error: ValueError: setting an array element with a sequence."}
+    alone = tmp_path / "alone"
+    alone.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named pygame' >&2\nexit 1\n")
+    alone.chmod(0o755)
+    assert bench.run_child([], "sample-factory", 2, timeout=30.0, python=str(alone)) == {"error": "ModuleNotFoundError: No module named pygame"}
+
+
 def test_sample_factory_sees_the_one_gpu_hpcrl_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sample Factory's learner takes the first GPU it sees: for hpcrl's cuda:N its side sees only the Nth GPU
     this process sees, so both sides measure on the same card; none it cannot see is one line."""
