@@ -72,6 +72,12 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     per_worker = s["num_envs"] // s["workers"]
     train_dir = args.scratch  # its checkpoints too, in the measurement's scratch folder (its TMPDIR: a short path, see `run_child`)
     os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `run_child` removes the folder, however this ended
+    # Each engine checks for ./_vizdoom/, then creates it: two of its rollout workers starting their games at once
+    # raced on it, and the loser died in game.init() ("Failed to create ./_vizdoom/ directory: File exists", then
+    # SIGSEGV: 2 of 14 runs here), leaving Sample Factory to run on its other worker's envs at about half its rate.
+    # hpcrl's games each start in a folder of their own (hpcrl.rl.vizdoom_env.OwnDirectory); here the folder is
+    # made before any game starts.
+    os.makedirs("_vizdoom", exist_ok=True)
     learn = args.learn or 10**9
     argv = [
         "--env=hpcrl_doom", "--experiment=sf", f"--train_dir={train_dir}", f"--device={'cpu' if s['gpu'] is None else 'gpu'}", f"--seed={s['seed']}",
