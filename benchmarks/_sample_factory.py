@@ -74,7 +74,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     os.chdir(train_dir)  # ViZDoom's engines write ./_vizdoom* here; `run_child` removes the folder, however this ended
     # Each engine checks for ./_vizdoom/, then creates it: two of its rollout workers starting their games at once
     # raced on it, and the loser died in game.init() ("Failed to create ./_vizdoom/ directory: File exists", then
-    # SIGSEGV: 2 of 14 runs here), leaving Sample Factory to run on its other worker's envs at about half its rate.
+    # SIGSEGV: 3 of 13 measurements here), leaving Sample Factory to run on its other worker's envs at about half its rate.
     # hpcrl's games each start in a folder of their own (hpcrl.rl.vizdoom_env.OwnDirectory); here the folder is
     # made before any game starts.
     os.makedirs("_vizdoom", exist_ok=True)
