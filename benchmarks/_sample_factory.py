@@ -125,14 +125,13 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
             class Watch(EventLoopObject):  # a timer's slot must be a method of one
                 def look(self) -> None:
                     dead = [f"{p.name} ({_how(p.exitcode)})" for p in [*runner.processes, *runner.sampler.processes] if p.exitcode is not None]
-                    if dead and not runner.stopped:
+                    if dead and not runner.stopped:  # once stopped, its processes end as they should
                         clock.died = dead
-                        timer.stop()
                         runner._stop_training(failed=True)
 
             self.watch = Watch(runner.event_loop, "hpcrl_watch")
-            timer = Timer(runner.event_loop, 1.0)
-            timer.timeout.connect(self.watch.look)
+            self.timer = Timer(runner.event_loop, 1.0)
+            self.timer.timeout.connect(self.watch.look)
 
         def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
             if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)

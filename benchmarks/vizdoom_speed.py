@@ -90,6 +90,7 @@ quiet and loaded, a 2-core Xeon with AMX and a 2-core AMD EPYC; EnvPool's random
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -414,23 +415,33 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     # A session of its own, killed as a group below; and told by the kernel when this process dies (kill -9), as
     # SIGTERM, on which it kills its group (`_end_measurement`).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=dies_with_me(signal.SIGTERM))
+    deadline = time.monotonic() + timeout
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        said = what_it_said(err)  # where it was: a start that never ended, say
-        return {"error": (f"no result within {timeout:.0f} s: killed" + (f"; its last line: {said}" if said else ""))[:400]}
+        while True:
+            try:
+                out, err = proc.communicate(timeout=1.0)  # a retry after TimeoutExpired loses no output
+                break
+            except subprocess.TimeoutExpired:
+                if proc.poll() is not None:  # it ended, and what it left holds its pipes open (a game engine
+                    _kill_group(proc.pid)  # orphaned by a killed worker): until now, the whole timeout went by
+                elif time.monotonic() > deadline:
+                    _kill_group(proc.pid)
+                    _, err = proc.communicate()
+                    said = what_it_said(err)  # where it was: a start that never ended, say
+                    return {"error": (f"no result within {timeout:.0f} s: killed" + (f"; its last line: {said}" if said else ""))[:400]}
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left running (env workers)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc.pid)  # whatever it left running (env workers)
         shutil.rmtree(scratch, ignore_errors=True)
     for line in out.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])
     return {"error": (what_it_said(err) or f"exit {proc.returncode}, no output")[:400]}
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL a measurement's process group, what is left of it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _said(text: str) -> list[str]:
@@ -439,26 +450,17 @@ def _said(text: str) -> list[str]:
     return [x.strip() for x in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if x.strip()]
 
 
-def last_line(text: str) -> str:
-    """The last line of a measurement's stderr that says something."""
-    lines = _said(text)
-    return lines[-1] if lines else ""
-
-
 _EXCEPTION = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|$)")
 
 
-def first_error(text: str) -> str:
-    """The first line of a measurement's stderr that names a Python exception (`ValueError: ...`): a process of the
-    side that died first while the rest went on. Sample Factory's runner outlives its rollout workers: with numpy 2
-    under its 2.1.1 each died at its first step ("setting an array element with a sequence"), and the runner's last
-    line, until killed, was its report of 0 frames."""
-    return next((x for x in _said(text) if _EXCEPTION.match(x)), "")
-
-
 def what_it_said(text: str) -> str:
-    """A failed measurement's last line, and its first error where that is another line."""
-    last, first = last_line(text), first_error(text)
+    """A failed measurement's last line, and the first line naming a Python exception (`ValueError: ...`) where that
+    is another: a process of the side that died first while the rest went on. Sample Factory's runner outlives its
+    rollout workers: with numpy 2 under its 2.1.1 each died at its first step ("setting an array element with a
+    sequence"), and the runner's last line, until killed, was its report of 0 frames."""
+    lines = _said(text)
+    last = lines[-1] if lines else ""
+    first = next((x for x in lines if _EXCEPTION.match(x)), "")
     return last if first in ("", last) else f"{last}; its first error: {first}"
 
 
@@ -594,6 +596,16 @@ def main() -> None:
     if args.out is not None:
         _args.make_folder(parser, args.out, "--out")
     import torch
+
+    if args.device != "cpu":  # a GPU that is not there: one line before any side runs, not each side failing its own way
+        index, count = int(args.device.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= count:
+            parser.error(f"argument --device: {args.device} is not among the {count} GPU(s) torch sees here")
+        if "sample-factory" in args.sides:
+            try:
+                sf_gpu(args.device)
+            except SystemExit as refused:
+                parser.error(str(refused))
 
     argv = ["--config", args.config, "--device", args.device, "--seconds", str(args.seconds), "--learn", str(args.learn), "--eval-episodes", str(args.eval_episodes), "--seed", str(args.seed)]
     for o in args.overrides:

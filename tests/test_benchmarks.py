@@ -207,6 +207,18 @@ def test_a_failed_measurement_names_the_first_error_of_a_process_that_died_befor
     assert bench.run_child([], "sample-factory", 2, timeout=30.0, python=str(alone)) == {"error": "ModuleNotFoundError: No module named pygame"}
 
 
+def test_a_gpu_torch_does_not_see_is_one_line_before_any_side_runs(tmp_path: Path) -> None:
+    """--device cuda:N past the GPUs torch sees here: exit 2 and one line, before any side is measured (each side used
+    to fail its own way: Sample Factory's learner died of it and its runner waited out the timeout, 240 s)."""
+    import torch
+
+    missing = f"cuda:{torch.cuda.device_count()}"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--device", missing, "--sides", "random", "sample-factory", "--seconds", "1"],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    assert proc.stderr.strip().splitlines()[-1] == f"vizdoom_speed.py: error: argument --device: {missing} is not among the {torch.cuda.device_count()} GPU(s) torch sees here"
+
+
 def test_sample_factory_sees_the_one_gpu_hpcrl_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sample Factory's learner takes the first GPU it sees: for hpcrl's cuda:N its side sees only the Nth GPU
     this process sees, so both sides measure on the same card; none it cannot see is one line."""
@@ -543,6 +555,36 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
     if side == "sample-factory":
         assert measuring, "no folder of its own while it measured"
         assert not any(folder.exists() for folder in measuring), "the killed measurement left its folder"
+
+
+@pytest.mark.e2e
+def test_sample_factory_s_side_fails_at_once_when_one_of_its_rollout_workers_dies(tmp_path: Path) -> None:
+    """Sample Factory's runner outlives a rollout worker that died and goes on with the other workers' envs (at half
+    its rate with two; with numpy 2 under it, or its games' start race, it trained on nothing and waited out the
+    timeout): the benchmark's watch ends the side at once, FAILED, naming the process and how it ended."""
+    if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
+        pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
+    log = tmp_path / "bench.log"
+    with open(log, "w") as out:
+        bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "sample-factory", "--num-envs", "2", "--seconds", "120", "--timeout", "150"],
+                                 cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline, worker = time.monotonic() + 120, None
+        while worker is None:  # a rollout worker: the process its game engine runs under
+            assert bench.poll() is None and time.monotonic() < deadline, f"its games never started (exit {bench.poll()}):\n{log.read_text()[-2000:]}"
+            child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if "--child sample-factory" in line), None)
+            engines = [pid for pid, line in (in_session(child) if child else []) if "vizdoom/vizdoom" in line]
+            worker = next((int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in engines), None) if engines else None
+            time.sleep(0.2)
+        killed_at = time.monotonic()
+        os.kill(worker, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            bench.wait(timeout=60)
+    finally:
+        bench.kill()
+    said = log.read_text()
+    assert time.monotonic() - killed_at < 60 and re.search(r"FAILED: RuntimeError: Sample Factory's rollout_proc\d \(killed by SIGKILL\) died mid-run", said), said[-2000:]
 
 
 def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:
