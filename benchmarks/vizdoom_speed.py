@@ -439,9 +439,15 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
 
 
 def _kill_group(pgid: int) -> None:
-    """SIGKILL a measurement's process group, what is left of it."""
+    """SIGKILL a measurement's process group (its own session), what is left of it, and the shared memory only
+    those processes held: a killed ViZDoom engine's screen buffer and message queues stayed in /dev/shm for ever."""
+    from hpcrl.leftovers import in_session, remove_shared_memory, shared_memory_of
+
+    members = [pid for pid, _ in in_session(pgid)]
+    held = shared_memory_of(members)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    remove_shared_memory(held, members)
 
 
 def _said(text: str) -> list[str]:

@@ -4,6 +4,12 @@ A process may outlive the one that started it: a user's trainer that forks helpe
 engine (ViZDoom's) whose controller was SIGKILLed. A cluster ends a job's processes when the job
 ends; the program supervisor (hpcrl.runtime.program) and the local executor (hpcrl.schedulers.local)
 do the same through this one rule, each for the session it started.
+
+A killed process also leaves the POSIX shared memory it held (files in /dev/shm, which live in the
+node's RAM until they are removed): a SIGKILLed ViZDoom engine its screen buffer (10.6 MB at
+160x120) and two message queues. Whoever kills a process tree here (this module, and
+hpcrl.rl.env_workers's `kill_trees`) notes what its processes held and, once they are gone,
+removes what no live process still holds (`shared_memory_of`, `remove_shared_memory`).
 """
 
 from __future__ import annotations
@@ -12,23 +18,27 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
 LEFTOVER_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL of what was left running."""
+SHARED_MEMORY = "/dev/shm/"
 
 
 def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[int] = ()) -> None:
     """End what `who` (the program, a finished task) left running in `session` (SIGTERM, then SIGKILL
-    after LEFTOVER_GRACE_S), naming each process in the job log `out`; returns when none is left.
-    `spare` are not `who`'s (the program supervisor's keeper and its deputy)."""
+    after LEFTOVER_GRACE_S), naming each process in the job log `out`, and remove the shared memory
+    they alone held; returns when none is left. `spare` are not `who`'s (the program supervisor's
+    keeper and its deputy)."""
     left = [(pid, command) for pid, command in in_session(session) if pid not in spare]
     if not left:
         return
     named = "; ".join(f"pid {pid} ({command})" for pid, command in left)
     print(f"hpcrl: {who} left {len(left)} process(es) running: {named}; ending them (SIGTERM, SIGKILL after {LEFTOVER_GRACE_S:g} s)", file=out, flush=True)
+    ended = {pid for pid, _ in left}
+    held = shared_memory_of(ended)
     for sig, grace in ((signal.SIGTERM, LEFTOVER_GRACE_S), (signal.SIGKILL, LEFTOVER_GRACE_S)):
         deadline = time.monotonic() + grace
         while left and time.monotonic() < deadline:
@@ -37,7 +47,12 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
                     os.kill(pid, sig)
             time.sleep(0.05)
             left = [(pid, command) for pid, command in in_session(session) if pid not in spare]  # also what they started meanwhile
+            held |= shared_memory_of(pid for pid, _ in left if pid not in ended)
+            ended |= {pid for pid, _ in left}
         if not left:
+            removed = remove_shared_memory(held, ended)
+            if removed:
+                print(f"hpcrl: removed the shared memory they left: {', '.join(removed)}", file=out, flush=True)
             return
         if sig == signal.SIGTERM:
             print(f"hpcrl: still running after SIGTERM, sent SIGKILL: {', '.join(f'pid {pid}' for pid, _ in left)}", file=out, flush=True)
@@ -62,3 +77,48 @@ def in_session(session: int) -> list[tuple[int, str]]:
             continue
         found.append((int(entry.name), command[:200]))
     return found
+
+
+def shared_memory_of(pids: Iterable[int]) -> set[str]:
+    """The files of /dev/shm that these processes map or hold open (from /proc; none without it)."""
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+            if SHARED_MEMORY in maps:  # most processes map none: no line to split
+                found.update(parts[5] for line in maps.splitlines() if len(parts := line.split(maxsplit=5)) == 6 and parts[5].startswith(SHARED_MEMORY))
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith(SHARED_MEMORY):
+                        found.add(target)
+    return {path for path in found if not path.endswith(" (deleted)")}
+
+
+def remove_shared_memory(held: set[str], killed: Iterable[int], timeout: float = LEFTOVER_GRACE_S) -> list[str]:
+    """Remove those of `held` (what `shared_memory_of` found in the processes `killed`) that no live
+    process holds once `killed` have exited (waited for up to `timeout` s): theirs alone. One that
+    another process still maps or holds open stays. The paths removed, sorted."""
+    if not held:
+        return []
+    killed = list(killed)
+    deadline = time.monotonic() + timeout
+    while [pid for pid in killed if _live(pid)] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    others = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    removed = []
+    for path in sorted(held - shared_memory_of(others)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def _live(pid: int) -> bool:
+    """Whether `pid` runs (a zombie holds no memory)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

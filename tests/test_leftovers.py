@@ -1,0 +1,89 @@
+"""The shared memory (/dev/shm) a killed process tree held: removed with it, unless another process holds it too.
+
+A SIGKILLed ViZDoom engine left its screen buffer (10.6 MB) and two message queues in /dev/shm, in the node's RAM,
+for ever: 47 objects on this machine after one session of killed benchmark measurements. Plain processes stand in
+for the engine here (tests/rl/test_vizdoom.py has the real one)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcrl.leftovers import end_leftovers
+from hpcrl.rl.env_workers import kill_trees
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"), reason="needs /dev/shm and /proc")
+
+HOLDER = """
+import mmap, os, subprocess, sys, time
+held = []
+for spec in filter(None, sys.argv[1].split(",")):
+    how, _, path = spec.partition(":")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 4096)
+    if how == "map":  # mapped, the descriptor closed (ViZDoom's engine)
+        held.append(mmap.mmap(fd, 4096))
+        os.close(fd)
+    else:  # open, not mapped
+        held.append(fd)
+if len(sys.argv) > 2:  # a process under this one, holding its own
+    below = subprocess.Popen([sys.executable, __file__, *sys.argv[2:]], stdout=subprocess.PIPE, text=True)
+    assert below.stdout.readline() == "ready\\n"
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def shm() -> Iterator[Callable[[str], Path]]:
+    """Names of this test's own /dev/shm files, removed after it whatever happened."""
+    made: list[Path] = []
+
+    def name(what: str) -> Path:
+        made.append(Path(f"/dev/shm/hpcrl-test-{uuid.uuid4().hex[:12]}-{what}"))
+        return made[-1]
+
+    yield name
+    for path in made:
+        path.unlink(missing_ok=True)
+
+
+def hold(tmp_path: Path, *levels: str, session: bool = False) -> subprocess.Popen:
+    """A process holding `levels[0]` ("map:PATH,fd:PATH"), over one holding `levels[1]`, and so on."""
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, str(script), *levels], stdout=subprocess.PIPE, text=True, start_new_session=session)
+    assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+    return holder
+
+
+def test_a_killed_tree_takes_the_shared_memory_only_it_held(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """kill_trees (an env worker that timed out, died or was closed by force, with its engine under it): what the
+    worker and the process under it mapped or held open goes; what the trainer holds too stays."""
+    mapped, opened, below, shared = shm("mapped"), shm("opened"), shm("below"), shm("shared")
+    shared.write_bytes(b"\0" * 4096)
+    with open(shared, "rb"):  # this process, which is not killed, holds it too
+        holder = hold(tmp_path, f"map:{mapped},fd:{opened},map:{shared}", f"map:{below}")
+        kill_trees([holder.pid])
+        assert holder.wait(5) == -9
+        assert not mapped.exists() and not opened.exists() and not below.exists()
+        assert shared.exists()
+
+
+def test_the_leftovers_of_a_session_are_ended_with_their_shared_memory_named_in_the_log(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """end_leftovers (what a finished task or program left running in its session): their shared memory is removed
+    once they are gone, and the job log names it."""
+    mapped, below = shm("mapped"), shm("below")
+    holder = hold(tmp_path, f"map:{mapped}", f"map:{below}", session=True)
+    log = io.StringIO()
+    end_leftovers(holder.pid, log, "the program")
+    holder.wait(5)
+    assert not mapped.exists() and not below.exists()
+    assert f"hpcrl: removed the shared memory they left: {min(mapped, below)}, {max(mapped, below)}" in log.getvalue(), log.getvalue()
