@@ -95,6 +95,7 @@ import json
 import math
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -484,9 +485,25 @@ def _end_measurement(signum: int, frame: Any) -> None:
     """A measurement's SIGTERM (the benchmark that started it died): SIGKILL its whole process group. Its env
     workers die with it anyway (their lifeline), but the game engines under them would not: orphaned, they
     waited for their controller for ever. The measurement's own folder goes first (Sample Factory's: the parent,
-    which would have removed it, is gone)."""
+    which would have removed it, is gone), and a process of a session of its own removes the shared memory only
+    the group held once the group is gone (the games' message queues stayed in /dev/shm)."""
     for folder in MEASUREMENT_FOLDER:
         shutil.rmtree(folder, ignore_errors=True)
+    from hpcrl.leftovers import in_session, remove_shared_memory, shared_memory_of
+
+    others = [pid for pid, _ in in_session(os.getsid(0)) if pid != os.getpid()]
+    held = shared_memory_of(others)
+    if held:
+        left, told = os.pipe()
+        if os.fork() == 0:
+            try:
+                os.setsid()  # outside the group killed below, which waits for this
+                os.close(told)
+                remove_shared_memory(held, [*others, os.getppid()])
+            finally:
+                os._exit(0)
+        os.close(told)
+        select.select([left], [], [], 5.0)  # the child closed its end: it has left the group
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from test_conformance import process_table
 
-from hpcrl.leftovers import in_session
+from hpcrl.leftovers import in_session, shared_memory_of
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
@@ -537,6 +537,7 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
             child = next((pid for pid, line in process_table(str(BENCHMARKS / "vizdoom_speed.py")).items() if f"--child {side}" in line), None)
             time.sleep(0.2)
         measuring = list(Path("/tmp").glob(f"vzd-{side}-{bench.pid}-*"))  # this measurement's folder (another test's may be beside it)
+        held = shared_memory_of(pid for pid, _ in in_session(child))  # its games' screen buffers and message queues
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 15
@@ -549,6 +550,10 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)
     assert not left, left
+    deadline = time.monotonic() + 10  # removed by a process of its own once the session is gone
+    while [p for p in held if os.path.exists(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len([p for p in held if "ViZDoomMQ" in p]) >= 2 and not [p for p in held if os.path.exists(p)], held  # they stayed in /dev/shm for ever
     # SB3's SubprocVecEnv workers left their games' folders in TMPDIR: each measurement now has a scratch folder of its own.
     assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith(USER_CACHES)] == []
     assert not list(Path("/tmp").glob(f"vzd-*-{bench.pid}-*")), "the killed measurement left its scratch folder"
