@@ -90,8 +90,8 @@ def _answer(
     """The next answer of a worker (or the probe) within `wait` seconds (what is left of `bound`);
     EnvWorkerError when it is late or the process died; the env's own error when it raised one (a
     RunError with `where` it was raised). `poller`, the pipe's own poll object, waits in one system
-    call: `pipe.poll` builds and registers a selector at every call, a fifth of the trainer's CPU
-    for 8 ViZDoom envs' steps (`Workers`)."""
+    call: `pipe.poll` builds and registers a selector at every call (8 ViZDoom envs in 4 workers,
+    random actions: 0.49-0.62 ms of the trainer's CPU a vector step with it, 0.46-0.49 without)."""
     seconds = bound if wait is None else wait
     try:
         if not (poller.poll(seconds * 1000) if poller is not None else pipe.poll(seconds)):
