@@ -487,24 +487,26 @@ def _end_measurement(signum: int, frame: Any) -> None:
     waited for their controller for ever. The measurement's own folder goes first (Sample Factory's: the parent,
     which would have removed it, is gone), and a process of a session of its own removes the shared memory only
     the group held once the group is gone (the games' message queues stayed in /dev/shm)."""
-    for folder in MEASUREMENT_FOLDER:
-        shutil.rmtree(folder, ignore_errors=True)
-    from hpcrl.leftovers import in_session, remove_shared_memory, shared_memory_of
+    try:
+        for folder in MEASUREMENT_FOLDER:
+            shutil.rmtree(folder, ignore_errors=True)
+        from hpcrl.leftovers import in_session, remove_shared_memory, shared_memory_of
 
-    others = [pid for pid, _ in in_session(os.getsid(0)) if pid != os.getpid()]
-    held = shared_memory_of(others)
-    if held:
-        left, told = os.pipe()
-        if os.fork() == 0:
-            try:
-                os.setsid()  # outside the group killed below, which waits for this
-                os.close(told)
-                remove_shared_memory(held, [*others, os.getppid()])
-            finally:
-                os._exit(0)
-        os.close(told)
-        select.select([left], [], [], 5.0)  # the child closed its end: it has left the group
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+        others = [pid for pid, _ in in_session(os.getsid(0)) if pid != os.getpid()]
+        held = shared_memory_of(others)
+        if held:
+            left, told = os.pipe()
+            if os.fork() == 0:
+                try:
+                    os.setsid()  # outside the group killed below, which waits for this
+                    os.close(told)
+                    remove_shared_memory(held, [*others, os.getppid()])
+                finally:
+                    os._exit(0)
+            os.close(told)
+            select.select([left], [], [], 5.0)  # the child closed its end: it has left the group
+    finally:  # whatever failed above (no fork to be had), the group goes
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def sample_factory_child(args: argparse.Namespace, argv: list[str], num_envs: int, timeout: float) -> dict[str, Any]:

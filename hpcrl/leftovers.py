@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 LEFTOVER_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL of what was left running."""
@@ -63,20 +63,50 @@ def in_session(session: int) -> list[tuple[int, str]]:
     """The live (not zombie) processes of `session`, with their command lines, read from /proc
     (none without /proc: then the scheduler ends the rest)."""
     found: list[tuple[int, str]] = []
-    if not Path("/proc").is_dir():
-        return found
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in processes():
+        stat = process_stat(pid)
+        if stat is None or stat.session != session or not stat.live:
             continue
         try:
-            state, _ppid, _pgrp, sid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:4]
-            if int(sid) != session or state in ("Z", "X"):
-                continue
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, IndexError, ValueError):  # gone while we looked
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone while we looked
             continue
-        found.append((int(entry.name), command[:200]))
+        found.append((pid, command[:200]))
     return found
+
+
+class ProcessStat(NamedTuple):
+    """The fields of /proc/<pid>/stat that tell whose a process is."""
+
+    state: str
+    parent: int
+    group: int
+    session: int
+
+    @property
+    def live(self) -> bool:
+        """Running or able to (a zombie holds nothing and waits to be reaped)."""
+        return self.state not in ("Z", "X")
+
+
+def process_stat(pid: int) -> ProcessStat | None:
+    """A process's state, parent, group and session, from /proc; None once it is gone (or without /proc).
+    The command name in parentheses may hold anything, spaces and parentheses too: the fields after its
+    last ')' are read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state, parent, group, session = f.read().rpartition(")")[2].split()[:4]
+        return ProcessStat(state, int(parent), int(group), int(session))
+    except (OSError, ValueError):
+        return None
+
+
+def processes() -> list[int]:
+    """Every process's pid in /proc (none without it)."""
+    try:
+        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except FileNotFoundError:
+        return []
 
 
 def shared_memory_of(pids: Iterable[int]) -> set[str]:
@@ -99,26 +129,18 @@ def shared_memory_of(pids: Iterable[int]) -> set[str]:
 def remove_shared_memory(held: set[str], killed: Iterable[int], timeout: float = LEFTOVER_GRACE_S) -> list[str]:
     """Remove those of `held` (what `shared_memory_of` found in the processes `killed`) that no live
     process holds once `killed` have exited (waited for up to `timeout` s): theirs alone. One that
-    another process still maps or holds open stays. The paths removed, sorted."""
+    another process still maps or holds open stays (one of another user's, whose /proc this user may
+    not read, is not seen; removing the name leaves a mapping it holds intact). The paths removed, sorted."""
     if not held:
         return []
     killed = list(killed)
     deadline = time.monotonic() + timeout
-    while [pid for pid in killed if _live(pid)] and time.monotonic() < deadline:
+    while [pid for pid in killed if (stat := process_stat(pid)) is not None and stat.live] and time.monotonic() < deadline:
         time.sleep(0.01)
-    others = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
     removed = []
-    for path in sorted(held - shared_memory_of(others)):
+    for path in sorted(held - shared_memory_of(processes())):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             removed.append(path)
     return removed
 
-
-def _live(pid: int) -> bool:
-    """Whether `pid` runs (a zombie holds no memory)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False

@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
-from hpcrl.leftovers import remove_shared_memory, shared_memory_of
+from hpcrl.leftovers import process_stat, processes, remove_shared_memory, shared_memory_of
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -361,15 +361,9 @@ def kill_trees(pids: Sequence[int]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
     children: dict[int, list[int]] = {}
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    with open(os.path.join(entry.path, "stat")) as f:
-                        ppid = int(f.read().rpartition(")")[2].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue  # gone meanwhile
-                children.setdefault(ppid, []).append(int(entry.name))
+    for pid in processes():
+        if (stat := process_stat(pid)) is not None:  # None: gone meanwhile
+            children.setdefault(stat.parent, []).append(pid)
     victims = list(pids)
     for pid in victims:  # grows as it goes: breadth first down the tree
         victims.extend(children.get(pid, ()))

@@ -28,7 +28,7 @@ from typing import IO, Any
 from hpcrl.config.experiment import ConfigError
 from hpcrl.cores import usable_cores
 from hpcrl.io import atomic_write_text
-from hpcrl.leftovers import end_leftovers
+from hpcrl.leftovers import end_leftovers, process_stat, processes
 from hpcrl.schedulers.base import CANCELLED, DONE, FAILED, ORPHANED, PENDING, RUNNING, NodeRequest, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Dependency, read_runs_csv
@@ -113,17 +113,13 @@ def group_alive(pgid: int, tag: str) -> bool:
             return True
         return True
     needle = f"HPCRL_LOCAL_TASK={tag}".encode()
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
+    for pid in processes():
+        stat = process_stat(pid)
+        if stat is None or stat.group != pgid or not stat.live:
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
-                continue
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
+            if needle in (proc / str(pid) / "environ").read_bytes().split(b"\0"):
                 return True
-        except (OSError, IndexError, ValueError):
-            continue
     return False
 
 
