@@ -45,7 +45,8 @@ default, `-p key=value` overrides as hpcrl's):
   decay; hpcrl anneals it over train.total_steps); its ratio clip is 1/(1+e)..1+e, not 1-e..1+e (its
   own rule); it samples with a policy up to its max_policy_lag versions old and corrects nothing
   (hpcrl's async rollout is exactly one iteration behind); one torch thread in each of its
-  processes (its rule). Steps are environment steps (`--summaries_use_frameskip=False`), those its
+  processes (its rule); float32 throughout (it has no mixed precision on a CPU; hpcrl's side runs its
+  config's `amp: bf16` where the CPU runs bfloat16 faster, hpcrl.rl.networks.CPU_BF16: the `amp` column). Steps are environment steps (`--summaries_use_frameskip=False`), those its
   learner trained on, as hpcrl counts them. With `--device cuda[:N]`, its learner and inference worker run on
   the GPU hpcrl's side runs on (`--device=gpu`, that GPU the only one it sees: `sf_gpu`).
 - `envpool-random` (only where envpool is installed and the scenario is `basic`): EnvPool's

@@ -67,8 +67,8 @@ class TrainConfig:
     amp: Literal["none", "bf16", "fp16"] = "none"
     """Mixed precision for the observation encoder (the CNN, where the FLOPs are); heads, recurrent
     core and losses stay float32. On CUDA both; `fp16` adds gradient scaling. On a CPU only `bf16`,
-    and only where the CPU has AMX (networks.CPU_BF16: AVX512-BF16 alone measured slower than
-    float32); elsewhere it is ignored, as `fp16` is on any CPU."""
+    and only where it measured faster than float32: AMX, or AVX512-BF16 on AMD (networks.CPU_BF16;
+    an Intel CPU's AVX512-BF16 alone was slower); elsewhere it is ignored, as `fp16` is on any CPU."""
     torch_threads: int = setting(1, ge=1, le=1024, learned=False)
     """Intra-op threads for torch; 1 is fastest for small MLPs and keeps array tasks off each other's cores."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hpcrl.cores import usable_cores
 from hpcrl.store import rundir
 
 ALGORITHM_CLASSES = {"ppo": "hpcrl.rl.ppo:PPO", "a2c": "hpcrl.rl.a2c:A2C", "dqn": "hpcrl.rl.dqn:DQN", "alphazero": "hpcrl.rl.alphazero:AlphaZero"}
@@ -36,9 +37,14 @@ def setup_torch(threads: int, device_spec: str = "cpu", local_rank: int = 0) -> 
     x86 arithmetic is up to 100 times slower, and late in a DQN run on a CPU that made the fused
     Adam step 10x and the backward matmuls 4x slower (1.65 -> 1.16 ms per update on CartPole).
     Called before the first parallel op, so the intra-op threads inherit the mode.
+
+    `threads` intra-op threads, but not more than the cores this process may use: more threads than
+    cores wait on each other at every op (their barriers spin), and oneDNN's bfloat16 kernels worst of all:
+    DQN's update on configs/vizdoom_dqn.yaml (amp bf16, torch_threads 4) on a 2-core AMD EPYC took
+    96 ms of CPU a forward and backward of 32 frames with 4 threads against 4.9 with 2, and float32 8 ms.
     """
     torch.set_flush_denormal(True)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(max(1, min(threads, usable_cores())))
     device = pick_device(device_spec)
     if device.type == "cuda" and device.index is None:  # one GPU per rank of a node (rank 0 of one: cuda:0)
         device = torch.device("cuda", local_rank)

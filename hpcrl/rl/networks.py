@@ -36,24 +36,43 @@ ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu}
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles for bfloat16 (Linux's cpuinfo flag; False where it cannot be read)."""
+def bf16_pays(cpuinfo: str) -> bool:
+    """Whether oneDNN's bfloat16 convolutions beat float32 for these networks on the CPU that
+    /proc/cpuinfo's text `cpuinfo` describes: with AMX tiles (`amx_bf16`), or with AVX512-BF16 on
+    an AMD CPU, which runs its bfloat16 dot products (VDPBF16PS) at twice float32's rate.
+
+    Measured with torch 2.13, PPO's update on configs/vizdoom_ppo.yaml (16 gradient steps of 64 80x60
+    frames, one thread): on an AMD EPYC with AVX512-BF16 (Zen 4, 2 cores, 2026-12-04) 115 ms of CPU
+    in bfloat16 against 173 in float32, and async PPO on ViZDoom basic ran at 1,801 / 1,686 / 1,748
+    env steps/s against 1,503 / 1,561 / 1,685 (alternated, benchmarks/vizdoom_speed.py); on a Zen 5 (2026-12-02) a forward and
+    backward of 64 frames was 20-40% cheaper. On the project's 2-core Xeon with AVX512-BF16 and no
+    AMX it was slower: 26 ms against 20 ms, and PPO ran at 847 steps/s against 1,034."""
+    flags: set[str] = set()
+    vendor = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "flags" and not flags:
+            flags = set(value.split())
+        elif key == "vendor_id" and not vendor:
+            vendor = value.strip()
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and vendor == "AuthenticAMD")
+
+
+def _cpu_bf16_pays() -> bool:
+    """`bf16_pays` for this machine's CPU (False where /proc/cpuinfo cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+            return bf16_pays(f.read())
     except OSError:
         return False
 
 
-CPU_BF16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported() and _cpu_has_amx())
-"""Whether `amp: bf16` runs the encoder in bfloat16 on this CPU: only with AMX, where oneDNN's
-bfloat16 convolutions run in tiles. AVX512-BF16 alone passes oneDNN's own test but is slower than
-float32 for these networks: on the project's 2-core Xeon (avx512_bf16, no AMX, torch 2.13) a Nature-CNN
-forward and backward of 64 80x60 frames took 26 ms against 20 ms, and ViZDoom PPO ran at 847 steps/s
-against 1,034 (benchmarks/vizdoom_speed.py). On an AMD EPYC with AVX512-BF16 (Zen 5, 2 cores, 2026-12-02) one
-forward and backward of 64 frames was 20-40% cheaper in bfloat16, but ViZDoom PPO was no faster (1,361 against
-1,345 steps/s, alternated runs): the update is a third of a step's CPU there, and the rollout's small forward
-passes gain nothing, so the rule stays. Elsewhere bf16 is ignored on a CPU, bit for bit."""
+CPU_BF16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported() and _cpu_bf16_pays())
+"""Whether `amp: bf16` runs the encoder in bfloat16 on this CPU: where oneDNN supports it and it is
+faster than float32 (`bf16_pays`: AMX, or AVX512-BF16 on AMD). The rollout's small forward passes
+gain little (8 frames: 0.58 ms of CPU either way on the Zen 4); the update most. Elsewhere bf16 is
+ignored on a CPU, bit for bit."""
 
 Obs = Union[torch.Tensor, dict[str, torch.Tensor]]
 """A batch of observations on the device: one tensor, or one per key of a Dict space."""
