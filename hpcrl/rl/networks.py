@@ -150,7 +150,9 @@ class PatchConv2d(nn.Conv2d):
     fell from 183 to 140 ms of CPU, and its three seeds trained at once on the 2 cores in 122-126 s
     instead of 135-136. With more channels oneDNN wins (4 stacked 84x84 frames: 55 ms against 149),
     and without gradients (the rollout's acting pass, 8 frames: 0.14 ms against 0.18) too, so both
-    keep it. Its parameters are nn.Conv2d's: checkpoints load either way."""
+    keep it. Its parameters are nn.Conv2d's: checkpoints load either way. On a Zen 4 EPYC with AVX-512
+    (2026-12-04) oneDNN's was the cheaper in float32 (the update 153 ms against 161), but there
+    `amp: bf16` runs (CPU_BF16), whose autocast keeps oneDNN's convolution anyway."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride=stride)
