@@ -68,7 +68,8 @@ class TrainConfig:
     """Mixed precision for the observation encoder (the CNN, where the FLOPs are); heads, recurrent
     core and losses stay float32. On CUDA both; `fp16` adds gradient scaling. On a CPU only `bf16`,
     and only where it measured faster than float32: AMX, or AVX512-BF16 on AMD (networks.CPU_BF16;
-    an Intel CPU's AVX512-BF16 alone was slower); elsewhere it is ignored, as `fp16` is on any CPU."""
+    an Intel CPU's AVX512-BF16 alone was slower); elsewhere it is ignored, as `fp16` is on any CPU.
+    Each start of a CPU run says in its log which it ran."""
     torch_threads: int = setting(1, ge=1, le=1024, learned=False)
     """Intra-op threads for torch; 1 is fastest for small MLPs and keeps array tasks off each other's cores."""
 

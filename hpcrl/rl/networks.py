@@ -74,6 +74,18 @@ faster than float32 (`bf16_pays`: AMX, or AVX512-BF16 on AMD). The rollout's sma
 gain little (8 frames: 0.58 ms of CPU either way on the Zen 4); the update most. Elsewhere bf16 is
 ignored on a CPU, bit for bit."""
 
+def cpu_precision(amp: str) -> str | None:
+    """What `train.amp` does on this CPU, for the run's log (None for `none`): whether bfloat16 runs
+    depends on the node's CPU (`bf16_pays`), so two runs of one setting on different nodes, or a run
+    requeued onto another kind of node, may differ in their arithmetic, and the log says which."""
+    if amp == "none":
+        return None
+    if amp == "bf16" and CPU_BF16:
+        return "train.amp bf16: the encoder runs in bfloat16 on this CPU"
+    where = "CUDA only" if amp == "fp16" else "CUDA, and CPUs with AMX or AMD CPUs with AVX512-BF16"
+    return f"train.amp {amp} is ignored on this CPU, which runs float32 ({amp} runs on {where})"
+
+
 Obs = Union[torch.Tensor, dict[str, torch.Tensor]]
 """A batch of observations on the device: one tensor, or one per key of a Dict space."""
 

@@ -34,6 +34,7 @@ from hpcrl.rl.algorithms import algorithm_class, setup_torch
 from hpcrl.rl.alphazero import AlphaZero
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
+from hpcrl.rl.networks import cpu_precision
 from hpcrl.rl.ppo import OnPolicyAgent
 from hpcrl.runtime.guard import StopFlag, guarded_run
 from hpcrl.runtime.runlog import Callback, open_runlog
@@ -123,6 +124,8 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
             stream.flush()
         if ranks.rank:  # rank 0's RNG streams are in the checkpoint; the others draw their own actions
             seed_everything(int.from_bytes(hashlib.sha256(f"{run.seed}/{ranks.rank}/{iteration}".encode()).digest()[:4], "little"))
+        if device.type == "cpu" and (precision := cpu_precision(tcfg.amp)):
+            print(f"{run.run_id}: {precision}", file=out)
         if agent.planned_steps != tcfg.total_steps:
             print(f"{run.run_id}: train.total_steps {tcfg.total_steps} rounded up to {agent.planned_steps}, whole iterations of {agent.planned_steps // agent.num_iterations} steps", file=out)
         resume_step = agent.global_step

@@ -587,3 +587,31 @@ def test_torch_never_runs_more_intra_op_threads_than_the_cores_it_may_use(asked:
         assert torch.get_num_threads() == min(asked, len(os.sched_getaffinity(0)))
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16", "none"])
+@pytest.mark.parametrize("native", [True, False])
+def test_the_run_log_says_whether_its_amp_runs_on_this_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, amp: str, native: bool) -> None:
+    """Whether bfloat16 runs depends on the node's CPU (networks.bf16_pays): a setting's runs on two
+    kinds of node, or a run requeued onto another kind, differ in their arithmetic, so each start of
+    a CPU run with `train.amp` says in its log what ran; a run without amp says nothing of it."""
+    import io
+
+    from hpcrl.rl import networks
+
+    monkeypatch.setattr(networks, "CPU_BF16", native)
+    root, run = diverging_run(tmp_path, {"train": {"amp": amp, "total_steps": 64}})
+    out = io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert train_run(root, run, out) == 0
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    said = [line for line in out.getvalue().splitlines() if "train.amp" in line]
+    if amp == "none":
+        assert said == []
+    elif amp == "bf16" and native:
+        assert said == [f"{run.run_id}: train.amp bf16: the encoder runs in bfloat16 on this CPU"]
+    else:
+        assert len(said) == 1 and said[0].startswith(f"{run.run_id}: train.amp {amp} is ignored on this CPU, which runs float32 ({amp} runs on ")
