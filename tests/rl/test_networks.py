@@ -296,6 +296,7 @@ _CPUINFO = "processor\t: {n}\nvendor_id\t: {vendor}\nmodel name\t: some CPU\nfla
         ("AuthenticAMD", "avx512f", False),
         ("AuthenticAMD", "", False),  # AVX2 only
         ("", "", False),  # /proc/cpuinfo without those lines (another architecture)
+        ("", "avx512f avx512_bf16", False),  # no vendor named: not measured, so float32
     ],
 )
 def test_bf16_runs_on_the_cpus_where_it_was_measured_faster(vendor: str, flags: str, pays: bool) -> None:
