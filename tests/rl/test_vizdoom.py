@@ -115,6 +115,49 @@ def test_timeouts_are_truncations_and_final_frames_are_real() -> None:
         envs.close()
 
 
+def test_a_step_straight_to_the_game_is_the_wrappers_step() -> None:
+    """The adapter steps the game itself (ScreenObservation's direct path): from the same seed and
+    actions, every frame, reward and episode end is what ViZDoom's own gymnasium wrapper gives,
+    through kills (terminated), timeouts (truncated only) and the resets after them; and so does
+    the adapter's path through the wrapper, which an env with a render mode (a video's) takes.
+    Actions it cannot take are refused in one line, as is a step before the first reset."""
+    kwargs = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": "GRAY8"}
+    spec = EnvConfig(backend="vizdoom", id="basic", kwargs={**kwargs, "downsample": 2})
+    ours, rendered = make_env(spec), make_env(spec, render_mode="rgb_array")
+    theirs = gym.make(resolve_id("basic"), **kwargs)
+    try:
+        with pytest.raises(gym.error.ResetNeeded):
+            ours.step(1)
+        rng = np.random.default_rng(0)
+        ends = {"terminated": 0, "truncated": 0}
+        obs, _ = ours.reset(seed=5)
+        expected, _ = theirs.reset(seed=5)
+        rendered.reset(seed=5)
+        for step in range(900):
+            np.testing.assert_array_equal(obs, block_mean(expected["screen"].transpose(2, 0, 1), 2), err_msg=f"step {step}")
+            action = np.int64(rng.integers(4) if step % 200 < 100 else 0)  # idle stretches run into the 75-step timeout
+            obs, reward, terminated, truncated, info = ours.step(np.array(action) if step % 2 else action)  # a 0-d array is an action too
+            # (not to ViZDoom's wrapper, which presses every button with a 0-d array's value)
+            expected, their_reward, their_terminated, their_truncated, _ = theirs.step(action)
+            assert (reward, terminated, truncated, info) == (their_reward, their_terminated and not their_truncated, their_truncated, {}), f"step {step}"
+            through_wrapper = rendered.step(action)
+            np.testing.assert_array_equal(through_wrapper[0], obs, err_msg=f"step {step}")
+            assert through_wrapper[1:4] == (reward, terminated, truncated), f"step {step}"
+            if terminated or truncated:
+                ends["terminated" if terminated else "truncated"] += 1
+                obs, _ = ours.reset()
+                expected, _ = theirs.reset()
+                rendered.reset()
+        assert ends["terminated"] >= 2 and ends["truncated"] >= 2, ends  # both ends met (2 and 10 here)
+        for bad in (4, -1, 1.0, "1", None, np.array([1]), np.array(1.0)):
+            with pytest.raises(ValueError, match="invalid: expected an integer action in 0..3"):
+                ours.step(bad)
+    finally:
+        ours.close()
+        rendered.close()
+        theirs.close()
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ["vizdoom_ppo", "vizdoom_a2c", "vizdoom_dqn"])
 def test_bundled_configs_train_and_evaluate(name: str, tmp_path: Path) -> None:
