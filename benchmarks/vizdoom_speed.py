@@ -443,9 +443,9 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
 def _kill_group(pgid: int) -> None:
     """SIGKILL a measurement's process group (its own session), what is left of it, and the shared memory only
     those processes held: a killed ViZDoom engine's screen buffer and message queues stayed in /dev/shm for ever."""
-    from hpcrl.leftovers import in_session, remove_shared_memory, shared_memory_of
+    from hpcrl.leftovers import remove_shared_memory, shared_memory_of, stop_session
 
-    members = [pid for pid, _ in in_session(pgid)]
+    members = stop_session(pgid)  # stopped first: a game in its start makes its screen buffer after the listing
     held = shared_memory_of(members)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
@@ -491,17 +491,18 @@ def _end_measurement(signum: int, frame: Any) -> None:
     try:
         for folder in MEASUREMENT_FOLDER:
             shutil.rmtree(folder, ignore_errors=True)
-        from hpcrl.leftovers import in_session, remove_shared_memory, shared_memory_of
+        from hpcrl.leftovers import remove_shared_memory, shared_memory_of, stop_session
 
-        others = [pid for pid, _ in in_session(os.getsid(0)) if pid != os.getpid()]
+        others = stop_session(os.getsid(0), spare=[os.getpid()])  # stopped first: nothing they make goes unlisted
         held = shared_memory_of(others)
         if held:
+            measurement = os.getpid()  # not the remover's getppid(): once the group is killed, that is init's
             left, told = os.pipe()
             if os.fork() == 0:
                 try:
                     os.setsid()  # outside the group killed below, which waits for this
                     os.close(told)
-                    remove_shared_memory(held, [*others, os.getppid()])
+                    remove_shared_memory(held, [*others, measurement])
                 finally:
                     os._exit(0)
             os.close(told)

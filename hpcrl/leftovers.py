@@ -7,9 +7,10 @@ do the same through this one rule, each for the session it started.
 
 A killed process also leaves the POSIX shared memory it held (files in /dev/shm, which live in the
 node's RAM until they are removed): a SIGKILLed ViZDoom engine its screen buffer (10.6 MB at
-160x120) and two message queues. Whoever kills a process tree here (this module, and
-hpcrl.rl.env_workers's `kill_trees`) notes what its processes held and, once they are gone,
-removes what no live process still holds (`shared_memory_of`, `remove_shared_memory`).
+160x120) and two message queues. Whoever SIGKILLs a process tree here (hpcrl.rl.env_workers's
+`kill_trees`, the benchmarks' measurements) stops it first (`stop`, `stop_session`: a process
+still running after the listing may make more), notes what its processes held and, once they are
+gone, removes what no live process still holds (`shared_memory_of`, `remove_shared_memory`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,34 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
         if sig == signal.SIGTERM:
             print(f"hpcrl: still running after SIGTERM, sent SIGKILL: {', '.join(f'pid {pid}' for pid, _ in left)}", file=out, flush=True)
     print(f"hpcrl: could not end {', '.join(f'pid {pid}' for pid, _ in left)} (uninterruptible?)", file=out, flush=True)
+
+
+def stop_session(session: int, spare: Iterable[int] = (), timeout: float = LEFTOVER_GRACE_S) -> list[int]:
+    """SIGSTOP every live process of `session` but `spare`, and whatever they start meanwhile, until a listing
+    finds none new (each waited for until it has stopped, within `timeout` s in all); the pids stopped.
+
+    Whoever SIGKILLs a session lists the shared memory its processes hold first (`shared_memory_of`), to remove
+    it once they are gone. A process still running between that listing and the kill, a game engine in its
+    start, makes files nobody removes: a benchmark killed while its games started left their 10.6 MB screen
+    buffers in /dev/shm. A stopped process makes nothing more, and SIGKILL ends it all the same."""
+    spare = set(spare)
+    stopped: list[int] = []
+    deadline = time.monotonic() + timeout
+    while new := [pid for pid, _ in in_session(session) if pid not in spare and pid not in stopped]:
+        stop(new, max(deadline - time.monotonic(), 0.0))
+        stopped.extend(new)
+    return stopped
+
+
+def stop(pids: Sequence[int], timeout: float = LEFTOVER_GRACE_S) -> None:
+    """SIGSTOP these processes and wait, up to `timeout` s, until each has stopped or is gone: a stop is
+    delivered when the process next runs, and until then it may still fork or create a file."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while [pid for pid in pids if (stat := process_stat(pid)) is not None and stat.state not in "TtZX"] and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def in_session(session: int) -> list[tuple[int, str]]:

@@ -6,8 +6,11 @@ for the engine here (tests/rl/test_vizdoom.py has the real one)."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import io
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.leftovers import end_leftovers
+from hpcrl.leftovers import end_leftovers, remove_shared_memory, shared_memory_of, stop_session
 from hpcrl.rl.env_workers import kill_trees
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"), reason="needs /dev/shm and /proc")
@@ -87,3 +90,42 @@ def test_the_leftovers_of_a_session_are_ended_with_their_shared_memory_named_in_
     holder.wait(5)
     assert not mapped.exists() and not below.exists()
     assert f"hpcrl: removed the shared memory they left: {min(mapped, below)}, {max(mapped, below)}" in log.getvalue(), log.getvalue()
+
+
+MAKER = """
+import mmap, os, sys, time
+kept = []
+for i in range(100_000):  # a game engine in its start, without end: a new file of shared memory, mapped, every moment
+    fd = os.open(f"{sys.argv[1]}-{i}", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 4096)
+    kept.append(mmap.mmap(fd, 4096))
+    os.close(fd)
+    if i == 20:
+        print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_session_killed_while_it_makes_shared_memory_leaves_none_of_it(tmp_path: Path) -> None:
+    """A measurement's session SIGKILLed while its processes still make files in /dev/shm (benchmarks/vizdoom_speed.py,
+    killed while its games started, left their screen buffers): stopped before its files are listed
+    (`stop_session`), it makes none after the listing, so every one is removed once it is gone."""
+    prefix = f"/dev/shm/hpcrl-test-{uuid.uuid4().hex[:12]}-made"
+    script = tmp_path / "maker.py"
+    script.write_text(MAKER)
+    maker = subprocess.Popen([sys.executable, str(script), prefix], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert maker.stdout is not None and maker.stdout.readline() == "ready\n"
+        stopped = stop_session(maker.pid)
+        assert stopped == [maker.pid]
+        held = shared_memory_of(stopped)
+        os.killpg(maker.pid, signal.SIGKILL)
+        assert maker.wait(5) == -9
+        remove_shared_memory(held, stopped)
+        made = glob.glob(f"{prefix}-*")
+        assert len(held) > 20 and not made, f"{len(made)} of the files it made are left"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(maker.pid, signal.SIGKILL)
+        for path in glob.glob(f"{prefix}-*"):
+            os.unlink(path)

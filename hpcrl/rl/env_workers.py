@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
-from hpcrl.leftovers import process_stat, processes, remove_shared_memory, shared_memory_of
+from hpcrl.leftovers import process_stat, processes, remove_shared_memory, shared_memory_of, stop
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -351,15 +351,17 @@ def _close_at_exit(workers: weakref.ref[Workers]) -> None:
             raise
 
 
+STOP_WAIT_S = 1.0
+"""How long `kill_trees` waits for a process it stopped to stop (one in an uninterruptible wait does not), before it kills."""
+
+
 def kill_trees(pids: Sequence[int]) -> None:
     """SIGKILL these processes and every process under them, and remove the shared memory only they
     held (hpcrl.leftovers). Each is stopped first, so that it starts nothing while its descendants
     are listed (from /proc; without /proc, only the processes)."""
     if not pids:
         return
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
+    stop(pids, STOP_WAIT_S)
     children: dict[int, list[int]] = {}
     for pid in processes():
         if (stat := process_stat(pid)) is not None:  # None: gone meanwhile
@@ -367,6 +369,7 @@ def kill_trees(pids: Sequence[int]) -> None:
     victims = list(pids)
     for pid in victims:  # grows as it goes: breadth first down the tree
         victims.extend(children.get(pid, ()))
+    stop(victims[len(pids) :], STOP_WAIT_S)  # and the tree under them: a game engine in its start makes its files no later
     held = shared_memory_of(victims)
     for pid in victims:
         with contextlib.suppress(ProcessLookupError):
