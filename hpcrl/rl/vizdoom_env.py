@@ -114,8 +114,9 @@ class ScreenObservation(gym.Wrapper):
         self._game = base.game
         self._buttons: list[list[float]] | None = None
         """Each discrete action's buttons, as make_action takes them; None: steps go through the wrapper."""
-        if isinstance(env.action_space, gym.spaces.Discrete) and base.render_mode is None and len(base.button_map) == env.action_space.n:
-            self._buttons = [[float(b) for b in buttons] for buttons in base.button_map]
+        button_map = getattr(base, "button_map", None)  # ViZDoom 1.3's; another version without it steps through the wrapper
+        if isinstance(env.action_space, gym.spaces.Discrete) and base.render_mode is None and button_map is not None and len(button_map) == env.action_space.n:
+            self._buttons = [[float(b) for b in buttons] for buttons in button_map]
             self._skip = int(base.frame_skip)
             self._timeouts_truncate = bool(base.treat_episode_timeout_as_truncation)
 
