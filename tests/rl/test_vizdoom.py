@@ -30,7 +30,7 @@ from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
-from hpcrl.rl.vizdoom_env import block_mean, resolve_id  # noqa: E402
+from hpcrl.rl.vizdoom_env import OwnDirectory, block_mean, resolve_id  # noqa: E402
 from hpcrl.sweep.runs import expand  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,16 +115,17 @@ def test_timeouts_are_truncations_and_final_frames_are_real() -> None:
         envs.close()
 
 
-def test_a_step_straight_to_the_game_is_the_wrappers_step() -> None:
+@pytest.mark.parametrize("screen_format", ["GRAY8", "RGB24"])
+def test_a_step_straight_to_the_game_is_the_wrappers_step(screen_format: str) -> None:
     """The adapter steps the game itself (ScreenObservation's direct path): from the same seed and
     actions, every frame, reward and episode end is what ViZDoom's own gymnasium wrapper gives,
     through kills (terminated), timeouts (truncated only) and the resets after them; and so does
     the adapter's path through the wrapper, which an env with a render mode (a video's) takes.
     Actions it cannot take are refused in one line, as is a step before the first reset."""
-    kwargs = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": "GRAY8"}
+    kwargs = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": screen_format}
     spec = EnvConfig(backend="vizdoom", id="basic", kwargs={**kwargs, "downsample": 2})
     ours, rendered = make_env(spec), make_env(spec, render_mode="rgb_array")
-    theirs = gym.make(resolve_id("basic"), **kwargs)
+    theirs = OwnDirectory(gym.make(resolve_id("basic"), **kwargs))  # its engine's files in a folder of its own, not the working directory
     try:
         with pytest.raises(gym.error.ResetNeeded):
             ours.step(1)
