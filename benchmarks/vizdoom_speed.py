@@ -91,7 +91,6 @@ quiet and loaded, a 2-core Xeon with AMX and a 2-core AMD EPYC; EnvPool's random
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -443,13 +442,9 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
 def _kill_group(pgid: int) -> None:
     """SIGKILL a measurement's process group (its own session), what is left of it, and the shared memory only
     those processes held: a killed ViZDoom engine's screen buffer and message queues stayed in /dev/shm for ever."""
-    from hpcrl.leftovers import remove_shared_memory, shared_memory_of, stop_session
+    from hpcrl.leftovers import kill_holding, stop_session
 
-    members = stop_session(pgid)  # stopped first: a game in its start makes its screen buffer after the listing
-    held = shared_memory_of(members)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    remove_shared_memory(held, members)
+    kill_holding(stop_session(pgid))  # stopped first: a game in its start makes its screen buffer after the listing
 
 
 def _said(text: str) -> list[str]:

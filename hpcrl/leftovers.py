@@ -41,6 +41,9 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
     ended = {pid for pid, _ in left}
     held = shared_memory_of(ended)
     for sig, grace in ((signal.SIGTERM, LEFTOVER_GRACE_S), (signal.SIGKILL, LEFTOVER_GRACE_S)):
+        if sig == signal.SIGKILL:  # what outlived SIGTERM, stopped before its last listing: it makes nothing more
+            stop([pid for pid, _ in left], grace)
+            held |= shared_memory_of(pid for pid, _ in left)
         deadline = time.monotonic() + grace
         while left and time.monotonic() < deadline:
             for pid, _ in left:
@@ -75,6 +78,18 @@ def stop_session(session: int, spare: Iterable[int] = (), timeout: float = LEFTO
         stop(new, max(deadline - time.monotonic(), 0.0))
         stopped.extend(new)
     return stopped
+
+
+def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> list[str]:
+    """SIGKILL these processes and remove the shared memory only they held, once they are gone; the
+    paths removed. They are stopped first (`stop`, waiting up to `stop_wait` s), so that what they hold
+    is listed when none of them can make more."""
+    stop(pids, stop_wait)
+    held = shared_memory_of(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return remove_shared_memory(held, pids)
 
 
 def stop(pids: Sequence[int], timeout: float = LEFTOVER_GRACE_S) -> None:

@@ -93,13 +93,17 @@ def test_the_leftovers_of_a_session_are_ended_with_their_shared_memory_named_in_
 
 
 MAKER = """
-import mmap, os, sys, time
+import mmap, os, signal, sys, time
+if len(sys.argv) > 2:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to SIGTERM: ended by SIGKILL
 kept = []
 for i in range(100_000):  # a game engine in its start, without end: a new file of shared memory, mapped, every moment
     fd = os.open(f"{sys.argv[1]}-{i}", os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(fd, 4096)
     kept.append(mmap.mmap(fd, 4096))
     os.close(fd)
+    if len(sys.argv) > 2:
+        time.sleep(0.001)  # through a 5 s grace, short of the limits on files and maps
     if i == 20:
         print("ready", flush=True)
 time.sleep(600)
@@ -124,6 +128,28 @@ def test_a_session_killed_while_it_makes_shared_memory_leaves_none_of_it(tmp_pat
         remove_shared_memory(held, stopped)
         made = glob.glob(f"{prefix}-*")
         assert len(held) > 20 and not made, f"{len(made)} of the files it made are left"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(maker.pid, signal.SIGKILL)
+        for path in glob.glob(f"{prefix}-*"):
+            os.unlink(path)
+
+
+def test_leftovers_deaf_to_sigterm_and_making_shared_memory_leave_none_of_it(tmp_path: Path) -> None:
+    """end_leftovers's SIGKILL, after a SIGTERM the process ignored while it went on making files in /dev/shm:
+    it is stopped before the last listing of what it holds, so every file it made goes."""
+    prefix = f"/dev/shm/hpcrl-test-{uuid.uuid4().hex[:12]}-deaf"
+    script = tmp_path / "maker.py"
+    script.write_text(MAKER)
+    maker = subprocess.Popen([sys.executable, str(script), prefix, "deaf"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert maker.stdout is not None and maker.stdout.readline() == "ready\n"
+        log = io.StringIO()
+        end_leftovers(maker.pid, log, "the program")
+        assert maker.wait(5) == -9
+        assert "still running after SIGTERM, sent SIGKILL" in log.getvalue(), log.getvalue()
+        made = glob.glob(f"{prefix}-*")
+        assert not made, f"{len(made)} of the files it made are left"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(maker.pid, signal.SIGKILL)

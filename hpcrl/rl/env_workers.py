@@ -22,10 +22,8 @@ import dataclasses
 import functools
 import multiprocessing
 import multiprocessing.connection
-import os
 import select
 import shutil
-import signal
 import tempfile
 import time
 import traceback
@@ -37,7 +35,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
-from hpcrl.leftovers import process_stat, processes, remove_shared_memory, shared_memory_of, stop
+from hpcrl.leftovers import kill_holding, process_stat, processes, stop
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -369,12 +367,7 @@ def kill_trees(pids: Sequence[int]) -> None:
     victims = list(pids)
     for pid in victims:  # grows as it goes: breadth first down the tree
         victims.extend(children.get(pid, ()))
-    stop(victims[len(pids) :], STOP_WAIT_S)  # and the tree under them: a game engine in its start makes its files no later
-    held = shared_memory_of(victims)
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    remove_shared_memory(held, victims)
+    kill_holding(victims, STOP_WAIT_S)  # the tree under them stopped too: a game engine in its start makes its files no later
 
 
 def batch_rows(batch: Any, rows: slice) -> Any:
