@@ -103,7 +103,8 @@ def main() -> None:
                            f"({a['blocked']} blocks, {a['blocked_s']:.2f} s in all)")
     print(f"{exp.name}, {args.actors} self-play jobs + 1 trainer on Slurm, {args.total_steps} positions, seed {args.seed}:")
     print(f"  trainer busy {busy:.1f} s of {learning:.1f} s since its first update = {busy / learning:.2f}; {stats['updates']} updates, "
-          f"{stats['pace']:.2f}x the set updates per game (distributed.ratio_slack {stats['ratio_slack']:g})")
+          + (f"{stats['pace']:.2f}x the set updates per game" if stats["pace"] is not None else "the pace not measured (no update earned yet)")
+          + f" (distributed.ratio_slack {stats['ratio_slack']:g})")
     if span > 0:
         print(f"  {games / span:.1f} games/s, {positions / span:.0f} positions/s (train.csv, {span:.1f} s)")
     else:  # a tiny run (the suite's) may log one row: no span to divide by
