@@ -6,7 +6,9 @@ Factory's settings match hpcrl's and which differ, and why."""
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import queue
 import signal
 import time
 from typing import Any
@@ -58,6 +60,7 @@ def _encoder(cfg: Any, obs_space: Any) -> Any:
 def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
     """Sample Factory's APPO (its ParallelRunner: rollout workers, an inference worker and a learner in
     processes of their own) on hpcrl's env and network; the steps its learner trained on, per second."""
+    from sample_factory.algo.runners import runner as runner_module
     from sample_factory.algo.runners.runner import AlgoObserver
     from sample_factory.algo.utils.context import global_model_factory
     from sample_factory.algo.utils.misc import ExperimentStatus
@@ -142,6 +145,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
             if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
                 runner._stop_training()
 
+    runner_module.obtain_env_info_in_a_separate_process = _env_info  # its init's wait, bounded (see `_env_info`)
     cfg, runner = make_runner(cfg)
     clock = Clock()
     runner.register_observer(clock)
@@ -157,6 +161,34 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     if args.learn:
         result.update(total_steps=last, final_return=_final_return(cfg, args.eval_episodes))
     return result
+
+
+def _env_info(cfg: Any) -> Any:
+    """Sample Factory's `obtain_env_info_in_a_separate_process` (its env's spaces, read in a process of its own
+    before its runner starts) with the wait bounded by the process's life: 2.1.1's waits on its queue for ever, so
+    a kill of that process (or a crash in its game's start) left the side hanging until the measurement's timeout
+    (the CI run of 534bb1a, under a load of 7). Same process, same target, no cache (Sample Factory's default):
+    its runner gets the same EnvInfo."""
+    from sample_factory.algo.utils.context import sf_global_context
+    from sample_factory.algo.utils.env_info import spawn_tmp_env_and_get_info
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    process = ctx.Process(target=spawn_tmp_env_and_get_info, args=(sf_global_context(), results, cfg), name="env_info")
+    process.start()
+    tries_after_exit = 0
+    while True:
+        try:
+            info = results.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if process.exitcode is None:
+                continue
+            tries_after_exit += 1  # one that put its result and exited 0: the result is in the pipe already
+            if process.exitcode != 0 or tries_after_exit > 2:
+                raise RuntimeError(f"Sample Factory's env_info process ({_how(process.exitcode)}) died before its run started") from None
+    process.join()
+    return info
 
 
 def _how(exitcode: int) -> str:
