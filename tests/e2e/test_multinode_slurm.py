@@ -50,6 +50,18 @@ def node_state(name: str) -> str:
     return subprocess.run(["sinfo", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
+def wait_node_down(name: str, timeout: float = 90) -> None:
+    """Until Slurm marks `name` down (SlurmdTimeout after its slurmd stopped answering); on a timeout the
+    failure says what state Slurm had it in and why (a run of the suite at a load of 10 timed out here once,
+    and said nothing more)."""
+    try:
+        wait_until(f"Slurm to mark {name} down", lambda: node_state(name).startswith("down"), timeout)
+    except AssertionError as timed_out:
+        shown = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True).stdout
+        said = " ".join(field for field in shown.split() if field.split("=")[0] in ("State", "Reason", "LastBusyTime", "SlurmdStartTime"))
+        raise AssertionError(f"{timed_out}; its last state: {node_state(name)!r} ({said})") from None
+
+
 def job_nodes(job_id: str) -> list[str]:
     """The nodes a running job (or array task, `ID_TASK`) holds, expanded."""
     nodelist = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "running", "-o", "%N"], capture_output=True, text=True).stdout.strip()
@@ -108,7 +120,7 @@ def test_ddppo_ranks_meet_across_nodes_learn_and_restart_whole_when_a_node_dies(
     assert len(held) == 2 and set(held) <= set(NODES), held
     killed_at = time.monotonic()
     cluster("kill-node", held[0])
-    wait_until(f"Slurm to mark {held[0]} down", lambda: node_state(held[0]).startswith("down"), 90)
+    wait_node_down(held[0])
     down_after = time.monotonic() - killed_at
 
     # Slurm requeues the job; the run restarts whole, from its checkpoint, on the two nodes left.
@@ -213,7 +225,7 @@ def test_apex_actors_dial_the_learner_node_and_the_run_survives_losing_the_learn
     cluster("kill-node", lost)
     cluster("kill-node", victim)
     for name in (lost, victim):
-        wait_until(f"Slurm to mark {name} down", lambda name=name: node_state(name).startswith("down"), 90)
+        wait_node_down(name)
     down_after = time.monotonic() - killed
     # The actor's node is repaired, so the 4-node partition has room again for both requeued jobs; the learner's
     # stays down until the learner has resumed (repaired at once, Slurm gave it back its old node, the lowest free).
@@ -302,7 +314,7 @@ def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_at_m
     assert re.search(rf"actors 1/2 alive \(dead: \d on {victim}\), \S+ games/s", text), text
     going = stats()
     wait_until("the trainer learning on", lambda: stats().get("updates", 0) > going["updates"] + 20, 60)
-    wait_until(f"Slurm to mark {victim} down", lambda: node_state(victim).startswith("down"), 90)
+    wait_node_down(victim)
     wait_finished(exp_dir, SlurmBackend(), since, timeout=600)
 
     assert int(rundir.done_step(rd) or 0) == total
@@ -344,7 +356,7 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     seen: list[rundir.Holder] = []
     wait_until("the lost trial to resume elsewhere", lambda: (h := rundir.lock_holder(rd)) is not None and h.host != holder.host and not seen.append(h), 180)
     resumed_after = time.monotonic() - killed_at
-    wait_until(f"Slurm to mark {holder.host} down", lambda: node_state(holder.host).startswith("down"), 90)
+    wait_node_down(holder.host)
     text = status_text(exp_dir)
     assert re.search(rf"lost on {holder.host} \(pid {holder.pid}, [\d:]+\): node down or killed", text), text
     wait_finished(exp_dir, SlurmBackend(), since, timeout=500)
