@@ -176,16 +176,13 @@ def _env_info(cfg: Any) -> Any:
     results = ctx.Queue()
     process = ctx.Process(target=spawn_tmp_env_and_get_info, args=(sf_global_context(), results, cfg), name="env_info")
     process.start()
-    tries_after_exit = 0
     while True:
+        gone = process.exitcode is not None  # read before the wait: a result put before its exit is in the pipe by then
         try:
             info = results.get(timeout=1.0)
             break
         except queue.Empty:
-            if process.exitcode is None:
-                continue
-            tries_after_exit += 1  # one that put its result and exited 0: the result is in the pipe already
-            if process.exitcode != 0 or tries_after_exit > 2:
+            if gone:
                 raise RuntimeError(f"Sample Factory's env_info process ({_how(process.exitcode)}) died before its run started") from None
     process.join()
     return info

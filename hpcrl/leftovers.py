@@ -86,10 +86,42 @@ def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> li
     is listed when none of them can make more."""
     stop(pids, stop_wait)
     held = shared_memory_of(pids)
+    trackers = [pid for pid in pids if _is_resource_tracker(pid)]
     for pid in pids:
+        if pid not in trackers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _let_trackers_clean_up(trackers)
+    return remove_shared_memory(held, pids)
+
+
+RESOURCE_TRACKER = b"multiprocessing.resource_tracker"
+"""In the command line of multiprocessing's resource tracker, the process a spawn or forkserver start makes to
+unlink its clients' named semaphores (/dev/shm/sem.mp-*) once they are all gone."""
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return RESOURCE_TRACKER in f.read()
+    except OSError:
+        return False
+
+
+def _let_trackers_clean_up(trackers: Sequence[int], timeout: float = LEFTOVER_GRACE_S) -> None:
+    """Let multiprocessing's resource trackers (stopped, spared by the kill) end by themselves, then SIGKILL what is
+    left. Their clients killed, a tracker reads the end of its pipe and unlinks the semaphores they registered.
+    Killed with them, it left those in /dev/shm (3 a killed Sample Factory measurement), and no listing could find
+    them: glibc's sem_open maps a temporary file, links it under the name and unlinks it, so /proc shows a deleted one."""
+    for pid in trackers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + timeout
+    while [pid for pid in trackers if (stat := process_stat(pid)) is not None and stat.live] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for pid in trackers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    return remove_shared_memory(held, pids)
 
 
 def stop(pids: Sequence[int], timeout: float = LEFTOVER_GRACE_S) -> None:

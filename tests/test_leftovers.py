@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.leftovers import end_leftovers, remove_shared_memory, shared_memory_of, stop_session
+from hpcrl.leftovers import end_leftovers, kill_holding, remove_shared_memory, shared_memory_of, stop_session
 from hpcrl.rl.env_workers import kill_trees
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"), reason="needs /dev/shm and /proc")
@@ -154,4 +154,39 @@ def test_leftovers_deaf_to_sigterm_and_making_shared_memory_leave_none_of_it(tmp
         with contextlib.suppress(ProcessLookupError):
             os.killpg(maker.pid, signal.SIGKILL)
         for path in glob.glob(f"{prefix}-*"):
+            os.unlink(path)
+
+
+SEMAPHORES = """
+import multiprocessing, time
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    queues = [ctx.Queue() for _ in range(2)]  # 3 named semaphores each, registered with its resource tracker
+    helper = ctx.Process(target=time.sleep, args=(600,))
+    helper.start()  # the tracker is started and the semaphores shared, as Sample Factory's runner does
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_session_killed_whole_leaves_none_of_its_multiprocessing_semaphores(tmp_path: Path) -> None:
+    """kill_holding on a session with multiprocessing's spawn-context queues (Sample Factory's measurement, killed
+    at its timeout, left 3 sem.mp-* files each time): its resource tracker is spared the SIGKILL and unlinks them."""
+    script = tmp_path / "semaphores.py"
+    script.write_text(SEMAPHORES)
+    before = set(glob.glob("/dev/shm/sem.mp-*"))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        made = set(glob.glob("/dev/shm/sem.mp-*")) - before
+        members = stop_session(proc.pid)
+        assert len(members) == 3 and len(made) >= 6, (members, made)  # it, its resource tracker, its helper
+        kill_holding(members)
+        assert proc.wait(5) == -9
+        assert not [path for path in made if os.path.exists(path)], made
+        assert not [pid for pid in members if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for path in set(glob.glob("/dev/shm/sem.mp-*")) - before:
             os.unlink(path)
