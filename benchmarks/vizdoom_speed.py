@@ -95,7 +95,6 @@ import json
 import math
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -478,31 +477,26 @@ MEASUREMENT_FOLDER: list[str] = []
 
 
 def _end_measurement(signum: int, frame: Any) -> None:
-    """A measurement's SIGTERM (the benchmark that started it died): SIGKILL its whole process group. Its env
-    workers die with it anyway (their lifeline), but the game engines under them would not: orphaned, they
-    waited for their controller for ever. The measurement's own folder goes first (Sample Factory's: the parent,
-    which would have removed it, is gone), and a process of a session of its own removes the shared memory only
-    the group held once the group is gone (the games' message queues stayed in /dev/shm)."""
+    """A measurement's SIGTERM (the benchmark that started it died): end its whole session. Its env workers die
+    with it anyway (their lifeline), but the game engines under them would not: orphaned, they waited for their
+    controller for ever. The measurement's own folder goes first (Sample Factory's: the parent, which would have
+    removed it, is gone). The rest stops at once (`stop_session`: nothing it makes goes unlisted) and a fresh
+    process of a session of its own ends it by the one rule, `leftovers.kill_holding`: SIGKILL, the resource
+    trackers left to unlink the semaphores of their killed clients, the shared memory only the session held
+    removed once it is gone. A SIGKILL of the whole group left the games' message queues in /dev/shm, and a
+    Sample Factory measurement's semaphores (sem.mp-*). Fresh, not forked: a fork holds this process's mappings
+    and the write end of its resource tracker's pipe, so that the one would look held and the other would wait."""
     try:
         for folder in MEASUREMENT_FOLDER:
             shutil.rmtree(folder, ignore_errors=True)
-        from hpcrl.leftovers import remove_shared_memory, shared_memory_of, stop_session
+        from hpcrl.leftovers import LEFTOVER_GRACE_S, stop_session
 
-        others = stop_session(os.getsid(0), spare=[os.getpid()])  # stopped first: nothing they make goes unlisted
-        held = shared_memory_of(others)
-        if held:
-            measurement = os.getpid()  # not the remover's getppid(): once the group is killed, that is init's
-            left, told = os.pipe()
-            if os.fork() == 0:
-                try:
-                    os.setsid()  # outside the group killed below, which waits for this
-                    os.close(told)
-                    remove_shared_memory(held, [*others, measurement])
-                finally:
-                    os._exit(0)
-            os.close(told)
-            select.select([left], [], [], 5.0)  # the child closed its end: it has left the group
-    finally:  # whatever failed above (no fork to be had), the group goes
+        others = stop_session(os.getsid(0), spare=[os.getpid()])
+        ender = "import sys; sys.path.insert(0, sys.argv[1]); from hpcrl.leftovers import kill_holding; kill_holding([int(pid) for pid in sys.argv[2:]])"
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", ender, str(ROOT), *map(str, [*others, os.getpid()])],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        time.sleep(3 * LEFTOVER_GRACE_S)  # it SIGKILLs this process; should it fail, the group goes below
+    finally:  # whatever failed above (no process to be had), the group goes
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
