@@ -97,8 +97,10 @@ def _eval(args: argparse.Namespace) -> int:
 def _collect(args: argparse.Namespace) -> int:
     if args.experiment is None:
         return _which_experiment("collect")
-    from hpcrl.results.collect import collect
+    from hpcrl import stages
 
+    with stages.quiet_imports():
+        from hpcrl.results.collect import collect
     return collect(_experiment_dir(args.experiment), agg=args.agg, evaluate=args.evaluate, normalize=args.normalize)
 
 
