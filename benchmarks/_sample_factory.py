@@ -10,6 +10,8 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -113,6 +115,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
             self.marks: list[tuple[float, int, Any, int]] = []
             self.ended = 0
             self.died: list[str] = []
+            self.stopped_in_time = False
+            """Whether the runner was stopped as a run ends (its time or steps up), before any of its processes died."""
 
         def episode(self, runner: Any, msg: Any, policy_id: Any) -> None:
             """Its rollout workers' report of one finished episode."""
@@ -136,6 +140,9 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
             self.timer = Timer(runner.event_loop, 1.0)
             self.timer.timeout.connect(self.watch.look)
 
+        def on_stop(self, runner: Any) -> None:
+            self.stopped_in_time = not self.died
+
         def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
             if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
                 roles = {"learner_proc": "learner", "inference_proc": "inference", "rollout_proc": "env workers"}
@@ -150,7 +157,13 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     clock = Clock()
     runner.register_observer(clock)
     runner.register_episodic_stats_handler(clock.episode)
-    if runner.init() != ExperimentStatus.SUCCESS or runner.run() != ExperimentStatus.SUCCESS:
+    finished = threading.Event()
+    threading.Thread(target=_end_if_stuck, args=(runner, clock, finished), name="hpcrl_stuck_watch", daemon=True).start()
+    try:
+        succeeded = runner.init() == ExperimentStatus.SUCCESS and runner.run() == ExperimentStatus.SUCCESS
+    finally:
+        finished.set()
+    if not succeeded:
         raise RuntimeError(f"Sample Factory's {', '.join(clock.died)} died mid-run" if clock.died else "Sample Factory's runner did not succeed")
     if len(clock.marks) < 3:
         raise RuntimeError(f"Sample Factory did not finish one timed iteration in {args.seconds} s")
@@ -161,6 +174,29 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     if args.learn:
         result.update(total_steps=last, final_return=_final_return(cfg, args.eval_episodes))
     return result
+
+
+STOP_GRACE_S = 15.0
+"""How long Sample Factory's runner has to stop once one of its processes died mid-run."""
+
+
+def _end_if_stuck(runner: Any, clock: Any, finished: threading.Event) -> None:
+    """End this measurement, saying which process died, when one of Sample Factory's processes died mid-run and
+    its runner has not stopped STOP_GRACE_S later. The watch on its event loop (`Clock.on_start`) stops the runner
+    once it runs, but its stop waits for every live process, and a start (`sampler.init`, where its games start)
+    waits for its workers: under a load of 7 a killed rollout worker's runner had not stopped 60 s later, in the
+    fresh suite at 1be43f4. A thread of its own, from before the runner starts its processes, reading their exit
+    codes once a second; the benchmark then ends what is left of the session."""
+    ended: list[Any] = []
+    while not ended:  # by exit code (a reaped child), not sentinel: a worker's game inherits the sentinel's pipe
+        ended = [p for p in [*runner.processes, *(runner.sampler.processes if runner.sampler is not None else [])] if p.exitcode is not None]
+        if finished.wait(1.0):
+            return
+    if clock.stopped_in_time or finished.wait(STOP_GRACE_S):  # ended as its run does, or the runner stopped
+        return
+    dead = ", ".join(f"{p.name} ({_how(p.exitcode)})" for p in ended)
+    print(f"RuntimeError: Sample Factory's {dead} died mid-run, and its runner did not stop within {STOP_GRACE_S:g} s", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _env_info(cfg: Any) -> Any:

@@ -594,13 +594,18 @@ def _sample_factory_process(session: int, which: str) -> int | None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("which", "said"), [("rollout_worker", r"rollout_proc\d \(killed by SIGKILL\) died mid-run"), ("env_info", r"env_info process \(killed by SIGKILL\) died before its run started")], ids=["rollout_worker", "env_info"])
-def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_path: Path, which: str, said: str) -> None:
+@pytest.mark.parametrize(("which", "stuck", "said"), [
+    ("rollout_worker", False, r"rollout_proc\d \(killed by SIGKILL\) died mid-run"),
+    ("rollout_worker", True, r"rollout_proc\d \(killed by SIGKILL\) died mid-run, and its runner did not stop within 15 s"),
+    ("env_info", False, r"env_info process \(killed by SIGKILL\) died before its run started"),
+], ids=["rollout_worker", "rollout_worker-beside-stuck-peers", "env_info"])  # fmt: skip
+def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_path: Path, which: str, stuck: bool, said: str) -> None:
     """Sample Factory's runner outlives a rollout worker that died and goes on with the other workers' envs (at half
     its rate with two; with numpy 2 under it, or its games' start race, it trained on nothing and waited out the
     timeout), and its init waits for ever on an env_info process that died (the CI run of 534bb1a killed that one,
     under load, taking its game for a worker's): the benchmark ends the side at once, FAILED, naming the process and
-    how it ended."""
+    how it ended. Its runner's stop waits for every live process: one that hangs (stopped here: under a load of 7, in
+    the fresh suite at 1be43f4, a killed worker's runner had not stopped 60 s later) has the side end 15 s after."""
     if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
         pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
@@ -615,6 +620,10 @@ def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_
             child = _measurement_of(bench, "sample-factory")
             victim = _sample_factory_process(child, which) if child else None
             time.sleep(0.05)
+        if stuck:  # every other process of Sample Factory's hangs: its runner, the measurement, alone goes on
+            for pid, _ in in_session(child):
+                if pid not in (child, victim):
+                    os.kill(pid, signal.SIGSTOP)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
