@@ -131,7 +131,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
 
             class Watch(EventLoopObject):  # a timer's slot must be a method of one
                 def look(self) -> None:
-                    dead = [f"{p.name} ({_how(p.exitcode)})" for p in [*runner.processes, *runner.sampler.processes] if p.exitcode is not None]
+                    dead = [f"{p.name} ({_how(p.exitcode)})" for p in _processes(runner) if p.exitcode is not None]
                     if dead and not runner.stopped:  # once stopped, its processes end as they should
                         clock.died = dead
                         runner._stop_training(failed=True)
@@ -146,7 +146,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         def on_training_step(self, runner: Any, training_iteration_since_resume: int) -> None:
             if not PARTS["processes"]:  # its learner, inference worker and rollout workers (which host the envs)
                 roles = {"learner_proc": "learner", "inference_proc": "inference", "rollout_proc": "env workers"}
-                for p in [*runner.processes, *runner.sampler.processes]:
+                for p in _processes(runner):
                     PARTS["processes"][p.pid] = next((part for prefix, part in roles.items() if p.name.startswith(prefix)), "main")
             self.marks.append((time.perf_counter(), sum(runner.env_steps.values()), cpu_seconds(), self.ended))
             if not args.learn and len(self.marks) > 1 and self.marks[-1][0] - self.marks[1][0] >= args.seconds:
@@ -176,6 +176,11 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     return result
 
 
+def _processes(runner: Any) -> list[Any]:
+    """Sample Factory's processes: its learner's, and its sampler's (inference and rollout workers) once it has one."""
+    return [*runner.processes, *(runner.sampler.processes if runner.sampler is not None else [])]
+
+
 STOP_GRACE_S = 15.0
 """How long Sample Factory's runner has to stop once one of its processes died mid-run."""
 
@@ -189,7 +194,7 @@ def _end_if_stuck(runner: Any, clock: Any, finished: threading.Event) -> None:
     codes once a second; the benchmark then ends what is left of the session."""
     ended: list[Any] = []
     while not ended:  # by exit code (a reaped child), not sentinel: a worker's game inherits the sentinel's pipe
-        ended = [p for p in [*runner.processes, *(runner.sampler.processes if runner.sampler is not None else [])] if p.exitcode is not None]
+        ended = [p for p in _processes(runner) if p.exitcode is not None]
         if finished.wait(1.0):
             return
     if clock.stopped_in_time or finished.wait(STOP_GRACE_S):  # ended as its run does, or the runner stopped

@@ -116,12 +116,17 @@ def _let_trackers_clean_up(trackers: Sequence[int], timeout: float = LEFTOVER_GR
     for pid in trackers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-    deadline = time.monotonic() + timeout
-    while [pid for pid in trackers if (stat := process_stat(pid)) is not None and stat.live] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_gone(trackers, timeout)
     for pid in trackers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def wait_gone(pids: Sequence[int], timeout: float) -> None:
+    """Wait, up to `timeout` s, until none of these processes is live (gone, or a zombie that holds nothing)."""
+    deadline = time.monotonic() + timeout
+    while [pid for pid in pids if (stat := process_stat(pid)) is not None and stat.live] and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def stop(pids: Sequence[int], timeout: float = LEFTOVER_GRACE_S) -> None:
@@ -209,10 +214,7 @@ def remove_shared_memory(held: set[str], killed: Iterable[int], timeout: float =
     not read, is not seen; removing the name leaves a mapping it holds intact). The paths removed, sorted."""
     if not held:
         return []
-    killed = list(killed)
-    deadline = time.monotonic() + timeout
-    while [pid for pid in killed if (stat := process_stat(pid)) is not None and stat.live] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_gone(list(killed), timeout)
     removed = []
     for path in sorted(held - shared_memory_of(processes())):
         with contextlib.suppress(FileNotFoundError):

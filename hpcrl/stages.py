@@ -29,13 +29,16 @@ def quiet_imports() -> Iterator[None]:
     A job's imports are kept for its life, yet they cost full collections over every object so far: three while
     torch imported and one more at the interpreter's exit. `import torch` alone took 1.45 s of user CPU here and
     1.05 s this way; a train or eval task of the conformance sweep is ~1.4 s in all, and the suite starts hundreds.
-    Frozen, they are also left out of the full collections that come later in a long run."""
+    Frozen, they are also left out of the full collections that come later in a long run. Only the first time in a
+    process: a freeze keeps for ever the cyclic garbage not yet collected, and a process that runs several stages (the
+    debug backend, an Optuna worker) would keep what each earlier stage left."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if not gc.get_freeze_count():
+            gc.freeze()
         if enabled:
             gc.enable()
 

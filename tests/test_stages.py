@@ -52,3 +52,27 @@ def test_an_import_that_fails_leaves_the_collector_as_it_was() -> None:
         """
     )
     assert done.returncode == 0 and done.stdout.split() == ["True", "False"], (done.stdout, done.stderr)
+
+
+def test_only_the_first_stage_of_a_process_freezes() -> None:
+    """A freeze keeps for ever the cyclic garbage not yet collected: a process running several stages (the debug
+    backend) must not freeze what an earlier stage left."""
+    done = _run(
+        """
+        import gc
+        from hpcrl import stages
+
+        with stages.quiet_imports():
+            import json
+        first = gc.get_freeze_count()
+        gc.disable()
+        left = [[] for _ in range(1000)]
+        for item in left:
+            item.append(item)  # cycles, as a finished stage may leave
+        del left
+        with stages.quiet_imports():
+            import csv
+        print(first > 0, gc.get_freeze_count() == first)
+        """
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], (done.stdout, done.stderr)
