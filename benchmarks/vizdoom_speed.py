@@ -414,6 +414,7 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs), "--scratch", scratch]
     # A session of its own, killed as a group below; and told by the kernel when this process dies (kill -9), as
     # SIGTERM, on which it kills its group (`_end_measurement`).
+    started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=dies_with_me(signal.SIGTERM))
     deadline = time.monotonic() + timeout
     try:
@@ -423,14 +424,14 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
                 break
             except subprocess.TimeoutExpired:
                 if proc.poll() is not None:  # it ended, and what it left holds its pipes open (a game engine
-                    _kill_group(proc.pid)  # orphaned by a killed worker): until now, the whole timeout went by
+                    _kill_group(proc.pid, started)  # orphaned by a killed worker): until now, the whole timeout went by
                 elif time.monotonic() > deadline:
-                    _kill_group(proc.pid)
+                    _kill_group(proc.pid, started)
                     _, err = proc.communicate()
                     said = what_it_said(err)  # where it was: a start that never ended, say
                     return {"error": (f"no result within {timeout:.0f} s: killed" + (f"; its last line: {said}" if said else ""))[:400]}
     finally:
-        _kill_group(proc.pid)  # whatever it left running (env workers)
+        _kill_group(proc.pid, started)  # whatever it left running (env workers)
         shutil.rmtree(scratch, ignore_errors=True)
     for line in out.splitlines():
         if line.startswith(RESULT):
@@ -438,12 +439,17 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     return {"error": (what_it_said(err) or f"exit {proc.returncode}, no output")[:400]}
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, started: float) -> None:
     """SIGKILL a measurement's process group (its own session), what is left of it, and the shared memory only
-    those processes held: a killed ViZDoom engine's screen buffer and message queues stayed in /dev/shm for ever."""
-    from hpcrl.leftovers import kill_holding, stop_session
+    those processes held: a killed ViZDoom engine's screen buffer and message queues stayed in /dev/shm for ever.
+    Then the games' files that nobody holds, made since the measurement `started`: a process of the side killed
+    from outside in its game's start (Sample Factory's env_info process, in the test that kills it; the OOM
+    killer) left its game's message queues, which no listing of live processes can find."""
+    from hpcrl.leftovers import kill_holding, remove_unheld, stop_session
+    from hpcrl.rl.vizdoom_env import SHARED_MEMORY_PREFIX
 
     kill_holding(stop_session(pgid))  # stopped first: a game in its start makes its screen buffer after the listing
+    remove_unheld(SHARED_MEMORY_PREFIX, started)
 
 
 def _said(text: str) -> list[str]:

@@ -10,7 +10,8 @@ node's RAM until they are removed): a SIGKILLed ViZDoom engine its screen buffer
 160x120) and two message queues. Whoever SIGKILLs a process tree here (hpcrl.rl.env_workers's
 `kill_trees`, the benchmarks' measurements) stops it first (`stop`, `stop_session`: a process
 still running after the listing may make more), notes what its processes held and, once they are
-gone, removes what no live process still holds (`shared_memory_of`, `remove_shared_memory`).
+gone, removes what no live process still holds (`shared_memory_of`, `remove_shared_memory`). What a
+process killed from outside held alone is listed by nobody: `remove_unheld` finds it by its maker's name.
 """
 
 from __future__ import annotations
@@ -205,6 +206,29 @@ def shared_memory_of(pids: Iterable[int]) -> set[str]:
                     if (target := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith(SHARED_MEMORY):
                         found.add(target)
     return {path for path in found if not path.endswith(" (deleted)")}
+
+
+def remove_unheld(prefix: str, since: float) -> list[str]:
+    """Remove the files of /dev/shm named `prefix...`, this user's, made at `since` (a `time.time()`) or later, that
+    no live process maps or holds open; the paths removed, sorted.
+
+    The one case the kills here cannot list: a process killed from outside (the OOM killer, a segfault, a user's
+    kill) that alone held what it made. A ViZDoom env worker killed between making its game's message queues and
+    starting the engine that opens them left both in /dev/shm for ever. Only for a maker that holds its files
+    from their creation to their removal (ViZDoom's `vizdoom_env.SHARED_MEMORY_PREFIX`), so that one held by
+    nobody is lost; never for multiprocessing's semaphores (glibc's sem_open maps them under another name) or a
+    SharedMemory, which its owner may close and open again by name. A second early: the file system's clock is
+    the coarser."""
+    uid = os.getuid()
+    candidates = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(SHARED_MEMORY):
+            with contextlib.suppress(OSError):
+                if entry.name.startswith(prefix) and (stat := entry.stat(follow_symlinks=False)).st_uid == uid and stat.st_ctime >= since - 1.0:
+                    candidates.append(entry.path)
+    if not candidates:
+        return []
+    return remove_shared_memory(set(candidates), [])
 
 
 def remove_shared_memory(held: set[str], killed: Iterable[int], timeout: float = LEFTOVER_GRACE_S) -> list[str]:

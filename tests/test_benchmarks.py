@@ -537,16 +537,12 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
         pytest.skip("SB3 is not installed here")
     if side == "sample-factory" and not _sample_factory_venv_built():
         pytest.skip("Sample Factory's venv is not built here (a run of vizdoom_speed.py builds it)")
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) to give the benchmark a /dev/shm of its own")
     (tmp_path / "tmp").mkdir()  # the benchmark's temporary directory: the killed measurement must empty what it made there
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp"), "HPCRL_BENCH_BUILD": "0"}
     log = tmp_path / "bench.log"  # what the benchmark said, should it end before it was killed
     shm = tmp_path / "shm"  # its /dev/shm
-    shm.mkdir()
-    own_shm = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm)]  # the same pid
     with open(log, "w") as out:
-        bench = subprocess.Popen([*own_shm, sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", side, "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+        bench = subprocess.Popen([*_own_shm(shm), sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", side, "--num-envs", "2", "--seconds", "120"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     child = None
     try:
         deadline = time.monotonic() + 180
@@ -581,13 +577,26 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
         assert not any(folder.exists() for folder in measuring), "the killed measurement left its folder"
 
 
-def _sample_factory_process(session: int, which: str) -> int | None:
-    """The pid of Sample Factory's `which` process in the measurement's session, once it runs: its env_info
-    process (the first it spawns, alone, before its runner starts) or a rollout worker (the parent of a game
-    engine once two engines run at once: the env_info process's game runs alone, and is gone before the workers start)."""
+def _own_shm(shm: Path) -> list[str]:
+    """The command line's start that runs a command (as the same pid) with `shm`, made here, as its /dev/shm (a mount
+    namespace of its own): whatever it leaves there is its own, however many tests run beside it."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to give the benchmark a /dev/shm of its own")
+    shm.mkdir()
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm)]
+
+
+def _sample_factory_process(session: int, which: str, shm: Path) -> int | None:
+    """The pid of Sample Factory's `which` process in the measurement's session (whose /dev/shm is `shm`), once it
+    runs: its env_info process (the first it spawns, alone, before its runner starts) in its game's start, once it
+    has made the game's message queues (the first in `shm`, held by it alone until its engine opens them), or a
+    rollout worker (the parent of a game engine once two engines run at once: the env_info process's game runs
+    alone, and is gone before the workers start)."""
     table = in_session(session)
     if which == "env_info":
-        return next((pid for pid, line in table if "spawn_main" in line), None)
+        queues = {path.name for path in shm.glob("ViZDoomMQCtr*")}
+        holders = (pid for pid, line in table if "spawn_main" in line and queues & {held.rpartition("/")[2] for held in shared_memory_of([pid])})
+        return next(holders, None)
     engines = [pid for pid, line in table if "vizdoom/vizdoom" in line]
     parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in engines if Path(f"/proc/{pid}/stat").exists()}
     return min(parents) if len(parents) >= 2 else None
@@ -605,20 +614,23 @@ def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_
     timeout), and its init waits for ever on an env_info process that died (the CI run of 534bb1a killed that one,
     under load, taking its game for a worker's): the benchmark ends the side at once, FAILED, naming the process and
     how it ended. Its runner's stop waits for every live process: one that hangs (stopped here: under a load of 7, in
-    the fresh suite at 1be43f4, a killed worker's runner had not stopped 60 s later) has the side end 15 s after."""
+    the fresh suite at 1be43f4, a killed worker's runner had not stopped 60 s later) has the side end 15 s after.
+    Nothing is left in its /dev/shm: the env_info process, killed in its game's start, alone held the game's message
+    queues, which stayed there for ever (after the fresh suites at 74e653c and fbaf44e, and CI's run of fbaf44e)."""
     if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
         pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
     log = tmp_path / "bench.log"
+    shm = tmp_path / "shm"  # its /dev/shm: a process killed in its game's start left that game's message queues
     with open(log, "w") as out:
-        bench = subprocess.Popen([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "sample-factory", "--num-envs", "2", "--seconds", "120", "--timeout", "150"],
+        bench = subprocess.Popen([*_own_shm(shm), sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), "--sides", "sample-factory", "--num-envs", "2", "--seconds", "120", "--timeout", "150"],
                                  cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         deadline, victim = time.monotonic() + 120, None
         while victim is None:
             assert bench.poll() is None and time.monotonic() < deadline, f"its {which} never started (exit {bench.poll()}):\n{log.read_text()[-2000:]}"
             child = _measurement_of(bench, "sample-factory")
-            victim = _sample_factory_process(child, which) if child else None
+            victim = _sample_factory_process(child, which, shm) if child else None
             time.sleep(0.05)
         if stuck:  # every other process of Sample Factory's hangs: its runner, the measurement, alone goes on
             for pid, _ in in_session(child):
@@ -633,6 +645,7 @@ def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_
     text = log.read_text()
     assert time.monotonic() - killed_at < 60 and re.search(f"FAILED: RuntimeError: Sample Factory's {said}", text), text[-2000:]
     assert not in_session(child), in_session(child)
+    assert sorted(p.name for p in shm.iterdir()) == []
 
 
 def test_sides_at_once_get_disjoint_cores_that_cover_all_given() -> None:

@@ -13,13 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from hpcrl.leftovers import end_leftovers, kill_holding, remove_shared_memory, shared_memory_of, stop_session
+from hpcrl.leftovers import end_leftovers, kill_holding, remove_shared_memory, remove_unheld, shared_memory_of, stop_session
 from hpcrl.rl.env_workers import kill_trees
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"), reason="needs /dev/shm and /proc")
@@ -78,6 +79,30 @@ def test_a_killed_tree_takes_the_shared_memory_only_it_held(tmp_path: Path, shm:
         assert holder.wait(5) == -9
         assert not mapped.exists() and not opened.exists() and not below.exists()
         assert shared.exists()
+
+
+def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """remove_unheld (an env worker killed from outside, which alone held its game's message queues): the files
+    named with the prefix, made since the given time, that no process holds go; one a live process holds, one of
+    another maker's name, and all when the time given is later than they were made, stay."""
+    tag = shm("")
+    lost, other = Path(f"/dev/shm/ViZDoomMQCtr{tag.name}lost"), shm("other")
+    held_map, held_fd = Path(f"/dev/shm/ViZDoomSM{tag.name}map"), Path(f"/dev/shm/ViZDoomMQDoom{tag.name}fd")
+    try:
+        lost.write_bytes(b"\0")
+        other.write_bytes(b"\0")
+        holder = hold(tmp_path, f"map:{held_map},fd:{held_fd}")
+        try:
+            assert remove_unheld("ViZDoom", time.time() + 60) == []  # all made more than a second before that
+            assert lost.exists()
+            assert remove_unheld("ViZDoom", time.time() - 60) == [str(lost)]
+            assert held_map.exists() and held_fd.exists() and other.exists()
+        finally:
+            holder.kill()
+            holder.wait(5)
+    finally:
+        for path in (lost, held_map, held_fd):
+            path.unlink(missing_ok=True)
 
 
 def test_the_leftovers_of_a_session_are_ended_with_their_shared_memory_named_in_the_log(tmp_path: Path, shm: Callable[[str], Path]) -> None:

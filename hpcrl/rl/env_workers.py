@@ -22,8 +22,10 @@ import dataclasses
 import functools
 import multiprocessing
 import multiprocessing.connection
+import os
 import select
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -35,7 +37,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
-from hpcrl.leftovers import kill_holding, process_stat, processes, stop
+from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop
+from hpcrl.rl.vizdoom_env import SHARED_MEMORY_PREFIX
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -66,6 +69,7 @@ def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, cont
     ctx = multiprocessing.get_context(context)
     answers, child_end = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_describe, args=(CloudpickleWrapper(thunk), child_end), name="Worker<probe>-0", daemon=True)
+    started = time.time()
     process.start()
     child_end.close()
     who = f"env {env_id}: worker 0's spaces probe"
@@ -76,9 +80,7 @@ def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, cont
         return described
     finally:
         answers.close()
-        if process.exitcode is None:
-            kill_trees([process.pid] if process.pid is not None else [])
-            process.join(5.0)
+        end_workers([process], started)
 
 
 def _answer(
@@ -132,6 +134,7 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
     """The probe process: build the env, send what describes it, close it, say so. An error the
     env raises goes back as its type and message (a traceback here would be a second message)."""
     try:
+        _lead_own_group()
         die_with_parent()
         leave_stops_to_the_trainer()
         env = thunk()
@@ -142,6 +145,16 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
         answers.send(("error", _error(exc, with_trace=False)))
 
 
+def _lead_own_group() -> None:
+    """First thing in a worker or the probe: lead a process group of its own, which whatever it starts joins (a
+    ViZDoom game's engine). A worker killed from outside (the OOM killer, a segfault, a user's kill) left its engine
+    to init, out of reach of any walk down from the worker, where the engine waited for its controller for ever;
+    in the worker's group it is still found (`end_workers`). A group outside a terminal's foreground is stopped
+    when it writes there under `stty tostop`: the worker ignores SIGTTOU, and its engines inherit that."""
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+
+
 def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection, scratch: str) -> None:
     """A worker process: build its envs, say so with their spaces, then step and reset them on
     command until `close`, which it answers before closing them (a close that hangs is the
@@ -149,6 +162,7 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     Its envs' temporary files go under `scratch` (ViZDoom's game directories), which the trainer
     removes once the workers are gone, closed or killed. Deaf to the signals the trainer stops on,
     and so are its envs' engines: the trainer ends the worker."""
+    _lead_own_group()
     parent_end.close()
     leave_stops_to_the_trainer()
     tempfile.tempdir = scratch
@@ -206,6 +220,7 @@ class Workers(gym.vector.VectorEnv):
         self.render_mode = described.render_mode
         self.closed = False
         self._failed = False
+        self._started = time.time()
         self._pending: str | None = None
         ctx = multiprocessing.get_context(context)
         self.pipes: list[multiprocessing.connection.Connection] = []
@@ -308,10 +323,11 @@ class Workers(gym.vector.VectorEnv):
             raise EnvWorkerError(f"env {self.env_id}: {self.names[dead[0]]} {how_it_ended(self.processes[dead[0]].exitcode)} during {doing}") from exc
 
     def _fail(self) -> None:
+        """End the workers and what they started, once (a failure, then the close that follows, call it twice)."""
+        if self._failed:
+            return
         self._failed = True
-        kill_trees([p.pid for p in self.processes if p.pid is not None and p.exitcode is None])
-        for process in self.processes:
-            process.join(5.0)  # killed: gone as soon as the kernel has reaped it
+        end_workers(self.processes, self._started)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
@@ -353,21 +369,49 @@ STOP_WAIT_S = 1.0
 """How long `kill_trees` waits for a process it stopped to stop (one in an uninterruptible wait does not), before it kills."""
 
 
-def kill_trees(pids: Sequence[int]) -> None:
-    """SIGKILL these processes and every process under them, and remove the shared memory only they
-    held (hpcrl.leftovers). Each is stopped first, so that it starts nothing while its descendants
-    are listed (from /proc; without /proc, only the processes)."""
-    if not pids:
-        return
-    stop(pids, STOP_WAIT_S)
+def end_workers(workers: Sequence[Any], started: float) -> None:
+    """Kill these worker processes (multiprocessing's, each leading its group: `_lead_own_group`), live or dead,
+    with all they started, and reap them. A worker that was killed from outside leaves its game in its group, and
+    may leave files it alone held (`leftovers.remove_unheld`: its game's message queues, made since `started`)."""
+    live = [p.pid for p in workers if p.pid is not None and p.exitcode is None]
+    killed_outside = any(p.exitcode is not None and p.exitcode < 0 for p in workers)  # before the kill below
+    kill_trees(live, groups=[p.pid for p in workers if p.pid is not None])
+    for process in workers:
+        process.join(5.0)  # killed: gone as soon as the kernel has reaped it
+    if killed_outside:
+        remove_unheld(SHARED_MEMORY_PREFIX, started)
+
+
+def kill_trees(pids: Sequence[int], groups: Sequence[int] = ()) -> None:
+    """SIGKILL these processes, every process of this session in the process groups `groups` (those env workers
+    lead: a dead worker's game is still there), and every process under them, and remove the shared memory only
+    they held (hpcrl.leftovers). Each is stopped before the next listing, and the listing repeats until it finds
+    none new, so that nothing they start goes unlisted (from /proc; without /proc, only the processes)."""
+    victims: list[int] = []
+    while new := [pid for pid in _trees(pids, set(groups), os.getsid(0)) if pid not in victims]:
+        stop(new, STOP_WAIT_S)
+        victims.extend(new)
+    if victims:
+        kill_holding(victims, STOP_WAIT_S)  # stopped: a game engine in its start makes its files no later
+
+
+def _trees(pids: Sequence[int], groups: set[int], session: int) -> list[int]:
+    """`pids`, the processes of `session` in `groups`, and every process under them, parents first."""
     children: dict[int, list[int]] = {}
+    found = list(pids)
     for pid in processes():
         if (stat := process_stat(pid)) is not None:  # None: gone meanwhile
             children.setdefault(stat.parent, []).append(pid)
-    victims = list(pids)
-    for pid in victims:  # grows as it goes: breadth first down the tree
-        victims.extend(children.get(pid, ()))
-    kill_holding(victims, STOP_WAIT_S)  # the tree under them stopped too: a game engine in its start makes its files no later
+            if stat.group in groups and stat.session == session and stat.live:
+                found.append(pid)
+    found = list(dict.fromkeys(found))
+    seen = set(found)
+    for pid in found:  # grows as it goes: breadth first down the trees
+        for child in children.get(pid, ()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+    return found
 
 
 def batch_rows(batch: Any, rows: slice) -> Any:

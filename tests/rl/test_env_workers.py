@@ -6,6 +6,7 @@ is a user's gymnasium env (`tests/standins/failing_env.py`, registered as `faili
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -338,12 +340,15 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 
 class WithEngine(CartPoleEnv):
-    """CartPole with what a ViZDoom game has: an engine process of its own and a temporary directory,
-    both ended by `close` (and by nothing else)."""
+    """CartPole with what a ViZDoom game has: an engine process of its own, a temporary directory, and a file in
+    /dev/shm named as ViZDoom names its message queues, held open by this process alone (as a game's controller
+    holds its queues before its engine opens them), all ended by `close` (and by nothing else)."""
 
-    def __init__(self, record, **kwargs):
+    def __init__(self, record, tag, **kwargs):
         super().__init__(**kwargs)
         self.directory = tempfile.mkdtemp(prefix="engine-")
+        self.queue = f"/dev/shm/ViZDoomMQCtr{tag}-{os.path.basename(self.directory)}"
+        self.held = os.open(self.queue, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self.engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(record, "a") as f:
             f.write(f"{self.engine.pid} {os.getpid()} {self.directory}\\n")
@@ -352,6 +357,8 @@ class WithEngine(CartPoleEnv):
         self.engine.kill()
         self.engine.wait()
         shutil.rmtree(self.directory)
+        os.close(self.held)
+        os.unlink(self.queue)
 
 
 gymnasium.register("WithEngine-v0", entry_point=WithEngine, max_episode_steps=500)
@@ -362,7 +369,7 @@ import os, signal, sys
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.env_workers import EnvWorkerError
 from hpcrl.rl.envs import make_vec_env
-envs = make_vec_env(EnvConfig(id="engine_env:WithEngine-v0", num_envs=4, envs_per_worker=2, vectorization="async", kwargs={"record": sys.argv[2]}))
+envs = make_vec_env(EnvConfig(id="engine_env:WithEngine-v0", num_envs=4, envs_per_worker=2, vectorization="async", kwargs={"record": sys.argv[2], "tag": sys.argv[3]}))
 envs.reset(seed=0)
 envs.step(envs.action_space.sample())
 if sys.argv[1] == "raise":
@@ -388,16 +395,17 @@ def test_a_program_ending_without_closing_its_workers_leaves_no_engine_and_no_fi
     """A script that builds envs in workers and ends without closing them (it returns, or raises): no env's
     engine process lives on, and no temporary file stays. Before, multiprocessing's exit hook SIGTERMed the
     workers alone, and every ViZDoom engine lived on as an orphan, its directory in /tmp. A worker killed from
-    outside (an OOM kill): its envs' files go with the workers' close. (Its engines are orphaned before the
-    trainer hears of it; in a job, the keeper of the job's processes ends them: tests/schedulers/test_local_orphans.py.)
-    A close at the exit that raises: the workers are killed, and the exit does not wait for ever on them (they ignore
-    the SIGTERM that multiprocessing's exit hook sends before it joins them without a bound)."""
+    outside (an OOM kill): its envs' engines and files go with the workers' close. Its engines, orphaned before the
+    trainer heard of it, lived on (outside a job's keeper) for ever, and the shared memory it alone held stayed in
+    /dev/shm. A close at the exit that raises: the workers are killed, and the exit does not wait for ever on them
+    (they ignore the SIGTERM that multiprocessing's exit hook sends before it joins them without a bound)."""
     (tmp_path / "engine_env.py").write_text(ENGINE_ENV)
     (tmp_path / "tmp").mkdir()
     record = tmp_path / "engines.txt"
     path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path / "tmp")}
-    done = subprocess.run([sys.executable, "-c", ENDING, ending, str(record)], env=env, capture_output=True, text=True, timeout=120)
+    tag = f"-hpcrl-test-{uuid.uuid4().hex[:12]}"
+    done = subprocess.run([sys.executable, "-c", ENDING, ending, str(record), tag], env=env, capture_output=True, text=True, timeout=120)
     engines = [int(line.split()[0]) for line in record.read_text().splitlines()]
     try:
         assert done.returncode == (1 if ending == "raise" else 0), done.stderr[-2000:]
@@ -405,12 +413,14 @@ def test_a_program_ending_without_closing_its_workers_leaves_no_engine_and_no_fi
             assert re.search(r"worker \d \(envs \d-\d\) was killed by SIGKILL during step", done.stdout), done.stdout
         assert len(engines) == 5  # the probe's own env and the four in workers
         assert not list((tmp_path / "tmp").iterdir())
-        if ending != "kill-worker":
-            deadline = time.monotonic() + 5
-            while [pid for pid in engines if alive(pid)] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not [pid for pid in engines if alive(pid)]
+        deadline = time.monotonic() + 5
+        while [pid for pid in engines if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in engines if alive(pid)]
+        assert not glob.glob(f"/dev/shm/*{tag}*")
     finally:
         for pid in engines:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for path in glob.glob(f"/dev/shm/*{tag}*"):
+            os.unlink(path)

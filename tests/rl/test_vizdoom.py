@@ -31,6 +31,7 @@ from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_v
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
 from hpcrl.rl.vizdoom_env import OwnDirectory, block_mean, resolve_id  # noqa: E402
+from hpcrl.store.rundir import RunError  # noqa: E402
 from hpcrl.sweep.runs import expand  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -351,6 +352,30 @@ def test_games_whose_workers_are_killed_leave_nothing_in_shared_memory() -> None
         assert len([p for p in held if "ViZDoomSM" in p]) == 2, held  # a screen buffer a game
     finally:
         envs.close(terminate=True)
+    assert not [p for p in held if os.path.exists(p)]
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="needs /proc's children lists")
+def test_a_worker_killed_from_outside_takes_its_game_and_its_files_with_it() -> None:
+    """A worker SIGKILLed by someone else (the OOM killer, a user's kill): the step names it, and its game's engine,
+    orphaned at once, goes with the other worker and its game, as do both games' files. The engine, left to init,
+    waited for its controller for ever, holding its screen buffer and queues in /dev/shm."""
+    envs = make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=2, vectorization="async", kwargs={"downsample": 2}))
+    try:
+        envs.reset(seed=0)
+        base = envs.unwrapped
+        workers = [p.pid for group in getattr(base, "groups", [base]) for p in group.unwrapped.processes]
+        engines = [d for w in workers for d in _descendants(w)]
+        held = shared_memory_of([*workers, *engines])
+        assert len([p for p in held if "ViZDoomSM" in p]) == 2, held
+        os.kill(workers[1], signal.SIGKILL)
+        with pytest.raises(RunError, match=r"env basic: worker 1 was killed by SIGKILL during step"):
+            for _ in range(20):
+                envs.step(np.zeros(2, dtype=np.int64))
+    finally:
+        envs.close()
+    live = [pid for pid in engines if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z"]
+    assert not live, f"engines still running: {live}"
     assert not [p for p in held if os.path.exists(p)]
 
 
