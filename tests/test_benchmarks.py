@@ -586,17 +586,13 @@ def _own_shm(shm: Path) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm)]
 
 
-def _sample_factory_process(session: int, which: str, shm: Path) -> int | None:
-    """The pid of Sample Factory's `which` process in the measurement's session (whose /dev/shm is `shm`), once it
-    runs: its env_info process (the first it spawns, alone, before its runner starts) in its game's start, once it
-    has made the game's message queues (the first in `shm`, held by it alone until its engine opens them), or a
-    rollout worker (the parent of a game engine once two engines run at once: the env_info process's game runs
-    alone, and is gone before the workers start)."""
+def _sample_factory_process(session: int, which: str) -> int | None:
+    """The pid of Sample Factory's `which` process in the measurement's session, once it runs: its env_info
+    process (the first it spawns, alone, before its runner starts) or a rollout worker (the parent of a game
+    engine once two engines run at once: the env_info process's game runs alone, and is gone before the workers start)."""
     table = in_session(session)
     if which == "env_info":
-        queues = {path.name for path in shm.glob("ViZDoomMQCtr*")}
-        holders = (pid for pid, line in table if "spawn_main" in line and queues & {held.rpartition("/")[2] for held in shared_memory_of([pid])})
-        return next(holders, None)
+        return next((pid for pid, line in table if "spawn_main" in line), None)
     engines = [pid for pid, line in table if "vizdoom/vizdoom" in line]
     parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in engines if Path(f"/proc/{pid}/stat").exists()}
     return min(parents) if len(parents) >= 2 else None
@@ -615,8 +611,8 @@ def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_
     under load, taking its game for a worker's): the benchmark ends the side at once, FAILED, naming the process and
     how it ended. Its runner's stop waits for every live process: one that hangs (stopped here: under a load of 7, in
     the fresh suite at 1be43f4, a killed worker's runner had not stopped 60 s later) has the side end 15 s after.
-    Nothing is left in its /dev/shm: the env_info process, killed in its game's start, alone held the game's message
-    queues, which stayed there for ever (after the fresh suites at 74e653c and fbaf44e, and CI's run of fbaf44e)."""
+    Nothing is left in its /dev/shm: a process killed in its game's start alone held the game's message queues, and
+    one game's stayed there for ever (after the fresh suites at 74e653c and fbaf44e, and CI's run of fbaf44e)."""
     if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
         pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
@@ -630,7 +626,7 @@ def test_sample_factory_s_side_fails_at_once_when_one_of_its_processes_dies(tmp_
         while victim is None:
             assert bench.poll() is None and time.monotonic() < deadline, f"its {which} never started (exit {bench.poll()}):\n{log.read_text()[-2000:]}"
             child = _measurement_of(bench, "sample-factory")
-            victim = _sample_factory_process(child, which, shm) if child else None
+            victim = _sample_factory_process(child, which) if child else None
             time.sleep(0.05)
         if stuck:  # every other process of Sample Factory's hangs: its runner, the measurement, alone goes on
             for pid, _ in in_session(child):
