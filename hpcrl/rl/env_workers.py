@@ -371,14 +371,15 @@ STOP_WAIT_S = 1.0
 
 def end_workers(workers: Sequence[Any], started: float) -> None:
     """Kill these worker processes (multiprocessing's, each leading its group: `_lead_own_group`), live or dead,
-    with all they started, and reap them. A worker that was killed from outside leaves its game in its group, and
-    may leave files it alone held (`leftovers.remove_unheld`: its game's message queues, made since `started`)."""
+    with all they started, and reap them. A worker that died by itself (killed from outside, a crash, an exit in a
+    user's env) leaves its game in its group, and may leave files it alone held (`leftovers.remove_unheld`: its
+    game's message queues, made since `started`)."""
     live = [p.pid for p in workers if p.pid is not None and p.exitcode is None]
-    killed_outside = any(p.exitcode is not None and p.exitcode < 0 for p in workers)  # before the kill below
+    died = any(p.exitcode not in (None, 0) for p in workers)  # before the kill below: not by a clean close, nor by it
     kill_trees(live, groups=[p.pid for p in workers if p.pid is not None])
     for process in workers:
         process.join(5.0)  # killed: gone as soon as the kernel has reaped it
-    if killed_outside:
+    if died:
         remove_unheld(SHARED_MEMORY_PREFIX, started)
 
 
