@@ -188,11 +188,30 @@ def test_faster_of_two_measures_both_then_keeps_the_shorter_median_each_period()
 
 
 def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], set[str]]:
-    """Six iterations of async PPO on CartPole, the update always (True), never (False) or as measured (None)."""
+    """Six iterations of async PPO on CartPole, the update always (True), never (False) or as measured (None).
+    Each rollout after the first starts once the update beside it has begun its first gradient step, so that the
+    update's thread makes that step: under a load of 9 (a fresh suite), a rollout ended before the update began, and
+    every step ran in the main thread. That thread keeps normal priority here (a thread's priority changes when it
+    runs, not what it computes): at background priority, 8 busy processes starved it, and the gated rollout with it."""
     agent = make_agent("ppo", EnvConfig(id="CartPole-v1", num_envs=2, vectorization="async"), total_steps=10_000, async_rollout=True, **PPO_CARTPOLE)
+    assert PPO_CARTPOLE["update_epochs"] * PPO_CARTPOLE["num_minibatches"] == 20
     threads: set[str] = set()
-    step = agent.step_with_entropy
-    agent.step_with_entropy = lambda loss, params: (threads.add(threading.current_thread().name), step(loss, params))[1]  # each gradient step's thread
+    began = threading.Event()
+    collect, step, rollouts, steps = agent._collect, agent.step_with_entropy, itertools.count(), itertools.count()
+
+    def gated(buf: Any, *args: Any) -> None:
+        if next(rollouts) > 0:  # the first rollout has no update beside it
+            assert began.wait(60)
+            began.clear()
+        collect(buf, *args)
+
+    def stepped(loss: torch.Tensor, params: Any) -> torch.Tensor:
+        threads.add(threading.current_thread().name)  # each gradient step's thread
+        if next(steps) % 20 == 0:  # an update's first
+            began.set()
+        return step(loss, params)
+
+    agent._collect, agent.step_with_entropy = gated, stepped
     if yields is not None:
         agent._pace.choose = lambda: yields
     try:
@@ -239,8 +258,9 @@ def test_an_agent_s_update_goes_to_the_main_thread_once_the_rollout_beside_it_is
     assert threads == ([UPDATE_THREAD_NAME] + ["MainThread"] * 19) * 4
 
 
-def test_an_update_at_background_priority_learns_the_same_numbers() -> None:
+def test_an_update_at_background_priority_learns_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which thread runs the update changes no draw and no weight: the run is the same either way."""
+    monkeypatch.setattr(os, "sched_setscheduler", lambda *args: None)  # see _trained
     normal, normal_weights, normal_threads = _trained(False)
     yielding, yielding_weights, yielding_threads = _trained(True)
     measured, measured_weights, measured_threads = _trained(None)
