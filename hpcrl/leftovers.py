@@ -218,7 +218,9 @@ def remove_unheld(prefix: str, since: float) -> list[str]:
     from their creation to their removal (ViZDoom's `vizdoom_env.SHARED_MEMORY_PREFIX`), so that one held by
     nobody is lost; never for multiprocessing's semaphores (glibc's sem_open maps them under another name) or a
     SharedMemory, which its owner may close and open again by name. A second early: the file system's clock is
-    the coarser."""
+    the coarser. Without /proc no holder can be seen, and nothing is removed."""
+    if not processes():
+        return []
     uid = os.getuid()
     candidates = []
     with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcrl import leftovers
 from hpcrl.leftovers import end_leftovers, kill_holding, remove_shared_memory, remove_unheld, shared_memory_of, stop_session
 from hpcrl.rl.env_workers import kill_trees
 
@@ -81,10 +82,10 @@ def test_a_killed_tree_takes_the_shared_memory_only_it_held(tmp_path: Path, shm:
         assert shared.exists()
 
 
-def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, shm: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """remove_unheld (an env worker killed from outside, which alone held its game's message queues): the files
     named with the prefix, made since the given time, that no process holds go; one a live process holds, one of
-    another maker's name, and all when the time given is later than they were made, stay."""
+    another maker's name, and all when the time given is later than they were made or when /proc shows no process, stay."""
     tag = shm("")
     lost, other = Path(f"/dev/shm/ViZDoomMQCtr{tag.name}lost"), shm("other")
     held_map, held_fd = Path(f"/dev/shm/ViZDoomSM{tag.name}map"), Path(f"/dev/shm/ViZDoomMQDoom{tag.name}fd")
@@ -95,6 +96,9 @@ def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(
         try:
             assert remove_unheld("ViZDoom", time.time() + 60) == []  # all made more than a second before that
             assert lost.exists()
+            with monkeypatch.context() as without_proc:  # no holder can be seen: nothing goes
+                without_proc.setattr(leftovers, "processes", list)
+                assert remove_unheld("ViZDoom", time.time() - 60) == []
             assert remove_unheld("ViZDoom", time.time() - 60) == [str(lost)]
             assert held_map.exists() and held_fd.exists() and other.exists()
         finally:
