@@ -150,8 +150,10 @@ def _lead_own_group() -> None:
     ViZDoom game's engine). A worker killed from outside (the OOM killer, a segfault, a user's kill) left its engine
     to init, out of reach of any walk down from the worker, where the engine waited for its controller for ever;
     in the worker's group it is still found (`end_workers`). A group outside a terminal's foreground is stopped
-    when it writes there under `stty tostop`: the worker ignores SIGTTOU, and its engines inherit that."""
-    os.setpgid(0, 0)
+    when it writes there under `stty tostop`: the worker ignores SIGTTOU, and its engines inherit that. Where a
+    group cannot be had (a platform that refuses it), the worker runs in the trainer's, as it did before."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
 
