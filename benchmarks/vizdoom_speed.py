@@ -446,10 +446,9 @@ def _kill_group(pgid: int, started: float) -> None:
     from outside in its game's start (Sample Factory's env_info process, in the test that kills it; the OOM
     killer) left its game's message queues, which no listing of live processes can find."""
     from hpcrl.leftovers import kill_holding, remove_unheld, stop_session
-    from hpcrl.rl.vizdoom_env import SHARED_MEMORY_PREFIX
 
     kill_holding(stop_session(pgid))  # stopped first: a game in its start makes its screen buffer after the listing
-    remove_unheld(SHARED_MEMORY_PREFIX, started)
+    remove_unheld(started)
 
 
 def _said(text: str) -> list[str]:

@@ -29,11 +29,19 @@ LEFTOVER_GRACE_S = 5.0
 SHARED_MEMORY = "/dev/shm/"
 
 
-def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[int] = ()) -> None:
+def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[int] = (), since: float | None = None) -> None:
     """End what `who` (the program, a finished task) left running in `session` (SIGTERM, then SIGKILL
     after LEFTOVER_GRACE_S), naming each process in the job log `out`, and remove the shared memory
     they alone held; returns when none is left. `spare` are not `who`'s (the program supervisor's
-    keeper and its deputy)."""
+    keeper and its deputy). Given when `who` started (`since`, a `time.time()`), the files it made that
+    nobody holds go too, named in the log (`remove_unheld`): a trainer killed alone takes its env workers
+    with it (their death signal), and a worker that was starting a game held that game's queues alone."""
+    _end_left(session, out, who, spare)
+    if since is not None and (removed := remove_unheld(since)):
+        print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
+
+
+def _end_left(session: int, out: TextIO | None, who: str, spare: Sequence[int]) -> None:
     left = [(pid, command) for pid, command in in_session(session) if pid not in spare]
     if not left:
         return
@@ -208,17 +216,22 @@ def shared_memory_of(pids: Iterable[int]) -> set[str]:
     return {path for path in found if not path.endswith(" (deleted)")}
 
 
-def remove_unheld(prefix: str, since: float) -> list[str]:
-    """Remove the files of /dev/shm named `prefix...`, this user's, made at `since` (a `time.time()`) or later, that
-    no live process maps or holds open; the paths removed, sorted.
+HELD_FOR_LIFE = ("ViZDoom",)
+"""Names in /dev/shm whose makers hold each file from its creation to its removal, so that one no process holds is
+lost: ViZDoom's games' (`ViZDoomMQCtr<id>` and `ViZDoomMQDoom<id>`, the message queues its controller makes;
+`ViZDoomSM<id>`, the screen buffer its engine makes; each opened by the other side too). Not multiprocessing's
+semaphores (glibc's sem_open maps them under another name), nor a SharedMemory, which its owner may close and open
+again by name, nor torch's files."""
+
+
+def remove_unheld(since: float, prefixes: Sequence[str] = HELD_FOR_LIFE) -> list[str]:
+    """Remove the files of /dev/shm named with one of `prefixes` (those of HELD_FOR_LIFE), this user's, made at
+    `since` (a `time.time()`) or later, that no live process maps or holds open; the paths removed, sorted.
 
     The one case the kills here cannot list: a process killed from outside (the OOM killer, a segfault, a user's
-    kill) that alone held what it made. A ViZDoom env worker killed between making its game's message queues and
-    starting the engine that opens them left both in /dev/shm for ever. Only for a maker that holds its files
-    from their creation to their removal (ViZDoom's `vizdoom_env.SHARED_MEMORY_PREFIX`), so that one held by
-    nobody is lost; never for multiprocessing's semaphores (glibc's sem_open maps them under another name) or a
-    SharedMemory, which its owner may close and open again by name. A second early: the file system's clock is
-    the coarser. Without /proc no holder can be seen, and nothing is removed."""
+    kill, the death signal of a trainer killed) that alone held what it made. A ViZDoom env worker killed between
+    making its game's message queues and starting the engine that opens them left both in /dev/shm for ever. A
+    second early: the file system's clock is the coarser. Without /proc no holder can be seen, and nothing is removed."""
     if not processes():
         return []
     uid = os.getuid()
@@ -226,7 +239,7 @@ def remove_unheld(prefix: str, since: float) -> list[str]:
     with contextlib.suppress(OSError):
         for entry in os.scandir(SHARED_MEMORY):
             with contextlib.suppress(OSError):
-                if entry.name.startswith(prefix) and (stat := entry.stat(follow_symlinks=False)).st_uid == uid and stat.st_ctime >= since - 1.0:
+                if entry.name.startswith(tuple(prefixes)) and (stat := entry.stat(follow_symlinks=False)).st_uid == uid and stat.st_ctime >= since - 1.0:
                     candidates.append(entry.path)
     if not candidates:
         return []

@@ -94,12 +94,12 @@ def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(
         other.write_bytes(b"\0")
         holder = hold(tmp_path, f"map:{held_map},fd:{held_fd}")
         try:
-            assert remove_unheld("ViZDoom", time.time() + 60) == []  # all made more than a second before that
+            assert remove_unheld(time.time() + 60) == []  # all made more than a second before that
             assert lost.exists()
             with monkeypatch.context() as without_proc:  # no holder can be seen: nothing goes
                 without_proc.setattr(leftovers, "processes", list)
-                assert remove_unheld("ViZDoom", time.time() - 60) == []
-            assert remove_unheld("ViZDoom", time.time() - 60) == [str(lost)]
+                assert remove_unheld(time.time() - 60) == []
+            assert remove_unheld(time.time() - 60) == [str(lost)]
             assert held_map.exists() and held_fd.exists() and other.exists()
         finally:
             holder.kill()
@@ -119,6 +119,24 @@ def test_the_leftovers_of_a_session_are_ended_with_their_shared_memory_named_in_
     holder.wait(5)
     assert not mapped.exists() and not below.exists()
     assert f"hpcrl: removed the shared memory they left: {min(mapped, below)}, {max(mapped, below)}" in log.getvalue(), log.getvalue()
+
+
+def test_the_leftovers_of_something_that_started_at_a_given_time_take_what_it_made_and_nobody_holds(shm: Callable[[str], Path]) -> None:
+    """end_leftovers with the start of what it ends (a task, a program): a game's queues, made since then and held by
+    nobody (their one holder killed), go and are named in the log; without the start they stay."""
+    lost = Path(f"/dev/shm/ViZDoomMQCtr{shm('').name}lost")
+    try:
+        lost.write_bytes(b"\0")
+        ended = subprocess.Popen(["true"], start_new_session=True)  # a session whose processes are all gone
+        ended.wait()
+        log = io.StringIO()
+        end_leftovers(ended.pid, log, "the task")
+        assert lost.exists() and log.getvalue() == ""
+        end_leftovers(ended.pid, log, "the task", since=time.time() - 60)
+        assert not lost.exists()
+        assert log.getvalue() == f"hpcrl: removed the shared memory nobody held: {lost}\n"
+    finally:
+        lost.unlink(missing_ok=True)
 
 
 MAKER = """

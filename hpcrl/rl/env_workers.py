@@ -38,7 +38,6 @@ import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
 from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop
-from hpcrl.rl.vizdoom_env import SHARED_MEMORY_PREFIX
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -382,7 +381,7 @@ def end_workers(workers: Sequence[Any], started: float) -> None:
     for process in workers:
         process.join(5.0)  # killed: gone as soon as the kernel has reaped it
     if died:
-        remove_unheld(SHARED_MEMORY_PREFIX, started)
+        remove_unheld(started)
 
 
 def kill_trees(pids: Sequence[int], groups: Sequence[int] = ()) -> None:

@@ -42,10 +42,6 @@ from hpcrl.config.experiment import EnvConfig
 
 DEFAULTS = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": "GRAY8"}
 """The game settings most ViZDoom RL work uses, unless the config says otherwise."""
-SHARED_MEMORY_PREFIX = "ViZDoom"
-"""How ViZDoom names a game's files in /dev/shm (`ViZDoomMQCtr<id>` and `ViZDoomMQDoom<id>`, the message queues
-its controller makes; `ViZDoomSM<id>`, the screen buffer its engine makes), each held by its maker and the other
-from its creation to its removal: one that no process holds is lost (`leftovers.remove_unheld`)."""
 
 
 def _import_wrapper() -> None:

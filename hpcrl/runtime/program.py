@@ -195,6 +195,7 @@ def supervise(
     long as it lives; it is ended and named in the job log."""
     status_read, status_write = os.pipe()
     control_read, control = os.pipe()  # never written: its end of file tells the keeper we are gone
+    started = time.time()
     try:
         keeper = subprocess.Popen(
             [sys.executable, "-I", "-S", KEEPER, str(status_write), "--", *words], cwd=cwd, env=env, stdin=control_read,
@@ -232,7 +233,7 @@ def supervise(
             ended = time.monotonic()
             while copier.is_alive() and min(copier.quiet_for(), time.monotonic() - ended) < OUTPUT_GRACE_S and time.monotonic() - ended < 10 * OUTPUT_GRACE_S:
                 copier.join(POLL_S)
-            end_leftovers(keeper.pid, out, "the program", spare=(keeper.pid, deputy))
+            end_leftovers(keeper.pid, out, "the program", spare=(keeper.pid, deputy), since=started)
             copier.closing.set()
             copier.join()
             tail = copier.tail.lines()

@@ -523,7 +523,7 @@ class LocalRunner:
         simulators started (ViZDoom's engines) orphaned, for ever, under nobody's watch."""
         assert t.log is not None
         if t.proc:
-            end_leftovers(t.proc.pid, t.log, f"the task ended (exit {rc}) and")
+            end_leftovers(t.proc.pid, t.log, f"the task ended (exit {rc}) and", since=self.state["jobs"][t.job_id][str(t.task)]["started"])
         t.log.close()
         self.free_gpus += list(t.devices)
         s = self.state["jobs"][t.job_id][str(t.task)]

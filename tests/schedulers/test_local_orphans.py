@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -127,16 +128,19 @@ def test_resweep_after_a_killed_runner_never_starts_a_second_trainer(tmp_path: P
 
 
 SIMULATOR_ENV = '''
-import subprocess, sys
+import os, subprocess, sys
 import gymnasium
 from gymnasium.envs.classic_control import CartPoleEnv
 
 
 class WithSimulator(CartPoleEnv):
-    """CartPole that starts a process of its own, as ViZDoom starts its game engine: a child of the trainer."""
+    """CartPole that starts a process of its own, as ViZDoom starts its game engine: a child of the trainer; and
+    that holds a file in /dev/shm named as ViZDoom names its message queues, alone, as a game's controller does
+    before its engine opens them."""
 
-    def __init__(self, pid_file, **kwargs):
+    def __init__(self, pid_file, queue, **kwargs):
         super().__init__(**kwargs)
+        self.queue = os.open(queue, os.O_RDWR | os.O_CREAT, 0o600)
         self.simulator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(pid_file, "a") as f:
             f.write(f"{self.simulator.pid}\\n")
@@ -149,10 +153,12 @@ gymnasium.register("WithSimulator-v0", entry_point=WithSimulator, max_episode_st
 def test_a_trainer_killed_alone_leaves_nothing_of_its_task_running(tmp_path: Path) -> None:
     """The OOM killer takes the trainer only: the processes its env started (ViZDoom's engines; here a stand-in
     simulator) are orphaned. The local runner ends them when the task ends, as a cluster ends a job's processes,
-    and names them in the task's log; the task is failed, not hung."""
+    and names them in the task's log; the task is failed, not hung. The game's queues that the trainer alone held
+    go too, named in the log: nobody held them, so no listing of processes found them, and they stayed for ever."""
     (tmp_path / "simenvs.py").write_text(SIMULATOR_ENV)
     pid_file = tmp_path / "simulators.txt"
-    config = write_config(tmp_path, {**TRAIN, "train": {"total_steps": 10_000_000}, "env": {"id": "simenvs:WithSimulator-v0", "num_envs": 1, "kwargs": {"pid_file": str(pid_file)}}})
+    queue = Path(f"/dev/shm/ViZDoomMQCtr-hpcrl-test-{uuid.uuid4().hex[:12]}")
+    config = write_config(tmp_path, {**TRAIN, "train": {"total_steps": 10_000_000}, "env": {"id": "simenvs:WithSimulator-v0", "num_envs": 1, "kwargs": {"pid_file": str(pid_file), "queue": str(queue)}}})
     exp = tmp_path / "logs" / "tiny"
     runner = subprocess.Popen([PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -171,8 +177,12 @@ def test_a_trainer_killed_alone_leaves_nothing_of_its_task_running(tmp_path: Pat
         for pid in [int(line) for line in pid_file.read_text().split()] if pid_file.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # only what the runner failed to end, after the test has looked
+        made = queue.exists()
+        queue.unlink(missing_ok=True)
     left = [pid for pid in simulators if Path(f"/proc/{pid}").exists() and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")]
     assert not left, f"the killed trainer's simulator(s) {left} outlived its task"
     log = "".join(p.read_text() for p in (exp / "jobs" / "logs").glob("train-*"))
     assert f"left {len(simulators)} process(es) running: pid {simulators[0]} (" in log and "time.sleep(600)" in log, log[-2000:]
     assert [s["state"] for ts in tasks(exp).values() for s in ts.values()][:1] == ["failed"], tasks(exp)
+    assert not made and f"hpcrl: removed the shared memory nobody held: {queue}" in log, log[-2000:]
+    assert "No such file or directory" not in log, log[-2000:]  # the job script's read of an exit status the killed trainer never wrote
