@@ -27,7 +27,7 @@ done
 trap '' USR1 USR2 TERM
 if [ -n "${HPCRL_EXIT_FILE:-}" ]; then
   left=
-  read -r left < "$HPCRL_EXIT_FILE" 2>/dev/null
+  read -r left 2>/dev/null < "$HPCRL_EXIT_FILE"  # 2> first: a missing file (the child was killed) says nothing
   case "$left" in ''|*[!0-9]*) ;; *) status=$left ;; esac
   rm -f "$HPCRL_EXIT_FILE"
 fi
