@@ -20,7 +20,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
@@ -81,12 +81,19 @@ def stop_session(session: int, spare: Iterable[int] = (), timeout: float = LEFTO
     start, makes files nobody removes: a benchmark killed while its games started left their 10.6 MB screen
     buffers in /dev/shm. A stopped process makes nothing more, and SIGKILL ends it all the same."""
     spare = set(spare)
-    stopped: list[int] = []
+    return stop_all_found(lambda: [pid for pid, _ in in_session(session) if pid not in spare], timeout)
+
+
+def stop_all_found(find: Callable[[], Iterable[int]], timeout: float = LEFTOVER_GRACE_S) -> list[int]:
+    """SIGSTOP every process `find` lists, and list again until it finds none not yet stopped (each waited for
+    until it has stopped, within `timeout` s in all): whatever they start meanwhile is found and stopped too, and
+    what they hold can then be listed with none of them making more. The pids stopped, in the order found."""
+    stopped: dict[int, None] = {}
     deadline = time.monotonic() + timeout
-    while new := [pid for pid, _ in in_session(session) if pid not in spare and pid not in stopped]:
+    while new := [pid for pid in dict.fromkeys(find()) if pid not in stopped]:
         stop(new, max(deadline - time.monotonic(), 0.0))
-        stopped.extend(new)
-    return stopped
+        stopped.update(dict.fromkeys(new))
+    return list(stopped)
 
 
 def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> list[str]:

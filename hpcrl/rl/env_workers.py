@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
-from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop
+from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop_all_found
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -389,11 +389,8 @@ def kill_trees(pids: Sequence[int], groups: Sequence[int] = ()) -> None:
     lead: a dead worker's game is still there), and every process under them, and remove the shared memory only
     they held (hpcrl.leftovers). Each is stopped before the next listing, and the listing repeats until it finds
     none new, so that nothing they start goes unlisted (from /proc; without /proc, only the processes)."""
-    victims: list[int] = []
-    while new := [pid for pid in _trees(pids, set(groups), os.getsid(0)) if pid not in victims]:
-        stop(new, STOP_WAIT_S)
-        victims.extend(new)
-    if victims:
+    session, leaders = os.getsid(0), set(groups)
+    if victims := stop_all_found(lambda: _trees(pids, leaders, session), STOP_WAIT_S):
         kill_holding(victims, STOP_WAIT_S)  # stopped: a game engine in its start makes its files no later
 
 
@@ -406,7 +403,7 @@ def _trees(pids: Sequence[int], groups: set[int], session: int) -> list[int]:
             children.setdefault(stat.parent, []).append(pid)
             if stat.group in groups and stat.session == session and stat.live:
                 found.append(pid)
-    found = list(dict.fromkeys(found))
+    found = list(dict.fromkeys(found))  # a group's member may be under a listed process too
     seen = set(found)
     for pid in found:  # grows as it goes: breadth first down the trees
         for child in children.get(pid, ()):

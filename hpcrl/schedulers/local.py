@@ -522,11 +522,11 @@ class LocalRunner:
         as a cluster ends a job's processes: a trainer killed alone (the OOM killer) leaves the processes its
         simulators started (ViZDoom's engines) orphaned, for ever, under nobody's watch."""
         assert t.log is not None
+        s = self.state["jobs"][t.job_id][str(t.task)]
         if t.proc:
-            end_leftovers(t.proc.pid, t.log, f"the task ended (exit {rc}) and", since=self.state["jobs"][t.job_id][str(t.task)]["started"])
+            end_leftovers(t.proc.pid, t.log, f"the task ended (exit {rc}) and", since=s["started"])
         t.log.close()
         self.free_gpus += list(t.devices)
-        s = self.state["jobs"][t.job_id][str(t.task)]
         s.update(rc=rc, ended=time.time())
         if rc == REQUEUE_EXIT and not self.stopping and t.cancelled_at is None:
             s.update(state=PENDING, requeues=s["requeues"] + 1)
