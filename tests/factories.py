@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +52,14 @@ def validate_x(message: Any) -> int:
 HEAD_ADDRESS = "10.251.0.1"
 """This host's address on the test clusters' private bridge (tests/clusters/nodes.sh, NODES_HEAD_IP): a board the
 tests' cluster jobs may dial that is neither loopback nor an address of the machine's own network."""
+
+
+def own_shm(shm: Path) -> list[str] | None:
+    """The start of a command line that runs a command (as the same pid) with `shm`, made here, as its /dev/shm: a
+    mount namespace of its own, so that whatever it leaves there, or finds there, is its own however many tests run
+    beside it (a trainer's end removes the ViZDoom files nobody holds, another test's too). None where that needs
+    what this user lacks (root, unshare(1))."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    shm.mkdir()
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm)]

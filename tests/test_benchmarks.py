@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import own_shm
 from test_conformance import process_table
 
 from hpcrl.leftovers import in_session, process_stat, shared_memory_of
@@ -578,12 +579,10 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
 
 
 def _own_shm(shm: Path) -> list[str]:
-    """The command line's start that runs a command (as the same pid) with `shm`, made here, as its /dev/shm (a mount
-    namespace of its own): whatever it leaves there is its own, however many tests run beside it."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
+    """`factories.own_shm`, or the test skipped where it cannot be had."""
+    if (prefix := own_shm(shm)) is None:
         pytest.skip("needs root and unshare(1) to give the benchmark a /dev/shm of its own")
-    shm.mkdir()
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm)]
+    return prefix
 
 
 def _sample_factory_process(session: int, which: str) -> int | None:
