@@ -74,20 +74,23 @@ def test_an_update_whose_rollout_is_done_runs_in_the_caller_and_its_errors_too()
         runner.close()
 
 
-def _spin(seconds: float) -> int:
-    """Loops counted in `seconds` of wall time on this thread's core."""
-    count, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def _spin(seconds: float, stop: Any) -> tuple[int, float]:
+    """Loops counted on this thread's core, and the seconds they took: for `seconds` of wall time or until
+    `stop` (a shared flag) is set, whichever comes first. Every loop reads the flag, so that counts from
+    different loops are comparable."""
+    count, began = 0, time.perf_counter()
+    end = began + seconds
+    while time.perf_counter() < end and not stop.value:
         count += 1
-    return count
+    return count, time.perf_counter() - began
 
 
-def _pinned_spin(core: int, seconds: float) -> Generator[None, None, int]:
+def _pinned_spin(core: int, seconds: float, stop: Any) -> Generator[None, None, tuple[int, float]]:
     """One step that counts loops for `seconds` on `core`."""
     os.sched_setaffinity(0, {core})
-    count = _spin(seconds)
+    counted = _spin(seconds, stop)
     yield
-    return count
+    return counted
 
 
 def _count(core: int, loops: int) -> None:
@@ -96,10 +99,11 @@ def _count(core: int, loops: int) -> None:
         pass
 
 
-def _hog(core: int, seconds: float, spinning: multiprocessing.synchronize.Event, count: multiprocessing.sharedctypes.Synchronized) -> None:
+def _hog(core: int, seconds: float, spinning: multiprocessing.synchronize.Event, stop: Any, count: Any, took: Any) -> None:
+    """A process of normal priority that never sleeps, on `core`, for `seconds` or until `stop`."""
     os.sched_setaffinity(0, {core})
     spinning.set()
-    count.value = _spin(seconds)
+    count.value, took.value = _spin(seconds, stop)
 
 
 def test_the_background_thread_gets_a_busy_core_only_where_its_owner_leaves_it() -> None:
@@ -108,22 +112,24 @@ def test_the_background_thread_gets_a_busy_core_only_where_its_owner_leaves_it()
     same core at the same time (other load on the core slows the process, and leaves the thread nothing)."""
     core = min(os.sched_getaffinity(0))
     ctx = multiprocessing.get_context("fork")
-    spinning, count = ctx.Event(), ctx.Value("q", 0)
-    hog = ctx.Process(target=_hog, args=(core, 0.6, spinning, count), daemon=True)
+    spinning, stop, never = ctx.Event(), ctx.Value("b", 0, lock=False), ctx.Value("b", 0, lock=False)
+    count, took = ctx.Value("q", 0, lock=False), ctx.Value("d", 0.0, lock=False)
+    hog = ctx.Process(target=_hog, args=(core, 60.0, spinning, stop, count, took), daemon=True)
     runner = YieldingUpdate.start()
     assert runner is not None
     try:
         hog.start()
         assert spinning.wait(10)
-        beside = runner(_pinned_spin(core, 0.3), threading.Event())
+        beside, spun = runner(_pinned_spin(core, 0.3, never), threading.Event())
+        stop.value = 1  # the process runs for the whole of the thread's step, however late that step began
         hog.join(10)
     finally:
         hog.kill()
         hog.join()
         runner.close()
-    assert count.value > 0
-    # At equal priority the thread would count about 0.67x the process's rate (half the core for its 0.3 s).
-    assert beside / 0.3 < 0.2 * count.value / 0.6, (beside, count.value)
+    assert count.value > 0 and took.value >= spun, (count.value, took.value, spun)
+    # At equal priority the thread would count at about the process's rate (each half the core while both run).
+    assert beside / spun < 0.2 * count.value / took.value, (beside, spun, count.value, took.value)
 
 
 def test_an_update_beside_other_load_finishes_at_normal_priority_once_its_rollout_is_done() -> None:
@@ -140,8 +146,8 @@ def test_an_update_beside_other_load_finishes_at_normal_priority_once_its_rollou
     os.sched_setaffinity(0, mine)
     steps = max(10, int(0.5 / step))
     ctx = multiprocessing.get_context("fork")
-    spinning, count = ctx.Event(), ctx.Value("q", 0)
-    hog = ctx.Process(target=_hog, args=(core, 120.0, spinning, count), daemon=True)
+    spinning, stop = ctx.Event(), ctx.Value("b", 0, lock=False)
+    hog = ctx.Process(target=_hog, args=(core, 120.0, spinning, stop, ctx.Value("q", 0, lock=False), ctx.Value("d", 0.0, lock=False)), daemon=True)
     runner = YieldingUpdate.start()
     assert runner is not None
     done, log = threading.Event(), []
