@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -244,6 +245,28 @@ def version_text() -> str:
     return f"hpcrl {__version__}" + (f" (git {commit[:12]}, {checkout})" if commit else "")
 
 
+def _end_leftovers(args: argparse.Namespace) -> int:
+    from hpcrl.leftovers import end_job_leftovers
+
+    try:
+        end_job_leftovers(args.since, args.status, sys.stdout)
+    except ValueError as exc:
+        print(f"hpcrl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _finite(text: str) -> float:
+    """A finite number (argparse's `type`): `float` alone takes nan and inf."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 @functools.cache
 def parser() -> argparse.ArgumentParser:
     """Built once per process: argparse looks up a translation for every help string (~50 ms)."""
@@ -280,6 +303,11 @@ def parser() -> argparse.ArgumentParser:
     ac.add_argument("--manifest", help="file whose k-th line naming run R makes task N actor k of run R")
     ac.add_argument("--actor", type=int, default=0, help="actor index without --manifest")
     ac.set_defaults(func=_actor)
+
+    el = sub.add_parser("end-leftovers", help="a job script's last step when its hpcrl was killed: end what it left running in the job, and remove the shared memory they held")
+    el.add_argument("--since", type=_finite, required=True, help="the job's start, in seconds since the epoch: the files of ViZDoom's games made since then that no process holds go too")
+    el.add_argument("--status", type=int, required=True, help="the killed hpcrl's exit status, for the job log")
+    el.set_defaults(func=_end_leftovers)
 
     sw = sub.add_parser("search-worker", help="one worker of an Optuna study (the study stage's entry point): trials until n_trials")
     sw.add_argument("experiment")
@@ -352,9 +380,9 @@ def parser() -> argparse.ArgumentParser:
 
 USER_COMMANDS = ("sweep", "status", "collect", "compare", "cancel", "build-image", "init", "configs", "schema", "completion")
 """The commands a user types, in the order `hpcrl --help` lists them (the order of a first hour)."""
-JOB_COMMANDS = ("train", "eval", "learner", "actor", "search-worker")
-"""The in-job entry points (hpcrl.stages): what job scripts run. Callable like any command, and
-listed apart in `hpcrl --help`, after the user's commands."""
+JOB_COMMANDS = ("train", "eval", "learner", "actor", "search-worker", "end-leftovers")
+"""The in-job entry points: what job scripts run (the stages of hpcrl.stages, and the last step of a job whose
+hpcrl was killed). Callable like any command, and listed apart in `hpcrl --help`, after the user's commands."""
 
 
 def _group_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:

@@ -41,6 +41,35 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
         print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
 
 
+def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
+    """The last step of a job script whose hpcrl left no exit status (killed: the OOM killer, a SIGKILL): end what
+    it left running in the job's session, named in the job log, and remove the shared memory they held and the
+    files made since `since` (the job's start) that nobody holds (`end_leftovers`).
+
+    A scheduler ends a job's processes when the job ends, but only those it tracks: Slurm's proctrack/linuxproc and
+    proctrack/pgid lose a process reparented to init (a killed trainer's ViZDoom engine, whose env worker died with
+    the trainer) or in a process group of its own (an env worker's), and the engine ran on for ever on the node. No
+    scheduler removes what such a process held in the node's /dev/shm (an engine's 10.6 MB screen, at 160x120).
+    Spared: this process and those above it in the session (the job shell; a container's starter). A session with
+    a terminal is a person's, not a job's: refused (ValueError), ending nothing."""
+    if has_terminal():
+        raise ValueError("this session has a terminal: end-leftovers ends every process of a job's session but the job shell, and runs as a job script's last step only")
+    session, spare, pid = os.getsid(0), [], os.getpid()
+    while pid > 1 and (stat := process_stat(pid)) is not None and stat.session == session:
+        spare.append(pid)
+        pid = stat.parent
+    end_leftovers(session, out, f"the job's hpcrl, killed (exit {status}),", spare=spare, since=since)
+
+
+def has_terminal() -> bool:
+    """Whether this process's session has a controlling terminal (a job's has none)."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
 def _end_left(session: int, out: TextIO | None, who: str, spare: Sequence[int]) -> None:
     left = [(pid, command) for pid, command in in_session(session) if pid not in spare]
     if not left:

@@ -63,3 +63,44 @@ def own_shm(shm: Path) -> list[str] | None:
         return None
     shm.mkdir()
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm)]
+
+
+SIMULATOR_ENV = '''
+import os, subprocess, sys
+import gymnasium
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class WithSimulator(CartPoleEnv):
+    """CartPole that starts a process of its own, as ViZDoom starts its game engine: a child of the trainer; and
+    that holds a file in /dev/shm named as ViZDoom names its message queues, alone, as a game's controller does
+    before its engine opens them. Given `held`, the simulator holds that file open, as an engine its screen."""
+
+    def __init__(self, pid_file, queue, held=None, **kwargs):
+        super().__init__(**kwargs)
+        self.queue = os.open(queue, os.O_RDWR | os.O_CREAT, 0o600)
+        hold = f"import os; os.open({held!r}, os.O_RDWR | os.O_CREAT, 0o600); " if held else ""
+        self.simulator = subprocess.Popen([sys.executable, "-c", hold + "import time; time.sleep(600)"])
+        with open(pid_file, "a") as f:
+            f.write(f"{self.simulator.pid}\\n")
+
+
+gymnasium.register("WithSimulator-v0", entry_point=WithSimulator, max_episode_steps=500)
+'''
+"""A user's env module (registers `WithSimulator-v0`): a process of its own and files in /dev/shm, as ViZDoom's game."""
+
+
+def trainers(exp: Path) -> list[int]:
+    """Pids of `python -m hpcrl train <exp> ...` processes now alive."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and argv[1:4] == ["-m", "hpcrl", "train"] and str(exp) in argv:
+            found.append(int(entry.name))
+    return found

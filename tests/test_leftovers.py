@@ -10,6 +10,7 @@ import contextlib
 import glob
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,3 +238,61 @@ def test_a_session_killed_whole_leaves_none_of_its_multiprocessing_semaphores(tm
             os.killpg(proc.pid, signal.SIGKILL)
         for path in set(glob.glob("/dev/shm/sem.mp-*")) - before:
             os.unlink(path)
+
+
+JOB = """
+"$3" -c 'import os, time; os.open("'"$1"'", os.O_RDWR | os.O_CREAT, 0o600); time.sleep(600)' &
+echo "$!" > "$2"
+while [ ! -e "$1" ]; do sleep 0.01; done
+"$3" -m hpcrl end-leftovers --since "$4" --status 137
+status=$?
+kill -0 "$!" 2> /dev/null && simulator=alive || simulator=gone
+echo "status $status, shell $$ alive, simulator $simulator"
+"""
+"""A job shell whose hpcrl was killed: what it started (a simulator holding $1) runs on, then its last step."""
+
+
+def test_a_job_s_last_step_ends_what_its_killed_hpcrl_left_and_spares_the_job_shell(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """`hpcrl end-leftovers` in a job's session (no terminal): the processes left in the session end, named in the job
+    log; what they held goes, and a game's file made since the job's start that nobody holds; the shell it runs under
+    lives on and exits as it will."""
+    held, lost, pid_file = shm("held"), Path(f"/dev/shm/ViZDoomMQCtr{shm('').name}lost"), tmp_path / "pid"
+    try:
+        lost.write_bytes(b"\0")
+        job = subprocess.run(["bash", "-c", JOB, "job", str(held), str(pid_file), sys.executable, str(time.time() - 60)], capture_output=True, text=True, start_new_session=True, timeout=60)
+        left = int(pid_file.read_text())
+        assert re.search(r"status 0, shell \d+ alive, simulator gone\n$", job.stdout), job.stdout + job.stderr
+        assert f"hpcrl: the job's hpcrl, killed (exit 137), left 1 process(es) running: pid {left} ({sys.executable} -c import os" in job.stdout, job.stdout
+        assert f"hpcrl: removed the shared memory they left: {held}\n" in job.stdout and f"hpcrl: removed the shared memory nobody held: {lost}\n" in job.stdout
+        assert not held.exists() and not lost.exists()
+        assert (stat := leftovers.process_stat(left)) is None or not stat.live
+    finally:
+        lost.unlink(missing_ok=True)
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_job_s_last_step_typed_in_a_terminal_ends_nothing(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """The same command in a person's session (one with a terminal: their shell, its background jobs, their editor)
+    would end all of it: one line, exit 2, nothing ended."""
+    import pty
+
+    held, pid_file = shm("held"), tmp_path / "pid"
+    pid, terminal = pty.fork()  # the child leads a session whose controlling terminal is this pty
+    if pid == 0:
+        os.execvp("bash", ["bash", "-c", JOB, "job", str(held), str(pid_file), sys.executable, str(time.time() - 60)])
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the child's side is closed
+        while chunk := os.read(terminal, 4096):
+            out += chunk
+    os.waitpid(pid, 0)
+    os.close(terminal)
+    try:
+        text = out.decode()
+        assert "hpcrl: error: this session has a terminal: end-leftovers ends every process of a job's session" in text, text
+        assert "status 2, shell" in text and "simulator alive" in text and "removed" not in text, text
+        assert held.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

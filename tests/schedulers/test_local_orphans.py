@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from factories import own_shm, write_config
+from factories import SIMULATOR_ENV, own_shm, trainers, write_config
 
 from hpcrl.schedulers.local import group_alive, task_tag
 
@@ -38,22 +38,6 @@ def hpcrl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedPr
 def tasks(exp: Path) -> dict:
     path = exp / "jobs" / "local-state.json"
     return json.loads(path.read_text())["jobs"] if path.exists() else {}
-
-
-def trainers(exp: Path) -> list[int]:
-    """Pids of `python -m hpcrl train <exp> ...` processes now alive."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and argv[1:4] == ["-m", "hpcrl", "train"] and str(exp) in argv:
-            found.append(int(entry.name))
-    return found
 
 
 class TrainerWatch:
@@ -127,27 +111,6 @@ def test_resweep_after_a_killed_runner_never_starts_a_second_trainer(tmp_path: P
     assert all(s["state"] not in ("running", "pending") for ts in tasks(exp).values() for s in ts.values())
 
 
-SIMULATOR_ENV = '''
-import os, subprocess, sys
-import gymnasium
-from gymnasium.envs.classic_control import CartPoleEnv
-
-
-class WithSimulator(CartPoleEnv):
-    """CartPole that starts a process of its own, as ViZDoom starts its game engine: a child of the trainer; and
-    that holds a file in /dev/shm named as ViZDoom names its message queues, alone, as a game's controller does
-    before its engine opens them."""
-
-    def __init__(self, pid_file, queue, **kwargs):
-        super().__init__(**kwargs)
-        self.queue = os.open(queue, os.O_RDWR | os.O_CREAT, 0o600)
-        self.simulator = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(pid_file, "a") as f:
-            f.write(f"{self.simulator.pid}\\n")
-
-
-gymnasium.register("WithSimulator-v0", entry_point=WithSimulator, max_episode_steps=500)
-'''
 
 
 def test_a_trainer_killed_alone_leaves_nothing_of_its_task_running(tmp_path: Path) -> None:

@@ -53,7 +53,13 @@ if [ -n "${HPCRL_EXIT_FILE:-}" ]; then
   left=
   read -r left 2>/dev/null < "$HPCRL_EXIT_FILE"  # 2> first: a missing file (the child was killed) says nothing
   case "$left" in ''|*[!0-9]*) ;; *) status=$left ;; esac
-  rm -f "$HPCRL_EXIT_FILE"
+  if [ -z "$left" ] && [ "$status" -gt 128 ] && [ "$status" -lt 255 ]; then
+    # hpcrl was killed (the OOM killer, a SIGKILL) before it could end what its envs started: a ViZDoom engine
+    # whose env worker died with it lives on where the scheduler lost track of it, and what it held in /dev/shm
+    # stays in the node's memory. This step ends them and removes those files, named in this log.
+    "${HPCRL[@]}" end-leftovers --since "$HPCRL_STARTED" --status "$status" < /dev/null || true
+  fi
+  rm -f "$HPCRL_EXIT_FILE"  # after that step, which leaves its own status there
 fi
 # scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
 # even a cancelled job: requeue only a task that Slurm still counts as running.
