@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from factories import own_shm
 
 from hpcrl import leftovers
 from hpcrl.leftovers import end_leftovers, kill_holding, remove_shared_memory, remove_unheld, shared_memory_of, stop_session
@@ -61,6 +62,17 @@ def shm() -> Iterator[Callable[[str], Path]]:
         path.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def own_dev_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory that stands for /dev/shm in this process's calls (leftovers.SHARED_MEMORY): every env worker's end
+    removes the ViZDoom files that nobody holds, another test's too, and a test that counts what its own call removed
+    must not share them."""
+    own = tmp_path / "shm"
+    own.mkdir()
+    monkeypatch.setattr(leftovers, "SHARED_MEMORY", f"{own}/")
+    return own
+
+
 def hold(tmp_path: Path, *levels: str, session: bool = False) -> subprocess.Popen:
     """A process holding `levels[0]` ("map:PATH,fd:PATH"), over one holding `levels[1]`, and so on."""
     script = tmp_path / "holder.py"
@@ -83,13 +95,12 @@ def test_a_killed_tree_takes_the_shared_memory_only_it_held(tmp_path: Path, shm:
         assert shared.exists()
 
 
-def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, shm: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, own_dev_shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """remove_unheld (an env worker killed from outside, which alone held its game's message queues): the files
     named with the prefix, made since the given time, that no process holds go; one a live process holds, one of
     another maker's name, and all when the time given is later than they were made or when /proc shows no process, stay."""
-    tag = shm("")
-    lost, other = Path(f"/dev/shm/ViZDoomMQCtr{tag.name}lost"), shm("other")
-    held_map, held_fd = Path(f"/dev/shm/ViZDoomSM{tag.name}map"), Path(f"/dev/shm/ViZDoomMQDoom{tag.name}fd")
+    lost, other = own_dev_shm / "ViZDoomMQCtr-lost", own_dev_shm / "hpcrl-test-other"
+    held_map, held_fd = own_dev_shm / "ViZDoomSM-map", own_dev_shm / "ViZDoomMQDoom-fd"
     try:
         lost.write_bytes(b"\0")
         other.write_bytes(b"\0")
@@ -122,10 +133,10 @@ def test_the_leftovers_of_a_session_are_ended_with_their_shared_memory_named_in_
     assert f"hpcrl: removed the shared memory they left: {min(mapped, below)}, {max(mapped, below)}" in log.getvalue(), log.getvalue()
 
 
-def test_the_leftovers_of_something_that_started_at_a_given_time_take_what_it_made_and_nobody_holds(shm: Callable[[str], Path]) -> None:
+def test_the_leftovers_of_something_that_started_at_a_given_time_take_what_it_made_and_nobody_holds(own_dev_shm: Path) -> None:
     """end_leftovers with the start of what it ends (a task, a program): a game's queues, made since then and held by
     nobody (their one holder killed), go and are named in the log; without the start they stay."""
-    lost = Path(f"/dev/shm/ViZDoomMQCtr{shm('').name}lost")
+    lost = own_dev_shm / "ViZDoomMQCtr-lost"
     try:
         lost.write_bytes(b"\0")
         ended = subprocess.Popen(["true"], start_new_session=True)  # a session whose processes are all gone
@@ -256,18 +267,20 @@ def test_a_job_s_last_step_ends_what_its_killed_hpcrl_left_and_spares_the_job_sh
     """`hpcrl end-leftovers` in a job's session (no terminal): the processes left in the session end, named in the job
     log; what they held goes, and a game's file made since the job's start that nobody holds; the shell it runs under
     lives on and exits as it will."""
-    held, lost, pid_file = shm("held"), Path(f"/dev/shm/ViZDoomMQCtr{shm('').name}lost"), tmp_path / "pid"
+    prefix = own_shm(tmp_path / "shm")  # where it can: every env worker's end removes the ViZDoom files nobody holds
+    here = tmp_path / "shm" if prefix else Path("/dev/shm")  # what the job sees as /dev/shm, as this test sees it
+    held, lost, pid_file = shm("held").name, f"ViZDoomMQCtr{shm('').name}lost", tmp_path / "pid"
     try:
-        lost.write_bytes(b"\0")
-        job = subprocess.run(["bash", "-c", JOB, "job", str(held), str(pid_file), sys.executable, str(time.time() - 60)], capture_output=True, text=True, start_new_session=True, timeout=60)
+        (here / lost).write_bytes(b"\0")
+        job = subprocess.run([*(prefix or []), "bash", "-c", JOB, "job", f"/dev/shm/{held}", str(pid_file), sys.executable, str(time.time() - 60)], capture_output=True, text=True, start_new_session=True, timeout=60)
         left = int(pid_file.read_text())
         assert re.search(r"status 0, shell \d+ alive, simulator gone\n$", job.stdout), job.stdout + job.stderr
         assert f"hpcrl: the job's hpcrl, killed (exit 137), left 1 process(es) running: pid {left} ({sys.executable} -c import os" in job.stdout, job.stdout
-        assert f"hpcrl: removed the shared memory they left: {held}\n" in job.stdout and f"hpcrl: removed the shared memory nobody held: {lost}\n" in job.stdout
-        assert not held.exists() and not lost.exists()
+        assert f"hpcrl: removed the shared memory they left: /dev/shm/{held}\n" in job.stdout and f"hpcrl: removed the shared memory nobody held: /dev/shm/{lost}\n" in job.stdout
+        assert not (here / held).exists() and not (here / lost).exists()
         assert (stat := leftovers.process_stat(left)) is None or not stat.live
     finally:
-        lost.unlink(missing_ok=True)
+        (here / lost).unlink(missing_ok=True)
         if pid_file.exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -24,6 +24,7 @@ from hpcrl.config.schema import ConfigError
 from hpcrl.cores import usable_cores
 from hpcrl.results.strength import write_strength
 from hpcrl.results.tables import RunResult, Scoring, write_results
+from hpcrl.runtime.lifeline import dies_with_me
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import read_meta
 from hpcrl.store.states import State
@@ -110,7 +111,9 @@ def evaluate_missing(experiment_dir: Path, out=None, workers: int | None = None)
 
     def one(index: int) -> int:
         argv = [sys.executable, "-m", "hpcrl", "eval", root, "--task", str(index)]
-        return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        # Each dies with the thread that waits for it, which lives as long as collect: a collect killed with -9
+        # left them running to their end, unseen (and their env workers' games with them).
+        return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_me()).returncode
 
     with ThreadPoolExecutor(workers) as pool:  # threads only wait: each evaluation is its own process
         for done, _ in enumerate(pool.map(one, todo), start=1):

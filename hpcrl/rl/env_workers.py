@@ -38,6 +38,7 @@ import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
 from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop_all_found
+from hpcrl.runtime.group_watch import watch_own_group
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
@@ -132,16 +133,19 @@ def _error(exc: BaseException, with_trace: bool) -> tuple[type[BaseException], s
 def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Connection) -> None:
     """The probe process: build the env, send what describes it, close it, say so. An error the
     env raises goes back as its type and message (a traceback here would be a second message)."""
+    _lead_own_group()
+    die_with_parent()
+    leave_stops_to_the_trainer()
+    release = watch_own_group()
     try:
-        _lead_own_group()
-        die_with_parent()
-        leave_stops_to_the_trainer()
         env = thunk()
         answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
         env.close()
         answers.send(("ok", None))
     except Exception as exc:  # noqa: BLE001 - raised again in the trainer by _answer
         answers.send(("error", _error(exc, with_trace=False)))
+    finally:
+        release()
 
 
 def _lead_own_group() -> None:
@@ -166,6 +170,7 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     _lead_own_group()
     parent_end.close()
     leave_stops_to_the_trainer()
+    release = watch_own_group()  # what this worker starts ends with it, however it ends
     tempfile.tempdir = scratch
     envs = None
     try:
@@ -186,8 +191,11 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
         with contextlib.suppress(OSError):
             pipe.send(("error", _error(exc, with_trace=True)))
     finally:
-        if envs is not None:
-            envs.close()
+        try:
+            if envs is not None:
+                envs.close()
+        finally:
+            release()
 
 
 class Workers(gym.vector.VectorEnv):

@@ -24,8 +24,10 @@ import torch
 
 pytest.importorskip("vizdoom")
 
+from factories import own_shm  # noqa: E402
+
 from hpcrl.config.experiment import EnvConfig, load_experiment  # noqa: E402
-from hpcrl.leftovers import shared_memory_of  # noqa: E402
+from hpcrl.leftovers import process_stat, processes, shared_memory_of  # noqa: E402
 from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
@@ -377,6 +379,50 @@ def test_a_worker_killed_from_outside_takes_its_game_and_its_files_with_it() -> 
     live = [pid for pid in engines if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z"]
     assert not live, f"engines still running: {live}"
     assert not [p for p in held if os.path.exists(p)]
+
+
+OWNER = """
+import numpy as np
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.envs import make_vec_env
+envs = make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=2, vectorization="async", kwargs={"downsample": 2}))
+envs.reset(seed=0)
+print("ready", flush=True)
+while True:
+    envs.step(np.zeros(2, dtype=np.int64))
+"""
+
+
+def test_a_process_stepping_games_killed_with_9_leaves_no_engine_and_no_file(tmp_path: Path) -> None:
+    """`kill -9` of what owns the vector env (an evaluation, a benchmark, a user's script, a trainer outside a task):
+    its workers die with it (their death signal), and each worker's watch ends its game and removes the game's files.
+    Before, the engines ran on for ever, reparented to init, each with its screen and queues in /dev/shm."""
+    shm = tmp_path / "shm"
+    prefix = own_shm(shm)  # a /dev/shm of its own where it can, so that only its own games' files are counted
+    owner = subprocess.Popen([*(prefix or []), sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    session: list[int] = []
+    try:
+        assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
+        session = [pid for pid in _session(owner.pid) if pid != owner.pid]
+        assert len([pid for pid in session if open(f"/proc/{pid}/comm").read().strip() == "vizdoom"]) == 2, session
+        time.sleep(0.2)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(5)
+        deadline = time.monotonic() + 15
+        while _session(owner.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _session(owner.pid), f"left running: {_session(owner.pid)}"
+        if prefix:
+            assert sorted(p.name for p in shm.iterdir()) == []
+    finally:
+        for pid in session:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _session(session: int) -> list[int]:
+    """The live processes of `session`."""
+    return [pid for pid in processes() if (stat := process_stat(pid)) is not None and stat.live and stat.session == session]
 
 
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="needs /proc's children lists")

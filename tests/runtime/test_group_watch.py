@@ -1,0 +1,97 @@
+"""The watch over an env worker's process group (hpcrl.runtime.group_watch): the worker killed, however, takes what
+it started with it (ViZDoom's engines; here a stand-in holding a file in /dev/shm), and the files nobody holds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from factories import own_shm
+
+from hpcrl.leftovers import process_stat, processes
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc") or not hasattr(os, "fork"), reason="needs /proc and fork")
+
+LEADER = """
+import os, subprocess, sys, time
+os.setpgid(0, 0)  # as an env worker does first
+from hpcrl.runtime.group_watch import watch_own_group
+to_trainer = os.pipe()  # an env worker's pipe to its trainer, opened before the watch
+release = watch_own_group()
+shm, end = sys.argv[1], sys.argv[2]
+member = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600); print(flush=True); time.sleep(600)", shm + "/hpcrl-test-held"], stdout=subprocess.PIPE)
+member.stdout.readline()  # holding its file
+with open(shm + "/ViZDoomMQCtr-hpcrl-test-lost", "w"):  # a game's queue only this process held
+    pass
+if end == "release":  # a normal end: the game closed, then the watcher let go
+    member.kill()
+    member.wait()
+    release()
+print(member.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _group(leader: int) -> list[int]:
+    return [pid for pid in processes() if pid != leader and (stat := process_stat(pid)) is not None and stat.live and stat.group == leader]
+
+
+def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, Path, list[int]]:
+    """The leader (in a /dev/shm of its own where it can: another test's end may remove the files nobody holds), the
+    pid of what it started, the /dev/shm it sees (as this test sees it) and the other members of its group."""
+    (tmp_path / "leader.py").write_text(LEADER)
+    shm = tmp_path / "shm"
+    prefix = own_shm(shm)
+    seen = shm if prefix else Path("/dev/shm")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    leader = subprocess.Popen([*(prefix or []), sys.executable, str(tmp_path / "leader.py"), "/dev/shm" if prefix else str(seen), end], stdout=subprocess.PIPE, text=True, env=env)
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    return leader, member, seen, _group(leader.pid)
+
+
+def _gone(pid: int) -> bool:
+    return (stat := process_stat(pid)) is None or not stat.live
+
+
+def test_a_leader_killed_takes_its_group_and_the_files_they_held_and_nobody_holds(tmp_path: Path) -> None:
+    """SIGKILL, as the OOM killer or a killed trainer's death signal sends it: no cleanup runs in the leader, and what
+    it started ran on for ever, reparented to init."""
+    leader, member, shm, members = _start(tmp_path, "kill")
+    try:
+        assert (shm / "hpcrl-test-held").exists() and (shm / "ViZDoomMQCtr-hpcrl-test-lost").exists()
+        assert len(members) == 2 and member in members  # what it started, and the watcher
+        (watcher,) = set(members) - {member}
+        held = [os.readlink(f"/proc/{watcher}/fd/{fd}") for fd in os.listdir(f"/proc/{watcher}/fd") if int(fd) > 2]
+        assert len(held) == 1 and held[0].startswith("pipe:"), held  # nothing of the leader's (an env worker's pipe to its trainer)
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait(5)
+        deadline = time.monotonic() + 10
+        while not all(map(_gone, members)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert all(map(_gone, members)), [pid for pid in members if not _gone(pid)]
+        assert sorted(p.name for p in shm.iterdir() if p.name.startswith(("hpcrl-test", "ViZDoom"))) == []
+    finally:
+        for pid in [leader.pid, member]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_leader_that_ends_normally_waits_for_its_watcher_and_is_left_alone(tmp_path: Path) -> None:
+    """The worker's close: its games closed, it lets the watcher go and waits for it, which ends nothing of its own
+    (the leader lives on); the file a game left that nobody holds goes."""
+    leader, member, shm, members = _start(tmp_path, "release")
+    try:
+        assert _gone(member) and members == []  # the watcher waited for before the leader said so
+        assert (stat := process_stat(leader.pid)) is not None and stat.live
+        assert sorted(p.name for p in shm.iterdir() if p.name.startswith("ViZDoom")) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leader.pid, signal.SIGKILL)
+        leader.wait(5)
