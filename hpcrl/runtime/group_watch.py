@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -28,6 +29,9 @@ from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld
 
 STOP_WAIT_S = 1.0
 """How long the watcher waits for a process it stopped to stop, before it kills."""
+RELEASE_WAIT_S = 15.0
+"""How long a leader that ends normally waits for its watcher (whose work takes at most ~8 s: its stops and the
+removal's wait for the killed), before it kills it."""
 
 
 def watch_own_group() -> Callable[[], None]:
@@ -52,8 +56,14 @@ def watch_own_group() -> Callable[[], None]:
 
     def release() -> None:
         os.close(write_end)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(watcher, 0)
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        with contextlib.suppress(ChildProcessError):  # reaped by someone else (a user's env that waits for any child)
+            while not os.waitpid(watcher, os.WNOHANG)[0]:
+                if time.monotonic() > deadline:  # stopped, or stuck: a leader's close is bounded
+                    os.kill(watcher, signal.SIGKILL)
+                    os.waitpid(watcher, 0)
+                    return
+                time.sleep(0.005)
 
     return release
 

@@ -29,11 +29,19 @@ member = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.open(
 member.stdout.readline()  # holding its file
 with open(shm + "/ViZDoomMQCtr-hpcrl-test-lost", "w"):  # a game's queue only this process held
     pass
-if end == "release":  # a normal end: the game closed, then the watcher let go
+released = "-"
+if end.startswith("release"):  # a normal end: the game closed, then the watcher let go
     member.kill()
     member.wait()
+    if end == "release-stopped":  # a watcher that cannot finish (stopped): the leader's wait is bounded
+        import signal, hpcrl.runtime.group_watch as group_watch
+        group_watch.RELEASE_WAIT_S = 0.5
+        watcher = int(open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()[0])
+        os.kill(watcher, signal.SIGSTOP)
+    began = time.monotonic()
     release()
-print(member.pid, flush=True)
+    released = f"{time.monotonic() - began:.2f}"
+print(member.pid, released, flush=True)
 time.sleep(600)
 """
 
@@ -42,9 +50,10 @@ def _group(leader: int) -> list[int]:
     return [pid for pid in processes() if pid != leader and (stat := process_stat(pid)) is not None and stat.live and stat.group == leader]
 
 
-def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, Path, list[int]]:
+def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, Path, list[int], str]:
     """The leader (in a /dev/shm of its own where it can: another test's end may remove the files nobody holds), the
-    pid of what it started, the /dev/shm it sees (as this test sees it) and the other members of its group."""
+    pid of what it started, the /dev/shm it sees (as this test sees it), the other members of its group, and how
+    long its release took (seconds; "-" where it was not released)."""
     (tmp_path / "leader.py").write_text(LEADER)
     shm = tmp_path / "shm"
     prefix = own_shm(shm)
@@ -52,8 +61,8 @@ def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, Path, list[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     leader = subprocess.Popen([*(prefix or []), sys.executable, str(tmp_path / "leader.py"), "/dev/shm" if prefix else str(seen), end], stdout=subprocess.PIPE, text=True, env=env)
     assert leader.stdout is not None
-    member = int(leader.stdout.readline())
-    return leader, member, seen, _group(leader.pid)
+    member, released = leader.stdout.readline().split()
+    return leader, int(member), seen, _group(leader.pid), released
 
 
 def _gone(pid: int) -> bool:
@@ -63,7 +72,7 @@ def _gone(pid: int) -> bool:
 def test_a_leader_killed_takes_its_group_and_the_files_they_held_and_nobody_holds(tmp_path: Path) -> None:
     """SIGKILL, as the OOM killer or a killed trainer's death signal sends it: no cleanup runs in the leader, and what
     it started ran on for ever, reparented to init."""
-    leader, member, shm, members = _start(tmp_path, "kill")
+    leader, member, shm, members, _ = _start(tmp_path, "kill")
     try:
         assert (shm / "hpcrl-test-held").exists() and (shm / "ViZDoomMQCtr-hpcrl-test-lost").exists()
         assert len(members) == 2 and member in members  # what it started, and the watcher
@@ -83,11 +92,16 @@ def test_a_leader_killed_takes_its_group_and_the_files_they_held_and_nobody_hold
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_a_leader_that_ends_normally_waits_for_its_watcher_and_is_left_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("end", ["release", "release-stopped"])
+def test_a_leader_that_ends_normally_waits_for_its_watcher_and_is_left_alone(tmp_path: Path, end: str) -> None:
     """The worker's close: its games closed, it lets the watcher go and waits for it, which ends nothing of its own
-    (the leader lives on); the file a game left that nobody holds goes."""
-    leader, member, shm, members = _start(tmp_path, "release")
+    (the leader lives on); the file a game left that nobody holds goes. A watcher that does not finish (stopped) is
+    waited for within a bound, then killed."""
+    leader, member, shm, members, released = _start(tmp_path, end)
     try:
+        assert float(released) < 5 if end == "release" else 0.5 <= float(released) < 5, released
+        if end == "release-stopped":
+            return  # the watcher was killed before it could remove anything
         assert _gone(member) and members == []  # the watcher waited for before the leader said so
         assert (stat := process_stat(leader.pid)) is not None and stat.live
         assert sorted(p.name for p in shm.iterdir() if p.name.startswith("ViZDoom")) == []
