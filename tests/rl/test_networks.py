@@ -31,22 +31,26 @@ def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize(("channels", "kernel", "stride", "size"), [(1, 8, 4, (60, 80)), (3, 4, 2, (14, 19)), (2, 3, 1, (9, 7)), (1, 8, 4, (36, 37))])
 def test_patch_conv_is_the_convolution_and_its_gradients(channels: int, kernel: int, stride: int, size: tuple[int, int]) -> None:
-    """The first convolution as one GEMM over patches gives conv2d's output and the weight's, bias's
-    and input's gradients, against float64 convolutions (sizes that stride does not divide too)."""
+    """The first convolution as one GEMM over patches gives conv2d's output and the weight's, bias's and input's
+    gradients, as exactly as conv2d does in float32: each within 4x conv2d's own float32 error against float64
+    convolutions (sizes that stride does not divide too). A fixed tolerance failed in a fresh suite (the weight's
+    gradient 1.9e-5 off, where float32 conv2d itself is 0.8-4.7e-5 off: sums of 1,500 terms, rounded in an order
+    that depends on the threads a test before it left to torch)."""
     gen = torch.Generator().manual_seed(1)
     x = torch.rand(5, channels, *size, generator=gen)
     weight = torch.randn(6, channels, kernel, kernel, generator=gen) * 0.1
     bias = torch.randn(6, generator=gen)
     grad = None
     results = []
-    for fn, dtype in ((patch_conv, torch.float32), (torch.nn.functional.conv2d, torch.float64)):
+    for fn, dtype in ((patch_conv, torch.float32), (torch.nn.functional.conv2d, torch.float32), (torch.nn.functional.conv2d, torch.float64)):
         leaves = [t.to(dtype).detach().requires_grad_(True) for t in (x, weight, bias)]
         out = fn(*leaves, stride)
         grad = torch.randn(out.shape, generator=gen, dtype=torch.float64) if grad is None else grad
         out.backward(grad.to(dtype))
         results.append([out.detach().double(), *(t.grad.double() for t in leaves)])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name, patched, conv32, exact in zip(("output", "input's gradient", "weight's gradient", "bias's gradient"), *results):
+        off, conv_off = (patched - exact).abs().max().item(), (conv32 - exact).abs().max().item()
+        assert off <= 4 * conv_off + 1e-6, (name, off, conv_off)
 
 
 def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_through_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
