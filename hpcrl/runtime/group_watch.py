@@ -36,19 +36,17 @@ removal's wait for the killed), before it kills it."""
 
 def watch_own_group() -> Callable[[], None]:
     """Fork the watcher of this process's group (call it in the group's leader, before the leader starts anything);
-    returns what the leader calls at a normal end: close the pipe and wait for the watcher. Where there is no fork
-    or no group of its own, nothing is watched."""
+    returns what the leader calls at a normal end: close the pipe and wait for the watcher. Where there is no fork,
+    no group of its own or no /proc (where the watcher would find nobody), nothing is watched."""
     group = os.getpgrp()
-    if not hasattr(os, "fork") or group != os.getpid():
+    if not hasattr(os, "fork") or group != os.getpid() or not os.path.isdir("/proc/self/fd"):
         return lambda: None
     started = time.time()
     read_end, write_end = os.pipe()
     watcher = os.fork()
     if watcher == 0:  # the watcher: never returns to the caller's code
         try:
-            os.close(write_end)
-            os.closerange(3, read_end)  # nothing of the worker's (its pipe to the trainer) is held here
-            os.closerange(read_end + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16)
+            _close_all_but(read_end)  # nothing of the worker's (its pipe to the trainer) is held here
             _watch(read_end, group, started)
         finally:
             os._exit(0)
@@ -66,6 +64,15 @@ def watch_own_group() -> Callable[[], None]:
                 time.sleep(0.005)
 
     return release
+
+
+def _close_all_but(keep: int) -> None:
+    """Close every file descriptor above stderr but `keep`: those /proc lists (the limit on open files may be a
+    billion, and closerange walks them one by one where the kernel lacks close_range: before Linux 5.9)."""
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd > 2 and fd != keep:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
+                os.close(fd)
 
 
 def _watch(read_end: int, group: int, started: float) -> None:
