@@ -38,12 +38,18 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
     without an init, had every child exit at its start.) The parent is the thread that started this
     process, so call it only in processes started from a thread that lives as long as they should.
     Off Linux, nothing: the scheduler's own process tracking is all there is."""
+    if not signal_at_parent_death(sig, parent):  # the parent died before the death signal was asked for
+        os._exit(1)
+
+
+def signal_at_parent_death(sig: int, parent: int | None = None) -> bool:
+    """Have the kernel send this process `sig` when its parent (`parent`, or the one it has now) dies; False where
+    that parent is gone already, and the signal will never come. Off Linux nothing is asked, and True."""
     if _PRCTL is None:
-        return
+        return True
     expected = os.getppid() if parent is None else parent
     _PRCTL(PR_SET_PDEATHSIG, sig)
-    if os.getppid() != expected:  # the parent died before the line above took effect
-        os._exit(1)
+    return os.getppid() == expected
 
 
 def dies_with_me(sig: int = signal.SIGKILL) -> Callable[[], None]:

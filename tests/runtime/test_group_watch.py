@@ -29,6 +29,10 @@ member = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.open(
 member.stdout.readline()  # holding its file
 with open(shm + "/ViZDoomMQCtr-hpcrl-test-lost", "w"):  # a game's queue only this process held
     pass
+forked = os.fork()  # a helper an env forks without exec: it holds a copy of every descriptor the leader had
+if forked == 0:
+    time.sleep(600)
+    os._exit(0)
 released = "-"
 if end.startswith("release"):  # a normal end: the game closed, then the watcher let go
     member.kill()
@@ -41,7 +45,7 @@ if end.startswith("release"):  # a normal end: the game closed, then the watcher
     began = time.monotonic()
     release()
     released = f"{time.monotonic() - began:.2f}"
-print(member.pid, released, flush=True)
+print(member.pid, forked, released, flush=True)
 time.sleep(600)
 """
 
@@ -50,10 +54,10 @@ def _group(leader: int) -> list[int]:
     return [pid for pid in processes() if pid != leader and (stat := process_stat(pid)) is not None and stat.live and stat.group == leader]
 
 
-def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, Path, list[int], str]:
+def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, int, Path, list[int], str]:
     """The leader (in a /dev/shm of its own where it can: another test's end may remove the files nobody holds), the
-    pid of what it started, the /dev/shm it sees (as this test sees it), the other members of its group, and how
-    long its release took (seconds; "-" where it was not released)."""
+    pids of what it started and of what it forked, the /dev/shm it sees (as this test sees it), the other members of
+    its group, and how long its release took (seconds; "-" where it was not released)."""
     (tmp_path / "leader.py").write_text(LEADER)
     shm = tmp_path / "shm"
     prefix = own_shm(shm)
@@ -61,8 +65,8 @@ def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, Path, list[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     leader = subprocess.Popen([*(prefix or []), sys.executable, str(tmp_path / "leader.py"), "/dev/shm" if prefix else str(seen), end], stdout=subprocess.PIPE, text=True, env=env)
     assert leader.stdout is not None
-    member, released = leader.stdout.readline().split()
-    return leader, int(member), seen, _group(leader.pid), released
+    member, forked, released = leader.stdout.readline().split()
+    return leader, int(member), int(forked), seen, _group(leader.pid), released
 
 
 def _gone(pid: int) -> bool:
@@ -72,13 +76,13 @@ def _gone(pid: int) -> bool:
 def test_a_leader_killed_takes_its_group_and_the_files_they_held_and_nobody_holds(tmp_path: Path) -> None:
     """SIGKILL, as the OOM killer or a killed trainer's death signal sends it: no cleanup runs in the leader, and what
     it started ran on for ever, reparented to init."""
-    leader, member, shm, members, _ = _start(tmp_path, "kill")
+    leader, member, forked, shm, members, _ = _start(tmp_path, "kill")
     try:
         assert (shm / "hpcrl-test-held").exists() and (shm / "ViZDoomMQCtr-hpcrl-test-lost").exists()
-        assert len(members) == 2 and member in members  # what it started, and the watcher
-        (watcher,) = set(members) - {member}
+        assert len(members) == 3 and {member, forked} < set(members)  # what it started and forked, and the watcher
+        (watcher,) = set(members) - {member, forked}
         held = [os.readlink(f"/proc/{watcher}/fd/{fd}") for fd in os.listdir(f"/proc/{watcher}/fd") if int(fd) > 2]
-        assert len(held) == 1 and held[0].startswith("pipe:"), held  # nothing of the leader's (an env worker's pipe to its trainer)
+        assert held == [], held  # nothing of the leader's (an env worker's pipe to its trainer)
         os.kill(leader.pid, signal.SIGKILL)
         leader.wait(5)
         deadline = time.monotonic() + 10
@@ -87,22 +91,23 @@ def test_a_leader_killed_takes_its_group_and_the_files_they_held_and_nobody_hold
         assert all(map(_gone, members)), [pid for pid in members if not _gone(pid)]
         assert sorted(p.name for p in shm.iterdir() if p.name.startswith(("hpcrl-test", "ViZDoom"))) == []
     finally:
-        for pid in [leader.pid, member]:
+        for pid in [leader.pid, member, forked]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("end", ["release", "release-stopped"])
 def test_a_leader_that_ends_normally_waits_for_its_watcher_and_is_left_alone(tmp_path: Path, end: str) -> None:
-    """The worker's close: its games closed, it lets the watcher go and waits for it, which ends nothing of its own
-    (the leader lives on); the file a game left that nobody holds goes. A watcher that does not finish (stopped) is
-    waited for within a bound, then killed."""
-    leader, member, shm, members, released = _start(tmp_path, end)
+    """The worker's close: its games closed, it wakes the watcher and waits for it, which ends nothing of its own
+    (the leader lives on) but what it left in its group (a helper its env forked without exec: it held a copy of the
+    pipe whose end of file used to wake the watcher, and a close waited out its 15 s bound); the file a game left that
+    nobody holds goes. A watcher that does not finish (stopped) is waited for within a bound, then killed."""
+    leader, member, forked, shm, members, released = _start(tmp_path, end)
     try:
         assert float(released) < 5 if end == "release" else 0.5 <= float(released) < 5, released
         if end == "release-stopped":
             return  # the watcher was killed before it could remove anything
-        assert _gone(member) and members == []  # the watcher waited for before the leader said so
+        assert _gone(member) and _gone(forked) and members == []  # the watcher waited for before the leader said so
         assert (stat := process_stat(leader.pid)) is not None and stat.live
         assert sorted(p.name for p in shm.iterdir() if p.name.startswith("ViZDoom")) == []
     finally:
