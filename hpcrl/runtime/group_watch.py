@@ -51,7 +51,7 @@ def watch_own_group() -> Callable[[], None]:
     watcher = os.fork()
     if watcher == 0:  # the watcher: never returns to the caller's code
         try:
-            _close_all_but()  # nothing of the worker's (its pipe to the trainer) is held here
+            _close_inherited()  # nothing of the worker's (its pipe to the trainer) is held here
             _watch(group, started)
         finally:
             os._exit(0)
@@ -71,7 +71,7 @@ def watch_own_group() -> Callable[[], None]:
     return release
 
 
-def _close_all_but() -> None:
+def _close_inherited() -> None:
     """Close every file descriptor above stderr: those /proc lists (the limit on open files may be a billion, and
     closerange walks them one by one where the kernel lacks close_range: before Linux 5.9)."""
     for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
