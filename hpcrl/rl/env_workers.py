@@ -133,10 +133,8 @@ def _error(exc: BaseException, with_trace: bool) -> tuple[type[BaseException], s
 def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Connection) -> None:
     """The probe process: build the env, send what describes it, close it, say so. An error the
     env raises goes back as its type and message (a traceback here would be a second message)."""
-    _lead_own_group()
     die_with_parent()
-    leave_stops_to_the_trainer()
-    release = watch_own_group()
+    release = _lead_own_group()
     try:
         env = thunk()
         answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
@@ -148,16 +146,22 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
         release()
 
 
-def _lead_own_group() -> None:
+def _lead_own_group() -> Callable[[], None]:
     """First thing in a worker or the probe: lead a process group of its own, which whatever it starts joins (a
-    ViZDoom game's engine). A worker killed from outside (the OOM killer, a segfault, a user's kill) left its engine
-    to init, out of reach of any walk down from the worker, where the engine waited for its controller for ever;
-    in the worker's group it is still found (`end_workers`). A group outside a terminal's foreground is stopped
-    when it writes there under `stty tostop`: the worker ignores SIGTTOU, and its engines inherit that. Where a
-    group cannot be had (a platform that refuses it), the worker runs in the trainer's, as it did before."""
+    ViZDoom game's engine), deaf to the signals the trainer stops on (`leave_stops_to_the_trainer`), and watched
+    (`group_watch`); returns what the process calls at its normal end (the watcher's release).
+
+    A worker killed from outside (the OOM killer, a segfault, a user's kill) left its engine to init, out of reach
+    of any walk down from the worker, where the engine waited for its controller for ever; in the worker's group it
+    is still found, by the trainer (`end_workers`) or, where the trainer died too, by the group's watcher. A group
+    outside a terminal's foreground is stopped when it writes there under `stty tostop`: the worker ignores SIGTTOU,
+    and its engines inherit that. Where a group cannot be had (a platform that refuses it), the worker runs in the
+    trainer's, unwatched, as it did before."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    leave_stops_to_the_trainer()
+    return watch_own_group()  # last: the watcher inherits the signals ignored above
 
 
 def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection, scratch: str) -> None:
@@ -165,12 +169,10 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     command until `close`, which it answers before closing them (a close that hangs is the
     trainer's to bound). An error in an env goes back with its traceback, and the worker ends.
     Its envs' temporary files go under `scratch` (ViZDoom's game directories), which the trainer
-    removes once the workers are gone, closed or killed. Deaf to the signals the trainer stops on,
-    and so are its envs' engines: the trainer ends the worker."""
-    _lead_own_group()
+    removes once the workers are gone, closed or killed. Deaf to the signals the trainer stops on
+    (`_lead_own_group`), and so are its envs' engines: the trainer ends the worker."""
     parent_end.close()
-    leave_stops_to_the_trainer()
-    release = watch_own_group()  # what this worker starts ends with it, however it ends
+    release = _lead_own_group()  # what this worker starts ends with it, however it ends
     tempfile.tempdir = scratch
     envs = None
     try:
