@@ -246,10 +246,13 @@ def version_text() -> str:
 
 
 def _end_leftovers(args: argparse.Namespace) -> int:
-    from hpcrl.leftovers import end_job_leftovers
+    from hpcrl.leftovers import end_job_leftovers, end_step_leftovers
 
     try:
-        end_job_leftovers(args.since, args.status, sys.stdout)
+        if args.mark is None:
+            end_job_leftovers(args.since, args.status, sys.stdout)
+        else:
+            end_step_leftovers(args.mark, args.since, args.status, sys.stdout)
     except ValueError as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
         return 2
@@ -307,6 +310,7 @@ def parser() -> argparse.ArgumentParser:
     el = sub.add_parser("end-leftovers", help="a job script's last step when its hpcrl was killed: end what it left running in the job, and remove the shared memory they held")
     el.add_argument("--since", type=_finite, required=True, help="the job's start, in seconds since the epoch: the files of ViZDoom's games made since then that no process holds go too")
     el.add_argument("--status", type=int, required=True, help="the killed hpcrl's exit status, for the job log")
+    el.add_argument("--mark", help="end instead the processes of this node whose environment has HPCRL_STEP_MARK=MARK (a Slurm job's step on each node after its ranks' step failed)")
     el.set_defaults(func=_end_leftovers)
 
     sw = sub.add_parser("search-worker", help="one worker of an Optuna study (the study stage's entry point): trials until n_trials")

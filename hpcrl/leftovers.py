@@ -3,7 +3,8 @@
 A process may outlive the one that started it: a user's trainer that forks helpers, a simulator's
 engine (ViZDoom's) whose controller was SIGKILLed. A cluster ends a job's processes when the job
 ends; the program supervisor (hpcrl.runtime.program) and the local executor (hpcrl.schedulers.local)
-do the same through this one rule, each for the session it started.
+do the same through this one rule, each for the session it started; a Slurm job's step after its ranks' step
+failed, for the processes that carry the ranks' mark (`end_step_leftovers`: a step has a session of its own).
 
 A killed process also leaves the POSIX shared memory it held (files in /dev/shm, which live in the
 node's RAM until they are removed): a SIGKILLed ViZDoom engine its screen buffer (10.6 MB at
@@ -36,15 +37,15 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
     keeper and its deputy). Given when `who` started (`since`, a `time.time()`), the files it made that
     nobody holds go too, named in the log (`remove_unheld`): a trainer killed alone takes its env workers
     with it (their death signal), and a worker that was starting a game held that game's queues alone."""
-    _end_left(session, out, who, spare)
+    _end_found(lambda: in_session(session), out, who, spare)
     if since is not None and (removed := remove_unheld(since)):
         print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
 
 
 def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
-    """The last step of a job script whose hpcrl left no exit status (killed: the OOM killer, a SIGKILL): end what
-    it left running in the job's session, named in the job log, and remove the shared memory they held and the
-    files made since `since` (the job's start) that nobody holds (`end_leftovers`).
+    """The last step of a job script whose hpcrl failed, or was killed before it left its exit status (the OOM
+    killer, a SIGKILL): end what it left running in the job's session, named in the job log, and remove the shared
+    memory they held and the files made since `since` (the job's start) that nobody holds (`end_leftovers`).
 
     A scheduler ends a job's processes when the job ends, but only those it tracks: Slurm's proctrack/linuxproc and
     proctrack/pgid lose a process reparented to init (a killed trainer's ViZDoom engine, whose env worker died with
@@ -58,7 +59,33 @@ def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
     while pid > 1 and (stat := process_stat(pid)) is not None and stat.session == session:
         spare.append(pid)
         pid = stat.parent
-    end_leftovers(session, out, f"the job's hpcrl, killed (exit {status}),", spare=spare, since=since)
+    end_leftovers(session, out, f"the job's hpcrl (exit {status})", spare=spare, since=since)
+
+
+STEP_MARK = "HPCRL_STEP_MARK"
+"""The variable a job script sets in the environment of the ranks' srun step alone (one value per start of the
+job), which every process below a rank inherits, in whatever session or process group, reparented or not."""
+
+
+def end_step_leftovers(mark: str, since: float, status: int, out: TextIO | None) -> None:
+    """The step a Slurm job script runs on each of its nodes (srun, a task a node) after its ranks' step failed: end
+    every process of this node whose environment carries `STEP_MARK`=`mark`, named in the job log, and remove the
+    shared memory they held and the files made since `since` that nobody holds.
+
+    A rank killed alone (the OOM killer) leaves what its env started; the ranks' step ends, and Slurm ends the
+    processes it tracks. proctrack/linuxproc and /pgid lose those reparented to init or in a group of their own,
+    and what they held stays in the node's /dev/shm. They are not in this step's session (each step has its own),
+    but they carry the mark. Spared: this process and every process above it (this step's slurmstepd)."""
+    if not mark or "\0" in mark or "\n" in mark:
+        raise ValueError(f"not a step mark: {mark!r}")
+    spare, pid = [], os.getpid()
+    while pid > 1 and (stat := process_stat(pid)) is not None:
+        spare.append(pid)
+        pid = stat.parent
+    entry = f"{STEP_MARK}={mark}".encode()
+    _end_found(lambda: marked(entry), out, f"the job's ranks (srun, exit {status})", spare)
+    if removed := remove_unheld(since):
+        print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
 
 
 def has_terminal() -> bool:
@@ -70,8 +97,9 @@ def has_terminal() -> bool:
     return True
 
 
-def _end_left(session: int, out: TextIO | None, who: str, spare: Sequence[int]) -> None:
-    left = [(pid, command) for pid, command in in_session(session) if pid not in spare]
+def _end_found(find: Callable[[], list[tuple[int, str]]], out: TextIO | None, who: str, spare: Sequence[int]) -> None:
+    """End what `find` lists (pid, command line) but `spare`, and whatever they start meanwhile (`find` again)."""
+    left = [(pid, command) for pid, command in find() if pid not in spare]
     if not left:
         return
     named = "; ".join(f"pid {pid} ({command})" for pid, command in left)
@@ -88,7 +116,7 @@ def _end_left(session: int, out: TextIO | None, who: str, spare: Sequence[int]) 
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             time.sleep(0.05)
-            left = [(pid, command) for pid, command in in_session(session) if pid not in spare]  # also what they started meanwhile
+            left = [(pid, command) for pid, command in find() if pid not in spare]  # also what they started meanwhile
             held |= shared_memory_of(pid for pid, _ in left if pid not in ended)
             ended |= {pid for pid, _ in left}
         if not left:
@@ -188,11 +216,27 @@ def stop(pids: Sequence[int], timeout: float = LEFTOVER_GRACE_S) -> None:
 def in_session(session: int) -> list[tuple[int, str]]:
     """The live (not zombie) processes of `session`, with their command lines, read from /proc
     (none without /proc: then the scheduler ends the rest)."""
+    return _commands(pid for pid in processes() if (stat := process_stat(pid)) is not None and stat.session == session and stat.live)
+
+
+def marked(entry: bytes) -> list[tuple[int, str]]:
+    """The live processes whose environment, as they were started with it, holds `entry` (`NAME=value`), with their
+    command lines; those of other users, whose environment cannot be read, are not listed."""
+
+    def has(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return entry in f.read().split(b"\0")
+        except OSError:
+            return False
+
+    return _commands(pid for pid in processes() if has(pid) and (stat := process_stat(pid)) is not None and stat.live)
+
+
+def _commands(pids: Iterable[int]) -> list[tuple[int, str]]:
+    """(pid, command line, its first 200 characters) of these processes, less those gone while we looked."""
     found: list[tuple[int, str]] = []
-    for pid in processes():
-        stat = process_stat(pid)
-        if stat is None or stat.session != session or not stat.live:
-            continue
+    for pid in pids:
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:  # gone while we looked

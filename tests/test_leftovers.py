@@ -275,7 +275,7 @@ def test_a_job_s_last_step_ends_what_its_killed_hpcrl_left_and_spares_the_job_sh
         job = subprocess.run([*(prefix or []), "bash", "-c", JOB, "job", f"/dev/shm/{held}", str(pid_file), sys.executable, str(time.time() - 60)], capture_output=True, text=True, start_new_session=True, timeout=60)
         left = int(pid_file.read_text())
         assert re.search(r"status 0, shell \d+ alive, simulator gone\n$", job.stdout), job.stdout + job.stderr
-        assert f"hpcrl: the job's hpcrl, killed (exit 137), left 1 process(es) running: pid {left} ({sys.executable} -c import os" in job.stdout, job.stdout
+        assert f"hpcrl: the job's hpcrl (exit 137) left 1 process(es) running: pid {left} ({sys.executable} -c import os" in job.stdout, job.stdout
         assert f"hpcrl: removed the shared memory they left: /dev/shm/{held}\n" in job.stdout and f"hpcrl: removed the shared memory nobody held: /dev/shm/{lost}\n" in job.stdout
         assert not (here / held).exists() and not (here / lost).exists()
         assert (stat := leftovers.process_stat(left)) is None or not stat.live
@@ -309,3 +309,46 @@ def test_a_job_s_last_step_typed_in_a_terminal_ends_nothing(tmp_path: Path, shm:
     finally:
         with contextlib.suppress(ProcessLookupError, FileNotFoundError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+SLEEPER = "import os, sys, time; os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600) if len(sys.argv) > 1 else None; time.sleep(600)"
+
+
+def test_the_step_after_a_failed_ranks_step_ends_every_process_carrying_its_mark_whatever_its_session(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """`hpcrl end-leftovers --mark M` (a Slurm job's step on each node after its ranks' srun failed) ends the processes
+    whose environment has HPCRL_STEP_MARK=M: an orphan in a session of its own, as a killed rank's engine is, named in
+    the log with what it held; not one whose mark differs (another start of the job, M's prefix), not one without,
+    nor the shell it runs under, though that carries the mark."""
+    mark = f"1234.0.{uuid.uuid4().hex[:8]}"
+    held = shm("held")
+    base = {k: v for k, v in os.environ.items() if k != leftovers.STEP_MARK}
+    away = subprocess.Popen([sys.executable, "-c", SLEEPER, str(held)], env={**base, leftovers.STEP_MARK: mark}, start_new_session=True)
+    spared = [
+        subprocess.Popen([sys.executable, "-c", SLEEPER], env={**base, **extra}, start_new_session=True)
+        for extra in ({leftovers.STEP_MARK: mark + "1"}, {leftovers.STEP_MARK: mark[:-1]}, {})
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while not held.exists():
+            assert time.monotonic() < deadline, "the marked process did not start"
+            time.sleep(0.01)
+        step = subprocess.run(
+            ["bash", "-c", '"$1" -m hpcrl end-leftovers --mark "$2" --since "$3" --status 137; echo "status $?, shell alive"', "step", sys.executable, mark, str(time.time())],
+            env={**base, leftovers.STEP_MARK: mark}, capture_output=True, text=True, start_new_session=True, timeout=60,
+        )  # fmt: skip
+        assert step.stdout.endswith("status 0, shell alive\n"), step.stdout + step.stderr
+        assert f"hpcrl: the job's ranks (srun, exit 137) left 1 process(es) running: pid {away.pid} ({sys.executable} -c import os" in step.stdout, step.stdout
+        assert f"hpcrl: removed the shared memory they left: {held}\n" in step.stdout and not held.exists(), step.stdout
+        assert away.wait(10) == -signal.SIGTERM
+        assert all(proc.poll() is None for proc in spared)
+    finally:
+        for proc in (away, *spared):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("mark", ["", "1234.0\nHOME=/root"])
+def test_a_step_mark_that_names_no_start_ends_nothing(mark: str) -> None:
+    """An empty mark would match every process that has the variable set empty; one with a line break is no start's."""
+    proc = subprocess.run([sys.executable, "-m", "hpcrl", "end-leftovers", "--mark", mark, "--since", "0", "--status", "137"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1 and "not a step mark" in proc.stderr, proc.stderr

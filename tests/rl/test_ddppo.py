@@ -12,12 +12,13 @@ What a user relies on:
 - a warned 2-rank run checkpoints once (rank 0, at the iteration every rank stops at), is requeued,
   and both ranks resume from that checkpoint: no step twice, none lost;
 - kill -9 of one rank fails the run within the collective timeout with the reason, and no process
-  of the run is left;
+  of the run is left, nor what its env started (a simulator and its file in /dev/shm);
 - the ranks are torch's own environment, so `torchrun --standalone` starts a run as well.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import re
@@ -25,12 +26,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import pytest
 import torch
+from factories import SIMULATOR_ENV
 from test_conformance import Backend, Local, backend, csv_rows, processes_of, status_text, sweep, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.config.hparams import A2CConfig, PPOConfig
@@ -254,30 +257,71 @@ def _rank_pids(exp_dir: Path) -> dict[int, int]:
 
 
 @pytest.mark.e2e
-@SINGLE_HOST
-def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backend: Backend, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+@pytest.mark.parametrize("backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm), pytest.param("sge", marks=pytest.mark.sge)], indirect=True)
+def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811 (the fixture)
+    """Each rank's env (CartPole) starts a process of its own that holds a file in /dev/shm, as ViZDoom's engine
+    does (tests/factories.py). The killed rank's is orphaned: Slurm's proctrack/linuxproc (the test cluster's) loses
+    it, and the job ends it on every node in a step after the ranks' (HPCRL_STEP_MARK); Grid Engine ends it with the
+    job but leaves its file, and the job script's last step after a failed hpcrl (its launcher) ends both.
+    Grid Engine's run here is a few seconds; its rank killed on another host is test_sge_multihost.py's."""
+    own = tmp_path / "own"
+    own.mkdir()
+    module = f"simenvs_ranks_{backend.name}"
+    (own / f"{module}.py").write_text(SIMULATOR_ENV)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "own")
+    tag = uuid.uuid4().hex[:12]
+    held = Path(f"/dev/shm/hpcrl-test-held-{tag}")  # not a ViZDoom name: no other test's end removes it
+    queue = Path(f"/dev/shm/ViZDoomMQCtr-hpcrl-test-{tag}")
+    pid_file = tmp_path / "simulators.txt"
+    simulators: list[int] = []
     since = time.time()
-    exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "resources.collective_timeout=30", "train.total_steps=10000000")
-    (run,) = load_runs(exp_dir)
-    rd = run_dir(exp_dir, run.run_id)
-    wait_until("the first checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
-    pids = _rank_pids(exp_dir)
-    assert sorted(pids) == [0, 1], pids
-    killed = time.monotonic()
-    os.kill(pids[1], signal.SIGKILL)
-    wait_until("the run to fail", lambda: rundir.is_failed(rd), 30)
-    # The run's training (its job shell, launcher and ranks) ends within the launcher's grace; the evaluation and
-    # aggregate tasks that follow a failed training are the experiment's next stages, not leftovers of the run.
-    wait_until("every training process of the run to exit", lambda: not _training_processes(exp_dir), 60)
-    took = time.monotonic() - killed
-    reason = rundir.reason(rd, rundir.FAILED)
+    try:
+        exp_dir, _ = sweep(
+            tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "resources.collective_timeout=30", "train.total_steps=10000000",
+            "env.num_envs=1", f"env.id={module}:WithSimulator-v0", f"env.kwargs.pid_file={pid_file}", f"env.kwargs.queue={queue}", f"env.kwargs.held={held}",
+        )  # fmt: skip
+        (run,) = load_runs(exp_dir)
+        rd = run_dir(exp_dir, run.run_id)
+        wait_until("the first checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
+        pids = _rank_pids(exp_dir)
+        assert sorted(pids) == [0, 1], pids
+        simulators = [int(line) for line in pid_file.read_text().split()]
+        assert len(simulators) == 2 and held.exists(), simulators
+        killed = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until("the run to fail", lambda: rundir.is_failed(rd), 30)
+        # The run's ranks end within the launcher's grace (under srun, the collective timeout's). The job shell
+        # follows when its step has ended: under srun, once no process holds the step's output, the orphaned
+        # simulator too, which Slurm ends after its KillWait. The evaluation and aggregate tasks that follow a
+        # failed training are the experiment's next stages, not leftovers of the run.
+        wait_until("every rank of the run to exit", lambda: not _rank_pids(exp_dir), 60)
+        took = time.monotonic() - killed
+        wait_until("every training process of the run to exit", lambda: not _training_processes(exp_dir), 120)
+        reason = rundir.reason(rd, rundir.FAILED)
+        wait_finished(exp_dir, backend, since, timeout=120)
+        wait_until("every process of the experiment to exit", lambda: not processes_of(exp_dir), 60)
+        alive = [pid for pid in simulators if Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        left = [path.name for path in (held, queue) if path.exists()]
+    finally:
+        for pid in simulators:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # only what the job failed to end, after the test has looked
+        held.unlink(missing_ok=True)
+        queue.unlink(missing_ok=True)
     # hpcrl's launcher saw the rank die; under srun, the rank that was left saw its peer leave.
     expected = "a collective failed, another rank has left the run" if backend.name == "slurm" else "rank 1 of 2 was killed by SIGKILL"
     assert expected in reason, reason
-    wait_finished(exp_dir, backend, since, timeout=120)
-    wait_until("every process of the experiment to exit", lambda: not processes_of(exp_dir), 60)
+    log = "".join(p.read_text() for p in (exp_dir / "jobs" / "logs").glob("train-*"))
+    assert not alive, f"the killed rank's simulator(s) {alive} outlived its job:\n{log[-2000:]}"
+    assert not left, f"left in /dev/shm: {left}\n{log[-2000:]}"
+    # The killed rank's simulator, and the other rank's where the end of the ranks came before its env's close: under
+    # srun, named by the step after the ranks' on each node; under hpcrl's launcher, by the job script's last step.
+    who = r"the job's ranks \(srun, exit 137\)" if backend.name == "slurm" else r"the job's hpcrl \(exit 1\)"
+    assert re.search(rf"hpcrl: {who} left [12] process\(es\) running: pid \d+ \(.*time\.sleep\(600\)", log), log[-2000:]
+    assert f"removed the shared memory they left: {held}" in log, log[-2000:]
     print(
-        f"\n{backend.name}: kill -9 of rank 1: the run failed and its training processes were gone {took:.1f} s later, the evaluation and "
+        f"\n{backend.name}: kill -9 of rank 1: the run failed and its ranks were gone {took:.1f} s later, the evaluation and "
         f"aggregate after it {time.monotonic() - killed:.1f} s: {reason.strip()}"
     )
     assert took < 30

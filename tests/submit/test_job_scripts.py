@@ -94,10 +94,17 @@ def test_ddppo_scripts_start_every_rank_of_a_node() -> None:
     for directive in ("--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=4", "--gres=gpu:4", "--mem=65536M", "--requeue", "--signal=B:USR1@600"):
         assert f"#SBATCH {directive}\n" in slurm, directive
     assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in slurm
-    launch = next(line for line in slurm.splitlines() if line.startswith("srun "))
-    assert launch.startswith("srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 ")
+    launch = next(line for line in slurm.splitlines() if " srun --kill-on-bad-exit=1 " in line)
+    # Every process below a rank carries the start's mark, in the container too (--cleanenv passes SINGULARITYENV_*).
+    mark = 'HPCRL_STEP_MARK="$HPCRL_LAUNCH_ID" SINGULARITYENV_HPCRL_STEP_MARK="$HPCRL_LAUNCH_ID" APPTAINERENV_HPCRL_STEP_MARK="$HPCRL_LAUNCH_ID" '
+    assert launch.startswith(mark + "srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 ")
     assert '"${HPCRL[@]}" train ' in launch and "--ranks" not in slurm  # srun starts the ranks: no launcher of hpcrl's
-    assert slurm.index("export MASTER_ADDR=") < slurm.index("\nsrun ") and "HPCRL=(singularity exec --nv " in slurm
+    assert slurm.index("export MASTER_ADDR=") < slurm.index(launch) and "HPCRL=(singularity exec --nv " in slurm
+    # After a failed ranks' step (not a requeue), one task on each node ends what carries the mark there.
+    after = slurm[slurm.index(launch) :]
+    assert 'if [ "$status" -ne 0 ] && [ "$status" -ne 99 ]; then\n' in after
+    assert ' srun --overlap --kill-on-bad-exit=0 --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 "${HPCRL[@]}" end-leftovers --mark "$HPCRL_LAUNCH_ID" ' in after
+    assert "export HPCRL_STEP_MARK" not in slurm  # the job shell has none: the step after would end it
     sge = scripts["sge"]["train-0-0.sh"]
     for directive in ("-pe smp 16", "-l gpu=4", "-l mem_free=65536M", "-q gpu.q", "-notify", "-r y"):
         assert f"#$ {directive}\n" in sge, directive

@@ -40,7 +40,8 @@ child=
 trap '[ -n "$child" ] && kill -USR1 "$child" 2>/dev/null' USR1 USR2 TERM
 # srun starts the ranks, each an hpcrl: the status this script needs is srun's, which none of them leaves.
 unset HPCRL_EXIT_FILE
-srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 "${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
+printf -v HPCRL_STARTED '%(%s)T' -1  # the job's start, for the step after a failed one below (a builtin: bash >= 4.2)
+HPCRL_STEP_MARK="$HPCRL_LAUNCH_ID" SINGULARITYENV_HPCRL_STEP_MARK="$HPCRL_LAUNCH_ID" APPTAINERENV_HPCRL_STEP_MARK="$HPCRL_LAUNCH_ID" srun --kill-on-bad-exit=1 --nodes=1 --ntasks=4 --ntasks-per-node=4 --cpus-per-task=4 "${HPCRL[@]}" train /scratch/hpcrl/habitat_ddppo --manifest jobs/0-0.tasks --task "$TASK_ID" &
 child=$!
 while :; do
   wait "$child"
@@ -53,13 +54,21 @@ if [ -n "${HPCRL_EXIT_FILE:-}" ]; then
   left=
   read -r left 2>/dev/null < "$HPCRL_EXIT_FILE"  # 2> first: a missing file (the child was killed) says nothing
   case "$left" in ''|*[!0-9]*) ;; *) status=$left ;; esac
-  if [ -z "$left" ] && [ "$status" -gt 128 ] && [ "$status" -lt 255 ]; then
-    # hpcrl was killed (the OOM killer, a SIGKILL) before it could end what its envs started: a ViZDoom engine
-    # whose env worker died with it lives on where the scheduler lost track of it, and what it held in /dev/shm
-    # stays in the node's memory. This step ends them and removes those files, named in this log.
+  if [ "$status" -ne 0 ] && [ "$status" -ne 99 ] && [ "$status" -ne 255 ]; then
+    # hpcrl failed, or was killed (the OOM killer, a SIGKILL) before it could end what its envs started: a
+    # simulator whose env worker died with it (or a rank's, under hpcrl's launcher) lives on where the scheduler
+    # lost track of it, and what it held in /dev/shm stays in the node's memory. This step ends them and removes
+    # those files, named in this log. (255: the container did not start, so nothing ran.)
     "${HPCRL[@]}" end-leftovers --since "$HPCRL_STARTED" --status "$status" < /dev/null || true
   fi
   rm -f "$HPCRL_EXIT_FILE"  # after that step, which leaves its own status there
+fi
+if [ "$status" -ne 0 ] && [ "$status" -ne 99 ]; then
+  # A rank killed alone (the OOM killer) leaves what its env started, where Slurm's proctrack/linuxproc or /pgid
+  # loses it (reparented to init, or in a group of its own), and what that held in the node's /dev/shm. Every
+  # process below a rank carries HPCRL_STEP_MARK (set on the ranks' srun above): one task on each node ends them
+  # there, named in this log (bounded: a node that is gone holds nothing up).
+  timeout -k 10 120 srun --overlap --kill-on-bad-exit=0 --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 "${HPCRL[@]}" end-leftovers --mark "$HPCRL_LAUNCH_ID" --since "$HPCRL_STARTED" --status "$status" < /dev/null || true
 fi
 # scancel's SIGTERM also makes the trainer checkpoint and exit 99, and Slurm would requeue
 # even a cancelled job: requeue only a task that Slurm still counts as running.
