@@ -43,9 +43,9 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
 
 
 def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
-    """The last step of a job script whose hpcrl failed, or was killed before it left its exit status (the OOM
-    killer, a SIGKILL): end what it left running in the job's session, named in the job log, and remove the shared
-    memory they held and the files made since `since` (the job's start) that nobody holds (`end_leftovers`).
+    """The last step of a job script whose hpcrl left no exit status (killed: the OOM killer, a SIGKILL): end what
+    it left running in the job's session, named in the job log, and remove the shared memory they held and the
+    files made since `since` (the job's start) that nobody holds (`end_leftovers`).
 
     A scheduler ends a job's processes when the job ends, but only those it tracks: Slurm's proctrack/linuxproc and
     proctrack/pgid lose a process reparented to init (a killed trainer's ViZDoom engine, whose env worker died with
@@ -55,11 +55,21 @@ def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
     a terminal is a person's, not a job's: refused (ValueError), ending nothing."""
     if has_terminal():
         raise ValueError("this session has a terminal: end-leftovers ends every process of a job's session but the job shell, and runs as a job script's last step only")
+    end_session_leftovers(f"the job's hpcrl, killed (exit {status}),", since, out)
+
+
+def end_session_leftovers(who: str, since: float, out: TextIO | None) -> bool:
+    """End what `who` left running in this process's session, but this process and those above it in the session,
+    and remove what they held and the files made since `since` that nobody holds (`end_leftovers`). False, ending
+    nothing, in a session with a terminal: a person's, whose shell, background jobs and editor are its processes."""
+    if has_terminal():
+        return False
     session, spare, pid = os.getsid(0), [], os.getpid()
     while pid > 1 and (stat := process_stat(pid)) is not None and stat.session == session:
         spare.append(pid)
         pid = stat.parent
-    end_leftovers(session, out, f"the job's hpcrl (exit {status})", spare=spare, since=since)
+    end_leftovers(session, out, who, spare=spare, since=since)
+    return True
 
 
 STEP_MARK = "HPCRL_STEP_MARK"

@@ -275,7 +275,7 @@ def test_a_job_s_last_step_ends_what_its_killed_hpcrl_left_and_spares_the_job_sh
         job = subprocess.run([*(prefix or []), "bash", "-c", JOB, "job", f"/dev/shm/{held}", str(pid_file), sys.executable, str(time.time() - 60)], capture_output=True, text=True, start_new_session=True, timeout=60)
         left = int(pid_file.read_text())
         assert re.search(r"status 0, shell \d+ alive, simulator gone\n$", job.stdout), job.stdout + job.stderr
-        assert f"hpcrl: the job's hpcrl (exit 137) left 1 process(es) running: pid {left} ({sys.executable} -c import os" in job.stdout, job.stdout
+        assert f"hpcrl: the job's hpcrl, killed (exit 137), left 1 process(es) running: pid {left} ({sys.executable} -c import os" in job.stdout, job.stdout
         assert f"hpcrl: removed the shared memory they left: /dev/shm/{held}\n" in job.stdout and f"hpcrl: removed the shared memory nobody held: /dev/shm/{lost}\n" in job.stdout
         assert not (here / held).exists() and not (here / lost).exists()
         assert (stat := leftovers.process_stat(left)) is None or not stat.live

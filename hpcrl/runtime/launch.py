@@ -183,6 +183,7 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
     environment spans several (see the module docstring)."""
     from torch.distributed import TCPStore  # deferred: `hpcrl --help` does not pay for torch
 
+    started = time.time()
     try:
         hosts = spread(ranks)
     except LaunchError as exc:
@@ -223,11 +224,13 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
         others = [host for host, _ in hosts[1:]] if hosts else []
-        return _wait(children, labels, run_dir, out, f"all {ranks} ranks", (lambda: lost_hosts(others)) if others else None)
+        code = _wait(children, labels, run_dir, out, f"all {ranks} ranks", (lambda: lost_hosts(others)) if others else None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop(children, grace_s=0.0)
+    _end_what_they_left(code, f"the run's ranks (exit {code})", started, out)
+    return code
 
 
 def group_argv(host: str, first: int, count: int, argv: list[str], env: dict[str, str]) -> list[str]:
@@ -249,7 +252,7 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         where = f"{master} resolves to {socket.gethostbyname(master)}" if master else "MASTER_ADDR is not set"
         print(f"hpcrl: error: ranks {first}-{first + count - 1} on {socket.gethostname()}: {where} here, not the launcher's host", file=sys.stderr)
         return 1
-    base = {**os.environ, "LOCAL_WORLD_SIZE": str(count)}
+    base, started = {**os.environ, "LOCAL_WORLD_SIZE": str(count)}, time.time()
     children = [subprocess.Popen(argv, env={**base, "RANK": str(first + r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(count)]
     print(f"hpcrl: ranks {first}-{first + count - 1} started on {socket.gethostname()}", file=out, flush=True)
 
@@ -259,12 +262,28 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
                 child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    which = f"ranks {first}-{first + count - 1} on {socket.gethostname()}"
     try:
-        return _wait(children, [f"rank {first + r} on {socket.gethostname()}" for r in range(count)], None, out, f"ranks {first}-{first + count - 1} on {socket.gethostname()}")
+        code = _wait(children, [f"rank {first + r} on {socket.gethostname()}" for r in range(count)], None, out, which)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop(children, grace_s=0.0)
+    _end_what_they_left(code, f"the {which} (exit {code})", started, out)
+    return code
+
+
+def _end_what_they_left(code: int, who: str, since: float, out: TextIO | None) -> None:
+    """After ranks that failed (one killed alone: the OOM killer), end what they left in this session and what it
+    held (`hpcrl.leftovers.end_session_leftovers`): a killed rank's simulator, orphaned, is lost to Slurm's
+    proctrack/linuxproc, and Grid Engine, which ends it with the job, leaves its files in the node's /dev/shm.
+    Ranks that finished, asked for a requeue or found their run held by another trainer were not cut short."""
+    if code in (0, REQUEUE_EXIT, rundir.LOCKED_EXIT):
+        return
+    from hpcrl.leftovers import end_session_leftovers  # deferred with the rest of the failure path
+
+    if not end_session_leftovers(who, since, out):
+        print(f"hpcrl: {who}: what they left running is not ended here (this session has a terminal: a person's)", file=sys.stderr)
 
 
 def _wait(

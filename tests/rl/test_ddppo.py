@@ -262,7 +262,7 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
     """Each rank's env (CartPole) starts a process of its own that holds a file in /dev/shm, as ViZDoom's engine
     does (tests/factories.py). The killed rank's is orphaned: Slurm's proctrack/linuxproc (the test cluster's) loses
     it, and the job ends it on every node in a step after the ranks' (HPCRL_STEP_MARK); Grid Engine ends it with the
-    job but leaves its file, and the job script's last step after a failed hpcrl (its launcher) ends both.
+    job but leaves its file, and hpcrl's launcher, once it has stopped the ranks, ends both.
     Grid Engine's run here is a few seconds; its rank killed on another host is test_sge_multihost.py's."""
     own = tmp_path / "own"
     own.mkdir()
@@ -316,8 +316,8 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
     assert not alive, f"the killed rank's simulator(s) {alive} outlived its job:\n{log[-2000:]}"
     assert not left, f"left in /dev/shm: {left}\n{log[-2000:]}"
     # The killed rank's simulator, and the other rank's where the end of the ranks came before its env's close: under
-    # srun, named by the step after the ranks' on each node; under hpcrl's launcher, by the job script's last step.
-    who = r"the job's ranks \(srun, exit 137\)" if backend.name == "slurm" else r"the job's hpcrl \(exit 1\)"
+    # srun, named by the step after the ranks' on each node; under hpcrl's launcher, by the launcher.
+    who = r"the job's ranks \(srun, exit 137\)" if backend.name == "slurm" else r"the run's ranks \(exit 1\)"
     assert re.search(rf"hpcrl: {who} left [12] process\(es\) running: pid \d+ \(.*time\.sleep\(600\)", log), log[-2000:]
     assert f"removed the shared memory they left: {held}" in log, log[-2000:]
     print(

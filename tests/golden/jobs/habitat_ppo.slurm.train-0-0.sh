@@ -49,11 +49,10 @@ if [ -n "${HPCRL_EXIT_FILE:-}" ]; then
   left=
   read -r left 2>/dev/null < "$HPCRL_EXIT_FILE"  # 2> first: a missing file (the child was killed) says nothing
   case "$left" in ''|*[!0-9]*) ;; *) status=$left ;; esac
-  if [ "$status" -ne 0 ] && [ "$status" -ne 99 ] && [ "$status" -ne 255 ]; then
-    # hpcrl failed, or was killed (the OOM killer, a SIGKILL) before it could end what its envs started: a
-    # simulator whose env worker died with it (or a rank's, under hpcrl's launcher) lives on where the scheduler
-    # lost track of it, and what it held in /dev/shm stays in the node's memory. This step ends them and removes
-    # those files, named in this log. (255: the container did not start, so nothing ran.)
+  if [ -z "$left" ] && [ "$status" -gt 128 ] && [ "$status" -lt 255 ]; then
+    # hpcrl was killed (the OOM killer, a SIGKILL) before it could end what its envs started: a ViZDoom engine
+    # whose env worker died with it lives on where the scheduler lost track of it, and what it held in /dev/shm
+    # stays in the node's memory. This step ends them and removes those files, named in this log.
     "${HPCRL[@]}" end-leftovers --since "$HPCRL_STARTED" --status "$status" < /dev/null || true
   fi
   rm -f "$HPCRL_EXIT_FILE"  # after that step, which leaves its own status there
