@@ -246,13 +246,13 @@ def version_text() -> str:
 
 
 def _end_leftovers(args: argparse.Namespace) -> int:
-    from hpcrl.leftovers import end_job_leftovers, end_step_leftovers
+    from hpcrl.leftovers import end_job_leftovers, end_marked_leftovers
 
     try:
         if args.mark is None:
             end_job_leftovers(args.since, args.status, sys.stdout)
         else:
-            end_step_leftovers(args.mark, args.since, args.status, sys.stdout)
+            end_marked_leftovers(args.mark, args.since, f"the job's ranks (srun, exit {args.status})", sys.stdout)
     except ValueError as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
         return 2

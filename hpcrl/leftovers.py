@@ -4,7 +4,8 @@ A process may outlive the one that started it: a user's trainer that forks helpe
 engine (ViZDoom's) whose controller was SIGKILLed. A cluster ends a job's processes when the job
 ends; the program supervisor (hpcrl.runtime.program) and the local executor (hpcrl.schedulers.local)
 do the same through this one rule, each for the session it started; a Slurm job's step after its ranks' step
-failed, for the processes that carry the ranks' mark (`end_step_leftovers`: a step has a session of its own).
+failed, and hpcrl's launcher after its ranks failed, for the processes that carry the ranks' mark
+(`end_marked_leftovers`: whatever their session).
 
 A killed process also leaves the POSIX shared memory it held (files in /dev/shm, which live in the
 node's RAM until they are removed): a SIGKILLed ViZDoom engine its screen buffer (10.6 MB at
@@ -55,37 +56,29 @@ def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
     a terminal is a person's, not a job's: refused (ValueError), ending nothing."""
     if has_terminal():
         raise ValueError("this session has a terminal: end-leftovers ends every process of a job's session but the job shell, and runs as a job script's last step only")
-    end_session_leftovers(f"the job's hpcrl, killed (exit {status}),", since, out)
-
-
-def end_session_leftovers(who: str, since: float, out: TextIO | None) -> bool:
-    """End what `who` left running in this process's session, but this process and those above it in the session,
-    and remove what they held and the files made since `since` that nobody holds (`end_leftovers`). False, ending
-    nothing, in a session with a terminal: a person's, whose shell, background jobs and editor are its processes."""
-    if has_terminal():
-        return False
     session, spare, pid = os.getsid(0), [], os.getpid()
     while pid > 1 and (stat := process_stat(pid)) is not None and stat.session == session:
         spare.append(pid)
         pid = stat.parent
-    end_leftovers(session, out, who, spare=spare, since=since)
-    return True
+    end_leftovers(session, out, f"the job's hpcrl, killed (exit {status}),", spare=spare, since=since)
 
 
 STEP_MARK = "HPCRL_STEP_MARK"
-"""The variable a job script sets in the environment of the ranks' srun step alone (one value per start of the
-job), which every process below a rank inherits, in whatever session or process group, reparented or not."""
+"""The variable set in the environment of a run's ranks alone (one value per start of the run: by the job script on
+the ranks' srun, by hpcrl's launcher on the ranks it starts), which every process below a rank inherits, in whatever
+session or process group, reparented or not."""
 
 
-def end_step_leftovers(mark: str, since: float, status: int, out: TextIO | None) -> None:
-    """The step a Slurm job script runs on each of its nodes (srun, a task a node) after its ranks' step failed: end
-    every process of this node whose environment carries `STEP_MARK`=`mark`, named in the job log, and remove the
-    shared memory they held and the files made since `since` that nobody holds.
+def end_marked_leftovers(mark: str, since: float, who: str, out: TextIO | None) -> None:
+    """After a run's ranks failed (one killed alone: the OOM killer), end every process of this node whose
+    environment carries `STEP_MARK`=`mark`, named in the job log as what `who` left, and remove the shared memory
+    they held and the files made since `since` that nobody holds.
 
-    A rank killed alone (the OOM killer) leaves what its env started; the ranks' step ends, and Slurm ends the
-    processes it tracks. proctrack/linuxproc and /pgid lose those reparented to init or in a group of their own,
-    and what they held stays in the node's /dev/shm. They are not in this step's session (each step has its own),
-    but they carry the mark. Spared: this process and every process above it (this step's slurmstepd)."""
+    A killed rank's processes (its env's simulator) are orphaned: Slurm's proctrack/linuxproc and /pgid lose those
+    reparented to init or in a group of their own, Grid Engine ends them with the job but leaves what they held in
+    the node's /dev/shm. They may be in another session than the one looking (under srun each step has its own), but
+    they carry the mark, which nothing else does: whatever session this runs in (a person's terminal, a CI runner's
+    step), nothing but the run's is ended. Spared: this process and every process above it."""
     if not mark or "\0" in mark or "\n" in mark:
         raise ValueError(f"not a step mark: {mark!r}")
     spare, pid = [], os.getpid()
@@ -93,7 +86,7 @@ def end_step_leftovers(mark: str, since: float, status: int, out: TextIO | None)
         spare.append(pid)
         pid = stat.parent
     entry = f"{STEP_MARK}={mark}".encode()
-    _end_found(lambda: marked(entry), out, f"the job's ranks (srun, exit {status})", spare)
+    _end_found(lambda: marked(entry), out, who, spare)
     if removed := remove_unheld(since):
         print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
 

@@ -11,8 +11,10 @@ It does what torchrun's agent does, with the differences a batch job needs:
   asks for a requeue (REQUEUE_EXIT), so does the launcher: torchrun turns the signal into its own failure.
 
 A rank that dies (a crash, an OOM kill, kill -9) ends the run at once: the other ranks are sent
-SIGTERM, then SIGKILL after a grace period, no process is left behind, and the run's FAILED marker
-names the rank and how it died. A launcher that dies, however, takes its ranks with it.
+SIGTERM, then SIGKILL after a grace period, and the run's FAILED marker names the rank and how it
+died. No process is left behind: the ranks carry a mark (hpcrl.leftovers.STEP_MARK) that every
+process below them inherits, and what carries it once they are stopped (a killed rank's simulator,
+orphaned) is ended, with the shared memory it held. A launcher that dies takes its ranks with it.
 
 Several hosts (Grid Engine): where the job's parallel environment granted slots on several hosts
 ($PE_HOSTFILE lists them), the ranks are spread over those hosts in proportion to their slots, this
@@ -52,6 +54,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from hpcrl.leftovers import STEP_MARK
 from hpcrl.runtime.lifeline import dies_with_me
 from hpcrl.store import rundir
 from hpcrl.store.states import REQUEUE_EXIT
@@ -70,6 +73,9 @@ HOST_VARS = re.compile(
 )
 """What Grid Engine and the shell set for each host or task: another host's group gets its own."""
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GROUP_MARK = "HPCRL_GROUP_MARK"
+"""The ranks' mark (`STEP_MARK`) as a group launcher receives it: under another name, so that the launcher itself,
+which is not what its ranks left, does not carry it."""
 LOST_POLL_S = 5.0
 """How often a launcher whose ranks span hosts asks whether one of them is lost."""
 
@@ -197,6 +203,7 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
     base = {
         **os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(store.port), "WORLD_SIZE": str(ranks),
         "LOCAL_WORLD_SIZE": str(here), "TORCHELASTIC_USE_AGENT_STORE": "True", LAUNCH_ID: os.environ.get(LAUNCH_ID) or uuid.uuid4().hex,
+        STEP_MARK: uuid.uuid4().hex,  # every process below a rank carries it, on every host: what the ranks left
     }  # fmt: skip
     # Each rank dies with the launcher, however it dies: without its store a rank would run on alone.
     children = [subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(here)]
@@ -229,7 +236,7 @@ def launch(argv: list[str], ranks: int, run_dir: Path | None, out: TextIO | None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop(children, grace_s=0.0)
-    _end_what_they_left(code, f"the run's ranks (exit {code})", started, out)
+    _end_what_they_left(code, base[STEP_MARK], f"the run's ranks (exit {code})", started, out)
     return code
 
 
@@ -237,7 +244,7 @@ def group_argv(host: str, first: int, count: int, argv: list[str], env: dict[str
     """`qrsh -inherit HOST COMMAND`: the group launcher of `count` ranks from rank `first` on `host`, with
     this job's environment (less what Grid Engine sets per host) and working directory. qrsh joins its
     words into one line for the remote shell, so the line is quoted here, word by word."""
-    passed = {k: v for k, v in env.items() if NAME.fullmatch(k) and not HOST_VARS.fullmatch(k)}
+    passed = {(GROUP_MARK if k == STEP_MARK else k): v for k, v in env.items() if NAME.fullmatch(k) and not HOST_VARS.fullmatch(k)}
     words = ["env", *(f"{k}={v}" for k, v in passed.items()), sys.executable, "-m", "hpcrl.runtime.launch", str(first), str(count), "--", *argv]
     line = f"cd {shlex.quote(os.getcwd())} && exec " + " ".join(shlex.quote(w) for w in words)
     return ["qrsh", "-inherit", "-nostdin", host, line]
@@ -252,7 +259,9 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         where = f"{master} resolves to {socket.gethostbyname(master)}" if master else "MASTER_ADDR is not set"
         print(f"hpcrl: error: ranks {first}-{first + count - 1} on {socket.gethostname()}: {where} here, not the launcher's host", file=sys.stderr)
         return 1
-    base, started = {**os.environ, "LOCAL_WORLD_SIZE": str(count)}, time.time()
+    base = {k: v for k, v in os.environ.items() if k != GROUP_MARK}
+    base.update({"LOCAL_WORLD_SIZE": str(count), STEP_MARK: os.environ.get(GROUP_MARK, "")})
+    started = time.time()
     children = [subprocess.Popen(argv, env={**base, "RANK": str(first + r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(count)]
     print(f"hpcrl: ranks {first}-{first + count - 1} started on {socket.gethostname()}", file=out, flush=True)
 
@@ -269,21 +278,21 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop(children, grace_s=0.0)
-    _end_what_they_left(code, f"the {which} (exit {code})", started, out)
+    _end_what_they_left(code, base[STEP_MARK], f"the {which} (exit {code})", started, out)
     return code
 
 
-def _end_what_they_left(code: int, who: str, since: float, out: TextIO | None) -> None:
-    """After ranks that failed (one killed alone: the OOM killer), end what they left in this session and what it
-    held (`hpcrl.leftovers.end_session_leftovers`): a killed rank's simulator, orphaned, is lost to Slurm's
-    proctrack/linuxproc, and Grid Engine, which ends it with the job, leaves its files in the node's /dev/shm.
-    Ranks that finished, asked for a requeue or found their run held by another trainer were not cut short."""
-    if code in (0, REQUEUE_EXIT, rundir.LOCKED_EXIT):
+def _end_what_they_left(code: int, mark: str, who: str, since: float, out: TextIO | None) -> None:
+    """After ranks that failed (one killed alone: the OOM killer), end what they left on this host, the processes
+    that carry their mark, and what those held (`hpcrl.leftovers.end_marked_leftovers`): a killed rank's simulator,
+    orphaned, is lost to Slurm's proctrack/linuxproc, and Grid Engine, which ends it with the job, leaves its files
+    in the node's /dev/shm. Ranks that finished, asked for a requeue or found their run held by another trainer were
+    not cut short."""
+    if code in (0, REQUEUE_EXIT, rundir.LOCKED_EXIT) or not mark:
         return
-    from hpcrl.leftovers import end_session_leftovers  # deferred with the rest of the failure path
+    from hpcrl.leftovers import end_marked_leftovers  # deferred with the rest of the failure path
 
-    if not end_session_leftovers(who, since, out):
-        print(f"hpcrl: {who}: what they left running is not ended here (this session has a terminal: a person's)", file=sys.stderr)
+    end_marked_leftovers(mark, since, who, out)
 
 
 def _wait(

@@ -82,12 +82,14 @@ def test_one_host_in_the_pe_hostfile_is_the_single_host_launcher(tmp_path: Path)
 
 
 def test_the_qrsh_line_carries_the_environment_quoted_and_leaves_grid_engine_s_own(tmp_path: Path) -> None:
-    env = {"MASTER_ADDR": "node1", "WORLD_SIZE": "2", "ODD": "a b'c;$(touch x)", "JOB_ID": "7", "PE_HOSTFILE": "/tmp/x", "TMPDIR": "/tmp/7.1", "BASH_FUNC_f%%": "() { :; }"}
+    env = {"MASTER_ADDR": "node1", "WORLD_SIZE": "2", "ODD": "a b'c;$(touch x)", "JOB_ID": "7", "PE_HOSTFILE": "/tmp/x", "TMPDIR": "/tmp/7.1", "BASH_FUNC_f%%": "() { :; }", "HPCRL_STEP_MARK": "m1"}
     argv = group_argv("node2", 1, 1, [sys.executable, "-c", "print('hi there')"], env)
     assert argv[:4] == ["qrsh", "-inherit", "-nostdin", "node2"]
     words = shlex.split(argv[4])
     assert words[:3] == ["cd", os.getcwd(), "&&"] and words[3:5] == ["exec", "env"]
     assert "ODD=a b'c;$(touch x)" in words and "MASTER_ADDR=node1" in words
+    # The ranks' mark reaches the group launcher under another name: the launcher is not what its ranks left.
+    assert "HPCRL_GROUP_MARK=m1" in words and not any(w.startswith("HPCRL_STEP_MARK=") for w in words)
     assert not any(w.startswith(("JOB_ID=", "PE_HOSTFILE=", "TMPDIR=", "BASH_FUNC")) for w in words)
     assert words[-8:] == ["-m", "hpcrl.runtime.launch", "1", "1", "--", sys.executable, "-c", "print('hi there')"]
     # What the remote shell does with the line: the words arrive as they were.
