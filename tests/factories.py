@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import os
 import shutil
+import signal
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+
+from hpcrl.leftovers import process_stat
 
 TINY: dict[str, Any] = {
     "name": "tiny",
@@ -88,6 +95,56 @@ class WithSimulator(CartPoleEnv):
 gymnasium.register("WithSimulator-v0", entry_point=WithSimulator, max_episode_steps=500)
 '''
 """A user's env module (registers `WithSimulator-v0`): a process of its own and files in /dev/shm, as ViZDoom's game."""
+
+
+@dataclasses.dataclass
+class Simulators:
+    """The simulators of a test's run whose env is SIMULATOR_ENV's (`simulators`): the files they hold, and what is
+    left of them once the run has ended."""
+
+    overrides: list[str]
+    """The config's overrides that give the run that env."""
+    held: Path
+    """In /dev/shm, held by every simulator (not a ViZDoom name: no other test's end removes it)."""
+    queue: Path
+    """In /dev/shm, named as a ViZDoom game's message queue, held by the trainer alone."""
+    pid_file: Path
+
+    def pids(self) -> list[int]:
+        """Every simulator started so far."""
+        return [int(line) for line in self.pid_file.read_text().split()] if self.pid_file.exists() else []
+
+    def alive(self) -> list[int]:
+        """The simulators still running (not zombies)."""
+        return [pid for pid in self.pids() if (stat := process_stat(pid)) is not None and stat.live]
+
+    def left(self) -> list[str]:
+        """The files still in /dev/shm."""
+        return [path.name for path in (self.held, self.queue) if path.exists()]
+
+
+@contextlib.contextmanager
+def simulators(tmp_path: Path, monkeypatch: Any, module: str) -> Iterator[Simulators]:
+    """A run's env whose every copy starts a simulator (SIMULATOR_ENV, importable as `module` from the test's
+    directory, where the test then runs). On the way out, what the run failed to end is killed and removed,
+    after the test has looked."""
+    own = tmp_path / "own"
+    own.mkdir(exist_ok=True)
+    (own / f"{module}.py").write_text(SIMULATOR_ENV)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "own")
+    tag = uuid.uuid4().hex[:12]
+    held, queue, pid_file = Path(f"/dev/shm/hpcrl-test-held-{tag}"), Path(f"/dev/shm/ViZDoomMQCtr-hpcrl-test-{tag}"), tmp_path / "simulators.txt"
+    overrides = [f"env.id={module}:WithSimulator-v0", f"env.kwargs.pid_file={pid_file}", f"env.kwargs.queue={queue}", f"env.kwargs.held={held}"]
+    found = Simulators(overrides, held, queue, pid_file)
+    try:
+        yield found
+    finally:
+        for pid in found.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        held.unlink(missing_ok=True)
+        queue.unlink(missing_ok=True)
 
 
 def trainers(exp: Path) -> list[int]:

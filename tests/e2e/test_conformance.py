@@ -13,7 +13,6 @@ Slurm and Grid Engine are the real daemons (tests/conftest.py starts them); noth
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -22,13 +21,12 @@ import re
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from factories import SIMULATOR_ENV, trainers
+from factories import simulators, trainers
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.results.collect import collect
@@ -374,40 +372,18 @@ def test_a_trainer_killed_alone_leaves_nothing_of_its_job_running(backend: Backe
     scheduler removes what they held in the node's /dev/shm (a ViZDoom engine's screen, 10.6 MB at 160x120). The job
     script ends them itself when its trainer left no exit status, names them in the job log, removes the file the
     simulator held and the game's queue file the trainer alone held; the task is failed, not hung."""
-    own = tmp_path / "own"
-    own.mkdir()
-    module = f"simenvs_{backend.name}"
-    (own / f"{module}.py").write_text(SIMULATOR_ENV)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", "own")
-    tag = uuid.uuid4().hex[:12]
-    held = Path(f"/dev/shm/hpcrl-test-held-{tag}")  # not a ViZDoom name: no other test's end removes it
-    queue = Path(f"/dev/shm/ViZDoomMQCtr-hpcrl-test-{tag}")
-    pid_file = tmp_path / "simulators.txt"
-    simulators: list[int] = []
-    try:
-        exp_dir, _ = sweep(
-            tmp_path, backend, "sweep.seeds=[0]", "train.total_steps=10000000", "env.num_envs=1", f"env.id={module}:WithSimulator-v0",
-            f"env.kwargs.pid_file={pid_file}", f"env.kwargs.queue={queue}", f"env.kwargs.held={held}",
-        )  # fmt: skip
-        wait_until("a trainer with its simulator and files", lambda: bool(trainers(exp_dir)) and pid_file.exists() and held.exists(), 180)
-        simulators = [int(line) for line in pid_file.read_text().split()]
+    with simulators(tmp_path, monkeypatch, f"simenvs_{backend.name}") as sims:
+        exp_dir, _ = sweep(tmp_path, backend, "sweep.seeds=[0]", "train.total_steps=10000000", "env.num_envs=1", *sims.overrides)
+        wait_until("a trainer with its simulator and files", lambda: bool(trainers(exp_dir)) and bool(sims.pids()) and sims.held.exists(), 180)
         for pid in trainers(exp_dir):
             os.kill(pid, signal.SIGKILL)
         wait_until("every task to leave the queue", lambda: not active_tasks(exp_dir, backend), 120)
-        alive = [pid for pid in simulators if Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-        left = [path.name for path in (held, queue) if path.exists()]
-    finally:
-        for pid in simulators:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # only what the job failed to end, after the test has looked
-        held.unlink(missing_ok=True)
-        queue.unlink(missing_ok=True)
+        alive, left, simulator = sims.alive(), sims.left(), sims.pids()[0]
     log = "".join(p.read_text() for p in (exp_dir / "jobs" / "logs").glob("train-*"))
     assert not alive, f"the killed trainer's simulator(s) {alive} outlived its job:\n{log[-2000:]}"
     assert not left, f"left in /dev/shm: {left}\n{log[-2000:]}"
-    assert f"left 1 process(es) running: pid {simulators[0]} (" in log and "time.sleep(600)" in log, log[-2000:]
-    assert f"removed the shared memory they left: {held}" in log, log[-2000:]
+    assert f"left 1 process(es) running: pid {simulator} (" in log and "time.sleep(600)" in log, log[-2000:]
+    assert f"removed the shared memory they left: {sims.held}" in log, log[-2000:]
     assert not list((exp_dir / "jobs" / "logs").glob(".exit-*")), "an exit status file left in the logs"
     rows, _, _ = experiment_status(exp_dir)
     assert rows[0].train == "failed", status_text(exp_dir)

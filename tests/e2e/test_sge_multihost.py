@@ -25,7 +25,6 @@ The tests hold one lock for the whole test: one kills a host that another's jobs
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import io
 import os
@@ -33,7 +32,6 @@ import re
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -41,7 +39,7 @@ from pathlib import Path
 import pytest
 from cluster_nodes import SGE_HOSTS as HOSTS
 from cluster_nodes import assert_resumed_to_its_budget, start_beside_a_killed_node
-from factories import SIMULATOR_ENV, write_config
+from factories import simulators, write_config
 from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, wait_until
 
 from hpcrl.cli import main
@@ -353,37 +351,19 @@ def _processes_on(host: str, needle: str) -> list[tuple[int, str]]:
 def test_a_rank_killed_on_the_other_host_fails_the_run_with_its_reason_and_leaves_no_process(hosts: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank's env starts a simulator holding a file in /dev/shm (tests/factories.py): the killed rank's, orphaned
     on the other host, is ended there by its group launcher, which names it in the job log, and its file goes."""
-    own = tmp_path / "own"
-    own.mkdir()
-    (own / "simenvs_hosts.py").write_text(SIMULATOR_ENV)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", "own")
-    tag = uuid.uuid4().hex[:12]
-    held, queue, pid_file = Path(f"/dev/shm/hpcrl-test-held-{tag}"), Path(f"/dev/shm/ViZDoomMQCtr-hpcrl-test-{tag}"), tmp_path / "simulators.txt"
-    simulators: list[int] = []
-    exp_dir, _ = sweep(
-        tmp_path, SGE(), *DDPPO, "train.total_steps=10000000", "train.checkpoint_every=5", "env.id=simenvs_hosts:WithSimulator-v0",
-        f"env.kwargs.pid_file={pid_file}", f"env.kwargs.queue={queue}", f"env.kwargs.held={held}",
-    )  # fmt: skip
-    (run,) = load_runs(exp_dir)
-    rd = run_dir(exp_dir, run.run_id)
-    try:
-        wait_until("a checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
-        simulators = [int(line) for line in pid_file.read_text().split()]
-        other = re.search(r"ranks 1-1 started on (\S+)", logs(exp_dir, "train")).group(1)
-        (pid,) = [p for p, rank in _processes_on(other, str(exp_dir)) if rank == "1" and p]
-        os.kill(pid, signal.SIGKILL)
-        wait_until("the run to fail", lambda: (rd / "FAILED").exists() and not active_train(exp_dir), 120)
-        alive = [p for p in simulators if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-        left = [path.name for path in (held, queue) if path.exists()]
-        reason = (rd / "FAILED").read_text()
-    finally:
-        cancel_experiment(exp_dir, out=io.StringIO())
-        for p in simulators:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)  # only what the run failed to end, after the test has looked
-        held.unlink(missing_ok=True)
-        queue.unlink(missing_ok=True)
+    with simulators(tmp_path, monkeypatch, "simenvs_hosts") as sims:
+        exp_dir, _ = sweep(tmp_path, SGE(), *DDPPO, "train.total_steps=10000000", "train.checkpoint_every=5", *sims.overrides)
+        (run,) = load_runs(exp_dir)
+        rd = run_dir(exp_dir, run.run_id)
+        try:
+            wait_until("a checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
+            other = re.search(r"ranks 1-1 started on (\S+)", logs(exp_dir, "train")).group(1)
+            (pid,) = [p for p, rank in _processes_on(other, str(exp_dir)) if rank == "1" and p]
+            os.kill(pid, signal.SIGKILL)
+            wait_until("the run to fail", lambda: (rd / "FAILED").exists() and not active_train(exp_dir), 120)
+            alive, left, reason = sims.alive(), sims.left(), (rd / "FAILED").read_text()
+        finally:
+            cancel_experiment(exp_dir, out=io.StringIO())
     assert not alive and not left, (alive, left, logs(exp_dir, "train")[-2000:])
     # The group launcher ends what its killed rank left before it exits, which is how the launcher learns of it. Had
     # rank 0's collective failed first, the launcher's own end may come first: the test's hosts share one /proc.

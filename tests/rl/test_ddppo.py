@@ -18,7 +18,6 @@ What a user relies on:
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import re
@@ -26,14 +25,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import pytest
 import torch
-from factories import SIMULATOR_ENV
+from factories import simulators
 from test_conformance import Backend, Local, backend, csv_rows, processes_of, status_text, sweep, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.config.hparams import A2CConfig, PPOConfig
@@ -264,30 +262,18 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
     it, and the job ends it on every node in a step after the ranks' (HPCRL_STEP_MARK); Grid Engine ends it with the
     job but leaves its file, and hpcrl's launcher, once it has stopped the ranks, ends both.
     Grid Engine's run here is a few seconds; its rank killed on another host is test_sge_multihost.py's."""
-    own = tmp_path / "own"
-    own.mkdir()
-    module = f"simenvs_ranks_{backend.name}"
-    (own / f"{module}.py").write_text(SIMULATOR_ENV)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", "own")
-    tag = uuid.uuid4().hex[:12]
-    held = Path(f"/dev/shm/hpcrl-test-held-{tag}")  # not a ViZDoom name: no other test's end removes it
-    queue = Path(f"/dev/shm/ViZDoomMQCtr-hpcrl-test-{tag}")
-    pid_file = tmp_path / "simulators.txt"
-    simulators: list[int] = []
     since = time.time()
-    try:
+    with simulators(tmp_path, monkeypatch, f"simenvs_ranks_{backend.name}") as sims:
         exp_dir, _ = sweep(
             tmp_path, backend, "sweep.seeds=[0]", "resources.ranks=2", "resources.collective_timeout=30", "train.total_steps=10000000",
-            "env.num_envs=1", f"env.id={module}:WithSimulator-v0", f"env.kwargs.pid_file={pid_file}", f"env.kwargs.queue={queue}", f"env.kwargs.held={held}",
+            "env.num_envs=1", *sims.overrides,
         )  # fmt: skip
         (run,) = load_runs(exp_dir)
         rd = run_dir(exp_dir, run.run_id)
         wait_until("the first checkpoint", lambda: any((rd / "checkpoints").glob("*.pt")), 180)
         pids = _rank_pids(exp_dir)
         assert sorted(pids) == [0, 1], pids
-        simulators = [int(line) for line in pid_file.read_text().split()]
-        assert len(simulators) == 2 and held.exists(), simulators
+        assert len(sims.pids()) == 2 and sims.held.exists(), sims.pids()
         killed = time.monotonic()
         os.kill(pids[1], signal.SIGKILL)
         wait_until("the run to fail", lambda: rundir.is_failed(rd), 30)
@@ -301,14 +287,7 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
         reason = rundir.reason(rd, rundir.FAILED)
         wait_finished(exp_dir, backend, since, timeout=120)
         wait_until("every process of the experiment to exit", lambda: not processes_of(exp_dir), 60)
-        alive = [pid for pid in simulators if Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-        left = [path.name for path in (held, queue) if path.exists()]
-    finally:
-        for pid in simulators:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # only what the job failed to end, after the test has looked
-        held.unlink(missing_ok=True)
-        queue.unlink(missing_ok=True)
+        alive, left = sims.alive(), sims.left()
     # hpcrl's launcher saw the rank die; under srun, the rank that was left saw its peer leave.
     expected = "a collective failed, another rank has left the run" if backend.name == "slurm" else "rank 1 of 2 was killed by SIGKILL"
     assert expected in reason, reason
@@ -319,7 +298,7 @@ def test_a_rank_killed_fails_the_run_with_its_reason_and_leaves_no_process(backe
     # srun, named by the step after the ranks' on each node; under hpcrl's launcher, by the launcher.
     who = r"the job's ranks \(srun, exit 137\)" if backend.name == "slurm" else r"the run's ranks \(exit 1\)"
     assert re.search(rf"hpcrl: {who} left [12] process\(es\) running: pid \d+ \(.*time\.sleep\(600\)", log), log[-2000:]
-    assert f"removed the shared memory they left: {held}" in log, log[-2000:]
+    assert f"removed the shared memory they left: {sims.held}" in log, log[-2000:]
     print(
         f"\n{backend.name}: kill -9 of rank 1: the run failed and its ranks were gone {took:.1f} s later, the evaluation and "
         f"aggregate after it {time.monotonic() - killed:.1f} s: {reason.strip()}"
