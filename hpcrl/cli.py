@@ -307,9 +307,9 @@ def parser() -> argparse.ArgumentParser:
     ac.add_argument("--actor", type=int, default=0, help="actor index without --manifest")
     ac.set_defaults(func=_actor)
 
-    el = sub.add_parser("end-leftovers", help="a job script's last step when its hpcrl was killed: end what it left running in the job, and remove the shared memory they held")
+    el = sub.add_parser("end-leftovers", help="a job script's last step when its hpcrl was killed (or its ranks' srun step failed): end what it left running in the job, and remove the shared memory they held")
     el.add_argument("--since", type=_finite, required=True, help="the job's start, in seconds since the epoch: the files of ViZDoom's games made since then that no process holds go too")
-    el.add_argument("--status", type=int, required=True, help="the killed hpcrl's exit status, for the job log")
+    el.add_argument("--status", type=int, required=True, help="the exit status of the killed hpcrl (or of the ranks' srun), for the job log")
     el.add_argument("--mark", help="end instead the processes of this node whose environment has HPCRL_STEP_MARK=MARK (a Slurm job's step on each node after its ranks' step failed)")
     el.set_defaults(func=_end_leftovers)
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpcrl.leftovers import STEP_MARK
+from hpcrl.leftovers import STEP_MARK, end_marked_leftovers
 from hpcrl.runtime.lifeline import dies_with_me
 from hpcrl.store import rundir
 from hpcrl.store.states import REQUEUE_EXIT
@@ -288,11 +288,8 @@ def _end_what_they_left(code: int, mark: str, who: str, since: float, out: TextI
     orphaned, is lost to Slurm's proctrack/linuxproc, and Grid Engine, which ends it with the job, leaves its files
     in the node's /dev/shm. Ranks that finished, asked for a requeue or found their run held by another trainer were
     not cut short."""
-    if code in (0, REQUEUE_EXIT, rundir.LOCKED_EXIT) or not mark:
-        return
-    from hpcrl.leftovers import end_marked_leftovers  # deferred with the rest of the failure path
-
-    end_marked_leftovers(mark, since, who, out)
+    if code not in (0, REQUEUE_EXIT, rundir.LOCKED_EXIT) and mark:
+        end_marked_leftovers(mark, since, who, out)
 
 
 def _wait(
