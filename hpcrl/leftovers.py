@@ -38,9 +38,7 @@ def end_leftovers(session: int, out: TextIO | None, who: str, spare: Sequence[in
     keeper and its deputy). Given when `who` started (`since`, a `time.time()`), the files it made that
     nobody holds go too, named in the log (`remove_unheld`): a trainer killed alone takes its env workers
     with it (their death signal), and a worker that was starting a game held that game's queues alone."""
-    _end_found(lambda: in_session(session), out, who, spare)
-    if since is not None and (removed := remove_unheld(since)):
-        print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
+    _end_found(lambda: in_session(session), out, who, spare, since)
 
 
 def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
@@ -56,11 +54,8 @@ def end_job_leftovers(since: float, status: int, out: TextIO | None) -> None:
     a terminal is a person's, not a job's: refused (ValueError), ending nothing."""
     if has_terminal():
         raise ValueError("this session has a terminal: end-leftovers ends every process of a job's session but the job shell, and runs as a job script's last step only")
-    session, spare, pid = os.getsid(0), [], os.getpid()
-    while pid > 1 and (stat := process_stat(pid)) is not None and stat.session == session:
-        spare.append(pid)
-        pid = stat.parent
-    end_leftovers(session, out, f"the job's hpcrl, killed (exit {status}),", spare=spare, since=since)
+    session = os.getsid(0)
+    end_leftovers(session, out, f"the job's hpcrl, killed (exit {status}),", spare=_self_and_above(session), since=since)
 
 
 STEP_MARK = "HPCRL_STEP_MARK"
@@ -81,14 +76,17 @@ def end_marked_leftovers(mark: str, since: float, who: str, out: TextIO | None) 
     step), nothing but the run's is ended. Spared: this process and every process above it."""
     if not mark or "\0" in mark or "\n" in mark:
         raise ValueError(f"not a step mark: {mark!r}")
-    spare, pid = [], os.getpid()
-    while pid > 1 and (stat := process_stat(pid)) is not None:
-        spare.append(pid)
-        pid = stat.parent
     entry = f"{STEP_MARK}={mark}".encode()
-    _end_found(lambda: marked(entry), out, who, spare)
-    if removed := remove_unheld(since):
-        print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
+    _end_found(lambda: marked(entry), out, who, _self_and_above(), since)
+
+
+def _self_and_above(session: int | None = None) -> list[int]:
+    """This process and its ancestors (those in `session` only, where given): what a cleanup run under them spares."""
+    found, pid = [], os.getpid()
+    while pid > 1 and (stat := process_stat(pid)) is not None and session in (None, stat.session):
+        found.append(pid)
+        pid = stat.parent
+    return found
 
 
 def has_terminal() -> bool:
@@ -100,8 +98,17 @@ def has_terminal() -> bool:
     return True
 
 
-def _end_found(find: Callable[[], list[tuple[int, str]]], out: TextIO | None, who: str, spare: Sequence[int]) -> None:
-    """End what `find` lists (pid, command line) but `spare`, and whatever they start meanwhile (`find` again)."""
+def _end_found(find: Callable[[], list[tuple[int, str]]], out: TextIO | None, who: str, spare: Sequence[int], since: float | None) -> None:
+    """`_end_left`; then, given `since`, remove the ViZDoom files made since then that nobody holds (`remove_unheld`),
+    named in `out`: the one end of `end_leftovers` and `end_marked_leftovers`."""
+    _end_left(find, out, who, spare)
+    if since is not None and (removed := remove_unheld(since)):
+        print(f"hpcrl: removed the shared memory nobody held: {', '.join(removed)}", file=out, flush=True)
+
+
+def _end_left(find: Callable[[], list[tuple[int, str]]], out: TextIO | None, who: str, spare: Sequence[int]) -> None:
+    """End what `find` lists (pid, command line) but `spare`, and whatever they start meanwhile (`find` again), named
+    in `out` with the shared memory they held and nobody else holds, which goes with them."""
     left = [(pid, command) for pid, command in find() if pid not in spare]
     if not left:
         return
