@@ -64,6 +64,12 @@ the ranks' srun, by hpcrl's launcher on the ranks it starts), which every proces
 session or process group, reparented or not."""
 
 
+def is_mark(text: str) -> bool:
+    """Whether `text` can be a start's mark: not empty (which every process that has the variable set empty would
+    carry), one line (a start's id)."""
+    return bool(text) and "\n" not in text and "\0" not in text
+
+
 def end_marked_leftovers(mark: str, since: float, who: str, out: TextIO | None) -> None:
     """After a run's ranks failed (one killed alone: the OOM killer), end every process of this node whose
     environment carries `STEP_MARK`=`mark`, named in the job log as what `who` left, and remove the shared memory
@@ -74,7 +80,7 @@ def end_marked_leftovers(mark: str, since: float, who: str, out: TextIO | None) 
     the node's /dev/shm. They may be in another session than the one looking (under srun each step has its own), but
     they carry the mark, which nothing else does: whatever session this runs in (a person's terminal, a CI runner's
     step), nothing but the run's is ended. Spared: this process and every process above it."""
-    if not mark or "\0" in mark or "\n" in mark:
+    if not is_mark(mark):
         raise ValueError(f"not a step mark: {mark!r}")
     entry = f"{STEP_MARK}={mark}".encode()
     _end_found(lambda: marked(entry), out, who, _self_and_above(), since)

@@ -54,7 +54,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from hpcrl.leftovers import STEP_MARK, end_marked_leftovers
+from hpcrl.leftovers import STEP_MARK, end_marked_leftovers, is_mark
 from hpcrl.runtime.lifeline import dies_with_me
 from hpcrl.store import rundir
 from hpcrl.store.states import REQUEUE_EXIT
@@ -259,8 +259,12 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         where = f"{master} resolves to {socket.gethostbyname(master)}" if master else "MASTER_ADDR is not set"
         print(f"hpcrl: error: ranks {first}-{first + count - 1} on {socket.gethostname()}: {where} here, not the launcher's host", file=sys.stderr)
         return 1
+    mark = os.environ.get(GROUP_MARK)
+    if mark is not None and not is_mark(mark):
+        print(f"hpcrl: error: ranks {first}-{first + count - 1} on {socket.gethostname()}: {GROUP_MARK} is not a start's mark: {mark!r}", file=sys.stderr)
+        return 2
     base = {k: v for k, v in os.environ.items() if k != GROUP_MARK}
-    base.update({"LOCAL_WORLD_SIZE": str(count), STEP_MARK: os.environ.get(GROUP_MARK, "")})
+    base.update({"LOCAL_WORLD_SIZE": str(count), STEP_MARK: mark or ""})
     started = time.time()
     children = [subprocess.Popen(argv, env={**base, "RANK": str(first + r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(count)]
     print(f"hpcrl: ranks {first}-{first + count - 1} started on {socket.gethostname()}", file=out, flush=True)

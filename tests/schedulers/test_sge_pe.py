@@ -108,6 +108,16 @@ def test_the_group_launcher_refuses_a_loopback_master_in_one_line() -> None:
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
+@pytest.mark.parametrize("mark", ["", "a\nb"])
+def test_the_group_launcher_refuses_a_mark_that_names_no_start_in_one_line(tmp_path: Path, mark: str) -> None:
+    """Empty, the mark would be carried by every process with the variable set empty; the group starts no rank."""
+    started = tmp_path / "started"
+    env = {**os.environ, "MASTER_ADDR": "192.0.2.1", "HPCRL_GROUP_MARK": mark}
+    proc = subprocess.run([sys.executable, "-m", "hpcrl.runtime.launch", "1", "1", "--", "touch", str(started)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "HPCRL_GROUP_MARK is not a start's mark" in proc.stderr, proc.stderr
+    assert not started.exists()
+
+
 def test_a_job_whose_tasks_span_hosts_is_held_on_as_a_whole() -> None:
     after = [Dependency("7", "each"), Dependency("8", "each"), Dependency("9", "all")]
     assert hold_argv(after) == ["-hold_jid_ad", "7,8", "-hold_jid", "9"]
