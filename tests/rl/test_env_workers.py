@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import multiprocessing
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from factories import write_config
+from factories import simulators, write_config
 
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl import envs as envs_module
@@ -257,6 +258,27 @@ def test_a_well_behaved_env_closes_its_workers(tmp_path: Path, monkeypatch: pyte
         envs.step(envs.action_space.sample())
     envs.close()
     assert len(worker_pids(tmp_path)) == 1 + 2 and not [pid for pid in worker_pids(tmp_path) if alive(pid)]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's scheduling classes")
+def test_env_workers_and_what_their_envs_start_never_preempt_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers, and the processes their envs start (a ViZDoom game's engine), run in Linux's batch class, so that
+    a worker woken by its actions does not take the core from the rollout thread before it has sent the other
+    workers theirs (env_workers._never_preempting); the trainer keeps its own class."""
+    with simulators(tmp_path, monkeypatch, "batch_env") as found:
+        monkeypatch.syspath_prepend(str(tmp_path / "own"))
+        kwargs = {"pid_file": str(found.pid_file), "queue": str(found.queue), "held": str(found.held)}
+        envs = make_vec_env(EnvConfig(id="batch_env:WithSimulator-v0", num_envs=4, envs_per_worker=2, vectorization="async", worker_timeout_s=30.0, kwargs=kwargs))
+        try:
+            envs.reset(seed=0)
+            envs.step(envs.action_space.sample())
+            workers = [p.pid for p in multiprocessing.active_children() if p.name.startswith("EnvWorker-")]
+            started = found.alive()
+            assert len(workers) == 2 and len(started) == 4, (workers, started)
+            assert {pid: os.sched_getscheduler(pid) for pid in workers + started} == dict.fromkeys(workers + started, os.SCHED_BATCH)
+            assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        finally:
+            envs.close()
 
 
 @pytest.mark.e2e
