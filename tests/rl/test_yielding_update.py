@@ -174,23 +174,36 @@ def test_an_update_beside_other_load_finishes_at_normal_priority_once_its_rollou
     assert took < 0.1 + 20 * steps * step, (took, steps, step)
 
 
-def test_faster_of_two_measures_both_then_keeps_the_shorter_median_each_period() -> None:
-    pace = FasterOfTwo(every=10, trials=2)
+def test_faster_of_two_measures_both_in_blocks_then_keeps_the_shorter_median_each_period() -> None:
+    pace = FasterOfTwo(every=12, block=2)
     times = {False: 2.0, True: 1.0}
     chosen = []
-    for iteration in range(30):
-        if iteration == 20:
+    for iteration in range(36):
+        if iteration == 24:
             times = {False: 1.0, True: 2.0}  # the run's pace moved: the next period measures again
         way = pace.choose()
         chosen.append(way)
         pace.record(times[way])
-    assert chosen[:4] == [False, True, False, True]  # turns while measuring
-    assert chosen[4:10] == [True] * 6  # the faster
-    assert chosen[10:14] == [False, True, False, True] and chosen[14:20] == [True] * 6
-    assert chosen[20:24] == [False, True, False, True] and chosen[24:30] == [False] * 6
-    for every, trials in ((4, 3), (10, 0), (10, -1)):
-        with pytest.raises(ValueError, match="trials"):
-            FasterOfTwo(every, trials)
+    measuring = [False, False, True, True] * 2  # two blocks of each way, in turns
+    assert chosen[:8] == measuring and chosen[8:12] == [True] * 4  # then the faster
+    assert chosen[12:20] == measuring and chosen[20:24] == [True] * 4
+    assert chosen[24:32] == measuring and chosen[32:36] == [False] * 4
+    for every, block in ((7, 2), (100, 1), (100, 0)):
+        with pytest.raises(ValueError, match="block"):
+            FasterOfTwo(every, block)
+
+
+def test_faster_of_two_does_not_count_the_turn_after_the_other_ways() -> None:
+    """A way whose first turn after the other way's is slow (the update's process left cold while the
+    other way ran) but which is faster for as long as it is kept is the one kept."""
+    pace = FasterOfTwo(every=12, block=3)
+    last = None
+    for _ in range(12):
+        way = pace.choose()
+        pace.record((1.0 if way else 2.0) + (5.0 if way and last is False else 0.0))
+        last = way
+    assert pace.best is True
+    assert pace.times == {False: [2.0] * 4, True: [1.0] * 4}
 
 
 def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], set[str]]:
