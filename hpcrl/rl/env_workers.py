@@ -174,10 +174,12 @@ def _never_preempting() -> None:
     late: on 2 cores (8 ViZDoom envs in 4 workers, async PPO) sending the actions took 0.63-0.68 ms of wall time a
     vector step for 0.21 ms of CPU, and 0.22 ms for 0.18 in the batch class; the games' step, from the first send
     to the last answer, 2.9-3.0 ms against 3.1-3.3. A worker still takes an idle core at once, and a core the
-    update (SCHED_IDLE) holds. Where the class cannot be set (not Linux; a process kept at SCHED_IDLE by whoever
-    started the run, which may not leave it), the worker runs in the class it has."""
+    update (SCHED_IDLE) holds. Only from the normal class: a run started in another (`chrt --idle` to leave a shared
+    node to others, a real-time class) keeps it in its workers too; and where the class cannot be set (not Linux, a
+    sandbox that refuses the call) the worker runs in the class it has."""
     with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        if os.sched_getscheduler(0) == os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection, scratch: str) -> None:

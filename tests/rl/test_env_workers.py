@@ -22,6 +22,7 @@ import pytest
 from factories import simulators, write_config
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl import env_workers
 from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.env_output import EnvOutputError
@@ -279,6 +280,23 @@ def test_env_workers_and_what_their_envs_start_never_preempt_the_trainer(tmp_pat
             assert os.sched_getscheduler(0) == os.SCHED_OTHER
         finally:
             envs.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's scheduling classes")
+def test_a_worker_of_a_run_started_in_another_class_keeps_that_class() -> None:
+    """A run started at background priority (`chrt --idle`, to leave a shared node to others) keeps its workers
+    there: only the normal class is left for the batch class. The check runs in a thread, whose class is its own."""
+    seen = []
+
+    def worker_start() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread, started as the run was
+        env_workers._never_preempting()
+        seen.append(os.sched_getscheduler(0))
+
+    thread = threading.Thread(target=worker_start)
+    thread.start()
+    thread.join(60)
+    assert seen == [os.SCHED_IDLE]
 
 
 @pytest.mark.e2e
