@@ -272,8 +272,9 @@ class FasterOfTwo:
     Why blocks: one way's turn changes the next turn's time. Timed in single turns, in alternation,
     async PPO on ViZDoom (2 cores) took 250 ms an iteration with the update beside the rollout and
     290 ms without; kept for a whole run, 276-317 and 328-333 (1,614-1,829 env steps/s against
-    1,494-1,535). So the two looked close, and 2 of 8 runs chose the slower way and kept it for the
-    rest of the period, 12% slower.
+    1,494-1,535). So the two looked close, and 7 of 33 runs of the benchmark chose the slower way and
+    kept it for the rest of the period (1,544-1,654 steps/s against 1,700-1,830); in blocks, 11 of 11
+    chose the faster.
     """
 
     def __init__(self, every: int = 100, block: int = 4) -> None:
