@@ -194,8 +194,8 @@ def test_faster_of_two_measures_both_in_blocks_then_keeps_the_shorter_median_eac
 
 
 def test_faster_of_two_does_not_count_the_turn_after_the_other_ways() -> None:
-    """A way whose first turn after the other way's is slow (the update's process left cold while the
-    other way ran) but which is faster for as long as it is kept is the one kept."""
+    """A way whose first turn after the other way's is slow (that turn pays for the switch) but which is
+    faster for as long as it is kept is the one kept."""
     pace = FasterOfTwo(every=12, block=3)
     last = None
     for _ in range(12):
