@@ -264,7 +264,7 @@ def group(argv: list[str], first: int, count: int, out: TextIO | None = None) ->
         print(f"hpcrl: error: ranks {first}-{first + count - 1} on {socket.gethostname()}: {GROUP_MARK} is not a start's mark: {mark!r}", file=sys.stderr)
         return 2
     base = {k: v for k, v in os.environ.items() if k != GROUP_MARK}
-    base.update({"LOCAL_WORLD_SIZE": str(count), STEP_MARK: mark or ""})
+    base.update({"LOCAL_WORLD_SIZE": str(count), STEP_MARK: mark or ""})  # "": no mark, not a stray one of the caller's
     started = time.time()
     children = [subprocess.Popen(argv, env={**base, "RANK": str(first + r), "LOCAL_RANK": str(r)}, preexec_fn=dies_with_me()) for r in range(count)]
     print(f"hpcrl: ranks {first}-{first + count - 1} started on {socket.gethostname()}", file=out, flush=True)
