@@ -154,31 +154,55 @@ class NatureCNN(nn.Module):
 PATCH_CONV_MAX = 1 << 26
 """The most elements (256 MB of float32) `patch_conv`'s patch matrix may hold; above, oneDNN's convolution."""
 
+FIRST_CONV_AS_GEMM = torch.backends.cpu.get_cpu_capability() != "AVX512"
+"""Whether training a one-channel first convolution in float32 on this CPU goes through `patch_conv`:
+where torch's CPU kernels are below AVX-512 (measured on an AVX2 AMD EPYC, where it was several times
+faster). With AVX-512 oneDNN's own is the faster: PPO's float32 update on configs/vizdoom_ppo.yaml took
+139 ms of CPU against 151 through the GEMM on a 2-core Xeon with AMX (2026-12-05), 153 against 161 on
+a Zen 4 EPYC (2026-12-04)."""
+
 
 class PatchConv2d(nn.Conv2d):
-    """The Nature CNN's first convolution (square kernel, no padding): `nn.Conv2d`, except that while
-    training on one-channel images (ViZDoom's grey frames, Habitat's depth) on a CPU in float32 it is
-    computed by `patch_conv`. oneDNN computes that convolution's weight gradient at a fraction of its
-    speed elsewhere: on a 2-core AMD EPYC (AVX2, torch 2.13), 16 filters 8x8/4 over 64 80x60 frames
-    took 6.1 ms forward and backward against 2.3 ms as one GEMM over the patches (32 filters: 10.6
-    against 3.3; 32 256x256 depth frames: 116 against 33). PPO's update on configs/vizdoom_ppo.yaml
-    fell from 183 to 140 ms of CPU, and its three seeds trained at once on the 2 cores in 122-126 s
-    instead of 135-136. With more channels oneDNN wins (4 stacked 84x84 frames: 55 ms against 149),
-    and without gradients (the rollout's acting pass, 8 frames: 0.14 ms against 0.18) too, so both
-    keep it. Its parameters are nn.Conv2d's: checkpoints load either way. On a Zen 4 EPYC with AVX-512
-    (2026-12-04) oneDNN's was the cheaper in float32 (the update 153 ms against 161), but there
-    `amp: bf16` runs (CPU_BF16), whose autocast keeps oneDNN's convolution anyway."""
+    """The Nature CNN's first convolution (square kernel, no padding): `nn.Conv2d`, with two rules
+    for one-channel images (ViZDoom's grey frames, Habitat's depth) on a CPU, where oneDNN computes
+    it far below its speed elsewhere:
+
+    - in float32 training it is computed by `patch_conv` where `FIRST_CONV_AS_GEMM`: on a 2-core AMD
+      EPYC (AVX2, torch 2.13), 16 filters 8x8/4 over 64 80x60 frames took 6.1 ms forward and backward
+      against 2.3 ms as one GEMM over the patches (32 filters: 10.6 against 3.3; 32 256x256 depth
+      frames: 116 against 33); PPO's update on configs/vizdoom_ppo.yaml fell from 183 to 140 ms of CPU,
+      and its three seeds trained at once on the 2 cores in 122-126 s instead of 135-136. With more
+      channels oneDNN wins (4 stacked 84x84 frames: 55 ms against 149), and without gradients (the
+      rollout's acting pass, 8 frames: 0.14 ms against 0.18) too, so both keep it;
+    - under bfloat16 autocast (`amp: bf16` on a CPU where CPU_BF16) it runs in float32, and the
+      convolutions after it in bfloat16: bfloat16's dot products pair input channels (AVX512-BF16
+      two, AMX tiles more), and one channel leaves them nothing to pair. On the 2-core Xeon with AMX
+      (2026-12-05): 64 frames forward and backward, this layer alone, 1.3-2.3 ms in float32 against
+      2.5-3.9 in bfloat16; PPO's update on configs/vizdoom_ppo.yaml 111.8 ms of CPU against 120.5
+      (medians of 30, alternated in one process); the acting pass of 8 frames 0.57 ms either way.
+      Not measured on an AMD CPU with AVX512-BF16, where `amp: bf16` also runs.
+
+    Its parameters are nn.Conv2d's: checkpoints load either way."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride=stride)
 
+    @property
+    def float32_on_cpu(self) -> bool:
+        """Whether this convolution runs in float32 on a CPU under autocast (its weights stay float32
+        in a copy cast for acting, `cast_for_acting`)."""
+        return self.in_channels == 1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float32_on_cpu and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):
+                return self.forward(x.float())
         return patch_conv(x, self.weight, self.bias, self.stride[0]) if self._as_gemm(x) else super().forward(x)
 
     def _as_gemm(self, x: torch.Tensor) -> bool:
-        if not (torch.is_grad_enabled() and self.weight.requires_grad) or self.in_channels != 1:
+        if not (FIRST_CONV_AS_GEMM and torch.is_grad_enabled() and self.weight.requires_grad) or self.in_channels != 1:
             return False  # acting, or stacked frames: the cheap tests first, the rollout asks at every step
-        if x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+        if x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32:
             return False
         (k, _), (stride, _) = self.kernel_size, self.stride
         positions = ((x.shape[2] - k) // stride + 1) * ((x.shape[3] - k) // stride + 1)
@@ -278,14 +302,16 @@ class Encoder(nn.Module):
 def cast_for_acting(policy: nn.Module, device: torch.device) -> nn.Module:
     """`policy` (a copy that only acts: no gradients, weights copied in with `copy_`) with its
     encoders' weights stored in their autocast dtype, where their forward pass autocasts on
-    `device`. The same numbers: autocast casts those weights at every forward pass, rounding as
+    `device` (but those of a convolution that runs in float32 there, `PatchConv2d.float32_on_cpu`). The same numbers: autocast casts those weights at every forward pass, rounding as
     the copy does; cast once per weight copy instead, a rollout step of 8 80x60 frames on a 2-core
     Xeon with AMX took 0.42 ms of CPU against 0.58 (0.48 in float32). CPU only: on CUDA those casts
     are kernels inside the rollout's CUDA graph (graphs.py), cheap and not measured. Returns `policy`."""
     for module in policy.modules():
         if isinstance(module, Encoder) and device.type == "cpu" and module.autocasts("cpu"):
+            kept = {id(p) for m in module.modules() if isinstance(m, PatchConv2d) and m.float32_on_cpu for p in m.parameters()}
             for param in module.parameters():
-                param.data = param.data.to(module.amp_dtype)
+                if id(param) not in kept:  # a convolution that runs in float32 under autocast keeps float32 weights
+                    param.data = param.data.to(module.amp_dtype)
     return policy
 
 

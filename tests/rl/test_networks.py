@@ -53,10 +53,13 @@ def test_patch_conv_is_the_convolution_and_its_gradients(channels: int, kernel: 
         assert off <= 4 * conv_off + 1e-6, (name, off, conv_off)
 
 
-def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_through_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Training on one-channel frames on a CPU takes the GEMM (oneDNN's weight gradient is slow
-    there); acting (no gradients), stacked frames, autocast and frames too many for the patch matrix
-    keep oneDNN's convolution. Either way the features and gradients are the convolution's."""
+@pytest.mark.parametrize("as_gemm", [True, False])
+def test_nature_cnn_trains_one_channel_frames_through_patch_conv_where_the_cpu_says_so(monkeypatch: pytest.MonkeyPatch, as_gemm: bool) -> None:
+    """Training on one-channel frames on a CPU below AVX-512 takes the GEMM (oneDNN's weight gradient
+    is slow there; `FIRST_CONV_AS_GEMM`); with AVX-512, acting (no gradients), stacked frames and
+    frames too many for the patch matrix keep oneDNN's convolution. Either way the features and
+    gradients are the convolution's."""
+    monkeypatch.setattr(networks, "FIRST_CONV_AS_GEMM", as_gemm)
     calls = []
     real = networks.patch_conv
     monkeypatch.setattr(networks, "patch_conv", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -67,7 +70,7 @@ def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_throug
         calls.clear()
         out = cnn(frames)
         out.square().sum().backward()
-        assert calls == ([frames.shape] if frames is grey else [])
+        assert calls == ([frames.shape] if frames is grey and as_gemm else [])
         want = reference.net(frames)
         want.square().sum().backward()
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
@@ -77,15 +80,36 @@ def test_nature_cnn_trains_one_channel_frames_through_patch_conv_and_acts_throug
         with torch.no_grad():
             torch.testing.assert_close(cnn(frames), want.detach(), rtol=1e-5, atol=1e-5)
         assert calls == []
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # amp on an AMX CPU: oneDNN's bfloat16 convolution
-        NatureCNN(1, 60, 80)(grey)
-    assert calls == []
     monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64 - 1)  # one element short for 16 frames
     NatureCNN(1, 60, 80)(grey)
     assert calls == []
     monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64)
     NatureCNN(1, 60, 80)(grey)
-    assert calls == [grey.shape]
+    assert calls == ([grey.shape] if as_gemm else [])
+
+
+@pytest.mark.parametrize("as_gemm", [True, False])
+def test_under_cpu_autocast_a_one_channel_first_convolution_runs_in_float32(monkeypatch: pytest.MonkeyPatch, as_gemm: bool) -> None:
+    """`amp: bf16` on a CPU: the first convolution of grey frames computes in float32, exactly as
+    without autocast (its float32 rule, GEMM or oneDNN, included), and the ones after it in bfloat16;
+    with stacked frames the first runs in bfloat16 too."""
+    monkeypatch.setattr(networks, "FIRST_CONV_AS_GEMM", as_gemm)
+    seen: dict[str, torch.dtype] = {}
+    for frames in (torch.rand(8, 1, 60, 80), torch.rand(8, 4, 60, 80)):
+        cnn = NatureCNN(frames.shape[1], 60, 80, filters=[16, 32, 32])
+        for i in (0, 2):
+            cnn.net[i].register_forward_hook(lambda m, inp, out, i=i: seen.__setitem__(f"conv{i}", out.dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = cnn(frames)
+            first = cnn.net[0](frames.contiguous(memory_format=torch.channels_last))
+        out.float().square().sum().backward()
+        assert seen["conv2"] == torch.bfloat16
+        assert cnn.net[0].weight.grad is not None and cnn.net[0].weight.grad.dtype == torch.float32
+        if frames.shape[1] == 1:
+            assert seen["conv0"] == first.dtype == torch.float32
+            torch.testing.assert_close(first, cnn.net[0](frames), rtol=0, atol=0)
+        else:
+            assert seen["conv0"] == torch.bfloat16
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
@@ -333,6 +357,8 @@ def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, pixels:
     acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
     reduced = {p.dtype for p in acting.parameters()} - {torch.float32}
     assert reduced == ({torch.bfloat16} if amp == "bf16" and CPU_BF16 else set())
+    if pixels:  # the grey frames' first convolution runs in float32 under autocast, its weights kept so
+        assert {p.dtype for p in acting.encoder.cnn.net[0].parameters()} == {torch.float32}
     with torch.no_grad():
         for p in policy.parameters():  # an update moved the weights
             p.add_(torch.randn_like(p) * 0.1)
