@@ -565,7 +565,9 @@ class PPO(OnPolicyAgent):
                     continue
                 if done > start + 1:
                     yield done - 1, clipped
-                take = (lambda x: x) if isinstance(mb, slice) else (lambda x, mb=mb: x[mb])  # no view ops for the whole batch
+                # No view ops for the whole batch; a minibatch's rows by `index_select`, which copies whole rows:
+                # `x[mb]` indexes element by element (64 of 512 80x60 frames: 177 against 9 us of CPU).
+                take = (lambda x: x) if isinstance(mb, slice) else (lambda x, mb=mb: x.index_select(0, mb))
                 firsts = take(batch["firsts"]) if state is not None else None
                 newlogprob, params, newvalue = self.policy.evaluate_params(_map(take, batch["obs"]), take(batch["actions"]), state, firsts)
                 logratio = newlogprob - take(batch["logprobs"])
