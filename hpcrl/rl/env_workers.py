@@ -68,7 +68,8 @@ def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, cont
     killed with whatever it started; an error the env raised is raised here as it was there."""
     ctx = multiprocessing.get_context(context)
     answers, child_end = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_describe, args=(CloudpickleWrapper(thunk), child_end), name="Worker<probe>-0", daemon=True)
+    scratch = tempfile.mkdtemp(prefix="hpcrl-envs-")
+    process = ctx.Process(target=_describe, args=(CloudpickleWrapper(thunk), child_end, scratch), name="Worker<probe>-0", daemon=True)
     started = time.time()
     process.start()
     child_end.close()
@@ -81,6 +82,7 @@ def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, cont
     finally:
         answers.close()
         end_workers([process], started)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _answer(
@@ -130,11 +132,13 @@ def _error(exc: BaseException, with_trace: bool) -> tuple[type[BaseException], s
     return type(exc), str(exc), trace
 
 
-def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Connection) -> None:
+def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Connection, scratch: str) -> None:
     """The probe process: build the env, send what describes it, close it, say so. An error the
-    env raises goes back as its type and message (a traceback here would be a second message)."""
+    env raises goes back as its type and message (a traceback here would be a second message).
+    Its env's temporary files go under `scratch`, as a worker's do (`_serve`)."""
     die_with_parent()
-    release = _lead_own_group()
+    release = _lead_own_group(scratch)
+    tempfile.tempdir = scratch
     try:
         env = thunk()
         answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
@@ -146,7 +150,7 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
         release()
 
 
-def _lead_own_group() -> Callable[[], None]:
+def _lead_own_group(scratch: str) -> Callable[[], None]:
     """First thing in a worker or the probe: lead a process group of its own, which whatever it starts joins (a
     ViZDoom game's engine), deaf to the signals the trainer stops on (`leave_stops_to_the_trainer`), and watched
     (`group_watch`); returns what the process calls at its normal end (the watcher's release).
@@ -156,13 +160,14 @@ def _lead_own_group() -> Callable[[], None]:
     is still found, by the trainer (`end_workers`) or, where the trainer died too, by the group's watcher. A group
     outside a terminal's foreground is stopped when it writes there under `stty tostop`: the worker ignores SIGTTOU,
     and its engines inherit that. Where a group cannot be had (a platform that refuses it), the worker runs in the
-    trainer's, unwatched, as it did before. It and what it starts never preempt the trainer (`_never_preempting`)."""
+    trainer's, unwatched, as it did before. It and what it starts never preempt the trainer (`_never_preempting`).
+    `scratch`, the process's own temporary directory, goes when the group has ended, however the process ended."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     _never_preempting()
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     leave_stops_to_the_trainer()
-    return watch_own_group()  # last: the watcher inherits the signals ignored above
+    return watch_own_group(scratch)  # last: the watcher inherits the signals ignored above
 
 
 def _never_preempting() -> None:
@@ -186,11 +191,12 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     """A worker process: build its envs, say so with their spaces, then step and reset them on
     command until `close`, which it answers before closing them (a close that hangs is the
     trainer's to bound). An error in an env goes back with its traceback, and the worker ends.
-    Its envs' temporary files go under `scratch` (ViZDoom's game directories), which the trainer
-    removes once the workers are gone, closed or killed. Deaf to the signals the trainer stops on
+    Its envs' temporary files go under `scratch` (ViZDoom's game directories), a directory of its
+    own, which its group's watcher removes when the worker ends, however it ends (a trainer killed
+    with SIGKILL runs no cleanup), and the trainer too once the workers are gone. Deaf to the signals the trainer stops on
     (`_lead_own_group`), and so are its envs' engines: the trainer ends the worker."""
     parent_end.close()
-    release = _lead_own_group()  # what this worker starts ends with it, however it ends
+    release = _lead_own_group(scratch)  # what this worker starts ends with it, however it ends
     tempfile.tempdir = scratch
     envs = None
     try:
@@ -256,15 +262,16 @@ class Workers(gym.vector.VectorEnv):
         self.processes: list[Any] = []
         self.pollers: list[select.poll] = []
         """Each pipe's poll object, registered once (`_answer`)."""
-        self.scratch = tempfile.mkdtemp(prefix="hpcrl-envs-")
-        """The workers' temporary directory: what a killed env leaves there goes with it."""
+        self.scratches: list[str] = []
+        """Each worker's temporary directory: what a killed env leaves there goes with it."""
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
         try:
             with clear_mpi_env_vars():
                 for w, chunk in enumerate(chunks):
                     pipe, child_end = ctx.Pipe()
-                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe, self.scratch), name=f"EnvWorker-{first_worker + w}", daemon=True)
+                    self.scratches.append(tempfile.mkdtemp(prefix="hpcrl-envs-"))
+                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe, self.scratches[-1]), name=f"EnvWorker-{first_worker + w}", daemon=True)
                     process.start()
                     child_end.close()
                     self.pipes.append(pipe)
@@ -357,7 +364,8 @@ class Workers(gym.vector.VectorEnv):
             return
         self._failed = True
         end_workers(self.processes, self._started)
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        for scratch in self.scratches:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Close the workers within the timeout; kill them (with their children) when that is asked

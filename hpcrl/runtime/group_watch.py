@@ -14,13 +14,15 @@ the worker's and waits for one signal, LEADER_GONE. The kernel sends it when the
 watcher. (End of file on a pipe whose write end only the worker held, the first version, never came while an env's
 child forked without exec held a copy.) The watcher then stops and kills every other process of the group, removes
 the shared memory they held and the ViZDoom files made since the worker started that nobody holds
-(`leftovers.remove_unheld`), and exits. A group's id is not reused while the watcher, one of its members, lives.
+(`leftovers.remove_unheld`), removes the leader's own directory where it was given one (a worker's temporary files:
+its games' directories), and exits. A group's id is not reused while the watcher, one of its members, lives.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -38,11 +40,12 @@ RELEASE_WAIT_S = 15.0
 removal's wait for the killed), before it kills it."""
 
 
-def watch_own_group() -> Callable[[], None]:
+def watch_own_group(directory: str | None = None) -> Callable[[], None]:
     """Fork the watcher of this process's group (call it in the group's leader, from the thread that lives as long
     as the leader, before the leader starts anything); returns what the leader calls at a normal end: wake the
-    watcher and wait for it. Where there is no fork, no group of its own or no /proc (where the watcher would find
-    nobody), nothing is watched."""
+    watcher and wait for it. `directory`, the leader's own, goes with what is in it once the group has ended: a
+    killed worker's games' directories stayed in /tmp before, one set for each `kill -9` of a trainer. Where there
+    is no fork, no group of its own or no /proc (where the watcher would find nobody), nothing is watched."""
     group = os.getpgrp()
     if not hasattr(os, "fork") or group != os.getpid() or not os.path.isdir("/proc/self/fd"):
         return lambda: None
@@ -52,7 +55,7 @@ def watch_own_group() -> Callable[[], None]:
     if watcher == 0:  # the watcher: never returns to the caller's code
         try:
             _close_inherited()  # nothing of the worker's (its pipe to the trainer) is held here
-            _watch(group, started)
+            _watch(group, started, directory)
         finally:
             os._exit(0)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -88,9 +91,9 @@ def _leader_gone(signum: int, frame: object) -> None:
     raise _LeaderGone
 
 
-def _watch(group: int, started: float) -> None:
+def _watch(group: int, started: float, directory: str | None) -> None:
     """Wait for LEADER_GONE (the leader's death, or its normal end), then end the rest of its group and remove what
-    they held and the ViZDoom files made since `started` that nobody holds."""
+    they held, the ViZDoom files made since `started` that nobody holds, and `directory`."""
     signal.signal(LEADER_GONE, _leader_gone)
     try:
         if signal_at_parent_death(LEADER_GONE, group):  # else the leader died before it could be asked
@@ -108,3 +111,5 @@ def _watch(group: int, started: float) -> None:
     if left := stop_all_found(members, STOP_WAIT_S):
         kill_holding(left, STOP_WAIT_S)
     remove_unheld(started)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)

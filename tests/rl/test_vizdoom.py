@@ -396,11 +396,14 @@ while True:
 
 def test_a_process_stepping_games_killed_with_9_leaves_no_engine_and_no_file(tmp_path: Path) -> None:
     """`kill -9` of what owns the vector env (an evaluation, a benchmark, a user's script, a trainer outside a task):
-    its workers die with it (their death signal), and each worker's watch ends its game and removes the game's files.
-    Before, the engines ran on for ever, reparented to init, each with its screen and queues in /dev/shm."""
-    shm = tmp_path / "shm"
+    its workers die with it (their death signal), and each worker's watch ends its game and removes the game's files,
+    in /dev/shm and in the temporary directory. Before, the engines ran on for ever, reparented to init, each with its
+    screen and queues in /dev/shm; and later each worker's directory of game directories stayed in /tmp."""
+    shm, tmp = tmp_path / "shm", tmp_path / "tmp"
+    tmp.mkdir()
     prefix = own_shm(shm)  # a /dev/shm of its own where it can, so that only its own games' files are counted
-    owner = subprocess.Popen([*(prefix or []), sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    owner = subprocess.Popen([*(prefix or []), sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
     session: list[int] = []
     try:
         assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
@@ -415,6 +418,7 @@ def test_a_process_stepping_games_killed_with_9_leaves_no_engine_and_no_file(tmp
         assert not _session(owner.pid), f"left running: {_session(owner.pid)}"
         if prefix:
             assert sorted(p.name for p in shm.iterdir()) == []
+        assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == []
     finally:
         for pid in session:
             with contextlib.suppress(ProcessLookupError):

@@ -1,5 +1,6 @@
 """The watch over an env worker's process group (hpcrl.runtime.group_watch): the worker killed, however, takes what
-it started with it (ViZDoom's engines; here a stand-in holding a file in /dev/shm), and the files nobody holds."""
+it started with it (ViZDoom's engines; here a stand-in holding a file in /dev/shm), the files nobody holds, and the
+worker's own temporary directory."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ import os, subprocess, sys, time
 os.setpgid(0, 0)  # as an env worker does first
 from hpcrl.runtime.group_watch import watch_own_group
 to_trainer = os.pipe()  # an env worker's pipe to its trainer, opened before the watch
-release = watch_own_group()
+release = watch_own_group(sys.argv[3])
 shm, end = sys.argv[1], sys.argv[2]
+with open(os.path.join(sys.argv[3], "_vizdoom.ini"), "w"):  # a game's file in the worker's own directory
+    pass
 member = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600); print(flush=True); time.sleep(600)", shm + "/hpcrl-test-held"], stdout=subprocess.PIPE)
 member.stdout.readline()  # holding its file
 with open(shm + "/ViZDoomMQCtr-hpcrl-test-lost", "w"):  # a game's queue only this process held
@@ -57,13 +60,15 @@ def _group(leader: int) -> list[int]:
 def _start(tmp_path: Path, end: str) -> tuple[subprocess.Popen, int, int, Path, list[int], str]:
     """The leader (in a /dev/shm of its own where it can: another test's end may remove the files nobody holds), the
     pids of what it started and of what it forked, the /dev/shm it sees (as this test sees it), the other members of
-    its group, and how long its release took (seconds; "-" where it was not released)."""
+    its group, and how long its release took (seconds; "-" where it was not released). Its own directory is
+    tmp_path / "own"."""
     (tmp_path / "leader.py").write_text(LEADER)
+    (tmp_path / "own").mkdir()
     shm = tmp_path / "shm"
     prefix = own_shm(shm)
     seen = shm if prefix else Path("/dev/shm")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    leader = subprocess.Popen([*(prefix or []), sys.executable, str(tmp_path / "leader.py"), "/dev/shm" if prefix else str(seen), end], stdout=subprocess.PIPE, text=True, env=env)
+    leader = subprocess.Popen([*(prefix or []), sys.executable, str(tmp_path / "leader.py"), "/dev/shm" if prefix else str(seen), end, str(tmp_path / "own")], stdout=subprocess.PIPE, text=True, env=env)
     assert leader.stdout is not None
     member, forked, released = leader.stdout.readline().split()
     return leader, int(member), int(forked), seen, _group(leader.pid), released
@@ -90,6 +95,7 @@ def test_a_leader_killed_takes_its_group_and_the_files_they_held_and_nobody_hold
             time.sleep(0.02)
         assert all(map(_gone, members)), [pid for pid in members if not _gone(pid)]
         assert sorted(p.name for p in shm.iterdir() if p.name.startswith(("hpcrl-test", "ViZDoom"))) == []
+        assert not (tmp_path / "own").exists()  # removed by the watcher, the last of the group to go
     finally:
         for pid in [leader.pid, *members, *_group(leader.pid)]:  # what the watch failed to end, after the test has looked
             with contextlib.suppress(ProcessLookupError):
@@ -110,6 +116,7 @@ def test_a_leader_that_ends_normally_waits_for_its_watcher_and_is_left_alone(tmp
         assert _gone(member) and _gone(forked) and members == []  # the watcher waited for before the leader said so
         assert (stat := process_stat(leader.pid)) is not None and stat.live
         assert sorted(p.name for p in shm.iterdir() if p.name.startswith("ViZDoom")) == []
+        assert not (tmp_path / "own").exists()
     finally:
         for pid in [leader.pid, *members, forked, *_group(leader.pid)]:  # a killed watcher ended nothing
             with contextlib.suppress(ProcessLookupError):
