@@ -138,7 +138,6 @@ def _describe(thunk: CloudpickleWrapper, answers: multiprocessing.connection.Con
     Its env's temporary files go under `scratch`, as a worker's do (`_serve`)."""
     die_with_parent()
     release = _lead_own_group(scratch)
-    tempfile.tempdir = scratch
     try:
         env = thunk()
         answers.send(("ok", EnvDescription(env.observation_space, env.action_space, dict(env.metadata), env.render_mode)))
@@ -161,7 +160,9 @@ def _lead_own_group(scratch: str) -> Callable[[], None]:
     outside a terminal's foreground is stopped when it writes there under `stty tostop`: the worker ignores SIGTTOU,
     and its engines inherit that. Where a group cannot be had (a platform that refuses it), the worker runs in the
     trainer's, unwatched, as it did before. It and what it starts never preempt the trainer (`_never_preempting`).
-    `scratch`, the process's own temporary directory, goes when the group has ended, however the process ended."""
+    `scratch` becomes the process's temporary directory (`tempfile.tempdir`), and goes when the group has ended,
+    however the process ended."""
+    tempfile.tempdir = scratch
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     _never_preempting()
@@ -197,7 +198,6 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     (`_lead_own_group`), and so are its envs' engines: the trainer ends the worker."""
     parent_end.close()
     release = _lead_own_group(scratch)  # what this worker starts ends with it, however it ends
-    tempfile.tempdir = scratch
     envs = None
     try:
         envs = gym.vector.SyncVectorEnv(thunks.fn, copy=False, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

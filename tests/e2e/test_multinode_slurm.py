@@ -331,7 +331,7 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     record of the trial and resumes the trial's run from its checkpoint. Every trial is asked once and told
     once, and `hpcrl status` names the node the trial's first start was lost with."""
     pytest.importorskip("optuna", reason="Optuna studies need the optional extra: pip install 'hpcrl[optuna]'")
-    from test_study import assert_every_trial_once, search, study_sweep
+    from test_study import assert_every_trial_once, search, study_sweep, worker_log
 
     since = time.time()
     exp_dir, _ = study_sweep(
@@ -355,9 +355,6 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     cluster("kill-node", holder.host)
     seen: list[rundir.Holder] = []
 
-    def study_logs() -> str:
-        return "".join(p.read_text(errors="replace") for p in sorted((exp_dir / "jobs" / "logs").glob("study-*")))
-
     def resumed_elsewhere() -> bool:
         """The lost trial's run held by a worker on another node, or resumed there already: a trial the
         pruner stops at its first report after the resume ends between two looks (seen once, at step 2,816)."""
@@ -365,7 +362,7 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
         if h is not None and h.host != holder.host:
             seen.append(h)
             return True
-        return f"{rd.name}: resumed from step" in study_logs()
+        return f"{rd.name}: resumed from step" in worker_log(exp_dir)
 
     wait_until("the lost trial to resume elsewhere", resumed_elsewhere, 180)
     resumed_after = time.monotonic() - killed_at
@@ -376,7 +373,7 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
 
     found_trials = assert_every_trial_once(exp_dir, 6)  # each trial asked once and told once, whichever node asked
     assert rundir.lost_starts(rd) == [holder]
-    log = study_logs()
+    log = worker_log(exp_dir)
     resumed = re.search(rf"{rd.name}: resumed from step ([1-9]\d*)\b", log)
     assert resumed, log
     steps = [int(r["step"]) for r in csv_rows(rd / rundir.TRAIN_LOG)]

@@ -79,7 +79,8 @@ def assert_every_trial_once(exp_dir: Path, n_trials: int) -> list[optuna.trial.F
 
 
 def worker_log(exp_dir: Path) -> str:
-    return "".join(p.read_text() for p in sorted((exp_dir / "jobs" / "logs").glob("study-*")))
+    """Every study worker's log, in task order (read while they write: a line cut mid-character reads as U+FFFD)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((exp_dir / "jobs" / "logs").glob("study-*")))
 
 
 def tear_last_tell(exp_dir: Path) -> bytes:
