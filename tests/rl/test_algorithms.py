@@ -615,3 +615,31 @@ def test_the_run_log_says_whether_its_amp_runs_on_this_cpu(tmp_path: Path, monke
         assert said == [f"{run.run_id}: train.amp bf16: the encoder runs in bfloat16 on this CPU"]
     else:
         assert len(said) == 1 and said[0].startswith(f"{run.run_id}: train.amp {amp} is ignored on this CPU, which runs float32 ({amp} runs on ")
+
+
+@pytest.mark.parametrize("minibatches", [1, 4])
+def test_each_ppo_epoch_trains_on_every_sample_of_the_rollout_once(minibatches: int) -> None:
+    """An update's epochs each pass every transition of the rollout to the loss once, in `num_minibatches`
+    minibatches of equal size (each row tagged by its index in its observation): a minibatch that drops or repeats
+    rows still learns CartPole, so no learning test sees it."""
+    agent = make_agent("ppo", CARTPOLE, num_steps=16, num_minibatches=minibatches, update_epochs=3)
+    try:
+        agent.collect()
+        batch = agent.batch(*agent.advantages())
+        n = agent.batch_size
+        batch["obs"] = torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4)  # row i holds i
+        seen: list[list[int]] = []
+        real = agent.policy.evaluate_params
+
+        def record(obs: torch.Tensor, *args: Any) -> Any:
+            seen.append(obs[:, 0].long().tolist())
+            return real(obs, *args)
+
+        agent.policy.evaluate_params = record
+        agent.update(batch)
+    finally:
+        agent.envs.close()
+    assert [len(rows) for rows in seen] == [n // minibatches] * (3 * minibatches)
+    for epoch in range(3):
+        rows = [r for mb in seen[epoch * minibatches : (epoch + 1) * minibatches] for r in mb]
+        assert sorted(rows) == list(range(n)), f"epoch {epoch}"
