@@ -51,7 +51,12 @@ def _view_into(params: list[nn.Parameter], flat: nn.Parameter) -> None:
 
 
 def _channels_last(p: torch.Tensor) -> bool:
-    return p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last)
+    """Whether `p` is a channels-last convolution weight. The channel stride decides: with one input
+    channel (grey frames, depth) both layouts are contiguous, and a view of NCHW strides made oneDNN
+    compute the first convolution in NCHW against the second's NHWC weights, each training step
+    reordering its output and gradient between the two (PPO's update on configs/vizdoom_ppo.yaml
+    on a 2-core Xeon with AMX: 112 ms of CPU against 102 with the strides kept)."""
+    return p.dim() == 4 and p.stride(1) == 1 and p.is_contiguous(memory_format=torch.channels_last)
 
 
 def _in_memory_order(p: torch.Tensor) -> torch.Tensor:

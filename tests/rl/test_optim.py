@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.rl.networks import ActorCritic
+from hpcrl.rl.networks import ActorCritic, NatureCNN
 from hpcrl.rl.optim import Adam, GradientStep, RMSprop, flatten_parameters
 
 CPU = torch.device("cpu")
@@ -129,3 +129,28 @@ def test_a_cnn_keeps_its_channels_last_weights_in_the_flat_buffer_and_learns_as_
         theirs.step()
     for p, q in zip(flat_net.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("amp", [True, False])
+def test_grey_frames_stay_channels_last_through_a_flattened_cnn(amp: bool) -> None:
+    """A one-channel first convolution's weight is contiguous in both layouts; the flat buffer keeps
+    its channels-last strides all the same, so every convolution's output and gradient is
+    channels-last, as the weights after it are (not an NCHW first layer that each step reorders)."""
+    cnn = NatureCNN(1, 60, 80, filters=[16, 32, 32])
+    strides = [p.stride() for p in cnn.parameters()]
+    flatten_parameters(list(cnn.parameters()))
+    assert [p.stride() for p in cnn.parameters()] == strides
+    outputs: list[bool] = []
+    gradients: list[bool] = []
+    channels_last = lambda x: x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()  # noqa: E731
+
+    def watch(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        outputs.append(channels_last(out))
+        out.register_hook(lambda grad: gradients.append(channels_last(grad)))
+
+    for conv in (cnn.net[0], cnn.net[2], cnn.net[4]):
+        conv.register_forward_hook(watch)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        out = cnn(torch.rand(64, 1, 60, 80))
+    out.float().square().sum().backward()
+    assert outputs == gradients == [True] * 3
