@@ -159,7 +159,11 @@ FIRST_CONV_AS_GEMM = torch.backends.cpu.get_cpu_capability() != "AVX512"
 where torch's CPU kernels are below AVX-512 (measured on an AVX2 AMD EPYC, where it was several times
 faster). With AVX-512 oneDNN's own is the faster: PPO's float32 update on configs/vizdoom_ppo.yaml took
 139 ms of CPU against 151 through the GEMM on a 2-core Xeon with AMX (2026-12-05), 153 against 161 on
-a Zen 4 EPYC (2026-12-04)."""
+a Zen 4 EPYC (2026-12-04). Those were measured while the flat parameter buffer handed the first
+convolution NCHW weights (hpcrl.rl.optim._channels_last); with its channels-last weights kept, on the
+Xeon (2026-12-06): 135 against 175 ms, and 169 against 196 with torch's and oneDNN's kernels held to
+AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2). The AVX2 EPYC itself was not measured
+again, so the rule stands where it was measured."""
 
 
 class PatchConv2d(nn.Conv2d):

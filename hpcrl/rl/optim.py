@@ -54,8 +54,10 @@ def _channels_last(p: torch.Tensor) -> bool:
     """Whether `p` is a channels-last convolution weight. The channel stride decides: with one input
     channel (grey frames, depth) both layouts are contiguous, and a view of NCHW strides made oneDNN
     compute the first convolution in NCHW against the second's NHWC weights, each training step
-    reordering its output and gradient between the two (PPO's update on configs/vizdoom_ppo.yaml
-    on a 2-core Xeon with AMX: 112 ms of CPU against 102 with the strides kept)."""
+    reordering its output and gradient between the two. With the strides kept, on a 2-core Xeon
+    with AMX (2026-12-06, alternated in one process): PPO's update on configs/vizdoom_ppo.yaml 134
+    ms of CPU against 164 under bf16 autocast, 148 against 182 in float32, the same numbers to the
+    bit; the rollout's acting pass of 8 frames 0.56 against 0.63 ms."""
     return p.dim() == 4 and p.stride(1) == 1 and p.is_contiguous(memory_format=torch.channels_last)
 
 
