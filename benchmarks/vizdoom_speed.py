@@ -139,10 +139,12 @@ def layout(spec: Any) -> str:
 
 
 def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
+    from hpcrl.rl.algorithms import pick_device, pipelines_envs
     from hpcrl.rl.envs import make_vec_env
 
-    spec = _experiment(args, num_envs).env
-    envs = make_vec_env(spec)
+    exp = _experiment(args, num_envs)
+    spec = exp.env
+    envs = make_vec_env(spec, pipelined=pipelines_envs(exp.algo, pick_device(exp.train.device)))  # as hpcrl's side places them
     waits = StepWaits(envs)
     try:
         envs.reset(seed=0)
@@ -159,6 +161,7 @@ def measure_random(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
 def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) -> dict[str, Any]:
     import torch
 
+    from hpcrl.rl.algorithms import pipelines_envs
     from hpcrl.rl.envs import make_vec_env
     from hpcrl.rl.rollout import THREAD_NAME
     from hpcrl.rl.train import algorithm_class, seed_everything, setup_torch
@@ -166,7 +169,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
     exp = _experiment(args, num_envs, [f"train.async_rollout={str(async_rollout).lower()}", *([f"train.total_steps={args.learn}"] if args.learn else [])])
     device = setup_torch(exp.train.torch_threads, exp.train.device)
     seed_everything(args.seed)
-    envs = make_vec_env(exp.env)
+    envs = make_vec_env(exp.env, pipelined=pipelines_envs(exp.algo, device))
     waits = StepWaits(envs)
     agent = None
     try:

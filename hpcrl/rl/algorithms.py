@@ -23,6 +23,19 @@ def algorithm_class(algo: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+PIPELINED_ALGOS = ("ppo", "a2c")
+"""The algorithms whose rollout can step one group of env workers while the policy acts on another
+group's frames (hpcrl.rl.ppo.OnPolicyAgent, `pipelined`)."""
+
+
+def pipelines_envs(algo: str, device: torch.device) -> bool:
+    """Whether `algo` on `device` steps its env workers in pipelined groups (`make_vec_env`'s
+    `pipelined`): an on-policy rollout whose forward pass runs on a GPU. On a CPU that pass takes the
+    core the other group's workers would step on, so the rollout acts on every env at once, and two
+    groups would only cost their own messages and bookkeeping at every step."""
+    return algo in PIPELINED_ALGOS and device.type == "cuda"
+
+
 def pick_device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -134,7 +134,7 @@ class OnPolicyAgent:
         """A separate critic MLP values the whole rollout in one batched pass after it: the same
         numbers as a pass per step, without T-1 passes' per-call overhead (5% of A2C's time on
         CartPole). A shared encoder's value comes with the actor's features during the rollout."""
-        self.pipelined = isinstance(envs, GroupedVectorEnv) and device.type == "cuda"
+        self.pipelined = isinstance(envs, GroupedVectorEnv) and len(envs.groups) > 1 and device.type == "cuda"
         """Whether the rollout pipelines the worker groups (`_collect`): where the forward pass runs
         on a GPU. On a CPU it takes the cores the other group's workers would step on: one batched
         pass over every group measured faster in each layout tried on 2 cores (ViZDoom basic, async

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hpcrl.rl import checkpoint, games, periodic_eval
-from hpcrl.rl.algorithms import algorithm_class, setup_torch
+from hpcrl.rl.algorithms import algorithm_class, pipelines_envs, setup_torch
 from hpcrl.rl.alphazero import AlphaZero
 from hpcrl.rl.ddp import RankError, Ranks
 from hpcrl.rl.envs import make_vec_env
@@ -109,7 +109,7 @@ def _train_ranks(experiment_dir: Path, rd: Path, run: Run, stop: StopFlag, out, 
     # rank r steps the envs that 1 rank with `ranks` times the envs would give seeds r*N .. r*N+N-1.
     iteration = int(state["agent"]["iteration"]) if state else 0
     env_seed = run.seed * 1000 + iteration + ranks.rank * cfg.env.num_envs
-    envs = games.load(cfg.env) if games.is_game_env(cfg.env) else make_vec_env(cfg.env)  # AlphaZero's agent takes the game
+    envs = games.load(cfg.env) if games.is_game_env(cfg.env) else make_vec_env(cfg.env, pipelined=pipelines_envs(cfg.algo, device))  # AlphaZero's agent takes the game
     agent = None
     try:
         agent = algorithm_class(cfg.algo)(tcfg, envs, device, env_seed, **({"ranks": ranks} if ranks.distributed else {}))

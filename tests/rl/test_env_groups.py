@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episodes, make_vec_env, pipeline_groups
@@ -25,7 +26,7 @@ def test_workers_on_one_core_step_as_one_group() -> None:
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(before)})
     try:
-        envs = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=3, envs_per_worker=1, vectorization="async", worker_timeout_s=30.0))
+        envs = make_vec_env(EnvConfig(id="CartPole-v1", num_envs=3, envs_per_worker=1, vectorization="async", worker_timeout_s=30.0), pipelined=True)
     finally:
         os.sched_setaffinity(0, before)
     try:
@@ -33,6 +34,25 @@ def test_workers_on_one_core_step_as_one_group() -> None:
         obs, _ = envs.reset(seed=0)
         obs, reward, *_ = envs.step(envs.action_space.sample())
         assert obs.shape == (3, 4) and list(reward) == [1.0, 1.0, 1.0]
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize(("algo", "device", "groups"), [("ppo", "cpu", [2]), ("ppo", "cuda", [1, 1]), ("a2c", "cuda", [1, 1]), ("dqn", "cuda", [2])])
+def test_only_a_rollout_that_pipelines_gets_groups(monkeypatch: pytest.MonkeyPatch, algo: str, device: str, groups: list[int]) -> None:
+    """Two workers on two cores: two groups only for an on-policy rollout on a GPU, which steps one
+    while the policy acts on the other; on a CPU, or for DQN, one group, stepped as one vector env."""
+    from hpcrl.rl import envs as envs_module
+    from hpcrl.rl.algorithms import pipelines_envs
+
+    monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)
+    spec = EnvConfig(id="CartPole-v1", num_envs=2, envs_per_worker=1, vectorization="async", worker_timeout_s=30.0)
+    envs = make_vec_env(spec, pipelined=pipelines_envs(algo, torch.device(device)))
+    try:
+        assert [g.num_envs for g in envs.unwrapped.groups] == groups
+        obs, _ = envs.reset(seed=0)
+        obs, reward, *_ = envs.step(envs.action_space.sample())
+        assert obs.shape == (2, 4) and list(reward) == [1.0, 1.0]
     finally:
         envs.close()
 

@@ -47,9 +47,9 @@ def worker_pids(pid_dir: Path) -> list[int]:
     return [int(p.name) for p in pid_dir.iterdir()]
 
 
-def drive(spec: EnvConfig) -> None:
+def drive(spec: EnvConfig, pipelined: bool = False) -> None:
     """Make the envs, reset them and take 5 steps, closing them whatever happens."""
-    envs = make_vec_env(spec)
+    envs = make_vec_env(spec, pipelined=pipelined)
     try:
         envs.reset(seed=0)
         for _ in range(5):
@@ -58,6 +58,7 @@ def drive(spec: EnvConfig) -> None:
         envs.close()
 
 
+@pytest.mark.parametrize("pipelined", [True, False])
 @pytest.mark.parametrize(("per_worker", "worker"), [(1, "worker 3"), (2, "worker 1 (envs 2-3)")])
 @pytest.mark.parametrize(
     ("fail_in", "how", "line"),
@@ -69,22 +70,22 @@ def drive(spec: EnvConfig) -> None:
         ("step", "exit", "{worker} exited with code 3 during step"),
     ],
 )
-def test_a_worker_that_hangs_or_dies_is_named_and_killed(per_worker: int, worker: str, fail_in: str, how: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """4 envs, one or two per worker, the workers in two groups (the grouping of two cores); env 3
-    (seed 3) or, at start, every worker fails: the line names the worker and, where it hosts
-    several, its envs."""
+def test_a_worker_that_hangs_or_dies_is_named_and_killed(pipelined: bool, per_worker: int, worker: str, fail_in: str, how: str, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 envs, one or two per worker, the workers in one group or in two (a GPU rollout's grouping
+    of two cores); env 3 (seed 3) or, at start, every worker fails: the line names the worker and,
+    where it hosts several, its envs."""
     monkeypatch.syspath_prepend(str(STANDINS))
     monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)
     spec = EnvConfig(id=ENV_ID, num_envs=4, envs_per_worker=per_worker, vectorization="async", worker_timeout_s=1.0, kwargs={"fail_in": fail_in, "how": how, "seed": 3, "pid_dir": str(tmp_path)})
     began = time.monotonic()
     with pytest.raises(EnvWorkerError) as raised:
-        drive(spec)
+        drive(spec, pipelined)
     first = "worker 0" if per_worker == 1 else "worker 0 (envs 0-1)"
     assert str(raised.value) == f"env {ENV_ID}: " + line.format(worker=worker, first=first)
     assert time.monotonic() - began < 20  # the 1 s bound and the workers' start, not a hang
     workers = 4 // per_worker
     pids = worker_pids(tmp_path)
-    assert len(pids) == 1 + (workers // 2 if fail_in == "start" else workers)  # the spaces probe, then workers; at start, the second group is never made
+    assert len(pids) == 1 + (workers // 2 if fail_in == "start" and pipelined else workers)  # the spaces probe, then workers; at start, a second group is never made
     assert not [pid for pid in pids if alive(pid)]
 
 

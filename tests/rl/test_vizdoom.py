@@ -245,7 +245,7 @@ def test_worker_groups_step_as_one_async_vector_env(monkeypatch: pytest.MonkeyPa
     on one, 3 workers are more than twice the cores and form one group, which would compare nothing.)"""
     monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)
     spec = EnvConfig(backend="vizdoom", id="basic", num_envs=3, vectorization="async", kwargs={"downsample": 2})
-    grouped, one = make_vec_env(spec), _one_async_vector_env(spec)
+    grouped, one = make_vec_env(spec, pipelined=True), _one_async_vector_env(spec)
     try:
         assert isinstance(grouped, GroupedVectorEnv) and [g.num_envs for g in grouped.groups] == [2, 1]
         assert grouped.observation_space == one.observation_space and grouped.action_space == one.action_space
@@ -282,7 +282,7 @@ def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int, monkeypat
     monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)  # 2 workers of 2 envs, in two groups
     exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["env.num_envs=4", "train.num_steps=90", f"train.recurrent_size={recurrent_size}"])
     results = []
-    for envs in (make_vec_env(exp.env), _one_async_vector_env(exp.env)):
+    for envs in (make_vec_env(exp.env, pipelined=True), _one_async_vector_env(exp.env)):
         seed_everything(0)
         torch.set_num_threads(2)
         try:
