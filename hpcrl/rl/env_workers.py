@@ -44,6 +44,9 @@ from hpcrl.runtime.launch import how_it_ended
 from hpcrl.runtime.lifeline import die_with_parent
 from hpcrl.store.rundir import RunError
 
+SCRATCH_PREFIX = "hpcrl-envs-"
+"""The name of each worker's (and the spaces probe's) temporary directory, in $TMPDIR: `hpcrl-envs-XXXX`."""
+
 
 class EnvWorkerError(RunError):
     """An env worker process that did not answer in time, or died: the run fails with this line."""
@@ -68,7 +71,7 @@ def probe_env(thunk: Callable[[], gym.Env], *, env_id: str, timeout: float, cont
     killed with whatever it started; an error the env raised is raised here as it was there."""
     ctx = multiprocessing.get_context(context)
     answers, child_end = ctx.Pipe(duplex=False)
-    scratch = tempfile.mkdtemp(prefix="hpcrl-envs-")
+    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
     process = ctx.Process(target=_describe, args=(CloudpickleWrapper(thunk), child_end, scratch), name="Worker<probe>-0", daemon=True)
     started = time.time()
     process.start()
@@ -270,7 +273,7 @@ class Workers(gym.vector.VectorEnv):
             with clear_mpi_env_vars():
                 for w, chunk in enumerate(chunks):
                     pipe, child_end = ctx.Pipe()
-                    self.scratches.append(tempfile.mkdtemp(prefix="hpcrl-envs-"))
+                    self.scratches.append(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
                     process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe, self.scratches[-1]), name=f"EnvWorker-{first_worker + w}", daemon=True)
                     process.start()
                     child_end.close()
@@ -459,7 +462,10 @@ def batch_rows(batch: Any, rows: slice) -> Any:
 
 
 def concat_batches(parts: Sequence[Any]) -> Any:
-    """Consecutive batches as one: arrays, or dicts or tuples of them."""
+    """Consecutive batches as one: arrays, or dicts or tuples of them. One batch is itself, not a copy
+    (each is a fresh answer of a worker or a group, owned by nobody else)."""
+    if len(parts) == 1:
+        return parts[0]
     if isinstance(parts[0], dict):
         return {k: concat_batches([p[k] for p in parts]) for k in parts[0]}
     if isinstance(parts[0], tuple):
@@ -469,7 +475,9 @@ def concat_batches(parts: Sequence[Any]) -> Any:
 
 def concat_infos(parts: Sequence[dict[str, Any]], sizes: Sequence[int]) -> dict[str, Any]:
     """Vector infos of consecutive batches as the info of one vector env: a key some batch lacks
-    is filled for its envs as gymnasium fills an env without it (zeros, False, None)."""
+    is filled for its envs as gymnasium fills an env without it (zeros, False, None). One info is itself."""
+    if len(parts) == 1:
+        return parts[0]
     out: dict[str, Any] = {}
     for key in dict.fromkeys(k for p in parts for k in p):
         values = [p.get(key) for p in parts]

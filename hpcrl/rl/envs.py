@@ -247,8 +247,6 @@ class GroupedVectorEnv(gym.vector.VectorEnv):
         return self.groups[group].step(RECEIVE)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        if len(self.groups) == 1:
-            return self.groups[0].step(actions)
         for k, part in enumerate(self.slices):
             self.send(k, batch_rows(actions, part))
         results = [self.receive(k) for k in range(len(self.groups))]

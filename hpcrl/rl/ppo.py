@@ -134,12 +134,9 @@ class OnPolicyAgent:
         """A separate critic MLP values the whole rollout in one batched pass after it: the same
         numbers as a pass per step, without T-1 passes' per-call overhead (5% of A2C's time on
         CartPole). A shared encoder's value comes with the actor's features during the rollout."""
-        self.pipelined = isinstance(envs, GroupedVectorEnv) and len(envs.groups) > 1 and device.type == "cuda"
-        """Whether the rollout pipelines the worker groups (`_collect`): where the forward pass runs
-        on a GPU. On a CPU it takes the cores the other group's workers would step on: one batched
-        pass over every group measured faster in each layout tried on 2 cores (ViZDoom basic, async
-        PPO: 8 envs in 2 workers of 4, 1,505-1,608 env steps/s against 1,394-1,481 pipelined; 4 envs
-        in 4 workers of 1, 1,119 against 1,049)."""
+        self.pipelined = isinstance(envs, GroupedVectorEnv) and len(envs.groups) > 1
+        """Whether the rollout pipelines the worker groups (`_collect`): where the envs were made in
+        groups for it (hpcrl.rl.algorithms.pipelines_envs says where: on a GPU)."""
         self.async_rollout = cfg.async_rollout is True or (cfg.async_rollout == "auto" and isinstance(envs, GroupedVectorEnv))
         self._spare: Rollout | None = None
         self._thread: RolloutThread | None = None
