@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl import networks
+from hpcrl.rl import networks, packed
 from hpcrl.rl.envs import make_env
 from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, bf16_pays, cast_for_acting, obs_to_tensor, patch_conv
 
@@ -346,29 +347,76 @@ def test_bf16_on_cpu_follows_native_support() -> None:
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("amp", ["bf16", "none"])
-@pytest.mark.parametrize("pixels", [True, False])
-def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, pixels: bool) -> None:
-    """The background rollout's copy keeps its encoders' weights in the autocast dtype (cast once
-    per update, not at every step): the same actions, log-probabilities and values as the policy,
-    after weights are copied in as the rollout's refresh does."""
-    space = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8) if pixels else gym.spaces.Box(-1, 1, (5,), dtype=np.float32)
-    policy = ActorCritic(space, gym.spaces.Discrete(3), [16], "relu", amp=amp)
-    acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
-    reduced = {p.dtype for p in acting.parameters()} - {torch.float32}
-    assert reduced == ({torch.bfloat16} if amp == "bf16" and CPU_BF16 else set())
-    if pixels:  # the grey frames' first convolution runs in float32 under autocast, its weights kept so
-        assert {p.dtype for p in acting.encoder.cnn.net[0].parameters()} == {torch.float32}
-    with torch.no_grad():
-        for p in policy.parameters():  # an update moved the weights
-            p.add_(torch.randn_like(p) * 0.1)
-        for mine, theirs in zip(acting.parameters(), policy.parameters()):
-            mine.copy_(theirs)
-    rng = np.random.default_rng(0)
-    obs = obs_to_tensor(rng.integers(0, 256, (8, *space.shape), dtype=np.uint8) if pixels else rng.uniform(-1, 1, (8, 5)).astype(np.float32), torch.device("cpu"))
+OBSERVATIONS = {
+    "pixels": gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8),
+    "vector": gym.spaces.Box(-1, 1, (5,), dtype=np.float32),
+    "dict": gym.spaces.Dict({"depth": gym.spaces.Box(0, 1, (1, 36, 36), dtype=np.float32), "goal": gym.spaces.Box(-1, 1, (2,), dtype=np.float32)}),
+}
+
+
+def _observations(space: gym.Space, batch: int, rng: np.random.Generator) -> Any:
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _observations(s, batch, rng) for k, s in space.spaces.items()}
+    if space.dtype == np.uint8:
+        return obs_to_tensor(rng.integers(0, 256, (batch, *space.shape), dtype=np.uint8), torch.device("cpu"))
+    return obs_to_tensor(rng.uniform(-1, 1, (batch, *space.shape)).astype(np.float32), torch.device("cpu"))
+
+
+def _same_steps(policy: ActorCritic, acting: ActorCritic, obs: Any) -> None:
     with torch.no_grad():
         ours = policy.step(obs, None, None, with_value=True, generator=torch.Generator().manual_seed(1))
         theirs = acting.step(obs, None, None, with_value=True, generator=torch.Generator().manual_seed(1))
     for x, y in zip(ours, theirs):
         if x is not None:
             assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "none"])
+@pytest.mark.parametrize("kind", sorted(OBSERVATIONS))
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, kind: str, activation: str) -> None:
+    """The background rollout's copy keeps its encoders' weights in the autocast dtype (cast once
+    per update, not at every step), and a CNN's layers packed for oneDNN (hpcrl.rl.packed): the same
+    actions, log-probabilities and values as the policy, for any batch, and again after new weights
+    are copied in as the rollout's refresh does, or loaded from a checkpoint (a packing that missed
+    them would act with the old weights); a deep copy of it too."""
+    space = OBSERVATIONS[kind]
+    policy = ActorCritic(space, gym.spaces.Discrete(3), [16], activation, amp=amp)
+    acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
+    reduced = {p.dtype for p in acting.parameters()} - {torch.float32}
+    assert reduced == ({torch.bfloat16} if amp == "bf16" and CPU_BF16 else set())
+    if kind == "pixels":  # the grey frames' first convolution runs in float32 under autocast, its weights kept so
+        assert {p.dtype for p in acting.encoder.cnn.net[0].parameters()} == {torch.float32}
+    cnn = acting.encoder.cnn if acting.shared else None
+    assert (cnn is not None and cnn.packed is not None) == (kind != "vector" and packed.PACKS)
+    rng = np.random.default_rng(0)
+    _same_steps(policy, acting, _observations(space, 8, rng))  # packed at the first step
+    with torch.no_grad():
+        for p in policy.parameters():  # an update moved the weights
+            p.add_(torch.randn_like(p) * 0.1)
+        for mine, theirs in zip(acting.parameters(), policy.parameters()):
+            mine.copy_(theirs)
+    for batch in (8, 1, 3):
+        _same_steps(policy, acting, _observations(space, batch, rng))
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    acting.load_state_dict(policy.state_dict())
+    _same_steps(policy, acting, _observations(space, 8, rng))
+    _same_steps(policy, copy.deepcopy(acting), _observations(space, 8, rng))
+
+
+def test_a_packed_acting_copy_still_computes_gradients_when_asked() -> None:
+    """oneDNN's packed ops have no backward pass: with gradients on, the acting copy's CNN runs as
+    torch's layers, and its gradients are the policy's."""
+    space = OBSERVATIONS["pixels"]
+    policy = ActorCritic(space, gym.spaces.Discrete(3), [16], "relu")
+    acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
+    obs = _observations(space, 4, np.random.default_rng(0))
+    with torch.no_grad():
+        acting.value(obs)  # packed
+    for net in (policy, acting):
+        net.value(obs).sum().backward()
+    grads = [(mine.grad, theirs.grad) for mine, theirs in zip(acting.parameters(), policy.parameters()) if theirs.grad is not None]
+    assert len(grads) == 10  # the weights and biases of the 3 convolutions, the hidden layer and the value head
+    assert all(torch.equal(mine, theirs) for mine, theirs in grads)
