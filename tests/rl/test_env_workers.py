@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from factories import simulators, write_config
+from factories import own_shm, simulators, write_config
 
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl import env_workers
@@ -310,7 +310,10 @@ def test_sweep_with_a_worker_hanging_in_step_ends_failed_with_one_line(tmp_path:
     env = {"id": ENV_ID, "num_envs": 4, "envs_per_worker": 1, "vectorization": "async", "worker_timeout_s": 3, "kwargs": {"fail_in": "step", "seed": 3, "pid_dir": str(pid_dir)}}
     config = write_config(tmp_path, {"env": env, "sweep": {"seeds": [0]}})
     path = os.pathsep.join([str(STANDINS), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.Popen([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A /dev/shm of its own where it can: the job's end removes the ViZDoom files nobody holds, and in the fresh suite
+    # at f34adad it found another test's (`simulators`: a queue its killed trainer had held), one more line in the log.
+    prefix = own_shm(tmp_path / "shm") or []
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     began = time.monotonic()
     try:
         output, _ = proc.communicate(timeout=120)
