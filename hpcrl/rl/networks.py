@@ -271,8 +271,8 @@ class Encoder(nn.Module):
         # CPU, nn.Module's call machinery costs about as much as a 64-wide layer.
         self._linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
         self._act = ACTIVATION_FNS[activation]
-        self.packed_mlp: list[Callable[[torch.Tensor], torch.Tensor]] | None = None
-        """In a CPU acting copy (`cast_for_acting`), each of the MLP's layers and its activation, packed for oneDNN where that pays."""
+        self.packed_mlp: list[PackedLayer] | None = None
+        """In a CPU acting copy (`cast_for_acting`) whose MLP runs in bfloat16, each of its layers and the activation, packed for oneDNN."""
         self.amp_dtype = AMP_DTYPES.get(amp)
 
     @staticmethod
@@ -307,10 +307,6 @@ class Encoder(nn.Module):
         for linear in self._linears:
             x = act(F.linear(x, linear.weight, linear.bias))
         return x
-
-    def _plain_layer(self, linear: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`linear` and the activation as `_mlp` computes them unpacked."""
-        return lambda x: self._act(F.linear(x, linear.weight, linear.bias))
 
     def _encode(self, obs: Obs) -> torch.Tensor:
         if self.cnn is None and self.vector_keys == [None]:  # the common flat case, without the bookkeeping
@@ -347,8 +343,8 @@ def cast_for_acting(policy: nn.Module, device: torch.device) -> nn.Module:
             convs = [layer for layer in module.cnn.net if isinstance(layer, nn.Conv2d)]  # each followed by a ReLU
             if all(packs(conv) for conv in convs):
                 module.cnn.packed = [PackedLayer(conv, torch.relu) for conv in convs]
-            if any(packs(linear) for linear in module._linears):
-                module.packed_mlp = [PackedLayer(linear, module._act) if packs(linear) else module._plain_layer(linear) for linear in module._linears]
+            if module._linears and all(packs(linear) for linear in module._linears):  # in bfloat16: all of them or none
+                module.packed_mlp = [PackedLayer(linear, module._act) for linear in module._linears]
     return policy
 
 

@@ -379,7 +379,7 @@ def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, kind: s
     per update, not at every step), and a CNN's layers packed for oneDNN (hpcrl.rl.packed): the same
     actions, log-probabilities and values as the policy, for any batch, and again after new weights
     are copied in as the rollout's refresh does, or loaded from a checkpoint (a packing that missed
-    them would act with the old weights); a deep copy of it too."""
+    them would act with the old weights); a deep copy of it too, with weights of its own."""
     space = OBSERVATIONS[kind]
     policy = ActorCritic(space, gym.spaces.Discrete(3), [16], activation, amp=amp)
     acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
@@ -403,7 +403,12 @@ def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, kind: s
             p.add_(torch.randn_like(p) * 0.1)
     acting.load_state_dict(policy.state_dict())
     _same_steps(policy, acting, _observations(space, 8, rng))
-    _same_steps(policy, copy.deepcopy(acting), _observations(space, 8, rng))
+    twin = copy.deepcopy(acting)  # its packed layers are its own: new weights in the twin alone are what it acts with
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    twin.load_state_dict(policy.state_dict())
+    _same_steps(policy, twin, _observations(space, 8, rng))
 
 
 def test_a_packed_acting_copy_still_computes_gradients_when_asked() -> None:
