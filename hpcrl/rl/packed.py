@@ -40,30 +40,31 @@ class PackedLayer:
         self.layer = layer
         self.activation = activation
         self._attr = "relu" if activation is torch.relu else "none"
+        self._conv = (list(layer.padding), list(layer.stride), list(layer.dilation), layer.groups) if isinstance(layer, nn.Conv2d) else None
+        """A convolution's padding, stride, dilation and groups, as the ops take them; None for a linear layer."""
         self._packed: torch.Tensor | None = None
         self._versions: tuple[int, int] = (-1, -1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        layer, weight, bias = self.layer, self.layer.weight, self.layer.bias
-        if not torch.backends.mkldnn.enabled or (x.shape[0] == 1 and weight.dtype == torch.float32 and isinstance(layer, nn.Conv2d)):
+        weight, bias, conv = self.layer.weight, self.layer.bias, self._conv
+        if not torch.backends.mkldnn.enabled or (conv is not None and x.shape[0] == 1 and weight.dtype == torch.float32):
             # torch's own path: oneDNN switched off, or one image through a float32 convolution, which
             # torch computes with its own kernel for some shapes (aten's use_mkldnn), rounding otherwise
-            return self.activation(layer(x))
+            return self.activation(self.layer(x))
         versions = (weight._version, -1 if bias is None else bias._version)
         if self._packed is None or versions != self._versions:
             self._packed, self._versions = self._pack(x.shape), versions
         x = x.to(weight.dtype)
-        if isinstance(layer, nn.Conv2d):
-            out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, bias, list(layer.padding), list(layer.stride), list(layer.dilation), layer.groups, self._attr, [None], "")
+        if conv is not None:
+            out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, bias, *conv, self._attr, [None], "")
         else:
             out = torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, self._attr, [None], "")
         return out if self._attr == "relu" else self.activation(out)
 
     def _pack(self, shape: torch.Size) -> torch.Tensor:
-        layer = self.layer
-        if isinstance(layer, nn.Conv2d):
-            return torch.ops.mkldnn._reorder_convolution_weight(layer.weight, list(layer.padding), list(layer.stride), list(layer.dilation), layer.groups, list(shape))
-        return torch.ops.mkldnn._reorder_linear_weight(layer.weight, shape[0])
+        if self._conv is not None:
+            return torch.ops.mkldnn._reorder_convolution_weight(self.layer.weight, *self._conv, list(shape))
+        return torch.ops.mkldnn._reorder_linear_weight(self.layer.weight, shape[0])
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedLayer:
         """A copy over the copied layer, packed at its first call (oneDNN's tensors do not copy)."""
@@ -71,10 +72,8 @@ class PackedLayer:
 
 
 def packs(layer: nn.Module) -> bool:
-    """Whether `PackedLayer` computes `layer` as torch does and faster: a convolution with zero
-    padding given in numbers, or a linear layer in bfloat16, on the CPU."""
-    if layer.weight.device.type != "cpu":
-        return False
+    """Whether `PackedLayer` computes `layer` (on the CPU) as torch does and faster: a convolution with
+    zero padding given in numbers, or a linear layer in bfloat16."""
     if isinstance(layer, nn.Conv2d):
         return layer.padding_mode == "zeros" and not isinstance(layer.padding, str)
     return isinstance(layer, nn.Linear) and layer.weight.dtype == torch.bfloat16

@@ -425,3 +425,15 @@ def test_a_packed_acting_copy_still_computes_gradients_when_asked() -> None:
     grads = [(mine.grad, theirs.grad) for mine, theirs in zip(acting.parameters(), policy.parameters()) if theirs.grad is not None]
     assert len(grads) == 10  # the weights and biases of the 3 convolutions, the hidden layer and the value head
     assert all(torch.equal(mine, theirs) for mine, theirs in grads)
+
+
+def test_a_packed_acting_copy_follows_torch_where_onednn_is_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that switches oneDNN off (`torch.backends.mkldnn.enabled = False`) gets torch's own
+    kernels from the acting copy too: the same numbers as the policy's there."""
+    space = OBSERVATIONS["pixels"]
+    policy = ActorCritic(space, gym.spaces.Discrete(3), [16], "relu")
+    acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    _same_steps(policy, acting, _observations(space, 8, rng))  # packed
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    _same_steps(policy, acting, _observations(space, 8, rng))
