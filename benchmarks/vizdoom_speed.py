@@ -482,6 +482,9 @@ def scratch_prefix(side: str, benchmark_pid: int) -> str:
 
 MEASUREMENT_FOLDER: list[str] = []
 """The scratch folder a measurement (child) works in: removed by the measurement if the benchmark dies midway."""
+MEASUREMENT_STARTED: list[float] = []
+"""When the measurement (child) started (a `time.time()`): the games' files made since then that nobody holds are its
+own, removed by its end as by the benchmark's (`_kill_group`)."""
 
 
 def _end_measurement(signum: int, frame: Any) -> None:
@@ -489,19 +492,22 @@ def _end_measurement(signum: int, frame: Any) -> None:
     with it anyway (their lifeline), but the game engines under them would not: orphaned, they waited for their
     controller for ever. The measurement's own folder goes first (Sample Factory's: the parent, which would have
     removed it, is gone). The rest stops at once (`stop_session`: nothing it makes goes unlisted) and a fresh
-    process of a session of its own ends it by the one rule, `leftovers.kill_holding`: SIGKILL, the resource
-    trackers left to unlink the semaphores of their killed clients, the shared memory only the session held
-    removed once it is gone. A SIGKILL of the whole group left the games' message queues in /dev/shm, and a
-    Sample Factory measurement's semaphores (sem.mp-*). Fresh, not forked: a fork holds this process's mappings
-    and the write end of its resource tracker's pipe, so that the one would look held and the other would wait."""
+    process of a session of its own ends it as the benchmark would have (`_kill_group`): `leftovers.kill_holding`,
+    SIGKILL, the resource trackers left to unlink the semaphores of their killed clients, the shared memory only
+    the session held removed once it is gone; then the games' files made since the measurement started that
+    nobody holds (`leftovers.remove_unheld`). A SIGKILL of the whole group left the games' message queues in
+    /dev/shm, and a Sample Factory measurement's semaphores (sem.mp-*). Fresh, not forked: a fork holds this
+    process's mappings and the write end of its resource tracker's pipe, so that the one would look held and the
+    other would wait."""
     try:
         for folder in MEASUREMENT_FOLDER:
             shutil.rmtree(folder, ignore_errors=True)
         from hpcrl.leftovers import LEFTOVER_GRACE_S, stop_session
 
         others = stop_session(os.getsid(0), spare=[os.getpid()])
-        ender = "import sys; sys.path.insert(0, sys.argv[1]); from hpcrl.leftovers import kill_holding; kill_holding([int(pid) for pid in sys.argv[2:]])"
-        subprocess.Popen([sys.executable, "-I", "-S", "-c", ender, str(ROOT), *map(str, [*others, os.getpid()])],
+        ender = ("import sys; sys.path.insert(0, sys.argv[1]); from hpcrl.leftovers import kill_holding, remove_unheld; "
+                 "kill_holding([int(pid) for pid in sys.argv[3:]]); remove_unheld(float(sys.argv[2]))")
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", ender, str(ROOT), repr(MEASUREMENT_STARTED[0]), *map(str, [*others, os.getpid()])],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         time.sleep(3 * LEFTOVER_GRACE_S)  # it SIGKILLs this process; should it fail, the group goes below
     finally:  # whatever failed above (no process to be had), the group goes
@@ -610,6 +616,7 @@ def main() -> None:
             parser.error(f"argument --scratch: not a folder this measurement's benchmark made: {_args.shown(args.scratch or '')}")
         os.environ["TMPDIR"] = tempfile.tempdir = args.scratch
         MEASUREMENT_FOLDER.append(args.scratch)
+        MEASUREMENT_STARTED.append(time.time())
         signal.signal(signal.SIGTERM, _end_measurement)
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         result = measure(args, args.child, args.num_envs[0])

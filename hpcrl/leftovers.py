@@ -28,6 +28,13 @@ from typing import NamedTuple, TextIO
 
 LEFTOVER_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL of what was left running."""
+KILLED_GONE_S = 60.0
+"""How long the processes `kill_holding` SIGKILLed may take to be gone before the shared memory they held is given
+up (left in /dev/shm for ever, as nobody else knows it was theirs). An exit waits for the end of an uninterruptible
+wait (a write to a stalled NFS home, a frozen file system) and, on a loaded node, for a CPU: with 5 s, a process
+stuck writing to a frozen file system for 7 s left its file (tests/test_leftovers.py), and a killed benchmark
+measurement under the full suite on 2 cores one game's message queues (most likely a worker that slow to die). A
+bound all the same: a process stuck for good (a dead NFS server) does not hold the one who killed it for ever."""
 SHARED_MEMORY = "/dev/shm/"
 
 
@@ -170,9 +177,9 @@ def stop_all_found(find: Callable[[], Iterable[int]], timeout: float = LEFTOVER_
 
 
 def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> list[str]:
-    """SIGKILL these processes and remove the shared memory only they held, once they are gone; the
-    paths removed. They are stopped first (`stop`, waiting up to `stop_wait` s), so that what they hold
-    is listed when none of them can make more."""
+    """SIGKILL these processes and remove the shared memory only they held, once they are gone (within
+    KILLED_GONE_S); the paths removed. They are stopped first (`stop`, waiting up to `stop_wait` s), so
+    that what they hold is listed when none of them can make more."""
     stop(pids, stop_wait)
     held = shared_memory_of(pids)
     trackers = [pid for pid in pids if _is_resource_tracker(pid)]
@@ -181,7 +188,7 @@ def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> li
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     _let_trackers_clean_up(trackers)
-    return remove_shared_memory(held, pids)
+    return remove_shared_memory(held, pids, KILLED_GONE_S)
 
 
 RESOURCE_TRACKER = b"multiprocessing.resource_tracker"

@@ -531,7 +531,9 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
     The benchmark runs with a /dev/shm of its own (a mount namespace): whatever it leaves there is its own, the
     semaphores of Sample Factory's queues too (sem.mp-*, which no /proc listing names; a SIGKILL of the whole
     group left them, and the CI run of eabd5f4 a game's message queues). Killed once its games run, or in its
-    start (Sample Factory's, once it has made a semaphore: one only its maker maps yet, which a listing misses)."""
+    start (Sample Factory's, once it has made a semaphore: one only its maker maps yet, which a listing misses).
+    A game's queue that nobody holds, made since the measurement started (its worker killed from outside), goes
+    too, as the benchmark's own end would have removed it."""
     if importlib.util.find_spec("vizdoom") is None:
         pytest.skip("vizdoom_speed.py needs vizdoom, which is not installed here")
     if side == "sb3" and importlib.util.find_spec("stable_baselines3") is None:
@@ -553,6 +555,7 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
             time.sleep(0.2)
         measuring = list(Path("/tmp").glob(f"vzd-{side}-{bench.pid}-*"))  # this measurement's folder (another test's may be beside it)
         held = shared_memory_of(pid for pid, _ in in_session(child))  # its games' screen buffers and message queues
+        (shm / "ViZDoomMQCtr-of-a-worker-killed-alone").touch()  # made since it started, held by nobody: its own too
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 15

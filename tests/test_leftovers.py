@@ -11,9 +11,11 @@ import glob
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -93,6 +95,69 @@ def test_a_killed_tree_takes_the_shared_memory_only_it_held(tmp_path: Path, shm:
         assert holder.wait(5) == -9
         assert not mapped.exists() and not opened.exists() and not below.exists()
         assert shared.exists()
+
+
+STUCK_WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)  # held as a game's controller holds its queues
+print("ready", flush=True)
+while True:
+    with open(sys.argv[2], "w") as f:  # blocks, uninterruptibly, once the file system is frozen
+        f.write("x" * 100)
+"""
+
+
+@contextlib.contextmanager
+def file_system_to_freeze(folder: Path) -> Iterator[Path]:
+    """A small ext4 file system mounted at `folder` (a loop device), to be frozen with fsfreeze(8): thawed, unmounted
+    and its image removed after, whatever happened. Skips the test where root, the tools or a loop device lack."""
+    if os.geteuid() != 0 or not all(map(shutil.which, ("mkfs.ext4", "mount", "umount", "fsfreeze"))):
+        pytest.skip("needs root, mkfs.ext4, mount and fsfreeze to stall a file system")
+    image = folder.with_suffix(".img")
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    folder.mkdir()
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    mounted = made.returncode == 0 and subprocess.run(["mount", "-o", "loop", str(image), str(folder)], capture_output=True).returncode == 0
+    if not mounted:
+        image.unlink()
+        pytest.skip("no loop device to mount a file system image on here")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(folder)], capture_output=True)  # fails where not frozen: nothing to do
+        subprocess.run(["umount", str(folder)], check=True)
+        image.unlink()
+
+
+def test_a_process_killed_in_an_uninterruptible_wait_takes_its_shared_memory_once_it_is_gone(tmp_path: Path, shm: Callable[[str], Path]) -> None:
+    """kill_holding on a process that cannot die at once: one stuck writing to a file system that stalls (an NFS
+    home whose server is slow; a frozen ext4 here) dies when the write returns, 7 s later here. What it held goes
+    then; with a 5 s wait for the killed to be gone, it stayed in /dev/shm for ever (as a killed benchmark
+    measurement's game queues did under the full suite on 2 cores, most likely a worker that slow to die)."""
+    held = shm("held")
+    with file_system_to_freeze(tmp_path / "fs") as fs:
+        script = tmp_path / "writer.py"
+        script.write_text(STUCK_WRITER)
+        writer = subprocess.Popen([sys.executable, str(script), str(held), str(fs / "out")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+            subprocess.run(["fsfreeze", "-f", str(fs)], check=True)
+            deadline = time.monotonic() + 10
+            while (stat := leftovers.process_stat(writer.pid)) is not None and stat.state != "D":
+                assert time.monotonic() < deadline, f"the writer never blocked on the frozen file system: {stat}"
+                time.sleep(0.01)
+            thaw = threading.Timer(7.0, subprocess.run, (["fsfreeze", "-u", str(fs)],))
+            thaw.start()
+            try:
+                assert kill_holding([writer.pid], stop_wait=0.5) == [str(held)]
+            finally:
+                thaw.join()
+            assert writer.wait(5) == -signal.SIGKILL
+            assert not held.exists()
+        finally:
+            writer.kill()
+            writer.wait()
 
 
 def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, own_dev_shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
