@@ -29,8 +29,8 @@ from typing import NamedTuple, TextIO
 LEFTOVER_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL of what was left running."""
 KILLED_GONE_S = 60.0
-"""How long the processes `kill_holding` SIGKILLed may take to be gone before the shared memory they held is given
-up (left in /dev/shm for ever, as nobody else knows it was theirs). An exit waits for the end of an uninterruptible
+"""How long the processes SIGKILLed here (`kill_holding`, `end_leftovers`) may take to be gone before the shared
+memory they held is given up (left in /dev/shm for ever, as nobody else knows it was theirs). An exit waits for the end of an uninterruptible
 wait (a write to a stalled NFS home, a frozen file system) and, on a loaded node, for a CPU: with 5 s, a process
 stuck writing to a frozen file system for 7 s left its file (tests/test_leftovers.py), and a killed benchmark
 measurement under the full suite on 2 cores one game's message queues (most likely a worker that slow to die). A
@@ -129,7 +129,7 @@ def _end_left(find: Callable[[], list[tuple[int, str]]], out: TextIO | None, who
     print(f"hpcrl: {who} left {len(left)} process(es) running: {named}; ending them (SIGTERM, SIGKILL after {LEFTOVER_GRACE_S:g} s)", file=out, flush=True)
     ended = {pid for pid, _ in left}
     held = shared_memory_of(ended)
-    for sig, grace in ((signal.SIGTERM, LEFTOVER_GRACE_S), (signal.SIGKILL, LEFTOVER_GRACE_S)):
+    for sig, grace in ((signal.SIGTERM, LEFTOVER_GRACE_S), (signal.SIGKILL, KILLED_GONE_S)):
         if sig == signal.SIGKILL:  # what outlived SIGTERM, stopped before its last listing: it makes nothing more
             stop([pid for pid, _ in left], grace)
             held |= shared_memory_of(pid for pid, _ in left)

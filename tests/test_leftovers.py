@@ -130,34 +130,60 @@ def file_system_to_freeze(folder: Path) -> Iterator[Path]:
         image.unlink()
 
 
+@contextlib.contextmanager
+def stuck_writer(tmp_path: Path, held: Path, fs: Path, session: bool = False) -> Iterator[subprocess.Popen]:
+    """A process holding `held` open, stuck (state D) in a write to `fs`, frozen here; killed and reaped after."""
+    script = tmp_path / "writer.py"
+    script.write_text(STUCK_WRITER)
+    writer = subprocess.Popen([sys.executable, str(script), str(held), str(fs / "out")], stdout=subprocess.PIPE, text=True, start_new_session=session)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        subprocess.run(["fsfreeze", "-f", str(fs)], check=True)
+        deadline = time.monotonic() + 10
+        while (stat := leftovers.process_stat(writer.pid)) is not None and stat.state != "D":
+            assert time.monotonic() < deadline, f"the writer never blocked on the frozen file system: {stat}"
+            time.sleep(0.01)
+        yield writer
+    finally:  # thawed first: a process in the frozen write dies no sooner
+        subprocess.run(["fsfreeze", "-u", str(fs)], capture_output=True)
+        writer.kill()
+        writer.wait(10)
+
+
 def test_a_process_killed_in_an_uninterruptible_wait_takes_its_shared_memory_once_it_is_gone(tmp_path: Path, shm: Callable[[str], Path]) -> None:
     """kill_holding on a process that cannot die at once: one stuck writing to a file system that stalls (an NFS
     home whose server is slow; a frozen ext4 here) dies when the write returns, 7 s later here. What it held goes
     then; with a 5 s wait for the killed to be gone, it stayed in /dev/shm for ever (as a killed benchmark
     measurement's game queues did under the full suite on 2 cores, most likely a worker that slow to die)."""
     held = shm("held")
-    with file_system_to_freeze(tmp_path / "fs") as fs:
-        script = tmp_path / "writer.py"
-        script.write_text(STUCK_WRITER)
-        writer = subprocess.Popen([sys.executable, str(script), str(held), str(fs / "out")], stdout=subprocess.PIPE, text=True)
+    with file_system_to_freeze(tmp_path / "fs") as fs, stuck_writer(tmp_path, held, fs) as writer:
+        thaw = threading.Timer(7.0, subprocess.run, (["fsfreeze", "-u", str(fs)],))
+        thaw.start()
         try:
-            assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
-            subprocess.run(["fsfreeze", "-f", str(fs)], check=True)
-            deadline = time.monotonic() + 10
-            while (stat := leftovers.process_stat(writer.pid)) is not None and stat.state != "D":
-                assert time.monotonic() < deadline, f"the writer never blocked on the frozen file system: {stat}"
-                time.sleep(0.01)
-            thaw = threading.Timer(7.0, subprocess.run, (["fsfreeze", "-u", str(fs)],))
-            thaw.start()
-            try:
-                assert kill_holding([writer.pid], stop_wait=0.5) == [str(held)]
-            finally:
-                thaw.join()
-            assert writer.wait(5) == -signal.SIGKILL
-            assert not held.exists()
+            assert kill_holding([writer.pid], stop_wait=0.5) == [str(held)]
         finally:
-            writer.kill()
-            writer.wait()
+            thaw.join()
+        assert writer.wait(5) == -signal.SIGKILL
+        assert not held.exists()
+
+
+def test_a_leftover_stuck_in_an_uninterruptible_wait_is_waited_for_and_its_shared_memory_goes(tmp_path: Path, shm: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """end_leftovers (a job's end) on a process deaf to SIGTERM and SIGKILL while its write to a stalled file system
+    waits: it is waited for past the SIGTERM grace (1 s here) until it is gone, 4 s later, and what it held goes,
+    named in the job log, where it was once reported "could not end" and its file left."""
+    monkeypatch.setattr(leftovers, "LEFTOVER_GRACE_S", 1.0)
+    held = shm("held")
+    with file_system_to_freeze(tmp_path / "fs") as fs, stuck_writer(tmp_path, held, fs, session=True) as writer:
+        thaw = threading.Timer(4.0, subprocess.run, (["fsfreeze", "-u", str(fs)],))
+        thaw.start()
+        log = io.StringIO()
+        try:
+            end_leftovers(writer.pid, log, "the program")
+        finally:
+            thaw.join()
+        assert writer.wait(5) in (-signal.SIGTERM, -signal.SIGKILL)
+        assert not held.exists()
+        assert f"hpcrl: removed the shared memory they left: {held}" in log.getvalue(), log.getvalue()
 
 
 def test_unheld_shared_memory_goes_only_by_its_makers_name_since_the_given_time(tmp_path: Path, own_dev_shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
