@@ -31,6 +31,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import gymnasium as gym
@@ -38,6 +39,7 @@ import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
 from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop_all_found
+from hpcrl.rl.step_wire import StepWire, is_raw
 from hpcrl.runtime.group_watch import watch_own_group
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.launch import how_it_ended
@@ -101,7 +103,10 @@ def _answer(
     try:
         if not (poller.poll(seconds * 1000) if poller is not None else pipe.poll(seconds)):
             raise EnvWorkerError(f"{who} did not answer {doing} within {bound:g} s")
-        kind, value = pipe.recv()
+        message = pipe.recv_bytes()
+        if is_raw(message):  # a step's result, decoded by the caller (`StepWire.result_of`)
+            return message
+        kind, value = ForkingPickler.loads(message)
     except (EOFError, ConnectionResetError, BrokenPipeError) as exc:
         process.join(1.0)  # its pipe closes as it exits, a moment before its exit code can be read
         raise EnvWorkerError(f"{who} {how_it_ended(process.exitcode) if process.exitcode is not None else 'stopped answering'} during {doing}") from exc
@@ -129,7 +134,7 @@ def _error(exc: BaseException, with_trace: bool) -> tuple[type[BaseException], s
     """An env's error as it crosses the pipe: its type (RuntimeError where the type does not pickle), message and traceback."""
     trace = traceback.format_exc() if with_trace else ""
     try:
-        multiprocessing.reduction.ForkingPickler.dumps(type(exc))
+        ForkingPickler.dumps(type(exc))
     except Exception:  # noqa: BLE001 - a type the trainer could not unpickle: its name survives
         return RuntimeError, f"{type(exc).__name__}: {exc}", trace
     return type(exc), str(exc), trace
@@ -205,8 +210,14 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
     try:
         envs = gym.vector.SyncVectorEnv(thunks.fn, copy=False, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         pipe.send(("ok", (envs.single_observation_space, envs.single_action_space)))
+        wire = StepWire(envs.single_observation_space, envs.single_action_space, envs.num_envs)
         while True:
-            command, data = pipe.recv()
+            message = pipe.recv_bytes()
+            if is_raw(message):  # a step's actions, answered raw where the step's result fits (`StepWire`)
+                result = envs.step(wire.actions_of(message))
+                pipe.send_bytes(wire.result_message(result) or ForkingPickler.dumps(("ok", result)))
+                continue
+            command, data = ForkingPickler.loads(message)
             if command == "step":
                 pipe.send(("ok", envs.step(data)))
             elif command == "reset":
@@ -256,6 +267,8 @@ class Workers(gym.vector.VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {**described.metadata, "autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         self.render_mode = described.render_mode
+        self.wires = [StepWire(self.single_observation_space, self.single_action_space, r.stop - r.start) for r in self.rows]
+        """Each worker's raw step messages."""
         self.closed = False
         self._failed = False
         self._started = time.time()
@@ -307,10 +320,12 @@ class Workers(gym.vector.VectorEnv):
         return self.reset_wait()
 
     def step_async(self, actions: Any) -> None:
-        self._send("step", [batch_rows(actions, rows) for rows in self.rows])
+        rows = [batch_rows(actions, r) for r in self.rows]
+        raw = [wire.actions_message(part) for wire, part in zip(self.wires, rows)]
+        self._send("step", rows, None if None in raw else raw)
 
     def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        answers = self._gather("step", timeout)
+        answers = [wire.result_of(a) if isinstance(a, bytes) else a for wire, a in zip(self.wires, self._gather("step", timeout))]
         obs, reward, terminated, truncated, infos = zip(*answers)
         return (
             concat_batches(obs), np.concatenate(reward), np.concatenate(terminated), np.concatenate(truncated),
@@ -321,14 +336,16 @@ class Workers(gym.vector.VectorEnv):
         self.step_async(actions)
         return self.step_wait()
 
-    def _send(self, command: str, data: Sequence[Any]) -> None:
+    def _send(self, command: str, data: Sequence[Any], raw: Sequence[bytes] | None = None) -> None:
+        """`command` with each worker's item of `data`, pickled, or the messages `raw` where given (a step's, `StepWire`)."""
         if self.closed or self._failed:
             raise EnvWorkerError(f"env {self.env_id}: the workers were {'closed' if self.closed else 'stopped after a failure'}")
         if self._pending is not None:
             raise RuntimeError(f"env {self.env_id}: {command} sent while a {self._pending} is pending")
+        messages = raw if raw is not None else [ForkingPickler.dumps((command, item)) for item in data]
         with self._dead_named(command):
-            for pipe, item in zip(self.pipes, data):
-                pipe.send((command, item))
+            for pipe, message in zip(self.pipes, messages):
+                pipe.send_bytes(message)
         self._pending = command
 
     def _gather(self, doing: str, timeout: float | None = None) -> list[Any]:
