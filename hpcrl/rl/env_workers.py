@@ -94,7 +94,8 @@ def _answer(
     pipe: multiprocessing.connection.Connection, process: Any, who: str, doing: str, bound: float,
     wait: float | None = None, where: str | None = None, poller: select.poll | None = None,
 ) -> Any:  # fmt: skip
-    """The next answer of a worker (or the probe) within `wait` seconds (what is left of `bound`);
+    """The next answer of a worker (or the probe) within `wait` seconds (what is left of `bound`): its
+    value, or a raw step message's bytes (`hpcrl.rl.step_wire`), which the caller decodes;
     EnvWorkerError when it is late or the process died; the env's own error when it raised one (a
     RunError with `where` it was raised). `poller`, the pipe's own poll object, waits in one system
     call: `pipe.poll` builds and registers a selector at every call (8 ViZDoom envs in 4 workers,
