@@ -12,3 +12,8 @@ import os
 def usable_cores() -> int:
     """The cores this process may run on (at least 1)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def allowed_cores() -> list[int]:
+    """Which cores this process may run on, by number; none where the system does not say (not Linux)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

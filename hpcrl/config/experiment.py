@@ -76,6 +76,14 @@ class EnvConfig:
     """Envs each worker process steps in turn (`vectorization: async`); null: two workers per usable
     core, each with its share. A worker per env costs a process wake-up and a message each way per
     env and step."""
+    worker_affinity: Literal["auto", "pinned", "free"] = setting("auto", learned=False)
+    """Where env worker processes run (`vectorization: async`). `pinned`: each worker, and the simulators
+    it starts, on one core of those the run may use, round the cores, as Sample Factory's
+    `set_workers_cpu_affinity`: a worker and its game engine hand each step to each other on one core
+    instead of waking each other across two. `free`: wherever the kernel puts them. `auto`: pinned for
+    ViZDoom (one single-threaded engine per game, in step with its worker) where the workers are at
+    least as many as the usable cores, so that every core gets its share and runs sharing a node spread
+    alike; free otherwise (Habitat's simulator runs threads of its own)."""
     worker_timeout_s: float = setting(120.0, gt=0, le=86400, learned=False)
     """The longest wait on one env worker process (its start, a reset, a step, its close), or on one
     call into a user's env in the trainer's own process (`vectorization: sync`): a worker that does

@@ -197,15 +197,19 @@ def _never_preempting() -> None:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
-def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection, scratch: str) -> None:
+def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connection, parent_end: multiprocessing.connection.Connection, scratch: str, core: int | None = None) -> None:
     """A worker process: build its envs, say so with their spaces, then step and reset them on
     command until `close`, which it answers before closing them (a close that hangs is the
     trainer's to bound). An error in an env goes back with its traceback, and the worker ends.
     Its envs' temporary files go under `scratch` (ViZDoom's game directories), a directory of its
     own, which its group's watcher removes when the worker ends, however it ends (a trainer killed
     with SIGKILL runs no cleanup), and the trainer too once the workers are gone. Deaf to the signals the trainer stops on
-    (`_lead_own_group`), and so are its envs' engines: the trainer ends the worker."""
+    (`_lead_own_group`), and so are its envs' engines: the trainer ends the worker. Given a `core`, it runs
+    there, and so do the processes its envs start (`env.worker_affinity`; a core taken away since is ignored)."""
     parent_end.close()
+    if core is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {core})
     release = _lead_own_group(scratch)  # what this worker starts ends with it, however it ends
     envs = None
     try:
@@ -251,7 +255,10 @@ class Workers(gym.vector.VectorEnv):
     and `first_env` are this group's first). The spaces are `described` (`probe_env`); a worker
     whose envs have other spaces fails the start."""
 
-    def __init__(self, chunks: Sequence[Sequence[Callable[[], gym.Env]]], described: EnvDescription, *, env_id: str, first_worker: int, first_env: int, timeout: float, context: str | None = None) -> None:
+    def __init__(
+        self, chunks: Sequence[Sequence[Callable[[], gym.Env]]], described: EnvDescription, *, env_id: str, first_worker: int, first_env: int,
+        timeout: float, context: str | None = None, cores: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         self.env_id, self.timeout = env_id, timeout
         sizes = [len(chunk) for chunk in chunks]
         bounds = np.cumsum([0, *sizes])
@@ -288,7 +295,8 @@ class Workers(gym.vector.VectorEnv):
                 for w, chunk in enumerate(chunks):
                     pipe, child_end = ctx.Pipe()
                     self.scratches.append(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
-                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe, self.scratches[-1]), name=f"EnvWorker-{first_worker + w}", daemon=True)
+                    core = None if cores is None else cores[w]
+                    process = ctx.Process(target=_serve, args=(CloudpickleWrapper(list(chunk)), child_end, pipe, self.scratches[-1], core), name=f"EnvWorker-{first_worker + w}", daemon=True)
                     process.start()
                     child_end.close()
                     self.pipes.append(pipe)
