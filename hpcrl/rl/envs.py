@@ -66,7 +66,7 @@ def worker_cores(affinity: str, backend: str, workers: int, allowed: Sequence[in
     Pinned, a worker and its engine pass each step to each other on one core. On the 2-core Xeon VM a
     ViZDoom game's `new_episode` took 0.50 ms with both on one core against 1.68 ms on two, a step 0.13
     against 0.39 ms (each wake-up across the two virtual CPUs costs about 0.1 ms); with 8 envs in 4
-    workers, random actions ran 30% faster and PPO 12% (benchmarks/vizdoom_speed.py). `auto` pins only
+    workers, random actions ran 34% faster and PPO 12% (benchmarks/vizdoom_speed.py). `auto` pins only
     where the workers cover every core: fewer, pinned, would leave cores idle, and every run on a node
     without a cpuset of its own would pin to the same first ones."""
     if not allowed or affinity == "free" or (affinity == "auto" and (backend not in PINNED_BACKENDS or workers < len(allowed))):
@@ -162,7 +162,7 @@ def make_vec_env(spec: EnvConfig, num_envs: int | None = None, render_mode: str 
         described = probe_env(_worker_thunk(thunks[0]), env_id=spec.id, timeout=spec.worker_timeout_s, context=context)
         cores = usable_cores()
         chunks = [[int(i) for i in chunk] for chunk in np.array_split(np.arange(n), workers_for(n, spec.envs_per_worker, cores))]
-        # From a core of this process's own, so that runs sharing a node without cpusets put their extra workers apart.
+        # Round the cores from one this process's pid picks, so that runs sharing a node without cpusets put their extra workers apart.
         pinned = worker_cores(spec.worker_affinity, spec.backend, len(chunks), allowed_cores(), os.getpid())
         groups: list[gym.vector.VectorEnv] = []
         try:
