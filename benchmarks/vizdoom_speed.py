@@ -448,10 +448,9 @@ def _kill_group(pgid: int, started: float) -> None:
     Then the games' files that nobody holds, made since the measurement `started`: a process of the side killed
     from outside in its game's start (Sample Factory's env_info process, in the test that kills it; the OOM
     killer) left its game's message queues, which no listing of live processes can find."""
-    from hpcrl.leftovers import kill_holding, remove_unheld, stop_session
+    from hpcrl.leftovers import kill_holding, stop_session
 
-    kill_holding(stop_session(pgid))  # stopped first: a game in its start makes its screen buffer after the listing
-    remove_unheld(started)
+    kill_holding(stop_session(pgid), since=started)  # stopped first: a game in its start makes its screen buffer after the listing
 
 
 def _said(text: str) -> list[str]:
@@ -494,8 +493,8 @@ def _end_measurement(signum: int, frame: Any) -> None:
     removed it, is gone). The rest stops at once (`stop_session`: nothing it makes goes unlisted) and a fresh
     process of a session of its own ends it as the benchmark would have (`_kill_group`): `leftovers.kill_holding`,
     SIGKILL, the resource trackers left to unlink the semaphores of their killed clients, the shared memory only
-    the session held removed once it is gone; then the games' files made since the measurement started that
-    nobody holds (`leftovers.remove_unheld`). A SIGKILL of the whole group left the games' message queues in
+    the session held removed once it is gone, and the games' files made since the measurement started that
+    nobody holds. A SIGKILL of the whole group left the games' message queues in
     /dev/shm, and a Sample Factory measurement's semaphores (sem.mp-*). Fresh, not forked: a fork holds this
     process's mappings and the write end of its resource tracker's pipe, so that the one would look held and the
     other would wait."""
@@ -505,8 +504,7 @@ def _end_measurement(signum: int, frame: Any) -> None:
         from hpcrl.leftovers import LEFTOVER_GRACE_S, stop_session
 
         others = stop_session(os.getsid(0), spare=[os.getpid()])
-        ender = ("import sys; sys.path.insert(0, sys.argv[1]); from hpcrl.leftovers import kill_holding, remove_unheld; "
-                 "kill_holding([int(pid) for pid in sys.argv[3:]]); remove_unheld(float(sys.argv[2]))")
+        ender = "import sys; sys.path.insert(0, sys.argv[1]); from hpcrl.leftovers import kill_holding; kill_holding([int(pid) for pid in sys.argv[3:]], since=float(sys.argv[2]))"
         subprocess.Popen([sys.executable, "-I", "-S", "-c", ender, str(ROOT), repr(MEASUREMENT_STARTED[0]), *map(str, [*others, os.getpid()])],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         time.sleep(3 * LEFTOVER_GRACE_S)  # it SIGKILLs this process; should it fail, the group goes below

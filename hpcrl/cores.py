@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (at least 1)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def allowed_cores() -> list[int]:
     """Which cores this process may run on, by number; none where the system does not say (not Linux)."""
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (at least 1): `allowed_cores`, or the machine's where it has none."""
+    return len(allowed_cores()) or os.cpu_count() or 1

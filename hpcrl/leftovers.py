@@ -30,8 +30,8 @@ LEFTOVER_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL of what was left running."""
 KILLED_GONE_S = 60.0
 """How long the processes SIGKILLed here (`kill_holding`, `end_leftovers`) may take to be gone before the shared
-memory they held is given up (left in /dev/shm for ever, as nobody else knows it was theirs). An exit waits for the end of an uninterruptible
-wait (a write to a stalled NFS home, a frozen file system) and, on a loaded node, for a CPU: with 5 s, a process
+memory they held is given up (`remove_shared_memory`; left in /dev/shm for ever, as nobody else knows it was
+theirs). An exit waits for the end of an uninterruptible wait (a write to a stalled NFS home, a frozen file system) and, on a loaded node, for a CPU: with 5 s, a process
 stuck writing to a frozen file system for 7 s left its file (tests/test_leftovers.py), and a killed benchmark
 measurement under the full suite on 2 cores one game's message queues (most likely a worker that slow to die). A
 bound all the same: a process stuck for good (a dead NFS server) does not hold the one who killed it for ever."""
@@ -176,10 +176,12 @@ def stop_all_found(find: Callable[[], Iterable[int]], timeout: float = LEFTOVER_
     return list(stopped)
 
 
-def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> list[str]:
+def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S, since: float | None = None) -> list[str]:
     """SIGKILL these processes and remove the shared memory only they held, once they are gone (within
-    KILLED_GONE_S); the paths removed. They are stopped first (`stop`, waiting up to `stop_wait` s), so
-    that what they hold is listed when none of them can make more."""
+    KILLED_GONE_S), and, given when what they belong to started (`since`), the ViZDoom files made since then
+    that nobody holds (`remove_unheld`: what one of them killed earlier from outside held alone); the paths
+    removed. They are stopped first (`stop`, waiting up to `stop_wait` s), so that what they hold is listed
+    when none of them can make more."""
     stop(pids, stop_wait)
     held = shared_memory_of(pids)
     trackers = [pid for pid in pids if _is_resource_tracker(pid)]
@@ -188,7 +190,8 @@ def kill_holding(pids: Sequence[int], stop_wait: float = LEFTOVER_GRACE_S) -> li
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     _let_trackers_clean_up(trackers)
-    return remove_shared_memory(held, pids, KILLED_GONE_S)
+    removed = remove_shared_memory(held, pids)
+    return removed if since is None else sorted({*removed, *remove_unheld(since)})
 
 
 RESOURCE_TRACKER = b"multiprocessing.resource_tracker"
@@ -349,7 +352,7 @@ def remove_unheld(since: float, prefixes: Sequence[str] = HELD_FOR_LIFE) -> list
     return remove_shared_memory(set(candidates), [])
 
 
-def remove_shared_memory(held: set[str], killed: Iterable[int], timeout: float = LEFTOVER_GRACE_S) -> list[str]:
+def remove_shared_memory(held: set[str], killed: Iterable[int], timeout: float = KILLED_GONE_S) -> list[str]:
     """Remove those of `held` (what `shared_memory_of` found in the processes `killed`) that no live
     process holds once `killed` have exited (waited for up to `timeout` s): theirs alone. One that
     another process still maps or holds open stays (one of another user's, whose /proc this user may

@@ -218,13 +218,10 @@ def _serve(thunks: CloudpickleWrapper, pipe: multiprocessing.connection.Connecti
         wire = StepWire(envs.single_observation_space, envs.single_action_space, envs.num_envs)
         while True:
             message = pipe.recv_bytes()
-            if is_raw(message):  # a step's actions, answered raw where the step's result fits (`StepWire`)
-                result = envs.step(wire.actions_of(message))
+            command, data = ("step", wire.actions_of(message)) if is_raw(message) else ForkingPickler.loads(message)
+            if command == "step":  # answered raw where the result fits the spaces (`StepWire`), else pickled
+                result = envs.step(data)
                 pipe.send_bytes(wire.result_message(result) or ForkingPickler.dumps(("ok", result)))
-                continue
-            command, data = ForkingPickler.loads(message)
-            if command == "step":
-                pipe.send(("ok", envs.step(data)))
             elif command == "reset":
                 pipe.send(("ok", envs.reset(seed=data[0], options=data[1])))
             else:  # close

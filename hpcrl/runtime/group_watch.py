@@ -27,7 +27,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop_all_found
+from hpcrl.leftovers import kill_holding, process_stat, processes, stop_all_found
 from hpcrl.runtime.lifeline import signal_at_parent_death
 
 STOP_WAIT_S = 1.0
@@ -108,8 +108,6 @@ def _watch(group: int, started: float, directory: str | None) -> None:
     def members() -> list[int]:
         return [pid for pid in processes() if pid not in (me, group) and (stat := process_stat(pid)) is not None and stat.live and stat.group == group and stat.session == session]
 
-    if left := stop_all_found(members, STOP_WAIT_S):
-        kill_holding(left, STOP_WAIT_S)
-    remove_unheld(started)
+    kill_holding(stop_all_found(members, STOP_WAIT_S), STOP_WAIT_S, since=started)
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)

@@ -7,10 +7,11 @@ import importlib.util
 import os
 
 import pytest
+from test_conformance import process_table
 
 from hpcrl.config.experiment import ConfigError, EnvConfig, load_experiment
 from hpcrl.cores import allowed_cores
-from hpcrl.leftovers import process_stat, processes
+from hpcrl.leftovers import process_stat
 from hpcrl.rl.env_workers import Workers
 from hpcrl.rl.envs import make_vec_env, worker_cores
 
@@ -41,14 +42,6 @@ def test_an_affinity_that_is_none_of_the_three_is_one_line(tmp_path: os.PathLike
     assert "\n" not in str(raised.value) and "env.worker_affinity" in str(raised.value)
 
 
-def _command(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 @pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None or not hasattr(os, "sched_getaffinity"), reason="needs vizdoom and CPU affinity")
 def test_pinned_workers_and_the_game_engines_they_start_run_on_their_cores() -> None:
     """Two ViZDoom workers of one game each: each worker runs on its core, and so does its game's engine, a
@@ -61,7 +54,7 @@ def test_pinned_workers_and_the_game_engines_they_start_run_on_their_cores() -> 
         workers = envs.unwrapped.groups[0].unwrapped
         assert isinstance(workers, Workers)
         for process, core in zip(workers.processes, expected or []):
-            engines = [pid for pid in processes() if (stat := process_stat(pid)) is not None and stat.parent == process.pid and b"vizdoom" in _command(pid)]
+            engines = [pid for pid in process_table("vizdoom") if (stat := process_stat(pid)) is not None and stat.parent == process.pid]
             assert engines, "the worker started no game engine"
             assert [os.sched_getaffinity(pid) for pid in [process.pid, *engines]] == [{core}] * (1 + len(engines))
     finally:
