@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcrl.config.hparams import NATURE_CNN
+from hpcrl.rl.first_conv import FirstConv2d, PackedFirstConv, scaled
 from hpcrl.rl.packed import PACKS, PackedLayer, packs
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -124,19 +125,21 @@ def is_image(space: gym.Space) -> bool:
 class NatureCNN(nn.Module):
     """The DQN paper's convolutional torso; the flattened size is probed, so any resolution works
     (ViZDoom's 160x120 or a downsampled 80x60, Habitat's 256x256, Atari's 84x84). `filters` sets
-    the three convolutions' widths (`train.cnn_channels`; the paper's 32, 64, 64 by default)."""
+    the three convolutions' widths (`train.cnn_channels`; the paper's 32, 64, 64 by default). Its
+    inputs are multiplied by `input_scale` first (1/255 for bytes), inside its first convolution
+    (hpcrl.rl.first_conv: bytes are exact in bfloat16, where that layer can use them as they are)."""
 
     MIN_SIZE = 36
     """Smallest side the three convolutions (8/4, 4/2, 3/1) accept."""
 
-    def __init__(self, channels: int, height: int, width: int, orthogonal: bool = True, filters: Sequence[int] = NATURE_CNN) -> None:
+    def __init__(self, channels: int, height: int, width: int, orthogonal: bool = True, filters: Sequence[int] = NATURE_CNN, input_scale: float = 1.0) -> None:
         super().__init__()
         c1, c2, c3 = filters
         if min(height, width) < self.MIN_SIZE:
             raise ValueError(f"image observations of {width}x{height} are too small for the Nature CNN (at least {self.MIN_SIZE}x{self.MIN_SIZE}; lower env.kwargs.downsample)")
         init = layer_init if orthogonal else (lambda layer: layer)
         self.net = nn.Sequential(
-            init(PatchConv2d(channels, c1, 8, stride=4)), nn.ReLU(),
+            init(FirstConv2d(channels, c1, 8, stride=4, input_scale=input_scale)), nn.ReLU(),
             init(nn.Conv2d(c1, c2, 4, stride=2)), nn.ReLU(),
             init(nn.Conv2d(c2, c3, 3, stride=1)), nn.ReLU(),
             nn.Flatten(),
@@ -159,83 +162,6 @@ class NatureCNN(nn.Module):
         return x.flatten(1)
 
 
-PATCH_CONV_MAX = 1 << 26
-"""The most elements (256 MB of float32) `patch_conv`'s patch matrix may hold; above, oneDNN's convolution."""
-
-FIRST_CONV_AS_GEMM = torch.backends.cpu.get_cpu_capability() != "AVX512"
-"""Whether training a one-channel first convolution in float32 on this CPU goes through `patch_conv`:
-where torch's CPU kernels are below AVX-512 (measured on an AVX2 AMD EPYC, where it was several times
-faster). With AVX-512 oneDNN's own is the faster: PPO's float32 update on configs/vizdoom_ppo.yaml took
-139 ms of CPU against 151 through the GEMM on a 2-core Xeon with AMX (2026-12-05), 153 against 161 on
-a Zen 4 EPYC (2026-12-04). Those were measured while the flat parameter buffer handed the first
-convolution NCHW weights (hpcrl.rl.optim._channels_last); with its channels-last weights kept, on the
-Xeon (2026-12-06): 135 against 175 ms, and 169 against 196 with torch's and oneDNN's kernels held to
-AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2). The AVX2 EPYC itself was not measured
-again, so the rule stands where it was measured."""
-
-
-class PatchConv2d(nn.Conv2d):
-    """The Nature CNN's first convolution (square kernel, no padding): `nn.Conv2d`, with two rules
-    for one-channel images (ViZDoom's grey frames, Habitat's depth) on a CPU, where oneDNN computes
-    it far below its speed elsewhere:
-
-    - in float32 training it is computed by `patch_conv` where `FIRST_CONV_AS_GEMM`: on a 2-core AMD
-      EPYC (AVX2, torch 2.13), 16 filters 8x8/4 over 64 80x60 frames took 6.1 ms forward and backward
-      against 2.3 ms as one GEMM over the patches (32 filters: 10.6 against 3.3; 32 256x256 depth
-      frames: 116 against 33); PPO's update on configs/vizdoom_ppo.yaml fell from 183 to 140 ms of CPU,
-      and its three seeds trained at once on the 2 cores in 122-126 s instead of 135-136. With more
-      channels oneDNN wins (4 stacked 84x84 frames: 55 ms against 149), and without gradients (the
-      rollout's acting pass, 8 frames: 0.14 ms against 0.18) too, so both keep it;
-    - under bfloat16 autocast (`amp: bf16` on a CPU where CPU_BF16) it runs in float32, and the
-      convolutions after it in bfloat16: bfloat16's dot products pair input channels (AVX512-BF16
-      two, AMX tiles more), and one channel leaves them nothing to pair. On the 2-core Xeon with AMX
-      (2026-12-05): 64 frames forward and backward, this layer alone, 1.3-2.3 ms in float32 against
-      2.5-3.9 in bfloat16; PPO's update on configs/vizdoom_ppo.yaml 111.8 ms of CPU against 120.5
-      (medians of 30, alternated in one process); the acting pass of 8 frames 0.57 ms either way.
-      Not measured on an AMD CPU with AVX512-BF16, where `amp: bf16` also runs.
-
-    Its parameters are nn.Conv2d's: checkpoints load either way."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride=stride)
-
-    @property
-    def float32_on_cpu(self) -> bool:
-        """Whether this convolution runs in float32 on a CPU under autocast (its weights stay float32
-        in a copy cast for acting, `cast_for_acting`)."""
-        return self.in_channels == 1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.float32_on_cpu and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            with torch.autocast("cpu", enabled=False):
-                return self.forward(x.float())
-        return patch_conv(x, self.weight, self.bias, self.stride[0]) if self._as_gemm(x) else super().forward(x)
-
-    def _as_gemm(self, x: torch.Tensor) -> bool:
-        if not (FIRST_CONV_AS_GEMM and torch.is_grad_enabled() and self.weight.requires_grad) or self.in_channels != 1:
-            return False  # acting, or stacked frames: the cheap tests first, the rollout asks at every step
-        if x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32:
-            return False
-        (k, _), (stride, _) = self.kernel_size, self.stride
-        positions = ((x.shape[2] - k) // stride + 1) * ((x.shape[3] - k) // stride + 1)
-        return x.shape[0] * positions * k * k <= PATCH_CONV_MAX
-
-
-def patch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:
-    """`F.conv2d(x, weight, bias, stride)` (square kernel, no padding) as one matrix product: each
-    output position's input patch is a row (k*k*C values, in channels-last order), so the weight's
-    gradient is one GEMM too. The result is channels-last, as oneDNN's would be."""
-    batch, channels, height, width = x.shape
-    out_channels, k = weight.shape[0], weight.shape[-1]
-    out_h, out_w = (height - k) // stride + 1, (width - k) // stride + 1
-    nhwc = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    sb, sh, sw, sc = nhwc.stride()
-    patches = nhwc.as_strided((batch, out_h, out_w, k, k, channels), (sb, sh * stride, sw * stride, sh, sw, sc))
-    rows = patches.reshape(batch * out_h * out_w, k * k * channels)
-    out = torch.addmm(bias, rows, weight.permute(0, 2, 3, 1).reshape(out_channels, k * k * channels).t())
-    return out.view(batch, out_h, out_w, out_channels).permute(0, 3, 1, 2)
-
-
 class Encoder(nn.Module):
     """Observation -> feature vector for every supported observation space (see the module doc).
 
@@ -254,7 +180,9 @@ class Encoder(nn.Module):
                 raise ValueError(f"observation {key or ''} of type {type(sub).__name__} is not supported (Box or Dict of Box)")
         self.image_keys = [k for k, s in spaces.items() if is_image(s)]
         self.vector_keys = [k for k, s in spaces.items() if not is_image(s)]
-        # Pixels stored as bytes are scaled to [0, 1]; float images (Habitat depth) already are.
+        # Pixels stored as bytes are scaled to [0, 1]; float images (Habitat depth) already are. One image
+        # goes to the CNN as stored, which scales it itself (NatureCNN's input_scale); several are scaled
+        # here and stacked on channels.
         self.pixel_scale = {k: 1 / 255 if spaces[k].dtype == np.uint8 else 1.0 for k in self.image_keys}
         in_dim = 0
         self.cnn = None
@@ -263,7 +191,8 @@ class Encoder(nn.Module):
             if len(sizes) > 1:
                 raise ValueError(f"image observations must share one resolution, got {sorted(sizes)}")
             height, width = sizes.pop()
-            self.cnn = NatureCNN(sum(spaces[k].shape[0] for k in self.image_keys), height, width, orthogonal, cnn_channels)
+            input_scale = self.pixel_scale[self.image_keys[0]] if len(self.image_keys) == 1 else 1.0
+            self.cnn = NatureCNN(sum(spaces[k].shape[0] for k in self.image_keys), height, width, orthogonal, cnn_channels, input_scale)
             in_dim += self.cnn.out_dim
         in_dim += sum(int(np.prod(spaces[k].shape)) for k in self.vector_keys)
         self.mlp, self.out_dim = mlp(in_dim, hidden, activation, orthogonal)
@@ -278,12 +207,6 @@ class Encoder(nn.Module):
     @staticmethod
     def _get(obs: Obs, key: str | None) -> torch.Tensor:
         return obs if key is None else obs[key]
-
-    @staticmethod
-    def _scaled(image: torch.Tensor, scale: float) -> torch.Tensor:
-        # Scaled in place in a copy of its own: the same numbers as `image.float() * scale` without a second
-        # frame-sized allocation (64 80x60 frames on the 2-core Xeon: 67 against 126 us of CPU).
-        return image.to(torch.float32, copy=True).mul_(scale) if scale != 1.0 else image.float()
 
     def autocasts(self, device: str) -> bool:
         """Whether the forward pass runs under autocast on this device type (`cuda`, `cpu`)."""
@@ -313,8 +236,10 @@ class Encoder(nn.Module):
             return self._mlp(obs.flatten(1).float())
         parts = []
         if self.cnn is not None:
-            images = [self._scaled(self._get(obs, k), self.pixel_scale[k]) for k in self.image_keys]
-            parts.append(self.cnn(images[0] if len(images) == 1 else torch.cat(images, dim=1)))
+            if len(self.image_keys) == 1:
+                parts.append(self.cnn(self._get(obs, self.image_keys[0])))
+            else:
+                parts.append(self.cnn(torch.cat([scaled(self._get(obs, k), self.pixel_scale[k]) for k in self.image_keys], dim=1)))
         parts += [self._get(obs, k).flatten(1).float() for k in self.vector_keys]
         return self._mlp(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
 
@@ -322,7 +247,8 @@ class Encoder(nn.Module):
 def cast_for_acting(policy: nn.Module, device: torch.device) -> nn.Module:
     """`policy` (a copy that only acts: no gradients, weights copied in with `copy_`) with its
     encoders' weights stored in their autocast dtype, where their forward pass autocasts on
-    `device` (but those of a convolution that runs in float32 there, `PatchConv2d.float32_on_cpu`). The same numbers: autocast casts those weights at every forward pass, rounding as
+    `device` (but the first convolution's where it runs space-to-depth, `FirstConv2d.space_to_depth_on_cpu`:
+    its bfloat16 weights are derived from float32 ones). The same numbers: autocast casts those weights at every forward pass, rounding as
     the copy does; cast once per weight copy instead, a rollout step of 8 80x60 frames on a 2-core
     Xeon with AMX took 0.42 ms of CPU against 0.58 (0.48 in float32). CPU only: on CUDA those casts
     are kernels inside the rollout's CUDA graph (graphs.py), cheap and not measured.
@@ -335,14 +261,17 @@ def cast_for_acting(policy: nn.Module, device: torch.device) -> nn.Module:
         return policy
     for module in policy.modules():
         if isinstance(module, Encoder) and module.autocasts("cpu"):
-            kept = {id(p) for m in module.modules() if isinstance(m, PatchConv2d) and m.float32_on_cpu for p in m.parameters()}
+            kept = {id(p) for m in module.modules() if isinstance(m, FirstConv2d) and m.space_to_depth_on_cpu for p in m.parameters()}
             for param in module.parameters():
-                if id(param) not in kept:  # a convolution that runs in float32 under autocast keeps float32 weights
+                if id(param) not in kept:  # a first convolution that runs space-to-depth derives its bfloat16 weights from float32 ones
                     param.data = param.data.to(module.amp_dtype)
         if isinstance(module, Encoder) and module.cnn is not None and PACKS:
             convs = [layer for layer in module.cnn.net if isinstance(layer, nn.Conv2d)]  # each followed by a ReLU
             if all(packs(conv) for conv in convs):
-                module.cnn.packed = [PackedLayer(conv, torch.relu) for conv in convs]
+                first = convs[0]
+                assert isinstance(first, FirstConv2d)
+                s2d = first.space_to_depth_on_cpu and module.autocasts("cpu")
+                module.cnn.packed = [PackedFirstConv(first, torch.relu, s2d)] + [PackedLayer(conv, torch.relu) for conv in convs[1:]]
             if module._linears and all(packs(linear) for linear in module._linears):  # in bfloat16: all of them or none
                 module.packed_mlp = [PackedLayer(linear, module._act) for linear in module._linears]
     return policy

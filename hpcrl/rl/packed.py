@@ -43,6 +43,8 @@ class PackedLayer:
         self._conv = (list(layer.padding), list(layer.stride), list(layer.dilation), layer.groups) if isinstance(layer, nn.Conv2d) else None
         """A convolution's padding, stride, dilation and groups, as the ops take them; None for a linear layer."""
         self._packed: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+        self._dtype = layer.weight.dtype
         self._versions: tuple[int, int] = (-1, -1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,24 +53,38 @@ class PackedLayer:
             # torch's own path: oneDNN switched off, or one image through a float32 convolution, which
             # torch computes with its own kernel for some shapes (aten's use_mkldnn), rounding otherwise
             return self.activation(self.layer(x))
+        x = self.prepare(x)
         versions = (weight._version, -1 if bias is None else bias._version)
         if self._packed is None or versions != self._versions:
-            self._packed, self._versions = self._pack(x.shape), versions
-        x = x.to(weight.dtype)
+            weight, self._bias = self.weights()
+            self._packed, self._dtype, self._versions = self._pack(weight, x.shape), weight.dtype, versions
+        x = x.to(self._dtype)
         if conv is not None:
-            out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, bias, *conv, self._attr, [None], "")
+            out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, self._bias, *conv, self._attr, [None], "")
         else:
-            out = torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, self._attr, [None], "")
+            out = torch.ops.mkldnn._linear_pointwise(x, self._packed, self._bias, self._attr, [None], "")
         return out if self._attr == "relu" else self.activation(out)
 
-    def _pack(self, shape: torch.Size) -> torch.Tensor:
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as the packed op takes it: as given (a subclass may rearrange it, hpcrl.rl.first_conv)."""
+        return x
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight and bias this op computes with: the layer's own (a subclass may derive them,
+        hpcrl.rl.first_conv); asked again whenever the layer's change."""
+        return self.layer.weight, self.layer.bias
+
+    def _pack(self, weight: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         if self._conv is not None:
-            return torch.ops.mkldnn._reorder_convolution_weight(self.layer.weight, *self._conv, list(shape))
-        return torch.ops.mkldnn._reorder_linear_weight(self.layer.weight, shape[0])
+            return torch.ops.mkldnn._reorder_convolution_weight(weight, *self._conv, list(shape))
+        return torch.ops.mkldnn._reorder_linear_weight(weight, shape[0])
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedLayer:
         """A copy over the copied layer, packed at its first call (oneDNN's tensors do not copy)."""
-        return PackedLayer(copy.deepcopy(self.layer, memo), self.activation)
+        twin = copy.copy(self)
+        twin.layer = copy.deepcopy(self.layer, memo)
+        twin._packed, twin._bias, twin._versions = None, None, (-1, -1)
+        return twin
 
 
 def packs(layer: nn.Module) -> bool:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl import networks, packed
+from hpcrl.rl import packed
 from hpcrl.rl.envs import make_env
-from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, bf16_pays, cast_for_acting, obs_to_tensor, patch_conv
+from hpcrl.rl.networks import CPU_BF16, ActorCritic, Encoder, NatureCNN, QNetwork, RunningNorm, bf16_pays, cast_for_acting, obs_to_tensor
 
 torch.manual_seed(0)
 
@@ -28,89 +28,6 @@ def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
     assert NatureCNN(4, 84, 84).out_dim == 3136  # the DQN paper's 7 x 7 x 64
     with pytest.raises(ValueError, match="40x30 are too small for the Nature CNN"):
         NatureCNN(1, 30, 40)
-
-
-@pytest.mark.parametrize(("channels", "kernel", "stride", "size"), [(1, 8, 4, (60, 80)), (3, 4, 2, (14, 19)), (2, 3, 1, (9, 7)), (1, 8, 4, (36, 37))])
-def test_patch_conv_is_the_convolution_and_its_gradients(channels: int, kernel: int, stride: int, size: tuple[int, int]) -> None:
-    """The first convolution as one GEMM over patches gives conv2d's output and the weight's, bias's and input's
-    gradients, as exactly as conv2d does in float32: each within 4x conv2d's own float32 error against float64
-    convolutions (sizes that stride does not divide too). A fixed tolerance failed in a fresh suite (the weight's
-    gradient 1.9e-5 off, where float32 conv2d itself is 0.8-4.7e-5 off: sums of 1,500 terms, rounded in an order
-    that depends on the threads a test before it left to torch)."""
-    gen = torch.Generator().manual_seed(1)
-    x = torch.rand(5, channels, *size, generator=gen)
-    weight = torch.randn(6, channels, kernel, kernel, generator=gen) * 0.1
-    bias = torch.randn(6, generator=gen)
-    grad = None
-    results = []
-    for fn, dtype in ((patch_conv, torch.float32), (torch.nn.functional.conv2d, torch.float32), (torch.nn.functional.conv2d, torch.float64)):
-        leaves = [t.to(dtype).detach().requires_grad_(True) for t in (x, weight, bias)]
-        out = fn(*leaves, stride)
-        grad = torch.randn(out.shape, generator=gen, dtype=torch.float64) if grad is None else grad
-        out.backward(grad.to(dtype))
-        results.append([out.detach().double(), *(t.grad.double() for t in leaves)])
-    for name, patched, conv32, exact in zip(("output", "input's gradient", "weight's gradient", "bias's gradient"), *results):
-        off, conv_off = (patched - exact).abs().max().item(), (conv32 - exact).abs().max().item()
-        assert off <= 4 * conv_off + 1e-6, (name, off, conv_off)
-
-
-@pytest.mark.parametrize("as_gemm", [True, False])
-def test_nature_cnn_trains_one_channel_frames_through_patch_conv_where_the_cpu_says_so(monkeypatch: pytest.MonkeyPatch, as_gemm: bool) -> None:
-    """Training on one-channel frames on a CPU below AVX-512 takes the GEMM (oneDNN's weight gradient
-    is slow there; `FIRST_CONV_AS_GEMM`); with AVX-512, acting (no gradients), stacked frames and
-    frames too many for the patch matrix keep oneDNN's convolution. Either way the features and
-    gradients are the convolution's."""
-    monkeypatch.setattr(networks, "FIRST_CONV_AS_GEMM", as_gemm)
-    calls = []
-    real = networks.patch_conv
-    monkeypatch.setattr(networks, "patch_conv", lambda *a: calls.append(a[0].shape) or real(*a))
-    grey, stacked = torch.rand(16, 1, 60, 80), torch.rand(16, 4, 60, 80)
-    for frames in (grey, stacked):
-        cnn = NatureCNN(frames.shape[1], 60, 80, filters=[16, 32, 32])
-        reference = copy.deepcopy(cnn)
-        calls.clear()
-        out = cnn(frames)
-        out.square().sum().backward()
-        assert calls == ([frames.shape] if frames is grey and as_gemm else [])
-        want = reference.net(frames)
-        want.square().sum().backward()
-        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-        for got, ref in zip(cnn.parameters(), reference.parameters()):
-            torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-5)
-        calls.clear()
-        with torch.no_grad():
-            torch.testing.assert_close(cnn(frames), want.detach(), rtol=1e-5, atol=1e-5)
-        assert calls == []
-    monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64 - 1)  # one element short for 16 frames
-    NatureCNN(1, 60, 80)(grey)
-    assert calls == []
-    monkeypatch.setattr(networks, "PATCH_CONV_MAX", 16 * 14 * 19 * 64)
-    NatureCNN(1, 60, 80)(grey)
-    assert calls == ([grey.shape] if as_gemm else [])
-
-
-@pytest.mark.parametrize("as_gemm", [True, False])
-def test_under_cpu_autocast_a_one_channel_first_convolution_runs_in_float32(monkeypatch: pytest.MonkeyPatch, as_gemm: bool) -> None:
-    """`amp: bf16` on a CPU: the first convolution of grey frames computes in float32, exactly as
-    without autocast (its float32 rule, GEMM or oneDNN, included), and the ones after it in bfloat16;
-    with stacked frames the first runs in bfloat16 too."""
-    monkeypatch.setattr(networks, "FIRST_CONV_AS_GEMM", as_gemm)
-    seen: dict[str, torch.dtype] = {}
-    for frames in (torch.rand(8, 1, 60, 80), torch.rand(8, 4, 60, 80)):
-        cnn = NatureCNN(frames.shape[1], 60, 80, filters=[16, 32, 32])
-        for i in (0, 2):
-            cnn.net[i].register_forward_hook(lambda m, inp, out, i=i: seen.__setitem__(f"conv{i}", out.dtype))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = cnn(frames)
-            first = cnn.net[0](frames.contiguous(memory_format=torch.channels_last))
-        out.float().square().sum().backward()
-        assert seen["conv2"] == torch.bfloat16
-        assert cnn.net[0].weight.grad is not None and cnn.net[0].weight.grad.dtype == torch.float32
-        if frames.shape[1] == 1:
-            assert seen["conv0"] == first.dtype == torch.float32
-            torch.testing.assert_close(first, cnn.net[0](frames), rtol=0, atol=0)
-        else:
-            assert seen["conv0"] == torch.bfloat16
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
@@ -136,11 +53,13 @@ def test_train_cnn_channels_are_the_filters_of_the_policy_evaluation_rebuilds(al
 
 
 def test_uint8_pixels_are_scaled_inside_the_network() -> None:
-    """Bytes cross to the device; the encoder sees [0, 1] either way."""
+    """Bytes cross to the device; the encoder sees [0, 1] either way (its CNN scales one image itself)."""
     space = gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)
     enc = Encoder(space, [8], "relu")
+    plain = NatureCNN(1, 36, 36)
+    plain.load_state_dict(enc.cnn.state_dict())
     pixels = torch.randint(0, 256, (3, 1, 36, 36), dtype=torch.uint8)
-    torch.testing.assert_close(enc(pixels), enc.mlp(enc.cnn(pixels.float() / 255)))
+    torch.testing.assert_close(enc(pixels), enc.mlp(plain(pixels.float() / 255)))
 
 
 def test_dict_observation_concatenates_images_and_vectors() -> None:
@@ -349,6 +268,7 @@ def test_bf16_on_cpu_follows_native_support() -> None:
 
 OBSERVATIONS = {
     "pixels": gym.spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8),
+    "odd pixels": gym.spaces.Box(0, 255, (1, 39, 42), dtype=np.uint8),  # sides the first convolution's stride does not divide
     "vector": gym.spaces.Box(-1, 1, (5,), dtype=np.float32),
     "dict": gym.spaces.Dict({"depth": gym.spaces.Box(0, 1, (1, 36, 36), dtype=np.float32), "goal": gym.spaces.Box(-1, 1, (2,), dtype=np.float32)}),
 }
@@ -385,7 +305,7 @@ def test_a_copy_cast_for_acting_acts_as_the_policy_bit_for_bit(amp: str, kind: s
     acting = cast_for_acting(copy.deepcopy(policy), torch.device("cpu"))
     reduced = {p.dtype for p in acting.parameters()} - {torch.float32}
     assert reduced == ({torch.bfloat16} if amp == "bf16" and CPU_BF16 else set())
-    if kind == "pixels":  # the grey frames' first convolution runs in float32 under autocast, its weights kept so
+    if kind.endswith("pixels"):  # the grey frames' first convolution derives its bfloat16 weights from float32 ones
         assert {p.dtype for p in acting.encoder.cnn.net[0].parameters()} == {torch.float32}
     cnn = acting.encoder.cnn if acting.shared else None
     assert (cnn is not None and cnn.packed is not None) == (kind != "vector" and packed.PACKS)

@@ -315,8 +315,9 @@ def test_ppo_learns_basic_with_the_bundled_config(tmp_path: Path) -> None:
     calibrated with two worker groups, 77.9/81.2/80.9, and a run's last bits differ between the two, so its
     trajectory does). With 2 workers of 4 envs (the same trajectories, one batched forward pass a step) and the
     evaluation's actions drawn from a generator of its seed: 78.15/81.25/75.25 (2026-12-02); with the first
-    convolution trained as a GEMM (networks.patch_conv, an AVX2 EPYC): 76.80/77.65/78.45; on a Xeon with AMX, the
-    first convolution in float32 under bf16 (networks.PatchConv2d): 76.65/75.95/78.60. About 1-2 minutes on 2 cores."""
+    convolution trained as a GEMM (first_conv.patch_conv, an AVX2 EPYC): 76.80/77.65/78.45; on a Xeon with AMX, the
+    first convolution in float32 under bf16: 76.65/75.95/78.60; space-to-depth in bf16 (first_conv.FirstConv2d):
+    81.45/81.05/78.25. About 1-2 minutes on 2 cores."""
     exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["train.total_steps=49152", "train.device=cpu", "sweep.seeds=[0]", f"output={tmp_path}"])
     (run,) = expand(exp)
     experiment_dir = tmp_path / exp.name
