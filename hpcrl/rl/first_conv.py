@@ -15,7 +15,8 @@ Measured on the project's 2-core Xeon with AMX (torch 2.13, one thread, 2026-12-
 configs/vizdoom_ppo.yaml (16 gradient steps of 64 80x60 frames) took 80 ms of CPU against 96 with
 this layer in float32 (which had been faster than oneDNN's one-channel bfloat16: 1.3-2.3 ms for 64
 frames forward and backward against 2.5-3.9); the layer alone over 64 frames 0.18 ms forward
-against 0.41, and over the rollout's 8 frames 0.055 ms against 0.070, rearranging included.
+against 0.41, and over the rollout's 8 frames 0.055 ms against 0.070, rearranging included. Not
+measured on an AMD CPU with AVX512-BF16, where `amp: bf16` also runs on the CPU.
 """
 
 from __future__ import annotations
