@@ -61,7 +61,7 @@ def space_to_depth(x: torch.Tensor, stride: int, kernel: int) -> torch.Tensor:
     output of the convolution sees (past its last window) are left out."""
     batch, _, height, width = x.shape
     rows, cols = ((height - kernel) // stride) * stride + kernel, ((width - kernel) // stride) * stride + kernel
-    frames = x.to(torch.bfloat16)[:, 0, :rows, :cols]
+    frames = x.to(torch.bfloat16).contiguous()[:, 0, :rows, :cols]
     view = _VIEWS.get(2 * stride)
     if view is not None and width % stride == 0:  # each block row's pixels as one integer: a 4-byte-wide permute
         runs = frames.view(view).view(batch, rows // stride, stride, cols // stride)

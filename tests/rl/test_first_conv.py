@@ -92,6 +92,11 @@ def test_space_to_depth_is_the_strided_convolution(kernel: int, stride: int, siz
     want = F.conv2d(x.double(), weight.double(), bias.double(), stride=stride)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+    # frames already in bfloat16, in whatever layout (a column-major copy, a slice of a batch): the same rearrangement
+    frames = x.to(torch.bfloat16)
+    column_major = frames.transpose(2, 3).contiguous().transpose(2, 3)
+    assert torch.equal(space_to_depth(column_major, stride, kernel), rearranged)
+    assert torch.equal(space_to_depth(frames[1:], stride, kernel), rearranged[1:])
 
 
 def test_under_cpu_autocast_one_channel_bytes_run_space_to_depth_in_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
