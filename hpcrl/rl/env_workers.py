@@ -38,7 +38,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import CloudpickleWrapper, batch_space, clear_mpi_env_vars
 
-from hpcrl.leftovers import kill_holding, process_stat, processes, remove_unheld, stop_all_found
+from hpcrl.leftovers import kill_holding, process_stat, processes, stop_all_found
 from hpcrl.rl.step_wire import StepWire, is_raw
 from hpcrl.runtime.group_watch import watch_own_group
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
@@ -435,25 +435,25 @@ STOP_WAIT_S = 1.0
 def end_workers(workers: Sequence[Any], started: float) -> None:
     """Kill these worker processes (multiprocessing's, each leading its group: `_lead_own_group`), live or dead,
     with all they started, and reap them. A worker that died by itself (killed from outside, a crash, an exit in a
-    user's env) leaves its game in its group, and may leave files it alone held (`leftovers.remove_unheld`: its
-    game's message queues, made since `started`)."""
+    user's env) leaves its game in its group, and may leave files it alone held (its game's message queues, made
+    since `started`, which `kill_trees` removes then)."""
     live = [p.pid for p in workers if p.pid is not None and p.exitcode is None]
     died = any(p.exitcode not in (None, 0) for p in workers)  # before the kill below: not by a clean close, nor by it
-    kill_trees(live, groups=[p.pid for p in workers if p.pid is not None])
+    kill_trees(live, groups=[p.pid for p in workers if p.pid is not None], since=started if died else None)
     for process in workers:
         process.join(5.0)  # killed: gone as soon as the kernel has reaped it
-    if died:
-        remove_unheld(started)
 
 
-def kill_trees(pids: Sequence[int], groups: Sequence[int] = ()) -> None:
+def kill_trees(pids: Sequence[int], groups: Sequence[int] = (), since: float | None = None) -> None:
     """SIGKILL these processes, every process of this session in the process groups `groups` (those env workers
     lead: a dead worker's game is still there), and every process under them, and remove the shared memory only
-    they held (hpcrl.leftovers). Each is stopped before the next listing, and the listing repeats until it finds
-    none new, so that nothing they start goes unlisted (from /proc; without /proc, only the processes)."""
+    they held (hpcrl.leftovers), and, given `since`, the games' files made since then that nobody holds (what a
+    process that died before held alone). Each is stopped before the next listing, and the listing repeats until
+    it finds none new, so that nothing they start goes unlisted (from /proc; without /proc, only the processes)."""
     session, leaders = os.getsid(0), set(groups)
-    if victims := stop_all_found(lambda: _trees(pids, leaders, session), STOP_WAIT_S):
-        kill_holding(victims, STOP_WAIT_S)  # stopped: a game engine in its start makes its files no later
+    victims = stop_all_found(lambda: _trees(pids, leaders, session), STOP_WAIT_S)
+    if victims or since is not None:
+        kill_holding(victims, STOP_WAIT_S, since=since)  # stopped: a game engine in its start makes its files no later
 
 
 def _trees(pids: Sequence[int], groups: set[int], session: int) -> list[int]:

@@ -11,11 +11,12 @@ Two rules, each the same convolution computed another way:
   do. Byte pixels (0-255) are exact in bfloat16, so the encoder hands them over as stored and the
   1/255 goes into the weights (`FirstConv2d.input_scale`).
 
-Measured on the project's 2-core Xeon with AMX (torch 2.13, one thread, 2026-12-06): PPO's update on
-configs/vizdoom_ppo.yaml (16 gradient steps of 64 80x60 frames) took 80 ms of CPU against 96 with
-this layer in float32 (which had been faster than oneDNN's one-channel bfloat16: 1.3-2.3 ms for 64
-frames forward and backward against 2.5-3.9); the layer alone over 64 frames 0.18 ms forward
-against 0.41, and over the rollout's 8 frames 0.055 ms against 0.070, rearranging included. Not
+Measured on the project's 2-core Xeon with AMX (torch 2.13, 2026-12-06): PPO's update on
+configs/vizdoom_ppo.yaml (16 gradient steps of 64 80x60 frames) took 88.8 ms of CPU against 94.6 with
+this layer in float32 on one thread (alternated in one process; the same on two threads), float32
+having been faster than oneDNN's one-channel bfloat16 (1.3-2.3 ms for 64 frames forward and backward
+against 2.5-3.9); the layer 0.50 ms a gradient step against 0.84, and over the rollout's 8 frames
+0.055 ms against 0.070, rearranging included. Not
 measured on an AMD CPU with AVX512-BF16, where `amp: bf16` also runs on the CPU.
 """
 
@@ -108,7 +109,7 @@ class FirstConv2d(nn.Conv2d):
     def space_to_depth_on_cpu(self) -> bool:
         """Whether this convolution runs space-to-depth in bfloat16 on a CPU (one channel, a kernel the
         stride divides). A copy cast for acting (hpcrl.rl.networks.cast_for_acting) keeps its weights
-        float32 and packs the bfloat16 ones derived from them (`PackedSpaceToDepth`), as autocast
+        float32 and packs the bfloat16 ones derived from them (`PackedFirstConv`), as autocast
         derives them here: the same numbers."""
         return self.in_channels == 1 and self.kernel_size[0] % self.stride[0] == 0
 

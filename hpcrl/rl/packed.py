@@ -44,7 +44,6 @@ class PackedLayer:
         """A convolution's padding, stride, dilation and groups, as the ops take them; None for a linear layer."""
         self._packed: torch.Tensor | None = None
         self._bias: torch.Tensor | None = None
-        self._dtype = layer.weight.dtype
         self._versions: tuple[int, int] = (-1, -1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,9 +56,9 @@ class PackedLayer:
         versions = (weight._version, -1 if bias is None else bias._version)
         if self._packed is None or versions != self._versions:
             weight, self._bias = self.weights()
-            self._packed, self._dtype, self._versions = self._pack(weight, x.shape), weight.dtype, versions
-        if x.dtype != self._dtype:  # the check is cheaper than a no-op `to` through the dispatcher (about 3 us a layer)
-            x = x.to(self._dtype)
+            self._packed, self._versions = self._pack(weight, x.shape), versions
+        if x.dtype != self._packed.dtype:  # the check is cheaper than a no-op `to` through the dispatcher (about 3 us a layer)
+            x = x.to(self._packed.dtype)
         if conv is not None:
             out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, self._bias, *conv, self._attr, [None], "")
         else:
