@@ -61,7 +61,9 @@ bounds what a quiet machine can reach.
 `steps/ep`: environment steps per episode that ended in the window (-: none ended). A ViZDoom episode's
 start costs its engine and worker about as much CPU as five steps of random actions, so a side whose agent has learned to
 end episodes sooner (basic: a kill within ~12 steps) pays for four times the starts per step that random actions
-do (their episodes run to the 75-step time limit): read SPS with it. The last table says what such a start
+do (their episodes run to the 75-step time limit): read SPS with it. `--sides random -p env.max_episode_steps=13`
+steps random actions in episodes cut to about a learned policy's length (11.4 steps on basic), the reference at
+equal restarts. The last table says what such a start
 does to a batched rollout: each vector step's wall time by how many of its envs ended an episode in it (the
 random-action and hpcrl sides, which step hpcrl's vector env; `step_waits` in speed.json).
 

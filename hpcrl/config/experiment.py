@@ -97,7 +97,7 @@ class EnvConfig:
     """Refused when the run starts: set train.normalize_obs, which keeps the statistics in the policy
     (so evaluation uses them)."""
     max_episode_steps: Optional[int] = setting(None, ge=1)
-    """Truncate episodes after this many steps (gymnasium's TimeLimit); null: the env's own limit."""
+    """Truncate episodes after this many steps (gymnasium's TimeLimit; a ViZDoom step is `frame_skip` tics); null: the env's own limit."""
 
 
 @dataclass

@@ -86,6 +86,13 @@ def block_mean(screen: np.ndarray, factor: int) -> np.ndarray:
     return total.astype(np.uint8)
 
 
+def _wrappers(env: gym.Env) -> Iterator[gym.Wrapper]:
+    """`env` and every wrapper under it, outermost first, down to the game's env."""
+    while isinstance(env, gym.Wrapper):
+        yield env
+        env = env.env
+
+
 class ScreenObservation(gym.Wrapper):
     """Dict observation -> channel-first screen; timeouts as truncation; a real last frame.
 
@@ -97,7 +104,12 @@ class ScreenObservation(gym.Wrapper):
     101-103 against 125-129 us of CPU a step here, of which 75 are ViZDoom's own `make_action` and
     `get_state` (basic, 80x60 grey, random actions; an env worker's CPU per env step fell from 0.23
     to 0.21 ms in PPO, 0.19 to 0.16 with random actions: benchmarks/vizdoom_speed.py).
-    The wrapper's `state` attribute is then not kept; nothing here reads it."""
+    The wrapper's `state` attribute is then not kept; nothing here reads it.
+
+    That direct step passes by every wrapper between this one and the game, so it is taken only where
+    each of them is one whose step adds nothing after the first (`STEP_BLIND_WRAPPERS`); under any
+    other (gymnasium's TimeLimit, which `env.max_episode_steps` added there until 2026-12-06 and the
+    direct step silently ignored) steps go through the wrappers."""
 
     def __init__(self, env: gym.Env, downsample: int = 1) -> None:
         super().__init__(env)
@@ -115,7 +127,8 @@ class ScreenObservation(gym.Wrapper):
         self._buttons: list[list[float]] | None = None
         """Each discrete action's buttons, as make_action takes them; None: steps go through the wrapper."""
         button_map = getattr(base, "button_map", None)  # ViZDoom 1.3's; another version without it steps through the wrapper
-        if isinstance(env.action_space, gym.spaces.Discrete) and base.render_mode is None and button_map is not None and len(button_map) == env.action_space.n:
+        direct = isinstance(env.action_space, gym.spaces.Discrete) and base.render_mode is None and button_map is not None and len(button_map) == env.action_space.n
+        if direct and all(isinstance(w, STEP_BLIND_WRAPPERS) for w in _wrappers(env)):
             self._buttons = [[float(b) for b in buttons] for buttons in button_map]
             self._skip = int(base.frame_skip)
             self._timeouts_truncate = bool(base.treat_episode_timeout_as_truncation)
@@ -184,6 +197,12 @@ class OwnDirectory(gym.Wrapper):
             self._remove()
 
 
+STEP_BLIND_WRAPPERS = (OwnDirectory, gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
+"""The wrappers ScreenObservation's direct step may pass by: the game's directory, and the two gymnasium.make adds
+(a reset before the first step, which ScreenObservation enforces itself, and a check of the first step's output,
+which CheckedOutput makes at every step)."""
+
+
 def _close_and_remove(game: Any, directory: str) -> None:
     game.close()  # first: the engine rewrites its config file as it quits
     shutil.rmtree(directory, ignore_errors=True)
@@ -204,10 +223,10 @@ def make_vizdoom_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
     env_id = resolve_id(spec.id)
     kwargs = {**DEFAULTS, **spec.kwargs}
     downsample = kwargs.pop("downsample", 1)
-    if spec.max_episode_steps:
-        kwargs["max_episode_steps"] = spec.max_episode_steps
     # Game settings naming files (`doom_scenario_path`, ...) mean the directory the run started in,
     # not the game's own (OwnDirectory).
     kwargs = {k: os.path.abspath(v) if k.endswith("_path") and isinstance(v, str) else v for k, v in kwargs.items()}
-    env = gym.make(env_id, render_mode=render_mode, **kwargs)
-    return ScreenObservation(OwnDirectory(env), downsample)
+    env: gym.Env = ScreenObservation(OwnDirectory(gym.make(env_id, render_mode=render_mode, **kwargs)), downsample)
+    if spec.max_episode_steps:  # outside the adapter, whose direct step would pass it by
+        env = gym.wrappers.TimeLimit(env, spec.max_episode_steps)
+    return env

@@ -6,6 +6,7 @@ AsyncVectorEnv), the three bundled configs running end to end (tiny budgets), an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -32,7 +33,7 @@ from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402
 from hpcrl.rl.evaluate import evaluate_run  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, train_run  # noqa: E402
-from hpcrl.rl.vizdoom_env import OwnDirectory, block_mean, resolve_id  # noqa: E402
+from hpcrl.rl.vizdoom_env import OwnDirectory, ScreenObservation, block_mean, resolve_id  # noqa: E402
 from hpcrl.store.rundir import RunError  # noqa: E402
 from hpcrl.sweep.runs import expand  # noqa: E402
 
@@ -116,6 +117,30 @@ def test_timeouts_are_truncations_and_final_frames_are_real() -> None:
         assert info["episode"]["r"][info["_episode"]].tolist() == [-300.0, -300.0]  # -1 per tic
     finally:
         envs.close()
+
+
+def test_max_episode_steps_cuts_episodes_as_truncations() -> None:
+    """`env.max_episode_steps: 5` ends every episode of the run's envs after 5 steps, as a truncation, while
+    the adapter still steps the game itself. A time limit under the adapter (where gymnasium.make puts one),
+    which that direct step would pass by, sends the steps through the wrappers instead."""
+    limited = dataclasses.replace(BASIC, max_episode_steps=5)
+    envs = make_vec_env(limited)
+    one = make_env(limited)
+    under = ScreenObservation(OwnDirectory(gym.make(resolve_id("basic"), max_episode_steps=3)))
+    try:
+        envs.reset(seed=0)
+        for _ in range(2):  # and again after the autoreset
+            ends = [envs.step(np.zeros(2, dtype=np.int64)) for _ in range(5)]
+            assert [(bool(e[2].any()), bool(e[3].any())) for e in ends] == [(False, False)] * 4 + [(False, True)]
+            assert ends[-1][3].all() and ends[-1][4]["episode"]["l"].tolist() == [5, 5]
+        assert one.get_wrapper_attr("_buttons") is not None  # the direct step, as without a limit
+        under.reset(seed=0)
+        assert [under.step(0)[2:4] for _ in range(3)] == [(False, False), (False, False), (False, True)]
+        assert under.get_wrapper_attr("_buttons") is None
+    finally:
+        envs.close()
+        one.close()
+        under.close()
 
 
 @pytest.mark.parametrize("screen_format", ["GRAY8", "RGB24"])
