@@ -90,7 +90,7 @@ class EnvConfig:
     not answer in time is killed, a call is interrupted, and the run fails in one line, instead of
     holding the job (and its GPU) until the time limit."""
     kwargs: dict[str, Any] = setting(factory=dict)
-    """Keyword arguments of the environment's constructor (`gymnasium.make(id, **kwargs)`, the game class)."""
+    """Keyword arguments of the environment's constructor (`gymnasium.make(id, **kwargs)`, the game class); for ViZDoom its game's settings, checked before a game starts."""
     frame_stack: int = setting(1, ge=1, le=64)
     """Observations stacked along a new first axis (Box observations only); 1: none."""
     normalize_obs: bool = False

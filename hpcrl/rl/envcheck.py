@@ -146,8 +146,9 @@ def _check_alphazero(exp: Experiment) -> None:
 
 
 def _check_vizdoom(spec: EnvConfig) -> None:
-    """Scenario names and ids, from ViZDoom's own registrations. Skipped when vizdoom is not
-    installed where `hpcrl sweep` runs (it may be installed in the image only)."""
+    """Scenario names and ids, from ViZDoom's own registrations, and `env.kwargs` as its game takes them (no
+    engine started). Skipped when vizdoom is not installed where `hpcrl sweep` runs (it may be installed in the
+    image only: each env then checks its settings as it is built)."""
     try:
         from hpcrl.rl.vizdoom_env import resolve_id
 
@@ -160,6 +161,11 @@ def _check_vizdoom(spec: EnvConfig) -> None:
         close = difflib.get_close_matches(spec.id, ids + scenarios, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else f" (scenarios: {', '.join(sorted(set(scenarios)))})"
         raise ConfigError(f"env.id: {spec.id!r} is not a ViZDoom scenario or registered id{hint}") from None
+    from hpcrl.rl.vizdoom_settings import settings_fault
+
+    fault = settings_fault(spec.kwargs)
+    if fault is not None:
+        raise ConfigError(fault)
     if spec.kwargs.get("max_buttons_pressed", gym.registry[env_id].kwargs.get("max_buttons_pressed")) == 0:
         raise ConfigError(f"env.id: {env_id} with max_buttons_pressed 0 has MultiBinary actions; hpcrl's policies take Discrete or Box")
 

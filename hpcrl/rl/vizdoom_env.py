@@ -2,8 +2,8 @@
 
 `env.id` is a registered id (`VizdoomBasic-v1`, `VizdoomDefendCenter-v1`, ...; ViZDoom 1.3 has
 no `-v0`) or a scenario name (`basic`, `defend_the_center`, `health_gathering`). `env.kwargs`
-go to the game (`frame_skip`, `screen_resolution`, `screen_format`, any DoomGame config key)
-except `downsample`, an integer factor applied here by averaging pixel blocks (the smallest
+go to the game (`frame_skip`, `screen_resolution`, `screen_format`, any DoomGame config key: checked
+first, hpcrl.rl.vizdoom_settings) except `downsample`, an integer factor applied here by averaging pixel blocks (the smallest
 resolution ViZDoom renders is 160x120; 80x60 learns as well at a quarter of the CNN's cost).
 
 The adapter turns the wrapper's Dict observation into the screen alone, channel-first uint8
@@ -39,6 +39,7 @@ import gymnasium as gym
 import numpy as np
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.vizdoom_settings import settings_fault
 
 DEFAULTS = {"frame_skip": 4, "screen_resolution": "RES_160X120", "screen_format": "GRAY8"}
 """The game settings most ViZDoom RL work uses, unless the config says otherwise."""
@@ -113,8 +114,6 @@ class ScreenObservation(gym.Wrapper):
 
     def __init__(self, env: gym.Env, downsample: int = 1) -> None:
         super().__init__(env)
-        if not isinstance(downsample, int) or downsample < 1:
-            raise ValueError(f"env.kwargs.downsample: expected a positive integer, got {downsample!r}")
         height, width, channels = env.observation_space["screen"].shape
         if height % downsample or width % downsample:
             raise ValueError(f"env.kwargs.downsample: {downsample} does not divide the screen {width}x{height}")
@@ -219,7 +218,11 @@ def _working_directory(path: str) -> Iterator[None]:
 
 
 def make_vizdoom_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
-    """One headless ViZDoom env from an `env:` section (called inside each vector-env worker)."""
+    """One headless ViZDoom env from an `env:` section (called inside each vector-env worker); ValueError, naming the
+    key, for `env.kwargs` the game cannot take (`settings_fault`)."""
+    fault = settings_fault(spec.kwargs)
+    if fault is not None:
+        raise ValueError(fault)
     env_id = resolve_id(spec.id)
     kwargs = {**DEFAULTS, **spec.kwargs}
     downsample = kwargs.pop("downsample", 1)

@@ -83,6 +83,24 @@ def test_screen_is_channel_first_uint8_at_the_configured_resolution_and_format()
         make_env(EnvConfig(backend="vizdoom", id="basic", kwargs={"downsample": 7}))
 
 
+def test_settings_the_game_cannot_take_stop_the_env_before_it_starts() -> None:
+    """An env built where `hpcrl sweep` could not check its settings (ViZDoom in the image only) refuses them
+    itself, in one line naming the key, before a game starts: ViZDoom's own config printed a warning and went on
+    as if they were unset. Through the workers too, where the spaces probe builds the first env."""
+    for kwargs, says in [
+        ({"screen_resolutoin": "RES_160X120"}, "env.kwargs.screen_resolutoin: not a setting of ViZDoom's game config"),
+        ({"episode_timeout": -5}, r"env.kwargs.episode_timeout: ViZDoom cannot take -5 \(Unsigned int value expected"),
+        ({"doom_map": "map01\nepisode_timeout = 5"}, "env.kwargs.doom_map: .* has a line break"),
+        ({"frame_skip": 2.5}, "env.kwargs.frame_skip: expected a positive integer"),
+        ({"available_game_variables": ["AMMO2", "NOPE"]}, r"env.kwargs.available_game_variables: ViZDoom cannot take .* \(Unsupported value: nope\)$"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            make_env(EnvConfig(backend="vizdoom", id="basic", kwargs=kwargs))
+    with pytest.raises(ValueError, match="env.kwargs.living_reward: expected a finite number") as caught:
+        make_vec_env(EnvConfig(backend="vizdoom", id="basic", num_envs=2, kwargs={"living_reward": float("inf")}))
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize(("shape", "factor"), [((1, 120, 160), 2), ((3, 120, 160), 4), ((1, 240, 320), 5), ((3, 480, 640), 16), ((1, 6, 4), 2)])
 def test_downsampling_is_the_floored_mean_of_each_block(shape: tuple[int, int, int], factor: int) -> None:
     """The downsampled frame is each block's mean rounded down, for grey and RGB, up to blocks whose sum
