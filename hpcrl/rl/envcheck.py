@@ -3,8 +3,8 @@
 An unknown `env.id`, or DQN on an env with continuous actions, would otherwise fail inside every
 job after its queue wait. What is checked costs milliseconds: gymnasium's registry (no env is
 built, except the few pure-Python ones below, whose action space cannot be known otherwise) and
-ViZDoom's registered scenarios (read from its registry; no game is started). Habitat is not
-checked here: building its simulator is the expensive part, and it lives only in the image.
+ViZDoom's registered scenarios (read from its registry; no game is started) and settings, and
+Habitat's settings (its simulator, and the scenes it loads, live only in the image).
 
 Imports gymnasium, never torch: `hpcrl sweep` on a login node must not pay for torch.
 """
@@ -86,6 +86,8 @@ def _check_one(spec: EnvConfig, algo: str) -> None:
         _check_gymnasium(spec, algo)
     elif spec.backend == "vizdoom":
         _check_vizdoom(spec)
+    elif spec.backend == "habitat":
+        _check_habitat(spec)
     elif spec.backend in games.GAME_BACKENDS:
         _check_game_class(spec)
 
@@ -111,6 +113,16 @@ def _check_gymnasium(spec: EnvConfig, algo: str) -> None:
             _check_spaces(env, name, algo)
         finally:
             env.close()
+
+
+def _check_habitat(spec: EnvConfig) -> None:
+    """PointNav's id and settings, as each env checks them (no simulator is built: its scenes are in the image)."""
+    from hpcrl.rl.habitat_env import PointNavSettings
+
+    try:
+        PointNavSettings.from_spec(spec)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_game_class(spec: EnvConfig) -> None:

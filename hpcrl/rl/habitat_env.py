@@ -79,20 +79,54 @@ class PointNavSettings:
 
     @classmethod
     def from_spec(cls, spec: EnvConfig) -> PointNavSettings:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(spec.kwargs) - names)
+        """The settings of `spec`, or ValueError naming its id or the first key the simulator could not take. Checked where
+        they are written (and by `hpcrl sweep`, which needs no habitat-sim for it): a string, a negative step or a
+        NaN reached the simulator, or its arithmetic, inside a job after its queue wait."""
+        if spec.id != "PointNav":
+            raise ValueError(f"env.id: the habitat backend runs PointNav, got {spec.id!r}")
+        kinds = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(spec.kwargs) - set(kinds))
         if unknown:
-            raise ValueError(f"env.kwargs: unknown habitat setting(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+            raise ValueError(f"env.kwargs: unknown habitat setting(s) {', '.join(unknown)} (known: {', '.join(sorted(kinds))})")
+        for key, value in spec.kwargs.items():
+            fault = _setting_fault(key, kinds[key], value)
+            if fault is not None:
+                raise ValueError(f"env.kwargs.{key}: {fault}")
         settings = cls(**spec.kwargs)
         if spec.max_episode_steps:
             settings.max_episode_steps = spec.max_episode_steps
         if bool(settings.scene) == bool(settings.episodes):
             raise ValueError("env.kwargs: give either `scene` (episodes sampled on its navmesh) or `episodes` (a PointNav dataset)")
-        if not settings.sensors or set(settings.sensors) - {"depth", "rgb"}:
-            raise ValueError(f"env.kwargs.sensors: expected a non-empty list of 'depth' and 'rgb', got {settings.sensors!r}")
-        if len(settings.resolution) != 2:
-            raise ValueError(f"env.kwargs.resolution: expected [height, width], got {settings.resolution!r}")
+        if settings.min_geodesic > settings.max_geodesic:
+            raise ValueError(f"env.kwargs.min_geodesic: {settings.min_geodesic} is above max_geodesic {settings.max_geodesic}")
         return settings
+
+
+POSITIVE = {"max_depth", "agent_height", "agent_radius", "forward_step", "turn_angle", "success_distance", "max_episode_steps", "max_geodesic", "scene_repeat_steps"}
+"""PointNavSettings that must be above zero (the others of numbers at zero or above, but the rewards: any)."""
+
+MAX_SIDE = 4096
+"""The largest sensor side in pixels: a frame of a larger one would not fit a rollout of any size."""
+
+
+def _setting_fault(key: str, kind: str, value: Any) -> str | None:
+    """What is wrong with `value` for the PointNavSettings field `key` of annotation `kind`, or None."""
+    if kind in ("str", "Optional[str]"):
+        return None if isinstance(value, str) or (value is None and kind != "str") else f"expected a string, got {value!r}"
+    if key == "sensors":
+        ok = isinstance(value, list) and value and all(v in ("depth", "rgb") for v in value)
+        return None if ok else f"expected a non-empty list of 'depth' and 'rgb', got {value!r}"
+    if key == "resolution":
+        ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIDE for v in value)
+        return None if ok else f"expected [height, width], each 1 to {MAX_SIDE} pixels, got {value!r}"
+    number = (int,) if kind == "int" else (int, float)
+    if not isinstance(value, number) or isinstance(value, bool) or not math.isfinite(value):
+        return f"expected {'an integer' if kind == 'int' else 'a finite number'}, got {value!r}"
+    if key in POSITIVE and value <= 0:
+        return f"expected a number above 0, got {value!r}"
+    if key not in POSITIVE and not key.endswith("_reward") and value < 0:
+        return f"expected a number of 0 or above, got {value!r}"
+    return None
 
 
 @dataclass
@@ -318,7 +352,5 @@ class PointNavEnv(gym.Env):
 
 def make_habitat_env(spec: EnvConfig, render_mode: str | None) -> gym.Env:
     """One PointNav env from an `env:` section; fails at once, naming the fix, without habitat-sim."""
-    if spec.id != "PointNav":
-        raise ValueError(f"env.id: the habitat backend runs PointNav, got {spec.id!r}")
     settings = PointNavSettings.from_spec(spec)
     return PointNavEnv(settings, render_mode, import_habitat_sim())
