@@ -97,7 +97,7 @@ class EnvConfig:
     """Refused when the run starts: set train.normalize_obs, which keeps the statistics in the policy
     (so evaluation uses them)."""
     max_episode_steps: Optional[int] = setting(None, ge=1)
-    """Truncate episodes after this many steps (gymnasium's TimeLimit; a ViZDoom step is `frame_skip` tics); null: the env's own limit."""
+    """Truncate episodes after this many steps (gymnasium's TimeLimit; a ViZDoom step is `frame_skip` tics); null: the env's own limit. Not for two-player games (AlphaZero's train.max_moves)."""
 
 
 @dataclass
@@ -254,6 +254,11 @@ class Experiment:
                 return [("env.backend", f"algo alphazero plays two-player games: expected 'openspiel' or 'game', got {self.env.backend!r}")]
             if self.algo != "program":
                 return [("env.backend", f"{self.env.backend!r} is a two-player game, for algo alphazero (algo is {self.algo!r})")]
+        if self.env.backend in ("openspiel", "game"):  # settings of single-agent envs, which a two-player game would ignore
+            if self.env.max_episode_steps is not None:
+                return [("env.max_episode_steps", "a two-player game ends by its own rules; AlphaZero caps a game's moves with train.max_moves")]
+            if self.env.frame_stack != 1:
+                return [("env.frame_stack", "a two-player game's observation is its whole position, and nothing stacks it")]
         if self.distributed is not None and self.algo not in ("dqn", "alphazero"):
             return [("distributed", f"needs algo 'dqn' (Ape-X) or 'alphazero' (self-play jobs): {self.algo!r} is on-policy and hpcrl has no off-policy correction (V-trace) for stale actor parameters")]
         if self.distributed is not None and self.algo == "alphazero" and self.distributed.prioritized:

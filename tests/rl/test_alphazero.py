@@ -404,6 +404,20 @@ def test_a_game_backend_needs_alphazero_and_alphazero_a_game(tmp_path):
     assert code == 2 and "algo alphazero plays two-player games" in err, err
 
 
+@pytest.mark.parametrize(("env", "says"), [
+    ({"max_episode_steps": 20}, "env.max_episode_steps: a two-player game ends by its own rules; AlphaZero caps a game's moves with train.max_moves"),
+    ({"frame_stack": 4}, "env.frame_stack: a two-player game's observation is its whole position"),
+])
+def test_single_agent_env_settings_that_a_game_would_ignore_are_refused(tmp_path, env, says):
+    """Set for a two-player game, these did nothing: the game ended by its rules and observed its position."""
+    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1, **env}})
+    data = yaml.safe_load(config.read_text())
+    data["train"] = {}
+    config.write_text(yaml.safe_dump(data))
+    code, err = sweep(config)
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+
+
 def test_alphazero_runs_in_one_process(tmp_path):
     config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "game", "id": "user_games:Nim", "num_envs": 1}, "resources": {"ranks": 2}})
     data = yaml.safe_load(config.read_text())
