@@ -13,6 +13,7 @@ started where ViZDoom was not installed at sweep time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -71,7 +72,7 @@ def _reason(warning: str) -> str:
     ignored.` -> `Unsupported value: nope`."""
     text = re.sub(r"\s+in lines? [#\d-]+", "", warning.partition('"config string".')[2])
     text = re.sub(r"\s*Lines? ignored\.\s*$", "", text.strip())
-    return " ".join(text.rstrip(".").split()) or "ViZDoom ignores it"
+    return " ".join(text.rstrip(".").split()) or "ViZDoom's warning went to no stderr"
 
 
 def _is(what: str, value: Any) -> bool:
@@ -87,8 +88,13 @@ def _stderr_kept() -> Iterator[list[str]]:
     """What this process writes to file descriptor 2 meanwhile (ViZDoom's C++ warnings), kept in the list's one
     item instead of written there."""
     said = [""]
-    sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr (a job started with it closed): the check stands, ViZDoom's reason is lost
+        yield said
+        return
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # sys.stderr None (fd 2 closed at start) or closed
+        sys.stderr.flush()
     try:
         with tempfile.TemporaryFile() as sink:
             os.dup2(sink.fileno(), 2)

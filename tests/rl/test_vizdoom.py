@@ -101,6 +101,13 @@ def test_settings_the_game_cannot_take_stop_the_env_before_it_starts() -> None:
     assert "\n" not in str(caught.value)
 
 
+def test_the_settings_check_stands_where_stderr_is_closed() -> None:
+    """A job started with its stderr closed: ViZDoom's reason is lost (it writes it there), not the check."""
+    code = "from hpcrl.rl.vizdoom_settings import settings_fault as f; print(f({'bogus': 1})); print(f({'episode_timeout': 300}))"
+    run = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2), text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.splitlines() == ["env.kwargs.bogus: ViZDoom cannot take 1 (ViZDoom's warning went to no stderr)", "None"]
+
+
 @pytest.mark.parametrize(("shape", "factor"), [((1, 120, 160), 2), ((3, 120, 160), 4), ((1, 240, 320), 5), ((3, 480, 640), 16), ((1, 6, 4), 2)])
 def test_downsampling_is_the_floored_mean_of_each_block(shape: tuple[int, int, int], factor: int) -> None:
     """The downsampled frame is each block's mean rounded down, for grey and RGB, up to blocks whose sum
