@@ -16,8 +16,8 @@ configs/vizdoom_ppo.yaml (16 gradient steps of 64 80x60 frames) took 88.8 ms of 
 this layer in float32 on one thread (alternated in one process; the same on two threads), float32
 having been faster than oneDNN's one-channel bfloat16 (1.3-2.3 ms for 64 frames forward and backward
 against 2.5-3.9); the layer 0.50 ms a gradient step against 0.84, and over the rollout's 8 frames
-0.055 ms against 0.070, rearranging included. Not
-measured on an AMD CPU with AVX512-BF16, where `amp: bf16` also runs on the CPU.
+0.055 ms against 0.070, rearranging included. Not measured on an AMD CPU with AVX512-BF16, where
+`amp: bf16` also runs on the CPU.
 """
 
 from __future__ import annotations

@@ -28,14 +28,15 @@ import gzip
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import gymnasium as gym
 import numpy as np
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.config.schema import build, public_fields, setting
 
 MISSING = "habitat-sim is not installed; build the image with `hpcrl build-image`"
 ACTIONS = ("stop", "move_forward", "turn_left", "turn_right")
@@ -52,81 +53,59 @@ def import_habitat_sim() -> Any:
     return habitat_sim
 
 
+MAX_SIDE = 4096
+"""The largest sensor side in pixels: a frame of a larger one would not fit a rollout of any size."""
+
+
 @dataclass
 class PointNavSettings:
-    """The `env.kwargs` of a habitat env; unknown keys are an error (a typo would change the task)."""
+    """The `env.kwargs` of a habitat env, each with its rules (hpcrl.config.schema, as the config's own sections);
+    unknown keys are an error (a typo would change the task)."""
 
     scene: Optional[str] = None
     episodes: Optional[str] = None
     scenes_dir: str = "data/scene_datasets"
     scene_dataset_config: Optional[str] = None
-    sensors: list[str] = field(default_factory=lambda: ["depth"])
-    resolution: list[int] = field(default_factory=lambda: [256, 256])
-    max_depth: float = 10.0
-    sensor_height: float = 1.25
-    agent_height: float = 1.5
-    agent_radius: float = 0.1
-    forward_step: float = 0.25
-    turn_angle: float = 10.0
-    success_distance: float = 0.2
+    sensors: list[Literal["depth", "rgb"]] = setting(factory=lambda: ["depth"], min_items=1)
+    resolution: list[int] = setting(factory=lambda: [256, 256], min_items=2, max_items=2, ge=1, le=MAX_SIDE)
+    """[height, width] in pixels."""
+    max_depth: float = setting(10.0, gt=0)
+    sensor_height: float = setting(1.25, ge=0)
+    agent_height: float = setting(1.5, gt=0)
+    agent_radius: float = setting(0.1, gt=0)
+    forward_step: float = setting(0.25, gt=0)
+    turn_angle: float = setting(10.0, gt=0)
+    success_distance: float = setting(0.2, gt=0)
     success_reward: float = 2.5
     slack_reward: float = -0.01
-    max_episode_steps: int = 500
-    min_geodesic: float = 1.0
-    max_geodesic: float = 30.0
-    scene_repeat_steps: int = 10_000
-    gpu_device_id: int = 0
+    max_episode_steps: int = setting(500, ge=1)
+    min_geodesic: float = setting(1.0, ge=0)
+    max_geodesic: float = setting(30.0, gt=0)
+    scene_repeat_steps: int = setting(10_000, ge=1)
+    gpu_device_id: int = setting(0, ge=0)
+
+    def check(self) -> list[tuple[str, str]]:
+        if bool(self.scene) == bool(self.episodes):
+            return [("scene", "give either `scene` (episodes sampled on its navmesh) or `episodes` (a PointNav dataset)")]
+        if self.min_geodesic > self.max_geodesic:
+            return [("min_geodesic", f"{self.min_geodesic:g} is above max_geodesic {self.max_geodesic:g}")]
+        return []
 
     @classmethod
     def from_spec(cls, spec: EnvConfig) -> PointNavSettings:
-        """The settings of `spec`, or ValueError naming its id or the first key the simulator could not take. Checked where
-        they are written (and by `hpcrl sweep`, which needs no habitat-sim for it): a string, a negative step or a
-        NaN reached the simulator, or its arithmetic, inside a job after its queue wait."""
+        """The settings of `spec`, or ValueError naming its id or the first key the simulator could not take.
+        Checked where they are read (and by `hpcrl sweep`, which needs no habitat-sim for it): a string, a negative
+        step or a NaN reached the simulator, or its arithmetic, inside a job after its queue wait."""
         if spec.id != "PointNav":
             raise ValueError(f"env.id: the habitat backend runs PointNav, got {spec.id!r}")
-        kinds = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(spec.kwargs) - set(kinds))
+        names = sorted(public_fields(cls))
+        unknown = sorted(set(spec.kwargs) - set(names))
         if unknown:
-            raise ValueError(f"env.kwargs: unknown habitat setting(s) {', '.join(unknown)} (known: {', '.join(sorted(kinds))})")
-        for key, value in spec.kwargs.items():
-            fault = _setting_fault(key, kinds[key], value)
-            if fault is not None:
-                raise ValueError(f"env.kwargs.{key}: {fault}")
-        settings = cls(**spec.kwargs)
+            raise ValueError(f"env.kwargs: unknown habitat setting(s) {', '.join(unknown)} (known: {', '.join(names)})")
+        settings = build(cls, dict(spec.kwargs), "env.kwargs")
         if spec.max_episode_steps:
             settings.max_episode_steps = spec.max_episode_steps
-        if bool(settings.scene) == bool(settings.episodes):
-            raise ValueError("env.kwargs: give either `scene` (episodes sampled on its navmesh) or `episodes` (a PointNav dataset)")
-        if settings.min_geodesic > settings.max_geodesic:
-            raise ValueError(f"env.kwargs.min_geodesic: {settings.min_geodesic} is above max_geodesic {settings.max_geodesic}")
         return settings
-
-
-POSITIVE = {"max_depth", "agent_height", "agent_radius", "forward_step", "turn_angle", "success_distance", "max_episode_steps", "max_geodesic", "scene_repeat_steps"}
-"""PointNavSettings that must be above zero (the others of numbers at zero or above, but the rewards: any)."""
-
-MAX_SIDE = 4096
-"""The largest sensor side in pixels: a frame of a larger one would not fit a rollout of any size."""
-
-
-def _setting_fault(key: str, kind: str, value: Any) -> str | None:
-    """What is wrong with `value` for the PointNavSettings field `key` of annotation `kind`, or None."""
-    if kind in ("str", "Optional[str]"):
-        return None if isinstance(value, str) or (value is None and kind != "str") else f"expected a string, got {value!r}"
-    if key == "sensors":
-        ok = isinstance(value, list) and value and all(v in ("depth", "rgb") for v in value)
-        return None if ok else f"expected a non-empty list of 'depth' and 'rgb', got {value!r}"
-    if key == "resolution":
-        ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIDE for v in value)
-        return None if ok else f"expected [height, width], each 1 to {MAX_SIDE} pixels, got {value!r}"
-    number = (int,) if kind == "int" else (int, float)
-    if not isinstance(value, number) or isinstance(value, bool) or not math.isfinite(value):
-        return f"expected {'an integer' if kind == 'int' else 'a finite number'}, got {value!r}"
-    if key in POSITIVE and value <= 0:
-        return f"expected a number above 0, got {value!r}"
-    if key not in POSITIVE and not key.endswith("_reward") and value < 0:
-        return f"expected a number of 0 or above, got {value!r}"
-    return None
 
 
 @dataclass

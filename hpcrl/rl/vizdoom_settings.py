@@ -1,6 +1,6 @@
 """What `env.kwargs` a ViZDoom game takes, checked before any game starts.
 
-ViZDoom's gymnasium wrapper takes a few settings itself (`WRAPPER_SETTINGS`) and hands the rest to the
+ViZDoom's gymnasium wrapper takes a few settings itself (`AdapterSettings`) and hands the rest to the
 game's config (`DoomGame.set_config`), which prints a warning for a key it does not know or a value it
 cannot read, ignores that line and goes on: `screen_resolutoin: RES_160X120` or `episode_timeout: -5`
 trained as if unset, and the warning was one line among the engine's. A value with a line break became
@@ -21,31 +21,36 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-WRAPPER_SETTINGS = {
-    "frame_skip": "a positive integer",
-    "max_buttons_pressed": "a non-negative integer",
-    "treat_episode_timeout_as_truncation": "true or false",
-    "use_multi_binary_action_space": "true or false",
-}
-"""The settings ViZDoom's gymnasium wrapper takes itself, with what each must be."""
+from hpcrl.config.schema import ConfigError, build, public_fields, setting
 
-OWN_SETTINGS = {"downsample": "a positive integer"}
-"""hpcrl's own: the factor the adapter averages pixel blocks by (hpcrl.rl.vizdoom_env.ScreenObservation)."""
 
+@dataclass
+class AdapterSettings:
+    """The settings ViZDoom's gymnasium wrapper takes itself (defaults as its own), and hpcrl's `downsample` (the factor
+    hpcrl.rl.vizdoom_env.ScreenObservation averages pixel blocks by), each with its rules (hpcrl.config.schema)."""
+
+    frame_skip: int = setting(1, ge=1)
+    max_buttons_pressed: int = setting(0, ge=0)
+    treat_episode_timeout_as_truncation: bool = True
+    use_multi_binary_action_space: bool = True
+    downsample: int = setting(1, ge=1)
 
 
 def settings_fault(kwargs: dict[str, Any]) -> str | None:
     """What is wrong with `env.kwargs` for a ViZDoom game, in one line that starts with the key's path, or None."""
+    adapter = public_fields(AdapterSettings)
+    try:
+        build(AdapterSettings, {k: v for k, v in kwargs.items() if k in adapter}, "env.kwargs")
+    except ConfigError as exc:
+        return str(exc).splitlines()[0]
     game = None
     for key, value in kwargs.items():
-        where = f"env.kwargs.{key}"
-        if key in WRAPPER_SETTINGS or key in OWN_SETTINGS:
-            what = WRAPPER_SETTINGS.get(key) or OWN_SETTINGS[key]
-            if not _is(what, value):
-                return f"{where}: expected {what}, got {value!r}"
+        if key in adapter:
             continue
+        where = f"env.kwargs.{key}"
         if isinstance(value, str) and ("\n" in value or "\r" in value):
             return f"{where}: {value!r} has a line break, which ViZDoom's config would read as a setting of its own"
         if isinstance(value, float) and not math.isfinite(value):
@@ -59,7 +64,7 @@ def settings_fault(kwargs: dict[str, Any]) -> str | None:
         if not taken:
             reason = _reason(said[0])
             if reason.startswith("Unsupported key"):
-                return f"{where}: not a setting of ViZDoom's game config ({reason}), nor one its gymnasium wrapper takes ({', '.join(WRAPPER_SETTINGS)}) or hpcrl's ({', '.join(OWN_SETTINGS)})"
+                return f"{where}: not a setting of ViZDoom's game config ({reason}), nor one its gymnasium wrapper or hpcrl's adapter takes ({', '.join(adapter)})"
             return f"{where}: ViZDoom cannot take {value!r} ({reason})"
         if said[0]:
             os.write(2, said[0].encode())  # not ViZDoom's refusal: whatever else went to stderr meanwhile goes on there
@@ -73,14 +78,6 @@ def _reason(warning: str) -> str:
     text = re.sub(r"\s+in lines? [#\d-]+", "", warning.partition('"config string".')[2])
     text = re.sub(r"\s*Lines? ignored\.\s*$", "", text.strip())
     return " ".join(text.rstrip(".").split()) or "ViZDoom's warning went to no stderr"
-
-
-def _is(what: str, value: Any) -> bool:
-    if what == "true or false":
-        return isinstance(value, bool)
-    if not isinstance(value, int) or isinstance(value, bool):
-        return False
-    return value > 0 if what == "a positive integer" else value >= 0
 
 
 @contextmanager

@@ -185,7 +185,7 @@ def test_overlapping_grid_keys_are_refused(tmp_path: Path) -> None:
         ({"env": {"backend": "vizdoom", "id": "basic"}, "sweep": {"grid": {"env.kwargs.episode_timeout": [300, 1e20]}}}, "env.kwargs.episode_timeout"),
         ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "forward_step": -0.25}}}, "env.kwargs.forward_step"),
         ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "max_depth": float("nan")}}}, "env.kwargs.max_depth"),
-        ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "turn_angle": "10"}}}, "env.kwargs.turn_angle"),
+        ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "turn_angle": "ten"}}}, "env.kwargs.turn_angle"),
         ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "resolution": [100_000, 100_000]}}}, "env.kwargs.resolution"),
         ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "sensors": ["lidar"]}}}, "env.kwargs.sensors"),
         ({"env": {"backend": "habitat", "id": "PointNav", "kwargs": {"scene": "room.glb", "gpu_device_id": -1}}}, "env.kwargs.gpu_device_id"),

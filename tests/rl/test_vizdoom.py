@@ -91,7 +91,7 @@ def test_settings_the_game_cannot_take_stop_the_env_before_it_starts() -> None:
         ({"screen_resolutoin": "RES_160X120"}, "env.kwargs.screen_resolutoin: not a setting of ViZDoom's game config"),
         ({"episode_timeout": -5}, r"env.kwargs.episode_timeout: ViZDoom cannot take -5 \(Unsigned int value expected"),
         ({"doom_map": "map01\nepisode_timeout = 5"}, "env.kwargs.doom_map: .* has a line break"),
-        ({"frame_skip": 2.5}, "env.kwargs.frame_skip: expected a positive integer"),
+        ({"frame_skip": 0}, "env.kwargs.frame_skip: expected a positive integer"),
         ({"available_game_variables": ["AMMO2", "NOPE"]}, r"env.kwargs.available_game_variables: ViZDoom cannot take .* \(Unsupported value: nope\)$"),
     ]:
         with pytest.raises(ValueError, match=says):
