@@ -5,11 +5,19 @@ Worker processes bound every wait on an env (hpcrl.rl.env_workers.Workers), but 
 envs in the trainer's process, where a `step` that never returns froze the run until the time limit.
 Sync exists because a cheap env's step costs less than the pipe round trip a worker would add (a
 CartPole step is microseconds), so moving those envs into a process would cost what sync saves.
-The bound stays in the process instead, as the kernel's interval timer: each call arms
-ITIMER_REAL for `env.worker_timeout_s`; if it expires, SIGALRM's handler runs in the main thread at
-its next bytecode, or at once where it waits in a system call (a sleep, a socket, a lock: Python lets
-the signal interrupt it), and raises EnvTimeout, which fails the run in one line naming the env and
-the call, as a worker's timeout does. Disarmed when the call returns: a few system calls per call.
+The bound stays in the process instead, as a kernel timer: each call arms it for `env.worker_timeout_s`;
+if it expires, the kernel signals the main thread, whose handler runs at its next bytecode, or at once where
+it waits in a system call (a sleep, a socket, a lock: Python lets the signal interrupt it), and raises
+EnvTimeout, which fails the run in one line naming the env and the call, as a worker's timeout does.
+Disarmed when the call returns: two system calls per call.
+
+The timer is one of the process's own (a POSIX timer on the monotonic clock, made at its first bounded call)
+and its signal, DEADLINE_SIGNAL, is a real-time signal that nothing else sends, aimed at the main thread.
+The process's one ITIMER_REAL and SIGALRM, which pytest-timeout or a user's `signal.alarm` may hold, are
+never touched. Shared with them, as the bound first was, another alarm had to be stopped, read and set again
+around each call, and could not be kept whole: the kernel reports a timer less than a microsecond from its
+time as 0 (setitimer's microseconds are truncated), so the alarm stopped there never came (574 of 20,000
+tries aimed at that microsecond; one alarm of 400 in a CI run of the test below).
 
 What it cannot bound, and so refuses or leaves to `env.vectorization: async` (whose workers are
 processes the trainer kills, whatever they run):
@@ -20,15 +28,13 @@ processes the trainer kills, whatever they run):
   comes (a C library that retries its waits by itself): the run then waits for the job's time limit.
 gymnasium's own envs (an entry point in `gymnasium.envs`) are not wrapped: their code is known, a
 step is a few lines of numpy, and they may be stepped from any thread.
-
-Another SIGALRM user in the process (pytest-timeout, a user's `signal.alarm`) keeps its handler and
-its timer: both are put back after each call, and an alarm that is theirs (it comes before our
-deadline) is passed on to their handler.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import signal
 import threading
 import time
@@ -38,6 +44,10 @@ from typing import Any
 import gymnasium as gym
 
 from hpcrl.store.rundir import RunError
+
+DEADLINE_SIGNAL = signal.SIGRTMIN + 2
+"""What an expired bound sends the main thread: a real-time signal no scheduler, terminal or user sends (hpcrl's
+env workers' watchers use SIGRTMIN + 1, hpcrl.runtime.group_watch)."""
 
 
 class EnvTimeout(RunError):
@@ -54,8 +64,69 @@ def known(env_id: str) -> bool:
     return module.startswith("gymnasium.envs.")
 
 
-_armed: list[float] = []
-"""The deadline (monotonic clock) of the call in progress, if one is."""
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class _Sigevent(ctypes.Structure):
+    """glibc's struct sigevent, 64 bytes, with the one member of its union that SIGEV_THREAD_ID reads."""
+
+    _fields_ = [("sigev_value", ctypes.c_void_p), ("sigev_signo", ctypes.c_int), ("sigev_notify", ctypes.c_int), ("sigev_notify_thread_id", ctypes.c_int), ("_rest", ctypes.c_int * 11)]
+
+
+_CLOCK_MONOTONIC = 1  # time.monotonic's clock, so the handler's reading and the timer agree
+_SIGEV_THREAD_ID = 4  # Linux: the signal goes to the named thread, not to any thread of the process
+_DISARMED = _Itimerspec()
+
+
+class _Timer:
+    """This process's timer for the bound. A forked child has none of its parent's timers, so one is made per process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._librt = ctypes.CDLL("librt.so.1", use_errno=True)  # timer_* live in libc since glibc 2.34, found through librt on any
+        event = _Sigevent(sigev_signo=DEADLINE_SIGNAL, sigev_notify=_SIGEV_THREAD_ID, sigev_notify_thread_id=threading.get_native_id())
+        self._id = ctypes.c_void_p()
+        if self._librt.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._id)):
+            raise RunError(f"no timer could be made to bound the calls into the env in this process: {os.strerror(ctypes.get_errno())}")
+
+    def arm(self, seconds: float) -> None:
+        whole = int(seconds)
+        if self._librt.timer_settime(self._id, 0, ctypes.byref(_Itimerspec(it_value=_Timespec(whole, int((seconds - whole) * 1e9)))), None):
+            raise RunError(f"the timer bounding the calls into the env in this process could not be set for {seconds:g} s: {os.strerror(ctypes.get_errno())}")
+
+    def disarm(self) -> None:
+        self._librt.timer_settime(self._id, 0, ctypes.byref(_DISARMED), None)
+
+
+_timers: list[_Timer] = []
+"""This process's timer, once a bounded call has made it (a child's first call finds its parent's and makes its own)."""
+_armed: list[tuple[float, str]] = []
+"""The deadline (monotonic clock) of the call in progress, if one is, and what its expiry says."""
+
+
+def _expired(signum: int, frame: Any) -> None:
+    """DEADLINE_SIGNAL's handler. Python runs a handler late, after the call that armed the timer may have returned:
+    a signal finding no call past its deadline is that of a call that ended, and changes nothing."""
+    if _armed and time.monotonic() >= _armed[0][0]:
+        _, says = _armed.pop()
+        raise EnvTimeout(says)
+
+
+def _timer(env_id: str) -> _Timer:
+    """This process's timer, with the handler in place; refused in one line where another handler holds the signal."""
+    handler = signal.getsignal(DEADLINE_SIGNAL)
+    if handler is not _expired:
+        if handler is not signal.SIG_DFL:
+            raise EnvTimeout(f"env {env_id}: signal {int(DEADLINE_SIGNAL)} (SIGRTMIN+2), which bounds the calls into an env in the trainer's own process, has another handler here: set env.vectorization: async")
+        signal.signal(DEADLINE_SIGNAL, _expired)
+    if not _timers or _timers[0].pid != os.getpid():
+        _timers[:] = [_Timer()]
+    return _timers[0]
 
 
 class Deadline:
@@ -74,47 +145,14 @@ class Deadline:
                 f"env {self.env_id}: {doing} was called from thread {threading.current_thread().name!r}, where a call into an env in the "
                 "trainer's own process cannot be bounded (train.async_rollout: true with env.vectorization: sync): set env.vectorization: async"
             )
-        deadline = time.monotonic() + self.timeout
-        theirs_fired = ended = False
-
-        def expired(signum: int, frame: Any) -> None:
-            nonlocal theirs_fired
-            if time.monotonic() < deadline:  # the alarm of whoever set one before us, and sooner: theirs
-                theirs_fired = True
-                if not ended:  # Python runs a handler late: once the call has ended, our own timer stays off
-                    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-6))
-                if callable(previous):
-                    previous(signum, frame)
-                return
-            _armed.clear()
-            raise EnvTimeout(f"env {self.env_id}: {doing} did not return within {self.timeout:g} s (in the trainer's own process: env.vectorization sync)")
-
-        previous = signal.getsignal(signal.SIGALRM)  # bound before `expired` can run (any thread may take the signal)
-        # Theirs read and stopped in one system call, before `expired` is in. Read first and replaced after, theirs
-        # could come due in between, and its signal and that of ours set for the same moment both reached their handler
-        # (61 of 8,000 alarms due among a stream of calls on the 2-core VM; 0 of 8,000 so). A signal of theirs already
-        # on its way reaches their handler, or `expired`, which passes it on, once.
-        their_delay, their_interval = signal.setitimer(signal.ITIMER_REAL, 0)
-        their_due = time.monotonic() + their_delay  # when theirs is due, whatever the calls take (no drift over many)
-        signal.signal(signal.SIGALRM, expired)
-        _armed.append(deadline)
-        at_theirs = bool(their_delay) and their_delay <= self.timeout  # the timer stands at their time, not our deadline
-        signal.setitimer(signal.ITIMER_REAL, max(their_due - time.monotonic(), 1e-6) if at_theirs else self.timeout)
+        timer = _timer(self.env_id)
+        _armed.append((time.monotonic() + self.timeout, f"env {self.env_id}: {doing} did not return within {self.timeout:g} s (in the trainer's own process: env.vectorization sync)"))
+        timer.arm(self.timeout)
         try:
             yield
         finally:
-            ended = True
-            left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+            timer.disarm()
             _armed.clear()
-            signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
-            # Where the timer stood at their time and ran out, their signal has come: to `expired`, or, taken by
-            # another thread and not yet handled in this one, on its way to their handler, now back. Armed again,
-            # it reached their handler twice.
-            delivered = theirs_fired or (at_theirs and left == 0.0)
-            if their_delay and not delivered:  # theirs goes on, less the time this call took (at once if it is due)
-                signal.setitimer(signal.ITIMER_REAL, max(their_due - time.monotonic(), 1e-6), their_interval)
-            elif delivered and their_interval:
-                signal.setitimer(signal.ITIMER_REAL, their_interval, their_interval)
 
 
 class _BoundedCalls:
