@@ -143,28 +143,35 @@ def test_a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_boun
     assert time.monotonic() - began < 5
 
 
-NO_OTHER_ALARM = """
-import sys, time
+HANGING_STEPS = """
+import os, time
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl import envs as envs_module
 from hpcrl.rl.env_deadline import EnvTimeout
 from hpcrl.rl.envs import make_vec_env
-envs = make_vec_env(EnvConfig(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
-envs.reset(seed=0)
-began = time.monotonic()
-try:
-    for _ in range(5):
-        envs.step(envs.action_space.sample())
-except EnvTimeout as exc:
-    print(f"{exc} after {time.monotonic() - began:.0f} s")
+SPEC = dict(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0)
+
+def hang(said):
+    envs = make_vec_env(EnvConfig(**SPEC, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
+    envs.reset(seed=0)
+    began = time.monotonic()
+    try:
+        for _ in range(5):
+            envs.step(envs.action_space.sample())
+    except EnvTimeout as exc:
+        print(f"{said}{exc} after {time.monotonic() - began:.0f} s", flush=True)
 """
+
+
+def run_script(text: str) -> subprocess.CompletedProcess[str]:
+    """`text` run by Python in a process of its own, with the stand-in envs importable."""
+    path = os.pathsep.join([str(STANDINS), str(Path(__file__).resolve().parents[2])])
+    return subprocess.run([sys.executable, "-c", text], env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=30)
 
 
 def test_a_sync_env_is_bounded_in_a_process_where_no_other_alarm_is_set() -> None:
     """A trainer's process has no other timer (pytest-timeout's, under which the tests above run, is one):
     the bound is the only alarm there, and still fires."""
-    path = os.pathsep.join([str(STANDINS), str(Path(__file__).resolve().parents[2])])
-    done = subprocess.run([sys.executable, "-c", NO_OTHER_ALARM], env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=30)
+    done = run_script(HANGING_STEPS + "hang('')\n")
     assert done.stdout == f"env {ENV_ID}: step did not return within 1 s (in the trainer's own process: env.vectorization sync) after 1 s\n", done.stdout + done.stderr
 
 
@@ -229,25 +236,13 @@ def test_each_alarm_of_the_process_due_during_calls_reaches_its_handler_once(mon
         envs.close()
 
 
-FORKED_CHILD = """
-import os, sys, time
-from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl.env_deadline import EnvTimeout
-from hpcrl.rl.envs import make_vec_env
-hangs = dict(id="failing_env:FailingEnv-v0", num_envs=2, vectorization="sync", worker_timeout_s=1.0)
-envs = make_vec_env(EnvConfig(**hangs))
+FORKED_CHILD = HANGING_STEPS + """
+envs = make_vec_env(EnvConfig(**SPEC))
 envs.reset(seed=0)
 envs.step(envs.action_space.sample())  # the parent's timer made
 pid = os.fork()
 if pid == 0:
-    envs = make_vec_env(EnvConfig(**hangs, kwargs={"fail_in": "step", "seed": 1, "everywhere": True}))
-    envs.reset(seed=0)
-    began = time.monotonic()
-    try:
-        for _ in range(5):
-            envs.step(envs.action_space.sample())
-    except EnvTimeout as exc:
-        print(f"child: {exc} after {time.monotonic() - began:.0f} s", flush=True)
+    hang("child: ")
     os._exit(0)
 _, status = os.waitpid(pid, 0)
 envs.step(envs.action_space.sample())
@@ -258,8 +253,7 @@ print(f"parent: child ended with {status}, a step after it")
 def test_a_forked_child_s_calls_are_bounded_by_a_timer_of_its_own() -> None:
     """A forked child has none of its parent's timers: its bound, armed on the parent's, never fired, and its hang
     ran on unbounded. It makes its own at its first call, and the parent's still bounds the parent."""
-    path = os.pathsep.join([str(STANDINS), str(Path(__file__).resolve().parents[2])])
-    done = subprocess.run([sys.executable, "-c", FORKED_CHILD], env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=30)
+    done = run_script(FORKED_CHILD)
     assert done.stdout == (
         f"child: env {ENV_ID}: step did not return within 1 s (in the trainer's own process: env.vectorization sync) after 1 s\n"
         "parent: child ended with 0, a step after it\n"
