@@ -96,7 +96,8 @@ class _Timer:
 
     def arm(self, seconds: float) -> None:
         whole = int(seconds)
-        if self._librt.timer_settime(self._id, 0, ctypes.byref(_Itimerspec(it_value=_Timespec(whole, int((seconds - whole) * 1e9)))), None):
+        nanoseconds = max(int((seconds - whole) * 1e9), 0 if whole else 1)  # a value of 0 disarms: under 1 ns is 1 ns
+        if self._librt.timer_settime(self._id, 0, ctypes.byref(_Itimerspec(it_value=_Timespec(whole, nanoseconds))), None):
             raise RunError(f"the timer bounding the calls into the env in this process could not be set for {seconds:g} s: {os.strerror(ctypes.get_errno())}")
 
     def disarm(self) -> None:

@@ -143,6 +143,15 @@ def test_a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_boun
     assert time.monotonic() - began < 5
 
 
+def test_a_bound_under_a_nanosecond_still_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """env.worker_timeout_s takes any positive number: one under a nanosecond, set as 0 ns, would disarm the timer
+    and leave a hanging step unbounded. Each call fails at once instead, as the setting asks."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=2, vectorization="sync", worker_timeout_s=1e-10, kwargs={"fail_in": "step", "seed": 1, "everywhere": True})
+    with stuck_after(10), pytest.raises(EnvTimeout, match=r"did not return within 1e-10 s"):
+        drive(spec)
+
+
 HANGING_STEPS = """
 import os, time
 from hpcrl.config.experiment import EnvConfig
