@@ -122,7 +122,7 @@ def _timer(env_id: str) -> _Timer:
     """This process's timer, with the handler in place; refused in one line where another handler holds the signal."""
     handler = signal.getsignal(DEADLINE_SIGNAL)
     if handler is not _expired:
-        if handler is not signal.SIG_DFL:
+        if handler not in (signal.SIG_DFL, signal.SIG_IGN):  # ignored is nobody's: a launcher's, inherited through exec
             raise EnvTimeout(f"env {env_id}: signal {int(DEADLINE_SIGNAL)} (SIGRTMIN+2), which bounds the calls into an env in the trainer's own process, has another handler here: set env.vectorization: async")
         signal.signal(DEADLINE_SIGNAL, _expired)
     if not _timers or _timers[0].pid != os.getpid():

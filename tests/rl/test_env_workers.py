@@ -269,6 +269,19 @@ def test_a_forked_child_s_calls_are_bounded_by_a_timer_of_its_own() -> None:
     ), done.stdout + done.stderr
 
 
+def test_a_process_started_with_the_bound_s_signal_ignored_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ignored signal is inherited through exec (a launcher may ignore many): nobody here handles it, so the bound
+    takes it, where refusing would fail a run its user did nothing to."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    spec = EnvConfig(id=ENV_ID, num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True})
+    previous = signal.signal(DEADLINE_SIGNAL, signal.SIG_IGN)
+    try:
+        with stuck_after(10), pytest.raises(EnvTimeout, match="did not return within 1 s"):
+            drive(spec)
+    finally:
+        signal.signal(DEADLINE_SIGNAL, previous)
+
+
 def test_a_process_where_the_bound_s_signal_has_another_handler_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bound's signal taken over by someone else's handler would make each expiry theirs, and the hang unbounded:
     the first call says so, and nothing of theirs is replaced."""
