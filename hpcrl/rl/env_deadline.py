@@ -12,7 +12,9 @@ EnvTimeout, which fails the run in one line naming the env and the call, as a wo
 Disarmed when the call returns: two system calls per call.
 
 The timer is one of the process's own (a POSIX timer on the monotonic clock, made at its first bounded call)
-and its signal, DEADLINE_SIGNAL, is a real-time signal that nothing else sends, aimed at the main thread.
+and its signal, DEADLINE_SIGNAL, is a real-time signal that nothing else sends, aimed at the main thread
+(taken where it is ignored or blocked, as a launcher may leave it through exec; refused in one line where another
+handler holds it).
 The process's one ITIMER_REAL and SIGALRM, which pytest-timeout or a user's `signal.alarm` may hold, are
 never touched. Shared with them, as the bound first was, another alarm had to be stopped, read and set again
 around each call, and could not be kept whole: the kernel reports a timer less than a microsecond from its
@@ -127,6 +129,7 @@ def _timer(env_id: str) -> _Timer:
         signal.signal(DEADLINE_SIGNAL, _expired)
     if not _timers or _timers[0].pid != os.getpid():
         _timers[:] = [_Timer()]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [DEADLINE_SIGNAL])  # a blocked mask, too, is inherited through exec
     return _timers[0]
 
 

@@ -269,17 +269,21 @@ def test_a_forked_child_s_calls_are_bounded_by_a_timer_of_its_own() -> None:
     ), done.stdout + done.stderr
 
 
-def test_a_process_started_with_the_bound_s_signal_ignored_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An ignored signal is inherited through exec (a launcher may ignore many): nobody here handles it, so the bound
-    takes it, where refusing would fail a run its user did nothing to."""
-    monkeypatch.syspath_prepend(str(STANDINS))
-    spec = EnvConfig(id=ENV_ID, num_envs=2, vectorization="sync", worker_timeout_s=1.0, kwargs={"fail_in": "step", "seed": 1, "everywhere": True})
-    previous = signal.signal(DEADLINE_SIGNAL, signal.SIG_IGN)
-    try:
-        with stuck_after(10), pytest.raises(EnvTimeout, match="did not return within 1 s"):
-            drive(spec)
-    finally:
-        signal.signal(DEADLINE_SIGNAL, previous)
+IGNORED_AND_BLOCKED = HANGING_STEPS + """
+import signal
+from hpcrl.rl.env_deadline import DEADLINE_SIGNAL
+signal.signal(DEADLINE_SIGNAL, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, [DEADLINE_SIGNAL])
+hang('')
+"""
+
+
+def test_a_process_started_with_the_bound_s_signal_ignored_and_blocked_is_bounded() -> None:
+    """An ignored signal and a blocked mask are inherited through exec (a launcher may set both): nobody here handles
+    the signal, so the bound takes it and lets it in, where refusing would fail a run its user did nothing to, and a
+    blocked signal would leave the hang unbounded."""
+    done = run_script(IGNORED_AND_BLOCKED)
+    assert done.stdout == f"env {ENV_ID}: step did not return within 1 s (in the trainer's own process: env.vectorization sync) after 1 s\n", done.stdout + done.stderr
 
 
 def test_a_process_where_the_bound_s_signal_has_another_handler_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
