@@ -271,7 +271,10 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
     is, and the reason of a skipped evaluation or a pruned trial."""
     for r in rows:
         rd = expdir.run_dir(experiment_dir, r.run_id)
-        r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == State.DONE else rundir.last_logged_step(rd)
+        try:
+            r.step = (rundir.done_step(rd) or r.total_steps or 0) if r.train == State.DONE else rundir.last_logged_step(rd)
+        except OSError as exc:
+            r.note = r.note or rundir.unreadable(exc)[:80]
         evaluating = rundir.read_eval_progress(rd) if r.eval == RUNNING else None
         if evaluating is not None:
             done, total, what = evaluating

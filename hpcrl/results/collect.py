@@ -78,6 +78,8 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
                     raise curve
                 r.steps, r.returns = curve
                 r.eval_steps, r.eval_returns = rundir.read_eval_curve(rd, names)
+            except OSError as exc:
+                r.problem = rundir.unreadable(exc)
             except (ValueError, UnicodeDecodeError) as exc:
                 r.problem = f"corrupt log ({type(exc).__name__}: {exc})"
         elif rundir.is_done(rd):
@@ -86,6 +88,8 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
         if not r.problem:
             try:
                 r.eval_return = rundir.read_eval(rd)
+            except OSError as exc:
+                r.problem = rundir.unreadable(exc)
             except (ValueError, KeyError, TypeError, csv.Error) as exc:
                 r.problem = f"corrupt eval.csv ({type(exc).__name__}: {exc})"
             if not math.isfinite(r.eval_return):  # a NaN or inf return would poison every aggregate it enters

@@ -114,10 +114,20 @@ def clear(run_dir: Path, *names: str) -> None:
 
 
 def reason(run_dir: Path, name: str) -> str:
+    """A marker's text, "" where there is none. status and collect print it whatever it holds: bytes that are not
+    UTF-8 (a program's words, a damaged disk) are replaced, and a marker that cannot be read says so."""
     try:
-        return (run_dir / name).read_text().strip()
+        return (run_dir / name).read_bytes().decode(errors="replace").strip()
     except FileNotFoundError:
         return ""
+    except OSError as exc:
+        return unreadable(exc)
+
+
+def unreadable(exc: OSError) -> str:
+    """How status and collect name a run's file that exists but cannot be read (another user's, a directory in its
+    place, an I/O error of the file system): `unreadable eval.csv (Permission denied)`, never a traceback."""
+    return f"unreadable {Path(exc.filename).name if exc.filename else 'file'} ({exc.strerror or exc})"
 
 
 def first_line(run_dir: Path, name: str) -> str:

@@ -14,6 +14,7 @@ from factories import write_config
 
 from hpcrl.config.experiment import load_experiment
 from hpcrl.results.collect import collect
+from hpcrl.status import print_status
 from hpcrl.store.expdir import run_dir, write_experiment
 from hpcrl.sweep.runs import expand
 
@@ -59,6 +60,35 @@ def test_collect_reports_bad_runs_by_name_and_aggregates_the_rest(tmp_path: Path
     assert "plots/curves.png" in report and failed.run_id in report
     for name in ("curves", "final", "profile"):
         assert (root / "results" / "plots" / f"{name}.png").stat().st_size > 5000
+
+
+def test_collect_and_status_name_run_files_that_cannot_be_read_or_decoded(tmp_path: Path, capsys) -> None:
+    """A run's file that exists but cannot be read (another user's, a directory in its place, an I/O error of the file
+    system) and a marker whose bytes are not UTF-8 each crashed collect and status with a traceback, the other runs'
+    results with them. Each is named on its run's line; the rest aggregate."""
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2, 3, 4]}}))
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    for i, run in enumerate(runs):
+        fake_finished_run(run_dir(exp.dir, run.run_id), 100.0 + 10 * i)
+    dirs = [run_dir(exp.dir, run.run_id) for run in runs]
+    for rd, name in zip(dirs, ("train.csv", "eval.csv", "eval_curve.csv")):
+        (rd / name).unlink(missing_ok=True)
+        (rd / name).mkdir()
+    (dirs[3] / "DONE").unlink()
+    (dirs[3] / "FAILED").write_bytes(b"\xff\xfeOOM in \x1b[31mstep\n")
+
+    assert collect(exp.dir) == 0
+    out = capsys.readouterr().out
+    for rd, said in zip(dirs, ("unreadable train.csv (Is a directory)", "unreadable eval.csv (Is a directory)", "unreadable eval_curve.csv (Is a directory)", "train failed: \ufffd\ufffdOOM in \\x1b[31mstep")):
+        assert f"run {rd.name} (default, seed {dirs.index(rd)}): {said}" in out, out
+    summary = next(csv.DictReader((exp.dir / "results" / "summary.csv").open()))
+    assert (summary["n"], float(summary["mean"])) == ("1", 140.0)  # seed 4 alone
+    (dirs[0] / "DONE").unlink()  # a run under way: status reads its progress from train.csv
+    assert print_status(exp.dir, runs=True) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(dirs[3].name in line and "train failed: \ufffd\ufffdOOM in \\x1b[31mstep" in line for line in lines), lines
+    assert any(dirs[0].name in line and "unreadable train.csv (Is a directory)" in line for line in lines), lines
 
 
 @pytest.mark.e2e

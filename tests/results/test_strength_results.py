@@ -253,13 +253,16 @@ def test_rate_curves_go_through_the_evaluations_on_0_to_1():
 
 def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_path, capsys):
     """Issue 37 item 4: a ladder.csv cut mid-line (its last pair dropped unseen: 67/261/194 became
-    0/280) and a strength.csv row of 9 wins in 4 games (a win rate of 2.25) are named and left out."""
+    0/280) and a strength.csv row of 9 wins in 4 games (a win rate of 2.25) are named and left out; a file there but
+    unreadable is named as such."""
     exp_dir, run_dirs = nim_experiment(tmp_path, [0, 1, 2])
     (run_dirs[0] / "strength.csv").write_text(",".join(rundir.STRENGTH_COLUMNS) + "\nrandom,4,9,0,0,2.25,0,0\n")
     (run_dirs[1] / "strength.csv").unlink()
     ladder = (run_dirs[2] / "ladder.csv").read_text()
     (run_dirs[2] / "ladder.csv").write_text(ladder[: len(ladder) - 4])
     (run_dirs[1] / "strength_curve.csv").write_bytes(b"\xff\xfe")
+    (run_dirs[0] / "ladder.csv").unlink()
+    (run_dirs[0] / "ladder.csv").mkdir()  # there, and unreadable (another user's, an I/O error)
     assert collect(exp_dir) == 0
     out = capsys.readouterr().out
     ids = [rd.name for rd in run_dirs]
@@ -267,9 +270,10 @@ def test_a_missing_or_corrupt_strength_file_is_named_and_the_rest_reported(tmp_p
     assert f"run {ids[1]} (default, seed 1): no strength.csv" in out
     assert f"run {ids[1]} (default, seed 1): corrupt strength_curve.csv (UnicodeDecodeError: " in out
     assert f"run {ids[2]} (default, seed 2): corrupt ladder.csv (ValueError: line {ladder.count(chr(10))} is cut short" in out
+    assert f"run {ids[0]} (default, seed 0): unreadable ladder.csv (Is a directory)" in out
     table = read_csv(exp_dir / "results" / "strength.csv")
     assert all(r["seeds"] == "1" for r in table) and "2.25" not in out  # seed 2 alone
-    assert {r["seed"] for r in read_csv(exp_dir / "results" / "elo.csv")} == {"0", "1"}
+    assert {r["seed"] for r in read_csv(exp_dir / "results" / "elo.csv")} == {"1"}
     assert "corrupt ladder.csv" in (exp_dir / "results" / "report.md").read_text()
 
 
