@@ -19,7 +19,7 @@ The process's one ITIMER_REAL and SIGALRM, which pytest-timeout or a user's `sig
 never touched. Shared with them, as the bound first was, another alarm had to be stopped, read and set again
 around each call, and could not be kept whole: the kernel reports a timer less than a microsecond from its
 time as 0 (setitimer's microseconds are truncated), so the alarm stopped there never came (574 of 20,000
-tries aimed at that microsecond; one alarm of 400 in a CI run of the test below).
+tries aimed at that microsecond; one alarm of 400 in a CI run of tests/rl/test_env_workers.py).
 
 What it cannot bound, and so refuses or leaves to `env.vectorization: async` (whose workers are
 processes the trainer kills, whatever they run):
