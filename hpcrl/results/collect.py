@@ -1,7 +1,8 @@
 """`hpcrl collect`: gather every run, report what is missing or broken, aggregate across seeds.
 
 This is also what the aggregate stage runs. It never crashes on one bad run: a missing run, a
-failed one, a corrupt eval.csv are each reported by name, and the rest are aggregated. Seeds that
+failed one, a corrupt or unreadable eval.csv are each reported by name, and the rest are aggregated; a
+training log that is missing or damaged costs its run the curve, named, not its final score. Seeds that
 are missing are never silently dropped from a setting's count: the summary has both the number of
 seeds expected and the number that contributed. It reads runs.csv, lists each run directory once
 and reads each run's CSVs (never the run configs), the training logs of many runs parsed together,
@@ -57,6 +58,11 @@ def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     return ""
 
 
+def _damage(name: str, exc: Exception) -> str:
+    """`corrupt eval.csv (ValueError: ...)`, or `unreadable eval.csv (Permission denied)` where it cannot be read."""
+    return rundir.unreadable(exc) if isinstance(exc, OSError) else f"corrupt {name} ({type(exc).__name__}: {exc})"
+
+
 def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     """Each run's curves and final eval return, or the reason it has none; its task is its swept
     `env.id`, else `default_task` (see hpcrl.config.tasks). Each run directory is listed once, and the
@@ -71,27 +77,29 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     for row, rd, names, has_log in zip(rows, dirs, listings, logged):
         task, swept = tasks.split_row(expdir.swept_values(row), default_task)
         r = RunResult(int(row["index"]), row["run_id"], int(row["seed"]), expdir.setting_label(swept), task or "?", rd)
+        # A curve's file that is damaged or unreadable costs the run its curve, named, as a missing one does; the
+        # final evaluation, a file of its own, still counts.
+        damaged = []
         if has_log:
             curve = next(curves)
-            try:
-                if isinstance(curve, Exception):
-                    raise curve
+            if isinstance(curve, Exception):
+                damaged.append(f"no training curve: {_damage('train.csv', curve)}")
+            else:
                 r.steps, r.returns = curve
+            try:
                 r.eval_steps, r.eval_returns = rundir.read_eval_curve(rd, names)
-            except OSError as exc:
-                r.problem = rundir.unreadable(exc)
-            except (ValueError, UnicodeDecodeError) as exc:
-                r.problem = f"corrupt log ({type(exc).__name__}: {exc})"
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                damaged.append(f"no evaluation curve: {_damage('eval_curve.csv', exc)}")
         elif rundir.is_done(rd):
-            r.curve_problem = "no training curve: train.csv is missing"
-        r.problem = r.problem or _train_problem(rd, names) or _eval_problem(rd, names)
+            damaged.append("no training curve: train.csv is missing")
+        train_problem = _train_problem(rd, names)
+        r.curve_problem = "" if train_problem else "; ".join(damaged)  # a run that did not train says that instead
+        r.problem = train_problem or _eval_problem(rd, names)
         if not r.problem:
             try:
                 r.eval_return = rundir.read_eval(rd)
-            except OSError as exc:
-                r.problem = rundir.unreadable(exc)
-            except (ValueError, KeyError, TypeError, csv.Error) as exc:
-                r.problem = f"corrupt eval.csv ({type(exc).__name__}: {exc})"
+            except (OSError, ValueError, KeyError, TypeError, csv.Error) as exc:
+                r.problem = _damage("eval.csv", exc)
             if not math.isfinite(r.eval_return):  # a NaN or inf return would poison every aggregate it enters
                 r.problem = r.problem or f"corrupt eval.csv (a return of {r.eval_return})"
                 r.eval_return = math.nan

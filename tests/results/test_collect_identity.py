@@ -85,7 +85,7 @@ def make_experiment(root: Path, kind: str) -> Path:
                     n_rows = 1  # one logged row: no usable curve, still a score
                 log = _train_csv(rng, n_rows, start, every, final, holes=setting % 3 == 0, resume=setting % 5 == 1)
                 if setting == 12 and seed == 1:
-                    log = log.replace("\n", "\n12x4,1,0.1,1000,1,5.0,100\n", 5)  # damage in the middle: a corrupt log, named
+                    log = log.replace("\n", "\n12x4,1,0.1,1000,1,5.0,100\n", 5)  # damage in the middle: the curve left out, named; the score counts
                 elif setting % 6 == 1 and seed == 0:
                     log += f"{start + every * n_rows},{n_rows + 1},9.9,10"  # a torn last line, dropped
                 elif setting % 6 == 2 and seed == 0:
@@ -162,7 +162,7 @@ def test_collect_split_over_two_processes_writes_the_same_bytes(tmp_path: Path, 
 def test_the_reference_cases_cover_what_they_claim(tmp_path: Path) -> None:
     """Guards the fixture itself: the cut to 12 settings, a partial curve, eval curves, every kind of bad run."""
     single = (REFERENCE / "single-iqm" / "stdout.txt").read_text()
-    for words in ("training curve from 2 of 3 seeds", "corrupt eval.csv", "train failed", "not evaluated", "missing: no run directory", "no train curve", "corrupt log"):
+    for words in ("training curve from 2 of 3 seeds", "corrupt eval.csv", "train failed", "not evaluated", "missing: no run directory", "no train curve", "no training curve: corrupt train.csv"):
         assert words in single, words
     assert (REFERENCE / "single-iqm" / "eval_curves.csv").exists()
     multi = (REFERENCE / "multi-iqm")

@@ -65,7 +65,7 @@ def test_collect_reports_bad_runs_by_name_and_aggregates_the_rest(tmp_path: Path
 def test_collect_and_status_name_run_files_that_cannot_be_read_or_decoded(tmp_path: Path, capsys) -> None:
     """A run's file that exists but cannot be read (another user's, a directory in its place, an I/O error of the file
     system) and a marker whose bytes are not UTF-8 each crashed collect and status with a traceback, the other runs'
-    results with them. Each is named on its run's line; the rest aggregate."""
+    results with them. Each is named on its run's line; an unreadable curve costs the run its curve, not its score."""
     exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2, 3, 4]}}))
     runs = expand(exp)
     write_experiment(exp, runs, {})
@@ -80,10 +80,16 @@ def test_collect_and_status_name_run_files_that_cannot_be_read_or_decoded(tmp_pa
 
     assert collect(exp.dir) == 0
     out = capsys.readouterr().out
-    for rd, said in zip(dirs, ("unreadable train.csv (Is a directory)", "unreadable eval.csv (Is a directory)", "unreadable eval_curve.csv (Is a directory)", "train failed: \ufffd\ufffdOOM in \\x1b[31mstep")):
-        assert f"run {rd.name} (default, seed {dirs.index(rd)}): {said}" in out, out
+    said = (
+        "no training curve: unreadable train.csv (Is a directory)",
+        "unreadable eval.csv (Is a directory)",
+        "no evaluation curve: unreadable eval_curve.csv (Is a directory)",
+        "train failed: \ufffd\ufffdOOM in \\x1b[31mstep",
+    )
+    for seed, (rd, words) in enumerate(zip(dirs, said)):
+        assert f"run {rd.name} (default, seed {seed}): {words}" in out, out
     summary = next(csv.DictReader((exp.dir / "results" / "summary.csv").open()))
-    assert (summary["n"], float(summary["mean"])) == ("1", 140.0)  # seed 4 alone
+    assert (summary["n"], float(summary["mean"])) == ("3", 120.0)  # seeds 0, 2 and 4: 100, 120 and 140
     (dirs[0] / "DONE").unlink()  # a run under way: status reads its progress from train.csv
     assert print_status(exp.dir, runs=True) == 0
     lines = capsys.readouterr().out.splitlines()
