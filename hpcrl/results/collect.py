@@ -58,11 +58,6 @@ def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     return ""
 
 
-def _damage(name: str, exc: Exception) -> str:
-    """`corrupt eval.csv (ValueError: ...)`, or `unreadable eval.csv (Permission denied)` where it cannot be read."""
-    return rundir.unreadable(exc) if isinstance(exc, OSError) else f"corrupt {name} ({type(exc).__name__}: {exc})"
-
-
 def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     """Each run's curves and final eval return, or the reason it has none; its task is its swept
     `env.id`, else `default_task` (see hpcrl.config.tasks). Each run directory is listed once, and the
@@ -83,13 +78,13 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
         if has_log:
             curve = next(curves)
             if isinstance(curve, Exception):
-                damaged.append(f"no training curve: {_damage('train.csv', curve)}")
+                damaged.append(f"no training curve: {rundir.damage('train.csv', curve)}")
             else:
                 r.steps, r.returns = curve
             try:
                 r.eval_steps, r.eval_returns = rundir.read_eval_curve(rd, names)
             except (OSError, ValueError, UnicodeDecodeError) as exc:
-                damaged.append(f"no evaluation curve: {_damage('eval_curve.csv', exc)}")
+                damaged.append(f"no evaluation curve: {rundir.damage('eval_curve.csv', exc)}")
         elif rundir.is_done(rd):
             damaged.append("no training curve: train.csv is missing")
         train_problem = _train_problem(rd, names)
@@ -99,7 +94,7 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
             try:
                 r.eval_return = rundir.read_eval(rd)
             except (OSError, ValueError, KeyError, TypeError, csv.Error) as exc:
-                r.problem = _damage("eval.csv", exc)
+                r.problem = rundir.damage("eval.csv", exc)
             if not math.isfinite(r.eval_return):  # a NaN or inf return would poison every aggregate it enters
                 r.problem = r.problem or f"corrupt eval.csv (a return of {r.eval_return})"
                 r.eval_return = math.nan

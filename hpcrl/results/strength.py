@@ -92,10 +92,8 @@ def _read(r: RunResult, name: str, reader: Callable[[Path], list[dict]], problem
         return reader(r.run_dir / name)
     except FileNotFoundError:
         problems.append(f"run {r.run_id} ({_label(r, multi)}, seed {r.seed}): no {name}")
-    except OSError as exc:
-        problems.append(f"run {r.run_id} ({_label(r, multi)}, seed {r.seed}): {rundir.unreadable(exc)}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        problems.append(f"run {r.run_id} ({_label(r, multi)}, seed {r.seed}): corrupt {name} ({type(exc).__name__}: {exc})")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        problems.append(f"run {r.run_id} ({_label(r, multi)}, seed {r.seed}): {rundir.damage(name, exc)}")
     return None
 
 

@@ -130,6 +130,12 @@ def unreadable(exc: OSError) -> str:
     return f"unreadable {Path(exc.filename).name if exc.filename else 'file'} ({exc.strerror or exc})"
 
 
+def damage(name: str, exc: Exception) -> str:
+    """How collect names a run's file `name` that its reader refused: `corrupt eval.csv (ValueError: ...)`, or
+    `unreadable` where it could not be read."""
+    return unreadable(exc) if isinstance(exc, OSError) else f"corrupt {name} ({type(exc).__name__}: {exc})"
+
+
 def first_line(run_dir: Path, name: str) -> str:
     """A marker's headline, printable: FAILED may carry a traceback below it, and what a program
     wrote may hold colour codes or a carriage return (see `printable`)."""
