@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import threading
@@ -86,10 +87,9 @@ _DISARMED = _Itimerspec()
 
 
 class _Timer:
-    """This process's timer for the bound. A forked child has none of its parent's timers, so one is made per process."""
+    """A timer of this process for the bound, on the monotonic clock, whose expiry signals the calling (main) thread."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self._librt = ctypes.CDLL("librt.so.1", use_errno=True)  # timer_* live in libc since glibc 2.34, found through librt on any
         event = _Sigevent(sigev_signo=DEADLINE_SIGNAL, sigev_notify=_SIGEV_THREAD_ID, sigev_notify_thread_id=threading.get_native_id())
         self._id = ctypes.c_void_p()
@@ -106,8 +106,6 @@ class _Timer:
         self._librt.timer_settime(self._id, 0, ctypes.byref(_DISARMED), None)
 
 
-_timers: list[_Timer] = []
-"""This process's timer, once a bounded call has made it (a child's first call finds its parent's and makes its own)."""
 _armed: list[tuple[float, str]] = []
 """The deadline (monotonic clock) of the call in progress, if one is, and what its expiry says."""
 
@@ -127,10 +125,15 @@ def _timer(env_id: str) -> _Timer:
         if handler not in (signal.SIG_DFL, signal.SIG_IGN):  # ignored is nobody's: a launcher's, inherited through exec
             raise EnvTimeout(f"env {env_id}: signal {int(DEADLINE_SIGNAL)} (SIGRTMIN+2), which bounds the calls into an env in the trainer's own process, has another handler here: set env.vectorization: async")
         signal.signal(DEADLINE_SIGNAL, _expired)
-    if not _timers or _timers[0].pid != os.getpid():
-        _timers[:] = [_Timer()]
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [DEADLINE_SIGNAL])  # a blocked mask, too, is inherited through exec
-    return _timers[0]
+    return _timer_of(os.getpid())
+
+
+@functools.lru_cache(maxsize=1)
+def _timer_of(pid: int) -> _Timer:
+    """The timer of process `pid`, made at its first bounded call: a forked child has none of its parent's timers, and
+    its first call, under another pid, makes its own."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [DEADLINE_SIGNAL])  # a blocked mask, too, is inherited through exec
+    return _Timer()
 
 
 class Deadline:

@@ -20,7 +20,6 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +79,7 @@ def _reason(warning: str) -> str:
     return " ".join(text.rstrip(".").split()) or "ViZDoom's warning went to no stderr"
 
 
-@contextmanager
+@contextlib.contextmanager
 def _stderr_kept() -> Iterator[list[str]]:
     """What this process writes to file descriptor 2 meanwhile (ViZDoom's C++ warnings), kept in the list's one
     item instead of written there."""
