@@ -61,6 +61,12 @@ HEAD_ADDRESS = "10.251.0.1"
 tests' cluster jobs may dial that is neither loopback nor an address of the machine's own network."""
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` runs or can: a killed process not yet reaped (a zombie) does not, and init on these VMs
+    reaps orphans only every ~2 s."""
+    return (stat := process_stat(pid)) is not None and stat.live
+
+
 def own_shm(shm: Path) -> list[str] | None:
     """The start of a command line that runs a command (as the same pid) with `shm`, made here, as its /dev/shm: a
     mount namespace of its own, so that whatever it leaves there, or finds there, is its own however many tests run
@@ -116,7 +122,7 @@ class Simulators:
 
     def alive(self) -> list[int]:
         """The simulators still running (not zombies)."""
-        return [pid for pid in self.pids() if (stat := process_stat(pid)) is not None and stat.live]
+        return [pid for pid in self.pids() if alive(pid)]
 
     def left(self) -> list[str]:
         """The files still in /dev/shm."""

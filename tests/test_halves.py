@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import alive
 
 from hpcrl import halves
 from hpcrl.cores import usable_cores
@@ -113,14 +114,6 @@ def test_a_killed_parent_leaves_no_child_computing(tmp_path: Path) -> None:
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    while _alive(child):
+    while alive(child):
         assert time.monotonic() < deadline, f"the child {child} outlived its killed parent"
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"

@@ -23,6 +23,8 @@
 set -euo pipefail
 # shellcheck source=nodes.sh
 source "$(dirname "${BASH_SOURCE[0]}")/nodes.sh"
+# shellcheck source=daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"
 # shellcheck source=apt.sh
 source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
@@ -52,18 +54,6 @@ log() { printf '[sge.sh] %s\n' "$*"; }
 die() { printf '[sge.sh] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-# pid_of FILE COMM: print the PID in FILE if that process is alive and is COMM (guards against reused PIDs).
-pid_of() {
-    local file=$1 comm=$2 pid
-    [[ -s $file ]] || return 1
-    pid=$(tr -dc '0-9' <"$file")
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
-    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$comm" ]] || return 1
-    echo "$pid"
-}
-
-running() { pid_of "$1" "$2" >/dev/null; }
 
 # execd_pid: the PID of the head's live sge_execd, from $SPOOL/execd/*/execd.pid less the namespace hosts'.
 execd_pid() {
@@ -116,32 +106,6 @@ qconf() {
 qc() {
     local out
     out=$(qconf "$@" 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
-}
-
-# wait_for SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.1 s until it succeeds.
-wait_for() {
-    local limit=$1 what=$2; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || { log "timed out after ${limit}s waiting for $what"; return 1; }
-        sleep 0.1
-    done
-}
-
-# stop_pidfile FILE COMM: SIGTERM the PID in FILE, SIGKILL after 15 s; quiet when not running.
-stop_pidfile() {
-    local file=$1 comm=$2 pid i
-    pid=$(pid_of "$file" "$comm") || return 0
-    log "stopping $comm (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 150; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "$comm (pid $pid) ignored SIGTERM for 15 s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
 }
 
 # stop_execds FILE...: stop_pidfile for several execds at once (each takes seconds to exit after SIGTERM).

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import alive
 from test_conformance import Backend, Local, active_tasks, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.cli import main
@@ -282,12 +283,6 @@ def job_processes(exp_dir: Path) -> tuple[int, int]:
             continue
     raise AssertionError(f"no hpcrl train of {exp_dir} is running")
 
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.mark.e2e

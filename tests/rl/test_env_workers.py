@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from factories import own_shm, simulators, write_config
+from factories import alive, own_shm, simulators, write_config
 
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.rl import env_workers
@@ -33,14 +33,6 @@ from hpcrl.rl.rollout import THREAD_NAME
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
 ENV_ID = "failing_env:FailingEnv-v0"
 
-
-def alive(pid: int) -> bool:
-    """Whether `pid` still runs (a zombie, killed and waiting to be reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def worker_pids(pid_dir: Path) -> list[int]:

@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from factories import alive
 from test_algorithms import make_agent
 
 from hpcrl.config.experiment import EnvConfig
@@ -198,7 +199,7 @@ def test_the_learner_process_and_its_shared_files_go_with_a_killed_trainer(tmp_p
         os.kill(trainer.pid, signal.SIGKILL)  # the trainer alone: what it started must go by itself
         trainer.wait(10)
         deadline = time.monotonic() + 10
-        while _alive(int(pid)):
+        while alive(int(pid)):
             assert time.monotonic() < deadline, "the learner process outlived its trainer"
             time.sleep(0.05)
     finally:
@@ -256,12 +257,3 @@ def test_a_full_dev_shm_leaves_the_update_to_the_thread(full_before: str, size: 
     else:
         assert fell_back == "True", "the run kept a learner process with no room for it"
     assert int(steps) == (4 if full_before == "after" else 3) * 32 * 4, "every iteration ran"
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie is not running; its parent, the trainer, is gone and init reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

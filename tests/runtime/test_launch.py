@@ -11,17 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import alive
 
 REPO = Path(__file__).resolve().parents[2]
 RANK = "import os, sys, time; open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(str(os.getpid())); time.sleep(600)"
 LAUNCHER = "import sys; from hpcrl.runtime.launch import launch; launch([sys.executable, '-c', sys.argv[1], sys.argv[2]], 2, None)"
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.mark.e2e

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from factories import alive
 from test_program_wrapper import ENV, experiment, start, the_run, wait_for
 
 from hpcrl.status import experiment_status
@@ -54,13 +55,6 @@ sys.stdout.write("\n")
 sys.stdout.flush()
 sys.exit("RuntimeError: diverged at the last step")
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
