@@ -58,6 +58,16 @@ def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     return ""
 
 
+def _headless(log: Path) -> list[str]:
+    """A finished run's train.csv without one complete line, named: it read as a curve with no rows, and the
+    curves counted the seed out without saying which. (A log with its header and no return, an AlphaZero run's,
+    is whole.)"""
+    try:
+        return [] if rundir.has_complete_line(log) else [f"no training curve: {log.name} has no complete line"]
+    except OSError as exc:
+        return [f"no training curve: {rundir.unreadable(exc)}"]
+
+
 def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
     """Each run's curves and final eval return, or the reason it has none; its task is its swept
     `env.id`, else `default_task` (see hpcrl.config.tasks). Each run directory is listed once, and the
@@ -81,6 +91,8 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
                 damaged.append(f"no training curve: {rundir.damage('train.csv', curve)}")
             else:
                 r.steps, r.returns = curve
+                if not len(r.steps) and rundir.is_done(rd):
+                    damaged += _headless(rd / rundir.TRAIN_LOG)
             try:
                 r.eval_steps, r.eval_returns = rundir.read_eval_curve(rd, names)
             except (OSError, ValueError, UnicodeDecodeError) as exc:

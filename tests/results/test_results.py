@@ -116,22 +116,28 @@ def test_threshold_skips_and_videos_play(tmp_path: Path) -> None:
 
 
 def test_a_finished_run_without_train_csv_is_named_and_curves_say_how_many_seeds(tmp_path: Path, capsys) -> None:
-    """Its eval score still counts; its curve cannot, and the curves must not pass for all seeds."""
-    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2]}}))
+    """Its eval score still counts; its curve cannot, and the curves must not pass for all seeds. A train.csv cut inside
+    its header reads as a log without rows: named too, where a whole log whose iterations ended no episode is not."""
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1, 2, 3, 4]}}))
     runs = expand(exp)
     write_experiment(exp, runs, {})
     for run in runs:
         fake_finished_run(run_dir(exp.dir, run.run_id), 100.0)
-    lost = runs[1]
+    lost, cut, quiet = runs[1], runs[3], runs[4]
     (run_dir(exp.dir, lost.run_id) / "train.csv").unlink()
     with (run_dir(exp.dir, runs[2].run_id) / "train.csv").open("ab") as f:
         f.write(b"1100,11,11,10\0\0\0")  # a torn last line (a node crash) is not damage
+    (run_dir(exp.dir, cut.run_id) / "train.csv").write_bytes(b"step,iterat")  # its header cut: not one line
+    with (run_dir(exp.dir, quiet.run_id) / "train.csv").open("w") as f:  # whole, no episode ended (AlphaZero's log)
+        f.write("step,iteration,wall_time,sps,episodes,episodic_return,episodic_length\n100,1,1,100,0,,\n")
 
     assert collect(exp.dir) == 0
     out = capsys.readouterr().out
     assert f"run {lost.run_id} (default, seed 1): no training curve: train.csv is missing" in out
-    assert "default: training curve from 2 of 3 seeds" in out and "corrupt" not in out
+    assert f"run {cut.run_id} (default, seed 3): no training curve: train.csv has no complete line" in out
+    assert f"run {quiet.run_id}" not in out, "a whole log whose iterations ended no episode was called damaged"
+    assert "default: training curve from 2 of 5 seeds" in out and "corrupt" not in out
     assert f"`{lost.run_id}`" in (exp.dir / "results" / "report.md").read_text()
     summary = next(csv.DictReader((exp.dir / "results" / "summary.csv").open()))
-    assert summary["n"] == "3"
+    assert summary["n"] == "5"
     assert {row["n_seeds"] for row in csv.DictReader((exp.dir / "results" / "curves.csv").open())} == {"2"}
