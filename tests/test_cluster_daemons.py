@@ -4,6 +4,7 @@ a revive right after a kill started no daemon and waited 120 s for a host that n
 
 from __future__ import annotations
 
+import fcntl
 import re
 import subprocess
 import sys
@@ -95,3 +96,23 @@ def test_both_clusters_take_the_one_rule_and_keep_no_copy_of_their_own() -> None
         assert 'source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"' in text, script
         for helper in ("pid_alive", "pid_of", "running", "wait_for", "stop_pidfile"):
             assert not re.search(rf"^{helper}\(\)", text, re.M), f"{script} defines its own {helper}"
+
+
+def test_commands_that_start_or_stop_daemons_take_turns_and_the_rest_do_not_wait(tmp_path: Path) -> None:
+    """Two `start`s (the suite's session start beside a test's `revive-host`) each started one node's daemon, and the
+    second could not bind its port: they run one after the other. `status` waits for no one."""
+    script = tmp_path / "cluster.sh"
+    script.write_text(
+        f'set -euo pipefail\nlog() {{ :; }}\nsource "{DAEMONS_SH}"\n'
+        f'take_turns "{tmp_path}/cluster.lock" TEST_CLUSTER_LOCKED "$@"\n'
+        f'echo "in $1 $(date +%s.%N)" >>"{tmp_path}/trace"; sleep 0.5; echo "out $1 $(date +%s.%N)" >>"{tmp_path}/trace"\n'
+    )
+    procs = [subprocess.Popen(["bash", str(script), command]) for command in ("start", "revive-host", "stop")]
+    assert [p.wait(timeout=30) for p in procs] == [0, 0, 0]
+    trace = [line.split() for line in (tmp_path / "trace").read_text().splitlines()]
+    assert [what for what, _, _ in trace] == ["in", "out"] * 3, "two of them ran at once"
+    with open(tmp_path / "cluster.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        assert subprocess.run(["bash", str(script), "status"], timeout=30).returncode == 0
+        assert time.monotonic() - started < 5, "status waited for the lock"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Daemons by their pid files, as slurm.sh and sge.sh start, watch and stop them (sourced by both: one rule
-# for what "running" means). The caller defines log().
+# for what "running" means, and one for which of their commands take turns). The caller defines log().
 #
 # A daemon is running when the PID in its file is alive, is the named command (a PID reused by another
 # process is not it), and is not a zombie. A killed daemon has no parent but init, and init reaps when it
@@ -58,4 +58,17 @@ stop_pidfile() {
         kill -KILL "$pid" 2>/dev/null || true
     fi
     rm -f "$file"
+}
+
+# take_turns LOCK FLAG ARGS...: run the script again holding LOCK when ARGS is a command that starts or stops
+# daemons (start, stop, revive-*), so that such commands take turns across processes: the suite's session start
+# and a multi-node test's revive, run beside each other, would otherwise both start one node's daemon, and the
+# second cannot bind its port. FLAG, set in the environment of the run under the lock, says it is held;
+# flock -o holds the lock itself, so no daemon the script starts inherits it.
+take_turns() {
+    local lock=$1 flag=$2; shift 2
+    case ${1:-} in
+    start | stop | revive-*)
+        [[ -n ${!flag:-} ]] || exec env "$flag=1" flock -o "$lock" bash "$0" "$@" ;;
+    esac
 }

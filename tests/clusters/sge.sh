@@ -508,13 +508,7 @@ cmd_status() {
     return "$rc"
 }
 
-# The commands that start daemons (start, revive) or stop them take turns, across processes: the suite's
-# session start and a multi-node test's revive, run beside each other, would otherwise both start one node's
-# daemon, and the second cannot bind its port. flock -o holds the lock itself: no daemon inherits it.
-case ${1:-} in
-start | stop | revive-*)
-    [[ -n ${HPCRL_SGE_LOCKED:-} ]] || HPCRL_SGE_LOCKED=1 exec flock -o /run/lock/hpcrl-sge-cluster.lock bash "$0" "$@" ;;
-esac
+take_turns /run/lock/hpcrl-sge-cluster.lock HPCRL_SGE_LOCKED "$@"
 
 case ${1:-} in
 start) shift; cmd_start "$@" ;;
