@@ -231,22 +231,7 @@ configure_cluster() {
 
     qconf -ss 2>/dev/null | grep -qx "$HOST" || qc -as "$HOST"
 
-    cat >"$d/exechost" <<EOF
-hostname              $HOST
-load_scaling          NONE
-complex_values        gpu=$GPUS
-user_lists            NONE
-xuser_lists           NONE
-projects              NONE
-xprojects             NONE
-usage_scaling         NONE
-report_variables      NONE
-EOF
-    if qconf -se "$HOST" >/dev/null 2>&1; then
-        qc -Me "$d/exechost"
-    else
-        qc -Ae "$d/exechost"
-    fi
+    load_exechost "$HOST" "$d"
 
     cat >"$d/allhosts" <<EOF
 group_name @allhosts
@@ -321,6 +306,23 @@ qc_load() {
     if qconf "$1" "$4" >/dev/null 2>&1; then qc "$3" "$5"; else qc "$2" "$5"; fi
 }
 
+# load_exechost NAME DIR: the execution host NAME, with the fake GPUs (the consumable `gpu`), added or modified
+# from a file written in DIR.
+load_exechost() {
+    cat >"$2/$1" <<EOF
+hostname              $1
+load_scaling          NONE
+complex_values        gpu=$GPUS
+user_lists            NONE
+xuser_lists           NONE
+projects              NONE
+xprojects             NONE
+usage_scaling         NONE
+report_variables      NONE
+EOF
+    qc_load -se -Ae -Me "$1" "$2/$1"
+}
+
 # The namespace hosts: exec, submit and admin hosts with fake GPUs, in @multihosts, queue multi.q with the
 # spanning parallel environment `mpi`, fenced off by the FORCED complex `multihost`.
 configure_hosts() {
@@ -336,18 +338,7 @@ configure_hosts() {
     for name in $hosts; do
         qconf -sh 2>/dev/null | grep -qx "$name" || qc -ah "$name"
         qconf -ss 2>/dev/null | grep -qx "$name" || qc -as "$name"
-        cat >"$d/$name" <<EOF
-hostname              $name
-load_scaling          NONE
-complex_values        gpu=$GPUS
-user_lists            NONE
-xuser_lists           NONE
-projects              NONE
-xprojects             NONE
-usage_scaling         NONE
-report_variables      NONE
-EOF
-        qc_load -se -Ae -Me "$name" "$d/$name"
+        load_exechost "$name" "$d"
     done
     printf 'group_name @multihosts\nhostlist %s\n' "$hosts" >"$d/multihosts"
     qc_load -shgrp -Ahgrp -Mhgrp @multihosts "$d/multihosts"
