@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from factories import own_shm
+from factories import alive, own_shm
 
 from hpcrl import leftovers
 from hpcrl.leftovers import end_leftovers, kill_holding, remove_shared_memory, remove_unheld, shared_memory_of, stop_session
@@ -334,7 +334,7 @@ def test_a_session_killed_whole_leaves_none_of_its_multiprocessing_semaphores(tm
         kill_holding(members)
         assert proc.wait(5) == -9
         assert not [path for path in made if os.path.exists(path)], made
-        assert not [pid for pid in members if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+        assert not [pid for pid in members if alive(pid)]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

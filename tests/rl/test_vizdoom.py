@@ -25,7 +25,7 @@ import torch
 
 pytest.importorskip("vizdoom")
 
-from factories import own_shm  # noqa: E402
+from factories import alive, own_shm  # noqa: E402
 
 from hpcrl.config.experiment import EnvConfig, load_experiment  # noqa: E402
 from hpcrl.leftovers import process_stat, processes, shared_memory_of  # noqa: E402
@@ -428,7 +428,7 @@ def test_a_worker_killed_from_outside_takes_its_game_and_its_files_with_it() -> 
                 envs.step(np.zeros(2, dtype=np.int64))
     finally:
         envs.close()
-    live = [pid for pid in engines if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z"]
+    live = [pid for pid in engines if alive(pid)]
     assert not live, f"engines still running: {live}"
     assert not [p for p in held if os.path.exists(p)]
 
@@ -501,6 +501,6 @@ def test_a_warning_or_ctrl_c_sent_to_every_process_of_the_job_leaves_the_games_r
         time.sleep(0.5)
         for _ in range(20):
             envs.step(np.zeros(2, dtype=np.int64))
-        assert all(os.path.exists(f"/proc/{p}") for p in helpers)
+        assert all(alive(p) for p in helpers)
     finally:
         envs.close()

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from factories import SIMULATOR_ENV, own_shm, trainers, write_config
+from factories import SIMULATOR_ENV, alive, own_shm, trainers, write_config
 
 from hpcrl.schedulers.local import group_alive, task_tag
 
@@ -135,7 +135,7 @@ def test_a_trainer_killed_alone_leaves_nothing_of_its_task_running(tmp_path: Pat
             assert runner.poll() is None and time.monotonic() < deadline, "the sweep ended or never trained"
             time.sleep(0.1)
         simulators = [int(line) for line in pid_file.read_text().split()]
-        assert simulators and all(Path(f"/proc/{pid}").exists() for pid in simulators)
+        assert simulators and all(alive(pid) for pid in simulators)
         for pid in trainers(exp):
             os.kill(pid, signal.SIGKILL)
         out, _ = runner.communicate(timeout=120)
@@ -147,7 +147,7 @@ def test_a_trainer_killed_alone_leaves_nothing_of_its_task_running(tmp_path: Pat
                 os.kill(pid, signal.SIGKILL)  # only what the runner failed to end, after the test has looked
         made = seen_here.exists()
         seen_here.unlink(missing_ok=True)
-    left = [pid for pid in simulators if Path(f"/proc/{pid}").exists() and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")]
+    left = [pid for pid in simulators if alive(pid)]
     assert not left, f"the killed trainer's simulator(s) {left} outlived its task"
     log = "".join(p.read_text() for p in (exp / "jobs" / "logs").glob("train-*"))
     assert f"left {len(simulators)} process(es) running: pid {simulators[0]} (" in log and "time.sleep(600)" in log, log[-2000:]
