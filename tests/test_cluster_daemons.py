@@ -116,3 +116,25 @@ def test_commands_that_start_or_stop_daemons_take_turns_and_the_rest_do_not_wait
         started = time.monotonic()
         assert subprocess.run(["bash", str(script), "status"], timeout=30).returncode == 0
         assert time.monotonic() - started < 5, "status waited for the lock"
+
+
+def test_a_daemon_that_ignores_sigterm_is_killed_after_the_patience_it_was_given(tmp_path: Path) -> None:
+    """sge.sh gives sge_qmaster a minute (it began its shutdown 15 s after SIGTERM once, and 15 s of patience killed it
+    as it wrote its spool); what still runs after that is killed, and named."""
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        pidfile = tmp_path / "daemon.pid"
+        pidfile.write_text(str(proc.pid))
+        comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+        started = time.monotonic()
+        out = shell('stop_pidfile "$1" "$2" "$3"', str(pidfile), comm, "2")
+        took = time.monotonic() - started
+        assert out.returncode == 0, out.stderr
+        assert f"{comm} (pid {proc.pid}) ignored SIGTERM for 2 s; sending SIGKILL" in out.stdout, out.stdout
+        assert 1.8 < took < 10, f"stop took {took:.1f} s with 2 s of patience"
+        assert proc.wait(timeout=10) == -9 and not pidfile.exists()
+    finally:
+        proc.kill()
+        proc.wait()

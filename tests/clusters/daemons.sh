@@ -39,22 +39,22 @@ wait_for() {
     done
 }
 
-# stop_pidfile FILE COMM: SIGTERM the PID in FILE, SIGKILL after 15 s; quiet when not running. The file goes
-# with it, so that a later start never reads a stale PID.
+# stop_pidfile FILE COMM [SECONDS]: SIGTERM the PID in FILE, SIGKILL after SECONDS (15); quiet when not
+# running. The file goes with it, so that a later start never reads a stale PID.
 stop_pidfile() {
-    local file=$1 comm=$2 pid i
+    local file=$1 comm=$2 patience=${3:-15} pid i
     if ! pid=$(pid_of "$file" "$comm"); then
         rm -f "$file"
         return 0
     fi
     log "stopping $comm (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 150; i++)); do
+    for ((i = 0; i < patience * 10; i++)); do
         pid_alive "$pid" || break
         sleep 0.1
     done
     if pid_alive "$pid"; then
-        log "$comm (pid $pid) ignored SIGTERM for 15 s; sending SIGKILL"
+        log "$comm (pid $pid) ignored SIGTERM for $patience s; sending SIGKILL"
         kill -KILL "$pid" 2>/dev/null || true
     fi
     rm -f "$file"

@@ -418,7 +418,7 @@ cmd_start() {
     # one started before the hosts existed (or without node_head_run) is restarted; jobs survive in its spool.
     if ((want > 0)) && running "$QMASTER_PID" sge_qmaster && ! qmaster_resolves; then
         log "restarting sge_qmaster so that it resolves the execution hosts"
-        stop_pidfile "$QMASTER_PID" sge_qmaster
+        stop_pidfile "$QMASTER_PID" sge_qmaster 60
     fi
     if ! running "$QMASTER_PID" sge_qmaster; then
         start_qmaster
@@ -470,7 +470,9 @@ cmd_stop() {
     if running "$QMASTER_PID" sge_qmaster; then unconfigure_hosts; fi
     nodes_remove sge
     stop_execds "$SPOOL"/execd/*/execd.pid
-    stop_pidfile "$QMASTER_PID" sge_qmaster
+    # After a suite's hundreds of jobs, qmaster logged its "controlled shutdown" 15 s after SIGTERM, and 15 s of
+    # patience killed it there, as it began to write its spool (twice in one day); a fresh cell stops in under 10.
+    stop_pidfile "$QMASTER_PID" sge_qmaster 60
     log "stopped"
 }
 
