@@ -58,12 +58,12 @@ def _eval_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     return ""
 
 
-def _headless(log: Path) -> list[str]:
-    """A finished run's train.csv without one complete line, named: it read as a curve with no rows, and the
-    curves counted the seed out without saying which. (A log with its header and no return, an AlphaZero run's,
-    is whole.)"""
+def _headless(rd: Path) -> list[str]:
+    """A finished run's train.csv without one complete line (its header cut: a disk that filled as the run began, a
+    file a crash left zeroed), named: it read as a curve with no rows, and the curves counted the seed out without
+    saying which. (A log with its header and no return, an AlphaZero run's, is whole.)"""
     try:
-        return [] if rundir.has_complete_line(log) else [f"no training curve: {log.name} has no complete line"]
+        return [] if rundir.train_columns(rd) is not None else [f"no training curve: {rundir.TRAIN_LOG} has no complete line"]
     except OSError as exc:
         return [f"no training curve: {rundir.unreadable(exc)}"]
 
@@ -92,7 +92,7 @@ def gather(experiment_dir: Path, default_task: str | None) -> list[RunResult]:
             else:
                 r.steps, r.returns = curve
                 if not len(r.steps) and rundir.is_done(rd):
-                    damaged += _headless(rd / rundir.TRAIN_LOG)
+                    damaged += _headless(rd)
             try:
                 r.eval_steps, r.eval_returns = rundir.read_eval_curve(rd, names)
             except (OSError, ValueError, UnicodeDecodeError) as exc:

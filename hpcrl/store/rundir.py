@@ -682,16 +682,6 @@ def has_train_log(run_dir: Path, names: frozenset[str] | None = None) -> bool:
     return _exists(run_dir, names, TRAIN_LOG)
 
 
-def has_complete_line(path: Path) -> bool:
-    """Whether a log holds one newline: one cut before the end of its header (a disk that filled as the run began, a
-    file a crash left zeroed) has none, and reads as a log with no rows."""
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 16):
-            if b"\n" in chunk:
-                return True
-    return False
-
-
 # --------------------------------------------------------------------------------------------
 # eval.csv
 

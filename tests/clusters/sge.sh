@@ -41,6 +41,10 @@ export SGE_CELL=default
 COMMON=$SGE_ROOT/$SGE_CELL/common
 SPOOL=/var/spool/gridengine
 QMASTER_PID=$SPOOL/qmaster/qmaster.pid
+# Seconds a stopping sge_qmaster gets before SIGKILL: after a suite's hundreds of jobs it logged its "controlled
+# shutdown" 15 s after SIGTERM, and 15 s of patience killed it there, as it began to write its spool (twice in one
+# day); a fresh cell stops in under 10.
+QMASTER_PATIENCE=60
 # execd spools under the name its host resolves to, which is not always $HOST (here 127.0.0.1 -> "localhost"),
 # so the head's pid file is found with a glob: $SPOOL/execd/*/execd.pid, less the namespace hosts' own
 # ($SPOOL/execd/sge-hostN/execd.pid: each host's execd resolves its own name).
@@ -418,7 +422,7 @@ cmd_start() {
     # one started before the hosts existed (or without node_head_run) is restarted; jobs survive in its spool.
     if ((want > 0)) && running "$QMASTER_PID" sge_qmaster && ! qmaster_resolves; then
         log "restarting sge_qmaster so that it resolves the execution hosts"
-        stop_pidfile "$QMASTER_PID" sge_qmaster 60
+        stop_pidfile "$QMASTER_PID" sge_qmaster "$QMASTER_PATIENCE"
     fi
     if ! running "$QMASTER_PID" sge_qmaster; then
         start_qmaster
@@ -470,9 +474,7 @@ cmd_stop() {
     if running "$QMASTER_PID" sge_qmaster; then unconfigure_hosts; fi
     nodes_remove sge
     stop_execds "$SPOOL"/execd/*/execd.pid
-    # After a suite's hundreds of jobs, qmaster logged its "controlled shutdown" 15 s after SIGTERM, and 15 s of
-    # patience killed it there, as it began to write its spool (twice in one day); a fresh cell stops in under 10.
-    stop_pidfile "$QMASTER_PID" sge_qmaster 60
+    stop_pidfile "$QMASTER_PID" sge_qmaster "$QMASTER_PATIENCE"
     log "stopped"
 }
 
