@@ -38,7 +38,7 @@ from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episode
 from hpcrl.rl.learner_process import LearnerProcess
 from hpcrl.rl.networks import ActorCritic, Obs, cast_for_acting, is_image, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
-from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate, run_to_end
+from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate, run_to_end, timed_to_end
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
@@ -87,8 +87,9 @@ class OnPolicyAgent:
     rollout k+1 with the policy of iteration k (a copy, the behaviour policy) in a background
     thread while the update of rollout k runs (hpcrl/rl/rollout.py). On a CPU that update may run
     at background priority (`YieldingUpdate`) until the rollout is done, leaving the cores to the
-    rollout where that was measured faster in this run (`FasterOfTwo`), in a learner process of its
-    own where that pays (`hpcrl.rl.learner_process`); it learns the same numbers either way.
+    rollout (unless the update outlasts it and normal priority was measured faster in this run:
+    `FasterOfTwo`), in a learner process of its own where that pays (`hpcrl.rl.learner_process`);
+    it learns the same numbers either way.
     Otherwise a rollout and its update take turns, and the update learns from the policy that
     acted (exact on-policy PPO).
     """
@@ -148,10 +149,13 @@ class OnPolicyAgent:
         self._beside = False
         """Whether updates beside the rollout have gone to the learner process (it was ready)."""
         self._pace = FasterOfTwo()
-        """Whether the update yields the cores to the rollout: whichever was faster, measured in this run."""
+        """Whether the update yields the cores to the rollout: yes, unless it outlasts the rollout and
+        normal priority was measured faster in this run."""
         self._rollout_began = 0.0
         self._paced: float | None = None
         """When the rollout beside the last update `_pace` chose for began: `_pace` records how long both took."""
+        self._tail = 0.0
+        """The seconds the last update `_pace` chose for ran on after the rollout beside it was done."""
         self._graphs: dict[tuple[int, int], graphs.GraphedStep] = {}
         """The rollout's CUDA graphs, one per (acting policy, env group), made on first use."""
         if self.async_rollout:
@@ -325,7 +329,7 @@ class OnPolicyAgent:
             self._start(self.rollout)
         buf = self._thread.wait()
         if self._paced is not None:  # the rollout and the update beside it are both done
-            self._pace.record(time.perf_counter() - self._paced)
+            self._pace.record(time.perf_counter() - self._paced, self._tail)
             self._paced = None
         self.episodes.extend(buf.episodes)
         if self.iteration + 1 < self.num_iterations:
@@ -457,11 +461,11 @@ class OnPolicyAgent:
                 self._pace.restart()
             yields, self._paced = self._pace.choose(), self._rollout_began
             if not yields:
-                metrics = self.update(batch)
+                metrics, self._tail = self.update(batch), 0.0
             elif beside:
-                metrics = self._update_beside(batch, lr)
+                metrics, self._tail = self._update_beside(batch, lr)
             else:
-                metrics = self._yielding(self.update_steps(batch), self._thread.finished)
+                metrics, self._tail = self._yielding(self.update_steps(batch), self._thread.finished)
         else:
             metrics = self.update(batch)
         if not self.losses_finite:
@@ -476,15 +480,16 @@ class OnPolicyAgent:
         """One update from `batch`, in this thread: its metrics for the log."""
         return run_to_end(self.update_steps(batch))
 
-    def _update_beside(self, batch: dict[str, Any], lr: float) -> dict[str, float]:
+    def _update_beside(self, batch: dict[str, Any], lr: float) -> tuple[dict[str, float], float]:
         """One update from `batch`, begun in the learner process while the rollout is in flight,
-        and finished here at normal priority where the rollout ended first."""
+        and finished here at normal priority where the rollout ended first: (its metrics, the
+        seconds its rest took here)."""
         assert self._learner is not None
         finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
         if finished:
-            return value
+            return value, 0.0
         done, clipped = value
-        return run_to_end(self.update_steps(batch, done, torch.tensor(clipped, device=self.device)))
+        return timed_to_end(self.update_steps(batch, done, torch.tensor(clipped, device=self.device)))
 
     def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
         """The update as a generator that yields between its gradient steps (A2C after its one) and

@@ -20,7 +20,7 @@ remaining gradient steps then run at normal priority, so other load on the node 
 That is faster where the update fits in the cores the rollout leaves idle (8 ViZDoom envs on 2
 cores: 1,965-2,049 env steps/s against 1,843-1,869), and slower where it does not (twice the
 epochs: 1,521-1,549 against 1,602-1,638, the update's tail then runs alone on one core):
-`FasterOfTwo` measures both ways in every run and keeps the faster (1,978-1,993 and 1,537-1,555).
+`FasterOfTwo` keeps the background way, and times both ways where the update outlasts the rollout.
 Where the update is a CNN's on one rank, `hpcrl.rl.learner_process` makes those background steps in a
 process of its own once it has started, so that they no longer share the rollout thread's GIL.
 
@@ -36,6 +36,7 @@ import os
 import queue
 import statistics
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
@@ -217,15 +218,15 @@ class YieldingUpdate:
             return None
         return runner
 
-    def __call__(self, steps: Generator[Any, None, T], until: threading.Event) -> T:
-        """The value `steps` returns: advanced in the background thread while `until` is unset,
-        then here; an exception it raises is raised here."""
+    def __call__(self, steps: Generator[Any, None, T], until: threading.Event) -> tuple[T, float]:
+        """(the value `steps` returns, the seconds its rest took here): advanced in the background
+        thread while `until` is unset, then here; an exception it raises is raised here."""
         self._requests.put((steps, until))
         result = self._results.get()
         if isinstance(result, BaseException):
             raise result
         finished, value = result
-        return value if finished else run_to_end(steps)
+        return (value, 0.0) if finished else timed_to_end(steps)
 
     def close(self) -> None:
         """End the thread (between calls: the agent calls one at a time and waits for it)."""
@@ -261,53 +262,94 @@ def run_to_end(steps: Generator[Any, None, T]) -> T:
         return stop.value
 
 
-class FasterOfTwo:
-    """Chooses between two ways of doing a periodic job (the update at normal or background
-    priority) by timing both: the first `4 * block` of every `every` choices are two blocks of
-    `block` turns of each way, in turns (False first), and the rest of the period uses the way whose
-    median time was shorter, the first turn of each block not counted. Measured again each period,
-    as a run's pace moves (episode lengths change, other load on the machine comes and goes);
-    counted from this process's first choice, so a resumed run measures at once.
+def timed_to_end(steps: Generator[Any, None, T]) -> tuple[T, float]:
+    """(what a generator returns, the seconds it took) once it has run to its end in this thread."""
+    began = time.perf_counter()
+    value = run_to_end(steps)
+    return value, time.perf_counter() - began
 
-    Why blocks: one way's turn changes the next turn's time. Timed in single turns, in alternation,
-    async PPO on ViZDoom (2 cores) took 250 ms an iteration with the update beside the rollout and
-    290 ms without; kept for a whole run, 276-317 and 328-333 (1,614-1,829 env steps/s against
-    1,494-1,535). So the two looked close, and 7 of 33 runs of the benchmark chose the slower way and
-    kept it for the rest of the period (1,544-1,654 steps/s against 1,700-1,830); in blocks, 11 of 11
-    chose the faster.
+
+class FasterOfTwo:
+    """Chooses between the two ways of running an update beside a background rollout on a CPU: at
+    background priority (True, `YieldingUpdate`) or at normal priority (False).
+
+    The background way costs the rollout nothing: where the update ends beside the rollout, the
+    iteration takes the rollout's time, the shortest it can take. Where the update runs on after the
+    rollout is done (its tail, at normal priority), the other way can save at most that tail, and
+    costs the rollout what the update takes from it from the start: about a fifth of it on ViZDoom
+    (2 cores, 0.243-0.255 s an iteration at normal priority against 0.197-0.214 s in the
+    background). So the background way is kept until, in `block` of its turns, the update's tail
+    was over `TAIL_SHARE` of the turn; then both ways are timed and the faster kept, for at least
+    `every` choices, after which they are timed again if the kept way is the other one or the
+    tails came back. Timing costs the slower way's turns: in 20 s of async PPO on ViZDoom (2
+    cores), whose tails are at most a fifth of a turn (0.02-0.06 s of 0.2-0.3 s in the first
+    iterations, none once the learner process runs), timing both ways twice, as this class did at
+    every start, made 2,118 / 2,176 env steps/s against 2,278 / 2,297 never timing. With twice the
+    epochs (tails 0.07-0.17 s of 0.3-0.44 s) the two ways were timed and measured alike (0.38-0.40 s
+    an iteration at normal priority against 0.35-0.38 s).
+
+    A timing is two blocks of `block` turns of each way, in turns (False first), each way's median
+    time deciding, the first turn of each block not counted. Why blocks: one way's turn changes the
+    next turn's time. Timed in single turns, in alternation, async PPO on ViZDoom (2 cores) took 250
+    ms an iteration with the update beside the rollout and 290 ms without; kept for a whole run,
+    276-317 and 328-333 (1,614-1,829 env steps/s against 1,494-1,535). So the two looked close, and
+    7 of 33 runs of the benchmark chose the slower way and kept it; in blocks, 11 of 11 chose the
+    faster.
     """
+
+    TAIL_SHARE = 0.25
+    """The share of a turn above which the update's tail counts against the background way."""
 
     def __init__(self, every: int = 100, block: int = 4) -> None:
         if not (block >= 2 and 4 * block <= every):
             raise ValueError(f"FasterOfTwo: block ({block}) must be at least 2, and 4 blocks ({4 * block}) at most every ({every})")
         self.every, self.block = every, block
         self.times: dict[bool, list[float]] = {False: [], True: []}
-        self.best = False
-        self._count = 0
-        self._last: tuple[int, bool] | None = None
+        self.best = True
+        self.timings = 0
+        """How many timings of both ways this chooser began (the tests read it)."""
+        self._timing: int | None = None
+        """Turns of the timing in progress recorded so far; None when not timing."""
+        self._since = 0
+        """Choices since the last timing began."""
+        self._long_tails = 0
+        """Turns of the kept background way whose tail was over TAIL_SHARE, since the last timing began."""
+        self._last: tuple[int | None, bool] | None = None
 
     def restart(self) -> None:
-        """Measure both ways again from the next choice on (one of them has changed)."""
-        self._count = 0
-        self._last = None
+        """Begin again as at the first choice (one of the ways has changed): the background way,
+        timed against the other once its tails are long."""
+        self.best, self.timings, self._timing, self._since, self._long_tails, self._last = True, 0, None, 0, 0, None
 
     def choose(self) -> bool:
-        """The way for this time: blocks of turns while measuring, else the faster one."""
-        phase = self._count % self.every
-        self._count += 1
-        if phase == 0:
+        """The way for this time: the kept way, or the next turn of a timing."""
+        if self._timing is None and self._time_again():
+            self._timing, self._since, self._long_tails = 0, 0, 0
             self.times = {False: [], True: []}
-        choice = bool(phase // self.block % 2) if phase < 4 * self.block else self.best
-        self._last = (phase, choice)
-        return choice
+            self.timings += 1
+        self._since += 1
+        phase = self._timing
+        self._last = (phase, self.best if phase is None else bool(phase // self.block % 2))
+        return self._last[1]
 
-    def record(self, seconds: float) -> None:
-        """How long the way chosen last took."""
+    def _time_again(self) -> bool:
+        long = self._long_tails >= self.block
+        if self.timings == 0:
+            return long
+        return self._since >= self.every and (long or not self.best)
+
+    def record(self, seconds: float, tail: float) -> None:
+        """How long the way chosen last took, and for how long of that its update ran on after the rollout beside it."""
         if self._last is None:
             return
         (phase, choice), self._last = self._last, None
-        if phase >= 4 * self.block or phase % self.block == 0:  # measured, or the first turn after the other way's
+        if phase is None:
+            if choice and tail > self.TAIL_SHARE * seconds:
+                self._long_tails += 1
             return
-        self.times[choice].append(seconds)
-        if phase == 4 * self.block - 1:
-            self.best = statistics.median(self.times[True]) < statistics.median(self.times[False])
+        if phase % self.block:  # not the first turn after the other way's
+            self.times[choice].append(seconds)
+        self._timing = phase + 1
+        if self._timing == 4 * self.block:
+            self._timing = None
+            self.best = statistics.median(self.times[True]) <= statistics.median(self.times[False])
