@@ -18,9 +18,10 @@ runs the update in a thread of Linux's background class (SCHED_IDLE) instead, wh
 only when the rollout's processes leave it idle, and only until the rollout is done: the update's
 remaining gradient steps then run at normal priority, so other load on the node cannot starve it.
 That is faster where the update fits in the cores the rollout leaves idle (8 ViZDoom envs on 2
-cores: 1,965-2,049 env steps/s against 1,843-1,869), and slower where it does not (twice the
-epochs: 1,521-1,549 against 1,602-1,638, the update's tail then runs alone on one core):
-`FasterOfTwo` keeps the background way, and times both ways where the update outlasts the rollout.
+cores: 1,965-2,049 env steps/s against 1,843-1,869), and was slower, before the learner process,
+where it does not (twice the epochs: 1,521-1,549 against 1,602-1,638, the update's tail then ran
+alone on one core): `FasterOfTwo` keeps the background way, and times both ways where the update
+runs on long after the rollout.
 Where the update is a CNN's on one rank, `hpcrl.rl.learner_process` makes those background steps in a
 process of its own once it has started, so that they no longer share the rollout thread's GIL.
 
