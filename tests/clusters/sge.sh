@@ -474,11 +474,14 @@ cmd_stop() {
     if running "$QMASTER_PID" sge_qmaster; then unconfigure_hosts; fi
     stop_execds "$SPOOL"/execd/*/execd.pid
     # qmaster's shutdown waits for each connection to an execd to close. A host killed with its link down (kill-host,
-    # a test's dead node) never closed its execd's: qmaster's last message to it goes unanswered, and the shutdown
+    # a test's dead node) never closed its execd's: qmaster's last message to it went unanswered, and the shutdown
     # waited past its 60 s of patience and was killed (after two suites of the multi-host tier; `kill-host` then
-    # `stop`: 66 s). With every host's link up and its namespace still there, the host's kernel refuses the message
-    # at once, and qmaster stops in ~11 s.
-    for name in $(sge_hosts); do [[ $(node_link_state "$name") != cut ]] || node_heal "$name"; done
+    # `stop`: 66 s). So the head's connections to the hosts are aborted here (ss -K), and every host's link is up
+    # with its namespace still there, whose kernel refuses what qmaster sends: qmaster stops in ~11 s.
+    for name in $(sge_hosts); do
+        [[ $(node_link_state "$name") != cut ]] || node_heal "$name"
+        ss -K dst "$(node_ip "$name")" >/dev/null 2>&1 || true
+    done
     stop_pidfile "$QMASTER_PID" sge_qmaster "$QMASTER_PATIENCE"
     nodes_remove sge
     log "stopped"
