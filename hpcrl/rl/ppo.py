@@ -152,10 +152,9 @@ class OnPolicyAgent:
         """Whether the update yields the cores to the rollout: yes, unless it outlasts the rollout and
         normal priority was measured faster in this run."""
         self._rollout_began = 0.0
-        self._paced: float | None = None
-        """When the rollout beside the last update `_pace` chose for began: `_pace` records how long both took."""
-        self._tail = 0.0
-        """The seconds the last update `_pace` chose for ran on after the rollout beside it was done."""
+        self._paced: tuple[float, float] | None = None
+        """(when the rollout beside the last update `_pace` chose for began, the seconds that update ran on after
+        the rollout was done): `_pace` records how long both took once the rollout is waited for."""
         self._graphs: dict[tuple[int, int], graphs.GraphedStep] = {}
         """The rollout's CUDA graphs, one per (acting policy, env group), made on first use."""
         if self.async_rollout:
@@ -329,7 +328,8 @@ class OnPolicyAgent:
             self._start(self.rollout)
         buf = self._thread.wait()
         if self._paced is not None:  # the rollout and the update beside it are both done
-            self._pace.record(time.perf_counter() - self._paced, self._tail)
+            began, tail = self._paced
+            self._pace.record(time.perf_counter() - began, tail)
             self._paced = None
         self.episodes.extend(buf.episodes)
         if self.iteration + 1 < self.num_iterations:
@@ -459,13 +459,13 @@ class OnPolicyAgent:
             if beside and not self._beside:  # the background way is another from now on: measure both again
                 self._beside = True
                 self._pace.restart()
-            yields, self._paced = self._pace.choose(), self._rollout_began
-            if not yields:
-                metrics, self._tail = self.update(batch), 0.0
+            if not self._pace.choose():
+                metrics, tail = self.update(batch), 0.0
             elif beside:
-                metrics, self._tail = self._update_beside(batch, lr)
+                metrics, tail = self._update_beside(batch, lr)
             else:
-                metrics, self._tail = self._yielding(self.update_steps(batch), self._thread.finished)
+                metrics, tail = self._yielding(self.update_steps(batch), self._thread.finished)
+            self._paced = (self._rollout_began, tail)
         else:
             metrics = self.update(batch)
         if not self.losses_finite:

@@ -306,6 +306,11 @@ class FasterOfTwo:
             raise ValueError(f"FasterOfTwo: block ({block}) must be at least 2, and 4 blocks ({4 * block}) at most every ({every})")
         self.every, self.block = every, block
         self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.restart()
+
+    def restart(self) -> None:
+        """Begin again as at the first choice (one of the ways has changed): the background way,
+        timed against the other once its tails are long."""
         self.best = True
         self.timings = 0
         """How many timings of both ways this chooser began (the tests read it)."""
@@ -316,11 +321,6 @@ class FasterOfTwo:
         self._long_tails = 0
         """Turns of the kept background way whose tail was over TAIL_SHARE, since the last timing began."""
         self._last: tuple[int | None, bool] | None = None
-
-    def restart(self) -> None:
-        """Begin again as at the first choice (one of the ways has changed): the background way,
-        timed against the other once its tails are long."""
-        self.best, self.timings, self._timing, self._since, self._long_tails, self._last = True, 0, None, 0, 0, None
 
     def choose(self) -> bool:
         """The way for this time: the kept way, or the next turn of a timing."""

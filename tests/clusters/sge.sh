@@ -41,9 +41,9 @@ export SGE_CELL=default
 COMMON=$SGE_ROOT/$SGE_CELL/common
 SPOOL=/var/spool/gridengine
 QMASTER_PID=$SPOOL/qmaster/qmaster.pid
-# Seconds a stopping sge_qmaster gets before SIGKILL: after a suite's hundreds of jobs it logged its "controlled
-# shutdown" 15 s after SIGTERM, and 15 s of patience killed it there, as it began to write its spool (twice in one
-# day); a fresh cell stops in under 10.
+# Seconds a stopping sge_qmaster gets before SIGKILL: it logs its "controlled shutdown" 7-15 s after SIGTERM and
+# stops in 9-12 s (cmd_stop's nodes_hang_up lets it: it waited on its connections to dead hosts), and 15 s of
+# patience killed it once as it began to write its spool.
 QMASTER_PATIENCE=60
 # execd spools under the name its host resolves to, which is not always $HOST (here 127.0.0.1 -> "localhost"),
 # so the head's pid file is found with a glob: $SPOOL/execd/*/execd.pid, less the namespace hosts' own
@@ -473,15 +473,7 @@ cmd_stop() {
     # While the hosts' names still resolve (qconf checks them).
     if running "$QMASTER_PID" sge_qmaster; then unconfigure_hosts; fi
     stop_execds "$SPOOL"/execd/*/execd.pid
-    # qmaster's shutdown waits for each connection to an execd to close. A host killed with its link down (kill-host,
-    # a test's dead node) never closed its execd's: qmaster's last message to it went unanswered, and the shutdown
-    # waited past its 60 s of patience and was killed (after two suites of the multi-host tier; `kill-host` then
-    # `stop`: 66 s). So the head's connections to the hosts are aborted here (ss -K), and every host's link is up
-    # with its namespace still there, whose kernel refuses what qmaster sends: qmaster stops in ~11 s.
-    for name in $(sge_hosts); do
-        [[ $(node_link_state "$name") != cut ]] || node_heal "$name"
-        ss -K dst "$(node_ip "$name")" >/dev/null 2>&1 || true
-    done
+    nodes_hang_up sge  # qmaster's shutdown waits for its connections to the hosts to close
     stop_pidfile "$QMASTER_PID" sge_qmaster "$QMASTER_PATIENCE"
     nodes_remove sge
     log "stopped"

@@ -430,9 +430,10 @@ cmd_revive_node() {
 cmd_stop() {
     [[ $EUID -eq 0 ]] || die "run as root"
     stop_slurmds
-    nodes_remove slurm
+    nodes_hang_up slurm  # as sge.sh does for qmaster: the controller's connections to the nodes end before it stops
     stop_pidfile "$CTLD_PID" slurmctld
     stop_pidfile "$DBD_PID" slurmdbd
+    nodes_remove slurm
     if [[ -e $MARK_DIR/mariadbd ]]; then
         stop_pidfile "$MYSQL_PID" mariadbd
         rm -f "$MARK_DIR/mariadbd"

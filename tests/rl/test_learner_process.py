@@ -64,13 +64,15 @@ def _ready(agent: Any) -> None:
         time.sleep(0.05)
 
 
-def _trained(beside: bool, **train: Any) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], dict[str, torch.Tensor], int, int]:
+def _trained(beside: bool, **train: Any) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], dict[str, torch.Tensor], int, int, list[float]]:
     """Six iterations of async PPO on Bars with the update beside the rollout (in the learner process once
     it is ready) or never. Beside, each rollout ends at once, or after 0.3 s (time for the whole update there),
     or says it has ended once the process has made a step of the update (the trainer then makes the rest). (metrics, weights,
-    optimiser state, steps made there, steps made here)."""
+    optimiser state, steps made there, steps made here, the tails `_pace` was told of: how long each update ran on here)."""
     agent = make_agent("ppo", BARS, **{**PPO_BARS, **train})
     agent._pace.choose = lambda: beside
+    tails: list[float] = []
+    agent._pace.record = lambda seconds, tail: tails.append(tail)
     here = 0
     step = agent.step_with_entropy
 
@@ -101,10 +103,11 @@ def _trained(beside: bool, **train: Any) -> tuple[list[dict[str, float]], dict[s
         else:
             agent.train_iteration()
         agent.step_with_entropy = counted
+        tails.clear()  # and the first tail recorded next is still the first iteration's, whose update ran in a thread
         metrics = [agent.train_iteration() for _ in range(5)]
         made = agent._learner.steps_made if agent._learner is not None else 0
         optimizer = {k: v.clone() for k, v in agent.gradient_step.optimizer.state.items()}
-        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, optimizer, made, here
+        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, optimizer, made, here, tails
     finally:
         agent.close()
         agent.envs.close()
@@ -115,10 +118,12 @@ def test_a_run_learns_the_same_numbers_whichever_process_made_each_gradient_step
     """The trainer alone, and the trainer with the learner process making what steps it can while the rollout
     is in flight: the same metrics, weights and optimiser state to the bit (same code, thread count, random
     state and memory). With target_kl the epochs stop where the epoch's last step decides, wherever it ran."""
-    alone_metrics, alone_weights, alone_optimizer, made, here = _trained(False, target_kl=target_kl)
-    assert made == 0
-    metrics, weights, optimizer, made, here = _trained(True, target_kl=target_kl)
+    alone_metrics, alone_weights, alone_optimizer, made, here, tails = _trained(False, target_kl=target_kl)
+    assert made == 0 and tails and not any(tails)  # at normal priority nothing runs on after the rollout
+    metrics, weights, optimizer, made, here, tails = _trained(True, target_kl=target_kl)
     assert made > 0 and here > 0, f"the learner process made {made} steps, the trainer {here}: no update was shared"
+    # The updates the trainer finished said how long that took (`FasterOfTwo` times both ways on long tails).
+    assert any(t > 0 for t in tails[1:]), tails
     assert metrics == alone_metrics
     for name, tensor in alone_weights.items():
         assert torch.equal(weights[name], tensor), name
