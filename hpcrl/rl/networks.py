@@ -141,13 +141,9 @@ class NatureCNN(nn.Module):
         self.net = nn.Sequential(
             init(FirstConv2d(channels, c1, 8, stride=4, input_scale=input_scale)), nn.ReLU(),
             init(nn.Conv2d(c1, c2, 4, stride=2)), nn.ReLU(),
-            init(nn.Conv2d(c2, c3, 3, stride=1)),
-            nn.Flatten(), nn.ReLU(),
+            init(nn.Conv2d(c2, c3, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(),
         )  # fmt: skip
-        # The last ReLU comes after the flatten (the same numbers): the flatten copies the channels-last
-        # output to the weights' C, H, W order, and a ReLU before it met its channels-last output with a
-        # C, H, W gradient, whose backward then took 232 us against 20 for one layout (64 80x60
-        # frames, [16, 32, 32] filters, a 2-core Xeon: a gradient step of 5.4 ms).
         # Channels-last (NHWC) weights: oneDNN's and cuDNN's convolutions work in that layout, and
         # with NCHW weights they reorder every call (a forward and backward of 64 80x60 frames on a
         # 2-core Xeon: 16.8 ms against 19.9). flatten_parameters keeps the layout.
@@ -270,7 +266,7 @@ def cast_for_acting(policy: nn.Module, device: torch.device) -> nn.Module:
                 if id(param) not in kept:  # a first convolution that runs space-to-depth derives its bfloat16 weights from float32 ones
                     param.data = param.data.to(module.amp_dtype)
         if isinstance(module, Encoder) and module.cnn is not None and PACKS:
-            convs = [layer for layer in module.cnn.net if isinstance(layer, nn.Conv2d)]  # each followed by a ReLU (the last after the flatten)
+            convs = [layer for layer in module.cnn.net if isinstance(layer, nn.Conv2d)]  # each followed by a ReLU
             if all(packs(conv) for conv in convs):
                 first = convs[0]
                 assert isinstance(first, FirstConv2d)
