@@ -64,8 +64,8 @@ def _ready(agent: Any) -> None:
     assert agent._learner is not None, "an image policy's update beside the rollout goes to a learner process"
     pid = agent._learner.process.pid
     assert os.sched_getscheduler(pid) == os.SCHED_IDLE, "the learner process is born at background priority"
-    with contextlib.suppress(PermissionError, ProcessLookupError):
-        for task in os.listdir(f"/proc/{pid}/task"):
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(PermissionError, ProcessLookupError):  # not root; a thread that ended since: the others still move
             os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
     deadline = time.monotonic() + 120
     while not agent._learner.ready():

@@ -239,14 +239,15 @@ def test_faster_of_two_does_not_count_the_turn_after_the_other_ways() -> None:
     assert pace.times == {False: [2.0] * 4, True: [1.0] * 4}
 
 
-def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], set[str]]:
+def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], set[str], list[bool]]:
     """Six iterations of async PPO on CartPole, the update always (True), never (False) or as measured (None, by a
     chooser timing both ways from the first choice: in CI, one of the first four tails was short, no timing began in
     six iterations, and no update ran at normal priority).
     Each rollout after the first starts once the update beside it has begun its first gradient step, so that the
     update's thread makes that step: under a load of 9 (a fresh suite), a rollout ended before the update began, and
     every step ran in the main thread. That thread keeps normal priority here (a thread's priority changes when it
-    runs, not what it computes): at background priority, 8 busy processes starved it, and the gated rollout with it."""
+    runs, not what it computes): at background priority, 8 busy processes starved it, and the gated rollout with it.
+    (metrics, weights, the threads that made gradient steps, the ways the measured chooser chose.)"""
     agent = make_agent("ppo", EnvConfig(id="CartPole-v1", num_envs=2, vectorization="async"), total_steps=10_000, async_rollout=True, **PPO_CARTPOLE)
     assert PPO_CARTPOLE["update_epochs"] * PPO_CARTPOLE["num_minibatches"] == 20
     threads: set[str] = set()
@@ -266,13 +267,21 @@ def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, tor
         return step(loss, params)
 
     agent._collect, agent.step_with_entropy = gated, stepped
+    ways: list[bool] = []
     if yields is not None:
         agent._pace.choose = lambda: yields
     else:  # long tails already seen, so the first choices time both ways (whether this run's tails are long depends on the load)
         _paced(agent._pace, {False: 1.0, True: 1.0}, LONG, agent._pace.block)
+        choose = agent._pace.choose
+
+        def chosen() -> bool:
+            ways.append(choose())
+            return ways[-1]
+
+        agent._pace.choose = chosen
     try:
         metrics = [agent.train_iteration() for _ in range(6)]
-        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, threads
+        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, threads, ways
     finally:
         agent.close()
         agent.envs.close()
@@ -317,11 +326,11 @@ def test_an_agent_s_update_goes_to_the_main_thread_once_the_rollout_beside_it_is
 def test_an_update_at_background_priority_learns_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which thread runs the update changes no draw and no weight: the run is the same either way."""
     monkeypatch.setattr(os, "sched_setscheduler", lambda *args: None)  # see _trained
-    normal, normal_weights, normal_threads = _trained(False)
-    yielding, yielding_weights, yielding_threads = _trained(True)
-    measured, measured_weights, measured_threads = _trained(None)
+    normal, normal_weights, normal_threads, _ = _trained(False)
+    yielding, yielding_weights, yielding_threads, _ = _trained(True)
+    measured, measured_weights, measured_threads, ways = _trained(None)
     assert UPDATE_THREAD_NAME in yielding_threads and normal_threads == {"MainThread"}  # the main thread takes over where the rollout ends first
-    assert measured_threads == {UPDATE_THREAD_NAME, "MainThread"}  # both ways timed
+    assert measured_threads == {UPDATE_THREAD_NAME, "MainThread"} and set(ways) == {False, True}  # both ways timed
     assert normal == yielding == measured
     for k, v in normal_weights.items():
         assert torch.equal(v, yielding_weights[k]) and torch.equal(v, measured_weights[k]), k
