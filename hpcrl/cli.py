@@ -279,7 +279,8 @@ def parser() -> argparse.ArgumentParser:
 
     def add_params(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-p", "--param", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
-        sp.add_argument("overrides", nargs="*", metavar="KEY.PATH=VALUE", help="overrides as Hydra takes them: the same as -p")
+        # A default, or argparse (before 3.12) names this optional positional among the required ones when the config is missing.
+        sp.add_argument("overrides", nargs="*", default=[], metavar="KEY.PATH=VALUE", help="overrides as Hydra takes them: the same as -p")
 
     s = sub.add_parser("sweep", help="expand a config into runs, render job scripts and submit train -> eval -> aggregate")
     s.add_argument("config")
@@ -506,7 +507,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"hpcrl: error: {multirun_line(multirun[0], [w for w in [*args.overrides, *extra] if '=' in w])}", file=sys.stderr)
         return 2
     if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
-        args.overrides += extra  # `hpcrl sweep c.yaml --scheduler local train.lr=3e-4`: overrides after options too
+        args.overrides = [*args.overrides, *extra]  # `hpcrl sweep c.yaml --scheduler local train.lr=3e-4`: overrides after options too
     elif extra:
         parser().error(f"unrecognized arguments: {' '.join(extra)}")
     if program is not None and args.command not in ("train", "eval"):
@@ -527,8 +528,22 @@ def _main(argv: list[str] | None) -> int:
     except SchedulerError as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if args.command not in USER_COMMANDS:  # a job's log keeps the traceback: there it is a fault to find
+            raise
+        print(f"hpcrl: error: {os_error_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def os_error_line(exc: OSError) -> str:
+    """What the system refused, on one line: a path too long, a file where a folder must be, a folder hpcrl may
+    not write, a full disk. Each is the user's to change, about a path they gave or the machine's state, and
+    a traceback would bury the one fact they need: which path, and why."""
+    paths = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None)
+    reason = exc.strerror or str(exc)
+    return f"{paths}: {reason}" if paths else reason
 
 
 if __name__ == "__main__":

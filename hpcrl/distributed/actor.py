@@ -27,6 +27,7 @@ from typing import TextIO
 
 import redis
 
+from hpcrl.config.schema import ConfigError
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
@@ -55,9 +56,9 @@ def run_actor(experiment_dir: Path, run: Run, actor: int, out: TextIO | None = N
     rd = run_dir(experiment_dir, run.run_id)
     d = run.config.distributed
     if d is None:
-        raise ValueError(f"{run.run_id}: the config has no distributed section")
+        raise ConfigError(f"{run.run_id}: the config has no distributed section, so the run has no actors (its train stage learns it alone)")
     if not 0 <= actor < d.actors:
-        raise ValueError(f"actor index {actor} out of range: the run has {d.actors} actors")
+        raise ConfigError(f"actor index {actor} out of range: the run has {d.actors} actors (0..{d.actors - 1})")
     if rundir.is_done(rd):
         print(f"{run.run_id} actor {actor}: run already done", file=out)
         return 0

@@ -214,9 +214,15 @@ def import_dockerfile(path: Path) -> tuple[Definition, list[str]]:
     except ImportError:
         raise ConfigError("--from-dockerfile needs spython: pip install 'hpcrl[image]'") from None
     path = path.resolve()
+    if path.is_dir():
+        raise ConfigError(f"{path}: a directory; --from-dockerfile takes the Dockerfile itself ({path / 'Dockerfile'}?)")
     if not path.is_file():
         raise ConfigError(f"{path}: no such Dockerfile")
-    _refuse_unnamed_stages(path, path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a Dockerfile (not UTF-8 text: byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})") from None
+    _refuse_unnamed_stages(path, text)
     with _quiet_spython() as chatter:
         try:
             recipes = DockerParser(str(path)).recipe
