@@ -10,7 +10,8 @@ stage and state, the failures named (capped), the jobs and the totals. `--runs` 
 choose a view, `--state`, `--setting` and `--run` select runs, `--json` prints both the runs and the
 settings (see `status_json` for the shape).
 
-`cancel` cancels everything (one cancel call per scheduler, every job id in it) or, with a selection,
+`cancel` cancels every job that has a task pending or running (one query and one cancel call per
+scheduler; where every job has ended it says so and records nothing) or, with a selection,
 only the pending and running array tasks of the selected runs, in every stage (one call per
 scheduler: Slurm `scancel 123_[1-3,7]`, Grid Engine `qdel 123.1-3 123.7`, the local runner a
 request file). What it cancelled is recorded in jobs/cancelled, because Slurm drops a cancelled
@@ -31,7 +32,7 @@ from pathlib import Path
 from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.distributed import runstats
 from hpcrl.schedulers import get_scheduler
-from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, SchedulerError, shown_state
+from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Scheduler, SchedulerError, shown_state
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import Job, read_jobs
 from hpcrl.store.states import State
@@ -105,6 +106,8 @@ class SchedulerView:
     jobs: list[Job]
     workers: dict[int, tuple[Job, str]] = field(default_factory=dict)
     """An Optuna study's worker task id -> (the newest study job that has it, the task's state)."""
+    ran: dict[tuple[str, int], tuple[Job, int]] = field(default_factory=dict)
+    """(stage, run index) -> the newest task that ran it (job, task), whose log says what the run did not."""
 
 
 @dataclass
@@ -152,6 +155,7 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
     states: dict[tuple[str, int], str] = {}
     active: dict[int, list[tuple[Job, int]]] = {}
     workers: dict[int, tuple[Job, str]] = {}
+    ran: dict[tuple[str, int], tuple[Job, int]] = {}
     problem = None
     by_scheduler: dict[str, list[Job]] = {}
     for job in jobs:
@@ -171,6 +175,7 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
                 for task, run_index in enumerate(manifests[job.manifest], start=1):
                     state = tasks.get(task) or (CANCELLED if (job.job_id, task) in cancelled_tasks else gone)
                     states[(job.stage, run_index)] = state
+                    ran[(job.stage, run_index)] = (job, task)
                     if state in ACTIVE:
                         active.setdefault(run_index, []).append((job, task))
             elif job.stage == "study":  # an Optuna study's workers: the trials' runs are theirs
@@ -180,29 +185,51 @@ def scheduler_view(experiment_dir: Path) -> SchedulerView:
                     workers[task] = (job, tasks.get(task) or (CANCELLED if (job.job_id, task) in cancelled_tasks else gone))
             else:
                 states[(job.stage, -1)] = tasks.get(0, gone)
-    return SchedulerView(states, active, problem, jobs, workers)
+    return SchedulerView(states, active, problem, jobs, workers, ran)
 
 
 # ---------------------------------------------------------------------------------------- the runs
 
 
 def _configs(experiment_dir: Path, rows: list[dict[str, str]]) -> dict[str, Experiment]:
-    """The config of each setting (run id without its seed), read from one of its runs: the seeds of a
-    setting share it (sweep writes it once per setting), and parsing 10,000 run headers is most of
-    what status would otherwise spend."""
+    """The config of each setting (run id without its seed), read from the first of its runs whose
+    directory is there: the seeds of a setting share it (sweep writes it once per setting), and parsing
+    10,000 run headers is most of what status would otherwise spend. A run whose directory is gone is
+    shown missing, not read: one lost run must not hide the others; a setting whose every run is gone has
+    no config here (see collect_status)."""
     parsed: dict[str, Experiment] = {}
     configs: dict[str, Experiment] = {}
     for row in rows:
         key = row["run_id"].rpartition("-s")[0]
-        if key not in configs:
+        if key not in configs and expdir.run_dir(experiment_dir, row["run_id"]).is_dir():
             configs[key] = expdir.read_run(experiment_dir, row["run_id"], parsed).config
     return configs
+
+
+LOG_NOTE_CHARS = 120
+"""The longest note made of a job log's last line (`_failure_note`): the log's path and the end of its
+line, which says why (a shell's `...: No such file or directory` follows the job script's path)."""
+
+
+def _failure_note(experiment_dir: Path, rd: Path, stage: str, ran: tuple[Job, int] | None) -> str:
+    """Why the run's `stage` failed: what the run recorded (rundir.failure), else, for a task that failed
+    before hpcrl could record anything (an interpreter that is not there, a module or container that would
+    not load), the log of the task that ran it and its last line, cut at its start to fit LOG_NOTE_CHARS;
+    the generic pointer to jobs/logs where that log is not there to read."""
+    reason = rundir.failure_reason(rd, stage)
+    log = expdir.job_log(experiment_dir, *ran) if ran and not reason else None
+    last = expdir.last_log_line(log) if log else ""
+    if log is None or not last:
+        return rundir.failed_line(stage, reason)[:80]
+    head = f"{stage} failed: {log.relative_to(experiment_dir)} ends: "
+    room = max(LOG_NOTE_CHARS - len(head), 20)
+    return head + (last if len(last) <= room else "..." + last[len(last) - room + 3 :])
 
 
 def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
     """Every run's state per stage, the aggregate's, and the jobs. `detail`: also what only the per-run
     view and --json show (see add_detail); the reasons of failures are always read."""
-    rows_csv = expdir.read_runs_csv(experiment_dir)
+    rows_csv = expdir.listed_runs(experiment_dir)
     configs = _configs(experiment_dir, rows_csv)
     view = scheduler_view(experiment_dir)
     states = view.states
@@ -210,12 +237,14 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
     out = []
     for row in rows_csv:
         run_id, index = row["run_id"], int(row["index"])
-        config = configs[run_id.rpartition("-s")[0]]
+        config = configs.get(run_id.rpartition("-s")[0])
         swept = expdir.swept_values(row)
         trial = "trial" in swept
         rd = expdir.run_dir(experiment_dir, run_id)
-        # A distributed run's "train" is its learner job: it writes the markers and checkpoints.
-        trainer = ("study", -1) if trial else ("learner" if config.distributed else "train", index)
+        # A distributed run's "train" is its learner job: it writes the markers and checkpoints. Without a
+        # config (every run of its setting is gone) the jobs say which stage trained it.
+        distributed = config.distributed if config is not None else ("learner", index) in states
+        trainer = ("study", -1) if trial else ("learner" if distributed else "train", index)
         marker = rundir.stage_marker("train", rd)
         # A trial is as alive as the worker that holds it, not as the study's other workers.
         task = holders.get((row.get(expdir.GENERATION, "0"), swept["trial"])) if trial else None
@@ -223,15 +252,17 @@ def collect_status(experiment_dir: Path, *, detail: bool = True) -> Status:
         train = shown_state(marker, holder[1] if holder else states.get(trainer))
         evaluation = shown_state(rundir.stage_marker("eval", rd), states.get(("eval", index)))
         note = ""
-        if train == State.FAILED and holder and marker == State.NEW:
+        if marker == State.NEW and not rd.is_dir():
+            note = rundir.NO_DIRECTORY  # as collect says it; a sweep trains it again
+        elif train == State.FAILED and holder and marker == State.NEW:
             note = f"worker {task} (job {holder[0].job_id}) ended{'' if holder[1] == 'gone' else f' ({holder[1]})'} holding it; the next sweep resumes it"
         elif train == State.FAILED:
-            note = rundir.failure(rd, "train")[:80]
+            note = _failure_note(experiment_dir, rd, "train", view.ran.get(trainer))
         elif evaluation == State.FAILED:
-            note = rundir.failure(rd, "eval")[:80]
-        total = None if config.program else config.train.total_steps
+            note = _failure_note(experiment_dir, rd, "eval", view.ran.get(("eval", index)))
+        total = None if config is None or config.program else config.train.total_steps
         # The learner's last report is not shown once it has ended: a failed run's "actors 2/2 alive" is not live.
-        report = runstats.status_line(rd) if config.distributed and train not in ENDED else None
+        report = runstats.status_line(rd) if distributed and train not in ENDED else None
         out.append(RunStatus(index, run_id, expdir.setting_label(swept), int(row["seed"]), train, evaluation, 0, total, note, report, trial))
     aggregate = shown_state(rundir.stage_marker("aggregate", experiment_dir), states.get(("aggregate", -1)))
     status = Status(out, aggregate, view.problem, view.jobs, view.active, _failed_workers(view.workers, set(holders.values())))
@@ -318,7 +349,7 @@ def selection(experiment_dir: Path, states: Iterable[str] = (), settings: Iterab
             raise ConfigError(f"--state {word}: expected one of {', '.join(words)}")
         if word not in words:
             raise ConfigError(f"--state {word}: only {', '.join(words)} runs can be cancelled")
-    rows = expdir.read_runs_csv(experiment_dir) if settings or run_ids else []
+    rows = expdir.listed_runs(experiment_dir) if settings or run_ids else []
     labels = {expdir.row_label(row) for row in rows}
     for text in settings:
         if not _labels_for(text, labels):
@@ -592,17 +623,40 @@ def cancel_experiment(experiment_dir: Path, out=None, *, states: Iterable[str] =
     if selected:
         return _cancel_runs(experiment_dir, selected, out)
     jobs = read_jobs(experiment_dir)
+    if not jobs:
+        print(f"{experiment_dir}: nothing to cancel: no job was submitted", file=out)
+        return 0
     by_scheduler: dict[str, list[str]] = {}
     # Newest first, so dependents go before what they wait for: a scheduler that releases a hold
     # when the predecessor is cancelled (Grid Engine does) could otherwise start them mid-cancel.
     for job in reversed(jobs):
         by_scheduler.setdefault(job.scheduler, []).append(job.job_id)
+    cancelled: list[str] = []
     for name, ids in by_scheduler.items():
-        get_scheduler(name, experiment_dir).cancel(ids)
-        print(f"{experiment_dir}: cancelled {len(ids)} {name} jobs", file=out)
-    if jobs:
-        expdir.record_cancelled(experiment_dir, [job.job_id for job in jobs])
+        scheduler = get_scheduler(name, experiment_dir)
+        live = _unended(scheduler, ids)
+        if live:
+            scheduler.cancel(live)
+            ended = len(ids) - len(live)
+            print(f"{experiment_dir}: cancelled {len(live)} {name} jobs" + (f"; {ended} had ended" if ended else ""), file=out)
+            cancelled += live
+    if not cancelled:
+        print(f"{experiment_dir}: nothing to cancel: its {len(jobs)} jobs have all ended", file=out)
+        return 0
+    expdir.record_cancelled(experiment_dir, cancelled)
     return 0
+
+
+def _unended(scheduler: Scheduler, job_ids: list[str]) -> list[str]:
+    """The jobs among `job_ids` with a task pending, running or orphaned (a dead local runner's task still
+    at work), from one query: only these are cancelled and recorded in jobs/cancelled, so a cancel of
+    finished work says so instead of calling it cancelled. Every one where the scheduler gives no answer:
+    then a cancel that asks too much is the one that surely stops what runs."""
+    try:
+        answer = scheduler.query(job_ids)
+    except SchedulerError:
+        return job_ids
+    return [j for j in job_ids if any(s in ACTIVE for s in answer.get(j, {}).values())]
 
 
 def _cancel_runs(experiment_dir: Path, selected: Selection, out) -> int:

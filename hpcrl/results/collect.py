@@ -24,7 +24,7 @@ from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
 from hpcrl.cores import usable_cores
 from hpcrl.results.strength import write_strength
-from hpcrl.results.tables import RunResult, Scoring, write_results
+from hpcrl.results.tables import RunResult, Scoring, stale_removed, write_results
 from hpcrl.runtime.lifeline import dies_with_me
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import read_meta
@@ -39,7 +39,7 @@ LOGS_IN_TWO = 1000
 def _train_problem(rd: Path, names: frozenset[str] | None = None) -> str:
     state = rundir.run_state(rd, names)
     if state == State.NEW:
-        return "missing: never trained" if rd.is_dir() else "missing: no run directory"
+        return "missing: never trained" if rd.is_dir() else rundir.NO_DIRECTORY
     if state == State.FAILED:
         return rundir.failure(rd, "train")[:120]
     if state == State.STARTED:
@@ -182,8 +182,9 @@ def facts_of(experiment_dir: Path, meta: dict) -> list[tuple[str, str]]:
 
 
 def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = False, normalize: bool | None = None) -> int:
-    """`hpcrl collect`: 0 when any run has a score, 1 when none has, 2 for a directory or a request
-    that cannot be served (normalisation without reference scores), before anything is written."""
+    """`hpcrl collect`: 0 when any run has a score, 1 when none has (each run without one named, or a line
+    that there is no run), 2 for a directory or a request that cannot be served (normalisation without
+    reference scores, a damaged run index), before anything is written."""
     experiment_dir = Path(experiment_dir)
     if not expdir.is_experiment(experiment_dir):
         print(f"hpcrl: error: {experiment_dir}: not an experiment directory (no runs.csv)", file=sys.stderr)
@@ -201,10 +202,15 @@ def collect(experiment_dir: Path, out=None, agg: str = "iqm", evaluate: bool = F
         evaluate_missing(experiment_dir, out)
         results = gather(experiment_dir, tasks.experiment_task(config))
     notes = [note] if (note := expdir.left_out_note(experiment_dir)) else []
-    mode_notes, extra_plots = modes.of_config(config).collect(experiment_dir, experiment_dir / "results")
-    notes += mode_notes
-    sections = []
-    if scoring.game:  # a two-player agent's strength: tables per opponent, the Elo ladder, curves
-        sections, strength_notes = write_strength(results, experiment_dir / "results", agg, scoring.steps)
-        notes += strength_notes
-    return write_results(experiment_dir / "results", experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots, sections)
+    results_dir = experiment_dir / "results"
+    with stale_removed(results_dir, out):
+        mode_notes, extra_plots = modes.of_config(config).collect(experiment_dir, results_dir)
+        notes += mode_notes
+        sections = []
+        if scoring.game:  # a two-player agent's strength: tables per opponent, the Elo ladder, curves
+            sections, strength_notes = write_strength(results, results_dir, agg, scoring.steps)
+            notes += strength_notes
+        code = write_results(results_dir, experiment_dir.name, facts_of(experiment_dir, meta), results, scoring, notes, out, extra_plots, sections)
+    if not results:  # the exit 1 of no score is said by the lines of the runs without one: here there are none
+        print(f"{experiment_dir}: no run to collect: runs.csv lists none yet (an Optuna study lists each trial's run as it starts)", file=out)
+    return code

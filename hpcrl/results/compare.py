@@ -18,7 +18,7 @@ from typing import TextIO
 from hpcrl.config import tasks
 from hpcrl.config.schema import ConfigError
 from hpcrl.results.collect import facts_of, gather, score_name
-from hpcrl.results.tables import RunResult, Scoring, write_results
+from hpcrl.results.tables import RunResult, Scoring, stale_removed, write_results
 from hpcrl.store import expdir
 from hpcrl.store.expdir import read_meta
 
@@ -91,7 +91,8 @@ def compare(experiment_dirs: list[Path], output: Path | None = None, agg: str = 
         facts += [(f"{name}: {key}", value) for key, value in facts_of(d, meta) if key in ("algorithm", "program", "env", "steps per run", "git commit", "config file")]
         facts.append((f"{name}: directory", str(d.resolve())))
     print(f"comparing {', '.join(names)} on {', '.join(common)}", file=out)
-    return write_results(output, "Comparison: " + " vs ".join(names), facts, joined, scoring, notes, out)
+    with stale_removed(output, out):  # an earlier comparison's into the same directory
+        return write_results(output, "Comparison: " + " vs ".join(names), facts, joined, scoring, notes, out)
 
 
 def unequal_notes(names: list[str], configs: list[dict], joined: list[list[RunResult]]) -> list[str]:

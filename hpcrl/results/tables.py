@@ -17,6 +17,11 @@ because raw returns of different environments do not average.
                          evaluations during training (eval.every_steps)
       plots/*.png        curves, eval curves, final scores, aggregate metrics, performance profile
       report.md, report.html
+
+A collect or compare removes what an earlier one wrote and it did not write again (`stale_removed`):
+a report must not sit beside a figure of data that is gone. It removes these names only (RESULT_FILES,
+PLOT_FILES: its own, a two-player agent's strength files and an Optuna study's), never a file of the
+user's beside them.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 import functools
 import math
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -43,6 +49,18 @@ CURVES_IN_TWO = 64
 """Settings from which their curves' bootstrap bands are computed in two processes (hpcrl.halves): ~1.7 ms each."""
 FIGURES_IN_TWO = 2
 """Figures from which they are drawn in two processes: each is 0.1-0.5 s of matplotlib, whatever the sweep."""
+RESULT_FILES = (
+    "summary.csv", "aggregate.csv", "improvement.csv", "curves.csv", "eval_curves.csv", "report.md", "report.html",
+    "strength.csv", "strength_curves.csv", "elo.csv", "elo_ladder.csv", "trials.csv",
+)  # fmt: skip
+"""The files a collect writes in results/: write_results', hpcrl.results.strength's and an Optuna study's
+(hpcrl.sweep.study_results)."""
+PLOT_FILES = (
+    "curves.png", "eval_curves.png", "final.png", "final-*.png", "aggregate.png", "profile.png",
+    "elo.png", "strength_win_rate.png", "strength_loss_rate.png", "optuna_history.png", "optuna_intermediate.png", "optuna_importances.png",
+)  # fmt: skip
+"""The figures (glob patterns: `final-<task>.png`) a collect writes in results/plots/, and their narrow
+versions in plots/narrow/ (hpcrl.results.plots.narrow_path)."""
 
 
 @dataclass
@@ -133,6 +151,46 @@ def _cell(x: object) -> str:
 def _p_cell(p: str, low: str, high: str, withheld: str = "") -> str:
     """`0.5 [0.25, 0.75]`, or `1 (no CI: 3 vs 2 seeds)` where the interval says nothing (stats.interval_withheld)."""
     return f"{_cell(p)} (no CI: {withheld})" if withheld else f"{_cell(p)} [{_cell(low)}, {_cell(high)}]"
+
+
+def collect_files(results_dir: Path) -> list[Path]:
+    """The files in `results_dir` that a collect or compare writes (RESULT_FILES, PLOT_FILES), as they are now."""
+    plots_dir = results_dir / "plots"
+    found = [results_dir / name for name in RESULT_FILES]
+    found += [path for where in (plots_dir, plots_dir / "narrow") for pattern in PLOT_FILES for path in sorted(where.glob(pattern))]
+    return [path for path in found if path.is_file() and not path.is_symlink()]
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns
+
+
+@contextmanager
+def stale_removed(results_dir: Path, out: TextIO | None = None) -> Iterator[None]:
+    """Around the writes of a collect (or compare): once they all succeeded, remove each file of an earlier
+    one (`collect_files`) that this one did not write again, and name them in one line on `out`. An
+    earlier collect's eval_curves.csv and its figures outlived the runs' evaluation curves, and a collect
+    of no runs left every figure of the last: a report beside plots of data that is gone.
+
+    What is atomic here is each file, not the set: every file is written whole to a temporary file and
+    renamed over the old one (hpcrl.io), so a reader never sees half a file, but may see new files beside
+    old ones while a collect runs. The rename is also how a file this collect wrote is told from one it
+    left: a file replaced has another inode and mtime than the one there before. The stale files go last,
+    after the new report, and only when every write succeeded: a collect that fails midway removes
+    nothing (the earlier set stays whole but for the files already replaced), and no report ever links a
+    figure that was taken away after it was written."""
+    before = {path: _stamp(path) for path in collect_files(results_dir)}
+    yield
+    stale = [path for path, stamp in before.items() if _stamp(path) == stamp]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        names = ", ".join(str(path.relative_to(results_dir)) for path in stale)
+        print(f"removed {len(stale)} files of earlier results that these have no data for: {names}", file=out)
 
 
 def score_matrices(groups: Groups, task_names: list[str], refs: dict[str, tuple[float, float]] | None) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -269,11 +327,9 @@ def write_results(
     # Across tasks: whole matrices; ranked by the aggregate (or the one task's summary).
     matrices, matrix_notes = score_matrices(groups, task_names, scoring.refs)
     aggregate = aggregate_rows(matrices, scoring.refs is not None) if (multi or scoring.refs is not None) and not game else []
-    if aggregate:
+    if aggregate:  # none: an earlier collect's (more tasks) goes with the other stale files (stale_removed)
         cols = [k for k in aggregate[0] if k not in ("setting",)]
         atomic_write_csv(results_dir / "aggregate.csv", ["setting", *cols], [[row["setting"], *[_fmt(row[k]) for k in cols]] for row in aggregate])
-    elif (results_dir / "aggregate.csv").exists():
-        (results_dir / "aggregate.csv").unlink()  # from an earlier collect with more tasks: it would contradict this one
     ranking = aggregate if aggregate else per_task.get(task_names[0], []) if task_names else []
     ranked = [row["setting"] for row in sorted((r for r in ranking if r["n"]), key=lambda r: -r[agg])]
     shown = ranked[:MAX_PLOTTED]

@@ -34,6 +34,7 @@ import hpcrl
 from hpcrl.config.experiment import ConfigError, Experiment, experiment_from_dict
 from hpcrl.io import atomic_write_text
 from hpcrl.store import rundir
+from hpcrl.store.states import State
 
 # libyaml when PyYAML was built with it (the wheels are): a 1000-run sweep writes and status reads
 # 1000 run configs, which the pure-Python emitter and parser take ~10 s each for.
@@ -175,7 +176,33 @@ def split_generations(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]],
 
 def current_rows(experiment_dir: Path) -> list[dict[str, str]]:
     """The runs.csv rows of the config last swept into the experiment: what collect pools."""
-    return split_generations(read_runs_csv(experiment_dir))[0]
+    return split_generations(listed_runs(experiment_dir))[0]
+
+
+def listed_runs(experiment_dir: Path) -> list[dict[str, str]]:
+    """read_runs_csv for those who report on the runs (status, collect): a runs.csv that lists no run while
+    runs/ holds runs that began (a marker, a log or a checkpoint) lost its rows, and is a ConfigError naming it
+    and the way back, not an experiment of no runs ("0 runs", a collect of nothing that exits 1). A run
+    directory that holds nothing more is no sign of damage: an Optuna worker writes its trial's directory
+    just before the trial's row, and one killed between the two leaves it so. A sweep reads runs.csv with
+    read_runs_csv, and that is the way back: the same config expands to the same run ids, so it lists them
+    again, and trains only the runs that are not done."""
+    rows = read_runs_csv(experiment_dir)
+    if rows:
+        return rows
+    try:
+        with os.scandir(runs_dir(experiment_dir)) as entries:
+            dirs = [Path(e.path) for e in entries if _RUN_ID.fullmatch(e.name) and e.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        dirs = []
+    begun = sorted(d.name for d in dirs if rundir.run_state(d) != State.NEW)
+    if begun:
+        raise ConfigError(
+            f"{experiment_dir / 'runs.csv'}: damaged run index: it lists no run, but runs/ holds {len(begun)} runs that began "
+            f"({begun[0]}{', ...' if len(begun) > 1 else ''}); `hpcrl sweep` of the experiment's config, with the same -p values, "
+            "lists them again (it trains only the runs not done)"
+        )
+    return rows
 
 
 def left_out_note(experiment_dir: Path) -> str | None:
@@ -389,7 +416,7 @@ def read_meta(experiment_dir: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-# jobs/: what was submitted (jobs.json) and what `hpcrl cancel` cancelled.
+# jobs/: what was submitted (jobs.json), where each task's output went (logs/) and what `hpcrl cancel` cancelled.
 
 
 @dataclass
@@ -438,6 +465,42 @@ def read_jobs(experiment_dir: Path) -> list[Job]:
 
 def write_jobs(experiment_dir: Path, jobs: list[Job]) -> None:
     atomic_write_text(jobs_path(experiment_dir), json.dumps([dataclasses.asdict(j) for j in jobs], indent=1))
+
+
+def job_log(experiment_dir: Path, job: Job, task: int) -> Path | None:
+    """Where the output of `task` of `job` goes (task 0: a job that is not an array), as the bundled job templates
+    name it (`#SBATCH --output`, `#$ -o` in job_templates/slurm.sh.j2 and sge.sh.j2, under the log_dir that
+    hpcrl.submit.jobplan gives them) and the local runner opens it (hpcrl.schedulers.local); None for a
+    backend whose tasks have no log of their own (debug runs them in the calling process). A job template of
+    the user's own may name it otherwise: the caller checks that the file is there."""
+    logs = experiment_dir / "jobs" / "logs"
+    names = {
+        "local": (f"{job.job_id}.{task}.out", f"{job.job_id}.out"),
+        "slurm": (f"{job.stage}-{job.job_id}_{task}.out", f"{job.stage}-{job.job_id}.out"),
+        "sge": (f"{job.stage}-{job.job_id}.{task}.out", f"{job.stage}-{job.job_id}.out"),
+    }.get(job.scheduler)
+    if names is None:
+        return None
+    return logs / (names[0] if job.size else names[1])
+
+
+LOG_TAIL_BYTES = 4096
+"""How much of a job log's end `last_log_line` reads: logs of long runs grow to megabytes."""
+
+
+def last_log_line(path: Path) -> str:
+    """The last line of a job log that is not blank, printable (rundir.printable), from its last
+    LOG_TAIL_BYTES; "" where the log is missing, unreadable or blank. For a task that failed before
+    hpcrl could record why (an interpreter or module that is not there, a container that did not
+    start), it is the shell's or the scheduler's own word on it."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.decode(errors="replace").splitlines()]
+    return rundir.printable(next((line for line in reversed(lines) if line), ""))
 
 
 def cancelled_path(experiment_dir: Path) -> Path:

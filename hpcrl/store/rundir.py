@@ -159,9 +159,20 @@ def failed_line(stage: str, reason: str) -> str:
     return f"{stage} failed: {head or f'no reason recorded (see the {stage} log under jobs/logs)'}"
 
 
+def failure_reason(run_dir: Path, stage: str = "train") -> str:
+    """What the run recorded of why its train (FAILED) or eval (EVAL_FAILED) stage failed: the marker's headline,
+    or for training what its lock and `starts` say of a start that left none (`silent_end`); "" where nothing does."""
+    return first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED) or (silent_end(run_dir) if stage == "train" else "")
+
+
 def failure(run_dir: Path, stage: str = "train") -> str:
     """`failed_line` of a run's train (FAILED) or eval (EVAL_FAILED) marker."""
-    return failed_line(stage, first_line(run_dir, EVAL_FAILED if stage == "eval" else FAILED) or (silent_end(run_dir) if stage == "train" else ""))
+    return failed_line(stage, failure_reason(run_dir, stage))
+
+
+NO_DIRECTORY = "missing: no run directory"
+"""How collect and status name a run that runs.csv lists and whose directory is gone (deleted, never
+written): the other runs are reported as they are."""
 
 
 def is_done(run_dir: Path) -> bool:

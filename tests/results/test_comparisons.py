@@ -256,6 +256,23 @@ def test_compare_joins_experiments_on_their_common_envs(tmp_path: Path) -> None:
     assert (tmp_path / "cmp" / "report.html").exists() and not (ppo / "results").exists()  # the experiments are only read
 
 
+def test_compare_into_a_directory_of_an_earlier_comparison_removes_its_files_this_one_did_not_write(tmp_path: Path) -> None:
+    """As collect does (tables.stale_removed): an earlier comparison's evaluation curves and per-task figures,
+    of experiments with other tasks or evaluations during training, went; a file of the user's there stays."""
+    ppo = single_experiment(tmp_path, "ours", "ppo", ["CartPole-v1"])
+    a2c = single_experiment(tmp_path, "theirs", "a2c", ["CartPole-v1"])
+    cmp = tmp_path / "cmp"
+    stale = ("aggregate.csv", "eval_curves.csv", "plots/eval_curves.png", "plots/final-Acrobot-v1.png", "plots/narrow/aggregate.png")
+    for name in (*stale, "plots/draft.png", "paper.tex"):
+        (cmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (cmp / name).write_text("earlier\n")
+    code, out, err = run_cli("compare", str(ppo), str(a2c), "-o", str(cmp))
+    assert code == 0, err
+    assert f"removed 5 files of earlier results that these have no data for: {', '.join(stale)}" in out
+    assert not any((cmp / name).exists() for name in stale) and (cmp / "paper.tex").exists() and (cmp / "plots" / "draft.png").exists()
+    assert (cmp / "plots" / "final.png").stat().st_size > 5000
+
+
 def test_compare_refuses_what_it_cannot_join(tmp_path: Path) -> None:
     cart = single_experiment(tmp_path, "cart", "ppo", ["CartPole-v1"])
     acro = single_experiment(tmp_path, "acro", "a2c", ["Acrobot-v1"])

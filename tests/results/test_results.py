@@ -13,6 +13,7 @@ import pytest
 from factories import write_config
 
 from hpcrl.config.experiment import load_experiment
+from hpcrl.results import tables
 from hpcrl.results.collect import collect
 from hpcrl.status import print_status
 from hpcrl.store.expdir import run_dir, write_experiment
@@ -141,3 +142,91 @@ def test_a_finished_run_without_train_csv_is_named_and_curves_say_how_many_seeds
     summary = next(csv.DictReader((exp.dir / "results" / "summary.csv").open()))
     assert summary["n"] == "5"
     assert {row["n_seeds"] for row in csv.DictReader((exp.dir / "results" / "curves.csv").open())} == {"2"}
+
+
+# --------------------------------------------------------------------------------------------
+# What an earlier collect wrote and this one did not (the hostile-input audit): an eval_curves.csv and its
+# figures outlived the runs' evaluation curves, every figure outlived a collect of no runs.
+
+EVAL_CURVE = "step,wall_time,mean_return,std_return,mean_length,episodes\n500,1.0,50,1,20,5\n1000,2.0,90,1,20,5\n"
+STALE = ("eval_curves.csv", "plots/eval_curves.png", "plots/narrow/eval_curves.png")
+USERS = ("notes.md", "plots/mine.png", "plots/narrow/sketch.png")
+"""A user's own files in results/: never removed."""
+
+
+def _evaluated_during_training(tmp_path: Path) -> tuple[Path, list[Path]]:
+    exp = load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0, 1]}}))
+    runs = expand(exp)
+    write_experiment(exp, runs, {})
+    dirs = [run_dir(exp.dir, run.run_id) for run in runs]
+    for i, rd in enumerate(dirs):
+        fake_finished_run(rd, 100.0 + 10 * i)
+        (rd / "eval_curve.csv").write_text(EVAL_CURVE)
+    return exp.dir, dirs
+
+
+def _write_users_files(results: Path) -> None:
+    for name in USERS:
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text("the user's own\n")
+
+
+def test_a_collect_removes_what_an_earlier_one_wrote_and_it_did_not(tmp_path: Path, capsys) -> None:
+    root, dirs = _evaluated_during_training(tmp_path)
+    results = root / "results"
+    assert collect(root) == 0
+    written = set(tables.collect_files(results))
+    assert {p for p in results.rglob("*") if p.is_file()} == written  # every file a collect writes is one it would remove
+    assert {results / name for name in STALE} <= written
+    _write_users_files(results)
+    for rd in dirs:
+        (rd / "eval_curve.csv").unlink()
+    capsys.readouterr()
+
+    assert collect(root) == 0
+    out = capsys.readouterr().out
+    assert f"removed 3 files of earlier results that these have no data for: {', '.join(STALE)}" in out
+    assert set(tables.collect_files(results)) == written - {results / name for name in STALE}
+    assert all((results / name).read_text() == "the user's own\n" for name in USERS)
+    assert "eval_curves" not in (results / "report.md").read_text()
+
+
+def test_a_collect_that_fails_midway_removes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The stale files go after the new set is written: a collect killed or failing before leaves them, and the
+    next collect that succeeds removes them."""
+    root, dirs = _evaluated_during_training(tmp_path)
+    results = root / "results"
+    for name in STALE:
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text("an earlier collect's\n")
+    for rd in dirs:
+        (rd / "eval_curve.csv").unlink()
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tables, "atomic_write_csv", full)  # the disk full at summary.csv
+    with pytest.raises(OSError, match="No space left"):
+        collect(root)
+    assert all((results / name).exists() for name in STALE)
+    monkeypatch.undo()
+    assert collect(root) == 0
+    assert not any((results / name).exists() for name in STALE)
+
+
+def test_a_collect_of_no_runs_says_why_it_exits_1_and_leaves_no_figure(tmp_path: Path, capsys) -> None:
+    """An Optuna study before its first trial lists no run: collect exited 1 with no line saying why, beside
+    every figure of an earlier collect."""
+    exp = load_experiment(write_config(tmp_path))
+    write_experiment(exp, [], {})
+    results = exp.dir / "results"
+    for name in ("summary.csv", "plots/curves.png", "plots/narrow/curves.png", "plots/final.png", "plots/profile.png"):
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text("an earlier collect's\n")
+    _write_users_files(results)
+
+    assert collect(exp.dir) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"{exp.dir}: no run to collect: runs.csv lists none yet (an Optuna study lists each trial's run as it starts)"
+    assert {p.relative_to(results).as_posix() for p in results.rglob("*.png")} == {"plots/mine.png", "plots/narrow/sketch.png"}
+    assert "removed 4 files of earlier results" in out
