@@ -14,15 +14,21 @@ and what reads a file into it: dotted keys and overrides, and the rules that nee
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import difflib
+import errno
 import itertools
 import math
+import os
 import re
+import stat
 import tempfile
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -30,7 +36,7 @@ from typing import Any, Literal, Optional, Union
 from hpcrl.config import strict_yaml, tasks
 from hpcrl.config.container_spec import ContainerConfig, CudaConfig, ImageConfig
 from hpcrl.config.distributed_spec import DistributedConfig
-from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, OnPolicyConfig, TrainConfig
+from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, DQNConfig, OnPolicyConfig, PPOConfig, TrainConfig, minibatch_problem
 from hpcrl.config.limits import MAX_ENVS, MAX_RUNS
 from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
 from hpcrl.config.resources_spec import Resources
@@ -276,6 +282,43 @@ class Experiment:
         if isinstance(self.train, OnPolicyConfig) and self.train.num_steps * self.env.num_envs > MAX_ROLLOUT:
             return [("train.num_steps", f"a rollout of num_steps x env.num_envs = {self.train.num_steps * self.env.num_envs:,} transitions passes the limit of {MAX_ROLLOUT:,}")]
         return []
+
+    def request_problems(self) -> list[tuple[str, str]]:
+        """Rules for a new request (a sweep, a run it makes, a trial), not for a config on disk (`stored_configs`):
+        a run that cannot learn or would fail at its first shell line, which hpcrl accepted before it had these
+        rules. An experiment written then must still load for `status`, `collect` and its jobs in flight."""
+        train = self.train
+        if isinstance(train, PPOConfig) and (problem := minibatch_problem(train.num_minibatches, train.num_steps, self.env.num_envs, train.recurrent_size > 0, self.resources.ranks)):
+            return [("train.num_minibatches", problem)]  # every rank steps env.num_envs envs: each splits its own rollout
+        if isinstance(train, DQNConfig):
+            # Gradient steps need more than learning_starts env steps and a minibatch in the replay (hpcrl.rl.dqn
+            # `learning`; Ape-X's learner earns updates from the same): a run without them ends untrained, as done.
+            if train.learning_starts >= train.total_steps:
+                return [("train.learning_starts", f"{train.learning_starts} is not below total_steps ({train.total_steps}): gradient steps begin after learning_starts environment steps, so the run would end without one")]
+            if train.batch_size > train.total_steps:
+                return [("train.batch_size", f"{train.batch_size} is more than total_steps ({train.total_steps}): the replay would never hold one minibatch, so the run would end without a gradient step")]
+            if (problem := self._train_freq_problem(train)) is not None:
+                return [("train.train_freq", problem)]
+        for key, names, line in (("cuda.modules", self.cuda.modules, "module load"), ("container.binds", self.container.binds, "--bind")):
+            if (blank := next((i for i, name in enumerate(names) if not name.strip()), None)) is not None:
+                return [(f"{key}[{blank}]", f"expected a non-empty value, got {names[blank]!r}: every job would fail at its `{line} {names[blank]!r}`")]
+        return []
+
+    def _train_freq_problem(self, train: DQNConfig) -> str | None:
+        """A DQN whose training phases fall after total_steps (`hpcrl.rl.dqn`: a phase every train_freq
+        env steps, rounded up to whole steps of env.num_envs, and the budget rounded up to whole
+        phases: the run would play the phase's steps, past its budget), or an Ape-X learner that earns
+        no update (gradient_steps per train_freq transitions accepted after learning_starts)."""
+        if self.distributed is None:
+            phase = math.ceil(train.train_freq / self.env.num_envs) * self.env.num_envs
+            if phase <= train.total_steps:
+                return None
+            rounded = f" (whole steps of env.num_envs {self.env.num_envs}: {phase})" if phase != train.train_freq else ""
+            return f"{train.train_freq} environment steps between training phases{rounded} pass total_steps ({train.total_steps}): the run would play {phase} steps to reach its first training phase"
+        after = train.total_steps - train.learning_starts
+        if after * train.gradient_steps >= train.train_freq:
+            return None
+        return f"{train.train_freq} transitions per {train.gradient_steps} update{'s' if train.gradient_steps > 1 else ''} (gradient_steps): the Ape-X learner earns its updates from the transitions after learning_starts, and total_steps - learning_starts = {after} earn none"
 
 
     def _gpu_problem(self) -> tuple[str, str] | None:
@@ -552,14 +595,33 @@ def _hydra_flow(text: str) -> str:
     return "".join(out)
 
 
+MAX_CONFIG_BYTES = 10 * 2**20
+"""The largest config file read. A config is a few kB; a larger file is something else given by
+mistake (a log, a checkpoint), and reading a device such as /dev/zero would never end: refused,
+rather than read until memory runs out."""
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A user's config file as data: UTF-8, strict YAML (see `hpcrl.config.strict_yaml`), a mapping."""
+    """A user's config file as data: a regular file of at most MAX_CONFIG_BYTES, UTF-8, strict YAML
+    (see `hpcrl.config.strict_yaml`), a mapping. It is opened without blocking and looked at before
+    it is read: a FIFO would block the read until a writer came, a device would not end."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+                raise ConfigError(f"{path}: not a regular file ({kind}): give the path of a YAML config file")
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than a config file can be ({MAX_CONFIG_BYTES // 2**20} MB): give the path of a YAML config file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -609,8 +671,9 @@ def _nest_params(data: dict[str, Any]) -> None:
     data["program"] = {**program, "params": nested}
 
 
-def _build_experiment(data: dict[str, Any]) -> Experiment:
-    """The dataclasses of plain data; `train` takes the class of the chosen algorithm."""
+def _build_experiment(data: dict[str, Any], *, request: bool | None = None) -> Experiment:
+    """The dataclasses of plain data; `train` takes the class of the chosen algorithm. `request`: whether the rules of
+    a request hold (`Experiment.request_problems`); by default, unless configs a sweep wrote are read (`stored_configs`)."""
     data = dict(data)
     algo = _algo(data)
     if algo == "program":
@@ -631,7 +694,24 @@ def _build_experiment(data: dict[str, Any]) -> Experiment:
     exp.train, exp.image = train, image
     if found := exp.check():  # again: train was a TrainConfig when build() checked it first
         raise ConfigError(*(f"{key}: {message}" for key, message in found))
+    if (not _STORED.get() if request is None else request) and (found := exp.request_problems()):
+        raise ConfigError(*(f"{key}: {message}" for key, message in found))
     return exp
+
+
+_STORED: contextvars.ContextVar[bool] = contextvars.ContextVar("hpcrl_stored_configs", default=False)
+
+
+@contextlib.contextmanager
+def stored_configs() -> Iterator[None]:
+    """Read configs that a sweep wrote (an experiment's and its runs'): each field's own bounds and the rules of
+    `Experiment.check` hold for them, the rules of `Experiment.request_problems` do not, so that an experiment
+    written before those rules existed still loads for status, collect and its jobs in flight."""
+    token = _STORED.set(True)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
 
 
 def experiment_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
@@ -752,6 +832,8 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
             raise ConfigError(f"{where}: {key} takes integers: use type: int")
         if dist.type == "int" and isinstance(low, float):
             dist.low, dist.high = float(low), float(high)  # an int distribution of a float field: whole numbers
+        elif dist.type == "int" and key in SPLIT_KEYS and not _STORED.get():
+            _check_split_range(exp, key, low, high, where)
     runs = math.prod(len(v) for v in exp.sweep.grid.values()) * len(exp.sweep.seeds) * (search.samples or search.n_trials or 1)
     if runs > MAX_RUNS:
         raise ConfigError(f"sweep.search: {runs:,} runs (grid points x samples x seeds) pass the limit of {MAX_RUNS:,}")
@@ -769,6 +851,23 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
         raise ConfigError("sweep.search.metric: 'eval' needs eval.every_steps (the evaluations during training it reports)")
 
 
+SPLIT_KEYS = ("env.num_envs", "train.num_steps", "train.num_minibatches", "train.recurrent_size")
+"""The keys of PPO's split of a rollout into minibatches (`hparams.minibatch_problem`)."""
+
+
+def _check_split_range(exp: Experiment, key: str, low: int, high: int, where: str) -> None:
+    """Every value an int distribution of a SPLIT_KEYS key can draw, with the config's other values:
+    a search draws any of them, and one that does not split the rollout would fail its Optuna trial
+    when drawn, or the random search's expansion without naming the space."""
+    if not isinstance(exp.train, PPOConfig) or (exp.train.num_minibatches == 1 and key != "train.num_minibatches"):
+        return  # one minibatch splits any rollout
+    shape = {"env.num_envs": exp.env.num_envs, "train.num_steps": exp.train.num_steps, "train.num_minibatches": exp.train.num_minibatches, "train.recurrent_size": exp.train.recurrent_size}
+    for value in range(low, high + 1):
+        at = {**shape, key: value}
+        if problem := minibatch_problem(at["train.num_minibatches"], at["train.num_steps"], at["env.num_envs"], at["train.recurrent_size"] > 0, exp.resources.ranks):
+            raise ConfigError(f"{where}={value} (of {low}..{high}): train.num_minibatches: {problem} (search the values that work, with type: choice)")
+
+
 def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str) -> list[Any]:
     """Each value validated as one point on `base` and replaced by its typed value; no repeats."""
     typed_values: list[Any] = []
@@ -778,7 +877,8 @@ def _typed_values(base: dict[str, Any], key: str, values: list[Any], where: str)
         point = copy.deepcopy(base)
         _set_dotted(point, key, value, merge=True)
         try:
-            typed = _canonical(_get_dotted(_build_experiment(point), key), value)
+            # Typed alone: a request's rules join keys, and _check_when checks them on whole grid points (JOINED_KEYS).
+            typed = _canonical(_get_dotted(_build_experiment(point, request=False), key), value)
         except ConfigError as exc:
             problems.errors.append(exc.within(f"{where}={_show(value)}: "))
             continue
@@ -796,10 +896,21 @@ def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> list[tuple[st
     return [item for rule in rules if all(key in point and point[key] == value for key, value in rule.match.items()) for item in rule.set.items()]
 
 
+JOINED_KEYS = (
+    "env", "env.num_envs", "train", "train.num_steps", "train.num_minibatches", "train.recurrent_size",
+    "train.total_steps", "train.learning_starts", "train.train_freq", "train.gradient_steps", "train.batch_size", "train.buffer_size",
+)
+"""Grid keys that the config's cross-field rules join (a PPO rollout's size and its split into
+minibatches, when a DQN trains): each value valid on the base config, two of them can still make a
+point that is not (`env.num_envs: [2, 3]` with `train.num_minibatches: [2, 128]`), so every
+combination of their values is validated, and named, as one point."""
+
+
 def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
     """`sweep.when`: matches name swept keys and their grid values; sets name keys that are not
     swept. Then every combination of the keys that rules match on (and `algo`, whose train section
-    differs) is validated with the settings it gets, and every other grid value with each of them."""
+    differs, and the JOINED_KEYS) is validated with the settings it gets, and every other grid value
+    with each of them."""
     grid, rules = exp.sweep.grid, exp.sweep.when
     algos = grid.get("algo", [exp.algo])
     for i, rule in enumerate(rules):
@@ -819,7 +930,8 @@ def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
                 raise ConfigError(f"{where}: swept in sweep.grid (a rule sets keys that are not swept)")
             if not all(is_sweepable(key, algo) for algo in algos if _known_path(key, algo)):
                 raise ConfigError(f"{where}: cannot vary between runs: it changes how or where runs execute, not what they learn")
-    cond = list(dict.fromkeys([k for rule in rules for k in rule.match] + (["algo"] if "algo" in grid else [])))
+    joined = [] if _STORED.get() else [k for k in grid if k in JOINED_KEYS]  # their rules are a request's (request_problems)
+    cond = list(dict.fromkeys([k for rule in rules for k in rule.match] + (["algo"] if "algo" in grid else []) + joined))
     if not rules and not cond:
         return  # every value was validated on the base config, which is each point's
     others = [k for k in grid if k not in cond]
@@ -852,14 +964,44 @@ def _show(value: Any) -> str:
 
 
 def _check_output(exp: Experiment) -> None:
-    """`output` must be (or become) a directory: a file there would fail the first mkdir."""
+    """`output` must be (or become) a directory: a file there would fail the first mkdir. A path the
+    system cannot take (a name longer than a directory entry may be, below the nearest directory that
+    exists or in it) is one line, not a traceback from that mkdir."""
     path = Path(exp.output)
-    for candidate in (exp.dir, path, *path.absolute().parents):
-        if candidate.exists() or candidate.is_symlink():
-            if not candidate.is_dir():
-                key = "name" if candidate == exp.dir else "output"
-                raise ConfigError(f"{key}: {candidate} is a file, not a directory")
-            return
+    try:
+        for candidate in (exp.dir, path, *path.absolute().parents):
+            if candidate.exists() or candidate.is_symlink():
+                if not candidate.is_dir():
+                    key = "name" if candidate == exp.dir else "output"
+                    raise ConfigError(f"{key}: {candidate} is a file, not a directory")
+                if candidate == exp.dir:
+                    _check_taken(exp.dir)
+                break
+        if any(len(os.fsencode(part)) > os.pathconf(candidate, "PC_NAME_MAX") for part in exp.dir.absolute().parts):
+            raise ConfigError(f"output: cannot use {exp.dir} ({os.strerror(errno.ENAMETOOLONG)})")
+    except OSError as exc:
+        raise ConfigError(f"output: cannot use {exp.dir} ({exc.strerror or exc})") from None
+
+
+SWEEP_FIRST = ("jobs", "optuna", "experiment.yaml")
+"""What a sweep writes into the experiment's directory before its runs.csv: the sweep lock in jobs/, an Optuna
+study's journal (`hpcrl.sweep.study.STUDY_DIR`) and experiment.yaml (`hpcrl.store.expdir.write_experiment`). A
+first sweep whose submission failed leaves them in a directory it found (its rollback takes back files, not
+directories it did not make), and a second sweep of the experiment at once finds them there: that one is refused
+by the first one's lock, in its own words."""
+ATOMIC_TEMP = re.compile(r"\..+\.tmp")
+"""hpcrl.io's temporary file beside one it writes whole (`.experiment.yaml.1a2b.tmp`), there for a moment."""
+
+
+def _check_taken(directory: Path) -> None:
+    """The experiment's directory, where it exists, is empty (but for SWEEP_FIRST) or an experiment (a
+    sweep again, which resubmits what is missing): a sweep writes its results/, runs/ and jobs/ there,
+    over what a directory of the user's own holds. An experiment is a directory with a runs.csv, as
+    `hpcrl.store.expdir.is_experiment` says (hpcrl.store is built on this room and cannot be imported here)."""
+    found = sorted(entry.name for entry in directory.iterdir() if entry.name not in SWEEP_FIRST and not ATOMIC_TEMP.fullmatch(entry.name))
+    if found and not (directory / "runs.csv").exists():
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ConfigError(f"name: {directory} exists and is not an hpcrl experiment (it holds {shown}): a sweep would write over it; pick another name or output")
 
 
 def check_output_writable(exp: Experiment) -> None:

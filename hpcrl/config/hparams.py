@@ -7,6 +7,7 @@ and the literature read across directly.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
@@ -23,6 +24,29 @@ MAX_BUFFER = 100_000_000
 """Largest DQN replay buffer (transitions); it is allocated whole when training starts."""
 MAX_MOVES = 100_000
 """Most moves of one two-player game, played by anyone (hpcrl.rl.games): a game longer than this does not end."""
+
+
+def minibatch_problem(count: int, num_steps: int, num_envs: int, recurrent: bool, ranks: int = 1) -> str | None:
+    """Why PPO's `num_minibatches` cannot split a rollout of `num_steps` x `num_envs` (each rank's,
+    with DD-PPO) into equal minibatches, or None. The update (`hpcrl.rl.ppo` `minibatches`) cuts a
+    count that does not divide into minibatches of another size and a remainder: 3 of a
+    256-transition rollout trained on 85, 85, 85 and 1 transitions, 1000 on 256 of one each. A
+    recurrent policy's minibatches are whole env sequences, so its count divides the envs."""
+    rollout = "each rank's rollout" if ranks > 1 else "the rollout"
+    if recurrent:
+        whole, unit = num_envs, "env"
+        what = f"env.num_envs ({num_envs}): a recurrent policy's minibatches are whole env sequences of {rollout}"
+    else:
+        whole, unit = num_steps * num_envs, "transition"
+        what = f"{rollout} (num_steps x env.num_envs = {num_steps} x {num_envs} = {whole} transitions)"
+    if whole % count == 0:
+        return None
+    size = max(1, whole // count)  # as the update cuts it
+    cuts = whole // size
+    got = f"{cuts} minibatch{'es' if cuts > 1 else ''} of {size} {unit}{'s' if size > 1 else ''}" + (f" and one of {whole % size}" if whole % size else "")
+    divisors = {d for i in range(1, math.isqrt(whole) + 1) if whole % i == 0 for d in (i, whole // i)}
+    near = [max(d for d in divisors if d < count), *sorted(d for d in divisors if d > count)[:1]]
+    return f"{count} does not divide {what}; the update would take {got}: use a divisor of {whole}, such as {' or '.join(map(str, near))}"
 
 
 def device_problem(value: str) -> str | None:

@@ -86,7 +86,9 @@ class Resources:
     max_concurrent: Optional[int] = setting(None, ge=1)
     """Cap on array tasks running at once (`%N` / `-tc N`); also the local pool size."""
     extra: list[str] = setting(factory=list, directive="line")
-    """Raw directive lines appended as written, e.g. `--constraint=a100` or `-l h=node01`."""
+    """Raw directive lines appended as written, e.g. `--constraint=a100` or `-l h=node01`: options only (hpcrl writes
+    the `#SBATCH` or `#$`), and none that hpcrl writes itself (the array, logs, name, time, memory, cores, partition,
+    account or queue: their keys here set them), since the scheduler would take the last of two."""
     signal_seconds: int = setting(120, ge=0)
     """Seconds before the time limit at which the job is told to checkpoint and requeue."""
     max_stalled_requeues: int = setting(3, ge=1, le=1000)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 
 import hpcrl
-from hpcrl.config.experiment import ConfigError, Experiment, experiment_from_dict
+from hpcrl.config.experiment import ConfigError, Experiment, experiment_from_dict, stored_configs
 from hpcrl.io import atomic_write_text
 from hpcrl.store import rundir
 from hpcrl.store.states import State
@@ -349,7 +349,8 @@ def read_run(experiment_dir: Path, run_id: str, parsed: dict[str, Experiment]) -
         head, _, body = path.read_text().partition("\nconfig:")
         info = yaml.load(head, Loader=_LOADER)["run"]
         if body not in parsed:
-            parsed[body] = experiment_from_dict(yaml.load("config:" + body, Loader=_LOADER)["config"])
+            with stored_configs():  # written by a sweep: a rule added since must not lock it out
+                parsed[body] = experiment_from_dict(yaml.load("config:" + body, Loader=_LOADER)["config"])
         seed = int(info["seed"])
         return Run(int(info["index"]), info["run_id"], seed, info["settings"], seeded(parsed[body], seed))
     except FileNotFoundError:
@@ -403,7 +404,8 @@ def load_experiment_config(experiment_dir: Path) -> tuple[Experiment, int]:
     path = experiment_dir / "experiment.yaml"
     try:
         meta = yaml.safe_load(path.read_text())
-        return experiment_from_dict(meta["config"]), int(meta["provenance"].get(GENERATION, 0))
+        with stored_configs():
+            return experiment_from_dict(meta["config"]), int(meta["provenance"].get(GENERATION, 0))
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read the experiment ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 

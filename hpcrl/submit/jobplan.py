@@ -37,6 +37,7 @@ from typing import Any
 import hpcrl
 from hpcrl.config import program_spec
 from hpcrl.config.container_spec import ImageConfig
+from hpcrl.config.directives import own_option_problem
 from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.config.resources_spec import format_time, parse_mem_mb, parse_time_s
 from hpcrl.schedulers.base import NodeRequest, Scheduler
@@ -256,6 +257,17 @@ def resolve_container_runtime(exp: Experiment) -> None:
     exp.container.runtime = found
 
 
+def check_python(exp: Experiment, scheduler: Scheduler) -> None:
+    """At sweep time, `python` where the jobs run on this machine with it (the local executor): an
+    interpreter that is not there fails every job at its first line, with no marker to say why. A
+    cluster's nodes have files of their own, so a path there is not looked at here (nor when the
+    scripts are only rendered); with an image the jobs run the image's Python."""
+    if not exp.python or not scheduler.runs_here or scheduler.in_process or (exp.container.image and not program_in_container(exp)):
+        return
+    if executable(exp.python, Path(".")) is None:
+        raise ConfigError(f"python: {exp.python} is not an executable file here, and {scheduler.name} runs every job on this machine with it (left unset, they run {sys.executable})")
+
+
 def located(exp: Experiment, words: list[str]) -> list[str]:
     """A program's command line as its job script shows it. Without an image the command runs on
     the cluster's own nodes, where a batch job's PATH may lack what the login shell has (Grid Engine
@@ -316,6 +328,9 @@ def plan_stage(
     res = stage_resources(exp, stage)
     if res.nodes > 1 and (why := scheduler.refuse_nodes(res)):
         raise ConfigError(f"resources.nodes: {res.nodes} nodes per run, but {scheduler.name} {why}")
+    for i, line in enumerate(res.extra):
+        if problem := own_option_problem(line, scheduler.template, res.sge_mem_resource):
+            raise ConfigError(f"resources.extra[{i}]: {problem}")
     size = len(runs) if array is None else array
     ctx = job_context(exp, stage, argv, size, root / "jobs" / "logs", requeue=requeue, resources=res, program_tasks=program_tasks)
     return PlannedJob(stage, script, manifest, runs, scheduler.render(ctx, cwd), res, after or [], 0 if array is None else array)

@@ -30,6 +30,7 @@ from hpcrl.submit.distributed import plan_distributed
 from hpcrl.submit.dryrun import print_dry_run
 from hpcrl.submit.jobplan import (
     PlannedJob,
+    check_python,
     node_requests,
     plan_aggregate,
     plan_eval_only,
@@ -139,6 +140,7 @@ def submit_experiment(
     # In-process tasks run in this Python, not in a container.
     exp.container.image = None if scheduler.in_process else resolved_image(exp)
     resolve_container_runtime(exp)
+    check_python(exp, scheduler)
     check_module(exp)
     if not exp.container.image:  # the jobs run this Python: a required tracker it lacks would be missing in every job
         if problems := tracking.missing_packages(exp.tracking):

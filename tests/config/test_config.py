@@ -82,7 +82,7 @@ def test_overrides_are_typed_like_the_field(tmp_path: Path) -> None:
 def test_algo_selects_its_hyperparameters(tmp_path: Path) -> None:
     path = write_config(tmp_path, {"algo": "dqn"})
     data = yaml.safe_load(path.read_text())
-    data["train"] = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32}
+    data["train"] = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100}
     path.write_text(yaml.safe_dump(data))
     exp = load_experiment(path)
     assert type(exp.train).__name__ == "DQNConfig" and exp.train.buffer_size == 500

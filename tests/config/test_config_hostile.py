@@ -4,6 +4,9 @@ one line naming the key path, exit code 2, and nothing written."""
 from __future__ import annotations
 
 import io
+import os
+import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +19,7 @@ import yaml
 from factories import TINY, deep_update, write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import MAX_NAME, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.config.experiment import MAX_CONFIG_BYTES, MAX_NAME, SWEEP_FIRST, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
 from hpcrl.config.limits import MAX_RUNS
 from hpcrl.sweep.runs import expand
 
@@ -71,6 +74,52 @@ def test_extra_directive_lines_are_refused_at_their_index(tmp_path: Path) -> Non
     for value in ["--exclusive\ntouch /tmp/hpcrl-pwned", "--x\r--y", "--x\x0b", "  "]:
         refused(tmp_path, {"resources": {"extra": ["--constraint=a100", value]}}, "resources.extra[1]")
     assert sweep(write_config(tmp_path, {"resources": {"extra": ["--constraint=a100 --exclusive", "-l h=node01"]}}))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "line", "option"),
+    [
+        ("slurm", "--array=1-1000000", "--array"),
+        ("slurm", "-a 1-9", "-a"),
+        ("slurm", "--arr=1-9", "--array"),
+        ("slurm", "--output=/etc/passwd", "--output"),
+        ("slurm", "-o/etc/passwd", "-o"),
+        ("slurm", "--exclusive --job-name=x", "--job-name"),
+        ("slurm", "--dependency=afterok:1", "--dependency"),
+        ("slurm", "--no-requeue", "--no-requeue"),
+        ("slurm", "--time=48:00:00", "--time"),
+        ("sge", "-t 1-1000000", "-t"),
+        ("sge", "-o /etc/passwd", "-o"),
+        ("sge", "-hold_jid 12", "-hold_jid"),
+        ("sge", "-notify", "-notify"),
+        ("sge", "-l h_rt=48:00:00", "-l h_rt"),
+        ("sge", "-l h=node01,mem_free=64G", "-l mem_free"),
+    ],
+)
+def test_extra_lines_that_set_a_directive_hpcrl_writes_are_refused(tmp_path: Path, scheduler: str, line: str, option: str) -> None:
+    """`--array=1-1000000` rendered below hpcrl's `--array=1-3`, and sbatch takes the last: it passed
+    the run limit and every task past the third failed; `--output` replaced the log hpcrl reads."""
+    stderr = refused(tmp_path, {"resources": {"extra": ["--constraint=a100", line]}}, "resources.extra[1]", "--scheduler", scheduler)
+    assert f"resources.extra[1]: {option} is written by hpcrl itself (" in stderr and repr(line) in stderr, stderr
+
+
+@pytest.mark.parametrize(("scheduler", "lines"), [("slurm", ["--constraint=a100 --exclusive", "--gres=gpu:a100:1", "--ntasks=2", "--comment=x"]), ("sge", ["-l h=node01", "-P project", "-terse"])])
+def test_extra_lines_that_set_options_of_their_own_are_kept(tmp_path: Path, scheduler: str, lines: list[str]) -> None:
+    code, stderr = sweep(write_config(tmp_path, {"resources": {"extra": lines}}), "--scheduler", scheduler)
+    assert code == 0, stderr
+
+
+def test_an_extra_line_is_options_without_the_directive_prefix(tmp_path: Path) -> None:
+    """`#SBATCH --x` rendered as `#SBATCH #SBATCH --x`: the template writes the prefix."""
+    for value in ["#SBATCH --exclusive", "#$ -l h=node01", " # a comment"]:
+        stderr = refused(tmp_path, {"resources": {"extra": [value]}}, "resources.extra[0]")
+        assert "writes the prefix" in stderr, stderr
+
+
+@pytest.mark.parametrize(("changes", "key"), [({"cuda": {"modules": ["cuda/12.1", ""]}}, "cuda.modules[1]"), ({"container": {"binds": ["  "]}}, "container.binds[0]")])
+def test_a_blank_name_that_reaches_a_job_s_shell_line_is_refused(tmp_path: Path, changes: dict, key: str) -> None:
+    """`cuda.modules: [""]` rendered `module load ''`, which stops every job."""
+    assert "expected a non-empty value" in refused(tmp_path, changes, key, "--scheduler", "slurm")
 
 
 def test_actor_mem_is_a_memory_size(tmp_path: Path) -> None:
@@ -319,6 +368,88 @@ def test_dqn_bounds(tmp_path: Path) -> None:
         refused(tmp_path, {"algo": "dqn"}, key, train={**DQN_TRAIN, **train})
 
 
+@pytest.mark.parametrize(
+    ("train", "changes", "key", "says"),
+    [
+        ({"learning_starts": 1000}, {}, "train.learning_starts", "1000 is not below total_steps (1000): gradient steps begin after"),
+        ({"learning_starts": 0, "total_steps": 20}, {}, "train.batch_size", "32 is more than total_steps (20): the replay would never hold one minibatch"),
+        ({"train_freq": 5000}, {}, "train.train_freq", "5000 environment steps between training phases pass total_steps (1000): the run would play 5000 steps"),
+        ({"train_freq": 1000}, {"env": {"num_envs": 3}}, "train.train_freq", "1000 environment steps between training phases (whole steps of env.num_envs 3: 1002) pass"),
+        ({"train_freq": 1000}, {"distributed": {}}, "train.train_freq", "1000 transitions per 1 update (gradient_steps): the Ape-X learner earns its updates from the transitions after learning_starts, and total_steps - learning_starts = 900 earn none"),
+        ({"learning_starts": 1000}, {"distributed": {}}, "train.learning_starts", "1000 is not below total_steps (1000)"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_a_dqn_that_would_end_without_a_gradient_step_is_refused(tmp_path: Path, train: dict, changes: dict, key: str, says: str) -> None:
+    """`learning_starts >= total_steps` ran to `done` with an empty td_loss column; a train_freq past
+    the budget played it several times over for one training phase, and earned an Ape-X learner none."""
+    assert f": {key}: {says}" in refused(tmp_path, {"algo": "dqn", **changes}, key, train={**DQN_TRAIN, **train})
+    apex = config_with_train(tmp_path, {"algo": "dqn", "distributed": {}}, {**DQN_TRAIN, "train_freq": 1000, "gradient_steps": 2})
+    assert load_experiment(apex).train.train_freq == 1000  # 900 transitions after learning_starts earn one update
+
+
+@pytest.mark.parametrize(
+    ("train", "changes", "says"),
+    [
+        ({"num_minibatches": 3}, {}, "3 does not divide the rollout (num_steps x env.num_envs = 64 x 2 = 128 transitions); the update would take 3 minibatches of 42 transitions and one of 2: use a divisor of 128, such as 2 or 4"),
+        ({"num_minibatches": 1000}, {}, "1000 does not divide the rollout (num_steps x env.num_envs = 64 x 2 = 128 transitions); the update would take 128 minibatches of 1 transition: use a divisor of 128, such as 128"),
+        ({"num_minibatches": 4, "recurrent_size": 8}, {"env": {"num_envs": 6}}, "4 does not divide env.num_envs (6): a recurrent policy's minibatches are whole env sequences of the rollout; the update would take 6 minibatches of 1 env: use a divisor of 6, such as 3 or 6"),
+        ({"num_minibatches": 3}, {"resources": {"ranks": 2}}, "3 does not divide each rank's rollout (num_steps x env.num_envs = 64 x 2 = 128 transitions)"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_minibatches_that_do_not_divide_the_rollout_are_refused(tmp_path: Path, train: dict, changes: dict, says: str) -> None:
+    """PPO cut a count that does not divide into other sizes: 3 of 256 transitions trained on 85, 85,
+    85 and 1, 1000 on 256 of one each. DD-PPO's ranks each split their own rollout of env.num_envs envs."""
+    assert f": train.num_minibatches: {says}" in refused(tmp_path, {**changes, "train": train}, "train.num_minibatches")
+    for ok in ({"train": {"num_minibatches": 128}}, {"env": {"num_envs": 4}, "train": {"num_minibatches": 4, "recurrent_size": 8}}):
+        code, stderr = sweep(write_config(tmp_path, ok))
+        assert code == 0, stderr
+
+
+def test_a_grid_point_whose_values_do_not_split_its_rollout_is_refused(tmp_path: Path) -> None:
+    """Each value splits the base config's rollout (2 envs x 64 steps); 3 envs with 128 minibatches do not."""
+    grid = {"env.num_envs": [2, 3], "train.num_minibatches": [2, 128]}
+    stderr = refused(tmp_path, {"sweep": {"seeds": [0], "grid": grid}}, "sweep: the grid point env.num_envs=3, train.num_minibatches=128: train.num_minibatches: 128 does not divide")
+    assert "192 transitions" in stderr, stderr
+    code, stderr = sweep(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"env.num_envs": [2, 4], "train.num_minibatches": [2, 128]}}}))
+    assert code == 0, stderr
+
+
+@pytest.mark.parametrize("method", ["random", "optuna"])
+def test_a_search_space_with_counts_that_do_not_split_the_rollout_is_refused(tmp_path: Path, method: str) -> None:
+    """A random search drew them into its runs, an Optuna study into trials that failed in its workers."""
+    search = {"method": method, "samples" if method == "random" else "n_trials": 4, "space": {"train.num_minibatches": {"type": "int", "low": 1, "high": 8}}}
+    with pytest.raises(ConfigError, match=r": sweep.search.space.train.num_minibatches=3 \(of 1..8\): train.num_minibatches: 3 does not divide the rollout") as err:
+        load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "search": search}}))
+    assert len(err.value.lines) == 1
+    search["space"] = {"env.num_envs": {"type": "int", "low": 2, "high": 4}}  # a recurrent policy's 2 minibatches: 3 envs do not split
+    with pytest.raises(ConfigError, match=r"sweep.search.space.env.num_envs=3 \(of 2..4\): train.num_minibatches: 2 does not divide env.num_envs \(3\)"):
+        load_experiment(write_config(tmp_path, {"train": {"recurrent_size": 8}, "sweep": {"seeds": [0], "search": search}}))
+    search["space"] = {"train.num_minibatches": {"type": "choice", "values": [1, 2, 4, 8]}}
+    assert load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "search": search}})).sweep.search is not None
+
+
+def test_an_experiment_written_before_the_request_rules_still_loads_and_a_new_sweep_of_it_is_refused(tmp_path: Path) -> None:
+    """A sweep of an older hpcrl wrote runs whose config breaks a rule added since (3 minibatches of a 128-transition
+    rollout): status and collect still read the experiment, as its jobs in flight do; sweeping the config anew is refused."""
+    from hpcrl.config.experiment import stored_configs
+    from hpcrl.store.expdir import load_experiment_config, load_runs, write_experiment
+
+    config = write_config(tmp_path, {"train": {"num_minibatches": 3}})
+    with stored_configs():  # as the older hpcrl built it
+        exp = load_experiment(config)
+        experiment = write_experiment(exp, expand(exp), {})
+    assert [run.config.train.num_minibatches for run in load_runs(experiment)] == [3, 3]
+    assert load_experiment_config(experiment)[0].train.num_minibatches == 3
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert main(["status", str(experiment)]) == 0, err.getvalue()
+    assert "2 runs" in out.getvalue()
+    with pytest.raises(ConfigError, match="train.num_minibatches: 3 does not divide the rollout"):
+        load_experiment(config)
+
+
 def test_a2c_keeps_the_bounds_of_the_fields_whose_defaults_it_changes(tmp_path: Path) -> None:
     refused(tmp_path, {"algo": "a2c"}, "train.lr", train={"lr": -1})
     refused(tmp_path, {"algo": "a2c"}, "train.gae_lambda", train={"gae_lambda": 2})
@@ -364,6 +495,32 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     assert code == 2 and stderr.count("\n") == 1 and "not UTF-8" in stderr and "offset" in stderr, stderr
 
 
+def hpcrl_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`hpcrl ARGV` in a process of its own, bounded in time and memory: a read that never ends fails the test, not the machine."""
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    return subprocess.run([sys.executable, "-m", "hpcrl", *argv], capture_output=True, text=True, timeout=60, preexec_fn=limit_memory)
+
+
+def test_a_config_path_that_is_not_a_regular_file_is_one_line(tmp_path: Path) -> None:
+    """`hpcrl sweep /dev/zero` read until memory ran out; a FIFO blocked the sweep until a writer came."""
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device"), (tmp_path, "a directory")):
+        proc = hpcrl_cli("sweep", str(path), "--dry-run", "--scheduler", "slurm")
+        assert proc.returncode == 2 and proc.stderr == f"hpcrl: error: {path}: not a regular file ({kind}): give the path of a YAML config file\n", proc.stderr
+
+
+def test_a_config_larger_than_a_config_can_be_is_refused_unread(tmp_path: Path) -> None:
+    config = tmp_path / "big.yaml"
+    with config.open("wb") as f:
+        f.truncate(MAX_CONFIG_BYTES + 1)
+    code, stderr = sweep(config)
+    assert code == 2 and stderr.count("\n") == 1 and "larger than a config file can be (10 MB)" in stderr, stderr
+
+
 def test_a_name_too_long_for_a_directory_is_refused(tmp_path: Path) -> None:
     refused(tmp_path, {"name": "a" * (MAX_NAME + 1)}, "name", dry_run=False)
     code, stderr = sweep(write_config(tmp_path, {"name": "a" * MAX_NAME}))
@@ -380,6 +537,37 @@ def test_output_pointing_at_a_file_is_refused(tmp_path: Path) -> None:
     code, stderr = sweep(write_config(tmp_path), dry_run=False)
     assert code == 2 and ": name: " in stderr and "is a file" in stderr, stderr
     assert (tmp_path / "logs" / "tiny").read_text() == ""
+
+
+def test_a_directory_that_is_not_an_experiment_is_not_taken_over(tmp_path: Path) -> None:
+    """A sweep into `<output>/<name>` holding a user's own files wrote its results over them."""
+    taken = tmp_path / "logs" / "tiny"
+    (taken / "results").mkdir(parents=True)
+    (taken / "results" / "summary.csv").write_text("mine\n")
+    config = write_config(tmp_path)
+    for dry_run in (True, False):
+        code, stderr = sweep(config, dry_run=dry_run)
+        assert code == 2 and stderr.count("\n") == 1, stderr
+        assert f": name: {taken} exists and is not an hpcrl experiment (it holds results): a sweep would write over it; pick another name or output" in stderr, stderr
+    assert sorted(p.relative_to(taken).as_posix() for p in taken.rglob("*")) == ["results", "results/summary.csv"]
+    (taken / "runs.csv").write_text("")  # an experiment: a sweep again resubmits what is missing
+    assert sweep(config)[0] == 0
+    shutil.rmtree(taken)
+    # What a first sweep that submitted nothing leaves there, or one at work this moment (before its runs.csv: its
+    # lock is what refuses a second sweep, tests/submit/test_sweep_submission.py), and hpcrl.io's temporary file.
+    assert SWEEP_FIRST == ("jobs", "optuna", "experiment.yaml")
+    (taken / "jobs").mkdir(parents=True)
+    (taken / "optuna").mkdir()
+    (taken / "experiment.yaml").write_text("config: {}\n")
+    (taken / ".experiment.yaml.1a2b.tmp").write_text("")
+    assert sweep(config)[0] == 0
+
+
+def test_an_output_longer_than_a_file_name_can_be_is_one_line(tmp_path: Path) -> None:
+    """A traceback from `exists()` (OSError: File name too long), or, below a directory that does not exist, from the first mkdir."""
+    for output in (tmp_path / ("a" * 300), tmp_path / "new" / ("a" * 300)):
+        code, stderr = sweep(write_config(tmp_path, {"output": str(output)}))
+        assert code == 2 and stderr.count("\n") == 1 and f": output: cannot use {output}/tiny (File name too long)" in stderr, stderr
 
 
 # ---------------------------------------------------------------------------- item 17: limits

@@ -19,7 +19,7 @@ from hpcrl.submit.pipeline import plan_scripts
 
 DISTRIBUTED = Path(__file__).resolve().parents[2] / "hpcrl" / "distributed"
 APEX = {
-    "name": "apex", "algo": "dqn", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 1000, "hidden_sizes": [16]},
+    "name": "apex", "algo": "dqn", "env": {"id": "CartPole-v1"}, "train": {"total_steps": 1000, "learning_starts": 100, "hidden_sizes": [16]},
     "distributed": {"actors": 2}, "sweep": {"seeds": [0, 1, 2]}, "resources": {"max_concurrent": 3},
 }
 

@@ -112,7 +112,8 @@ def test_bad_algorithm_grids_are_refused(tmp_path: Path, values: list, why: str)
 
 
 def test_dqn_in_the_grid_is_checked_against_every_env(tmp_path: Path) -> None:
-    config = grid_config(tmp_path, {"sweep": {"grid": {"algo": ["ppo", "dqn"], "env.id": ["CartPole-v1", "Pendulum-v1"]}}})
+    learns = {"match": {"algo": "dqn"}, "set": {"train.learning_starts": 100}}  # of TINY's 1,024 steps
+    config = grid_config(tmp_path, {"sweep": {"grid": {"algo": ["ppo", "dqn"], "env.id": ["CartPole-v1", "Pendulum-v1"]}, "when": [learns]}})
     code, _, err = run_cli("sweep", str(config), "--scheduler", "local", "--dry-run")
     assert code == 2 and "Pendulum-v1" in err and "algo='dqn'" in err, err
 

@@ -219,7 +219,7 @@ def test_bundled_configs_train_and_evaluate(name: str, tmp_path: Path) -> None:
     if name == "vizdoom_dqn":
         overrides += ["train.total_steps=96", "train.learning_starts=64", "train.buffer_size=200", "train.checkpoint_every=10"]
     else:
-        overrides += ["train.total_steps=80", "train.num_steps=10"]
+        overrides += ["train.total_steps=80", "train.num_steps=10"] + (["train.num_minibatches=4"] if name == "vizdoom_ppo" else [])  # 2 x 10 in 4 minibatches of 5
     exp = load_experiment(ROOT / "configs" / f"{name}.yaml", overrides + [f"output={tmp_path}"])
     (run,) = expand(exp)
     experiment_dir = tmp_path / name
@@ -330,7 +330,7 @@ def test_pipelined_rollout_is_the_batched_rollout(recurrent_size: int, monkeypat
     bootstrap value) may differ in the last bit: the CNN's kernels sum in another order for a
     smaller batch or another thread count."""
     monkeypatch.setattr(envs_module, "usable_cores", lambda: 2)  # 2 workers of 2 envs, in two groups
-    exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["env.num_envs=4", "train.num_steps=90", f"train.recurrent_size={recurrent_size}"])
+    exp = load_experiment(ROOT / "configs" / "vizdoom_ppo.yaml", ["env.num_envs=4", "train.num_steps=90", "train.num_minibatches=4", f"train.recurrent_size={recurrent_size}"])
     results = []
     for envs in (make_vec_env(exp.env, pipelined=True), _one_async_vector_env(exp.env)):
         seed_everything(0)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,15 @@ def test_the_host_cuda_path_on_ld_library_path_is_bound_into_the_image() -> None
     elsewhere = rendered("habitat_ppo", "sge", "container.image=/images/habitat.sif", "container.binds=[/opt:/host-opt]")["train"]
     assert "--bind /opt/cuda-9.2/lib64:/opt/cuda-9.2/lib64:ro" in elsewhere  # /opt is not at /opt in the image
     assert "--bind /opt" not in rendered("habitat_ppo", "sge")["train"]  # no image: nothing to bind
+
+
+def test_a_python_that_is_not_here_is_refused_where_the_jobs_run_here(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python=/nonexistent/python` with the local executor failed every job at its first line, and
+    `hpcrl status` said "no reason recorded". A cluster's nodes have their own files: its dry run shows the path."""
+    config = write_config(tmp_path)
+    assert main(["sweep", str(config), "--scheduler", "local", "--dry-run", "-p", "python=/nonexistent/python"]) == 2
+    why = f"python: /nonexistent/python is not an executable file here, and local runs every job on this machine with it (left unset, they run {sys.executable})"
+    assert capsys.readouterr().err == f"hpcrl: error: {why}\n"
+    out, _ = dry_run(capsys, config, "slurm", "python=/nonexistent/python")
+    assert "HPCRL=(/nonexistent/python -m hpcrl)" in out
+    dry_run(capsys, config, "local", f"python={sys.executable}")

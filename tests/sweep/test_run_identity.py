@@ -21,7 +21,7 @@ import pytest
 import yaml
 from factories import deep_update, write_config
 
-from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment
+from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment, stored_configs
 from hpcrl.store.expdir import generation, read_runs_csv, split_generations, write_experiment
 from hpcrl.sweep.runs import expand
 
@@ -30,7 +30,11 @@ BASE: dict[str, Any] = {"name": "ids", "algo": "ppo", "env": {"id": "CartPole-v1
 
 
 def ids(changes: dict | None = None) -> list[str]:
-    return [r.run_id for r in expand(experiment_from_dict(deep_update(BASE, changes or {})))]
+    """The run ids of BASE with `changes`, as status and collect read them on disk (`stored_configs`): the golden
+    distributed ids below are those of DQN runs that a sweep now refuses (10,000 steps, and learning_starts' default
+    10,000: no gradient step), and an id never depended on those rules."""
+    with stored_configs():
+        return [r.run_id for r in expand(experiment_from_dict(deep_update(BASE, changes or {})))]
 
 
 def test_golden_run_id() -> None:
