@@ -101,6 +101,7 @@ def nim_collected(tmp_path_factory) -> tuple[Path, list[Path], str]:
     return exp_dir, run_dirs, out.getvalue()
 
 
+@pytest.mark.slow  # the report rendered in headless Chromium: 5-6 s of CPU on the 2-core VM, over --fast's 5
 def test_collect_reports_strength_per_opponent_curves_and_the_elo_ladder(nim_collected, tmp_path, chromium):
     exp_dir, run_dirs, out = nim_collected
     snaps = [s for s, _ in checkpoint.snapshots(run_dirs[0] / "checkpoints")]

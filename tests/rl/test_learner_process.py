@@ -122,6 +122,7 @@ def _trained(beside: bool, **train: Any) -> tuple[list[dict[str, float]], dict[s
         agent.envs.close()
 
 
+@pytest.mark.slow  # 7-9 s of CPU on the 2-core VM (three runs, two learner processes that import torch): over --fast's 5
 @pytest.mark.parametrize("target_kl", [None, 0.002])
 def test_a_run_learns_the_same_numbers_whichever_process_made_each_gradient_step(target_kl: float | None) -> None:
     """The trainer alone, and the trainer with the learner process making what steps it can while the rollout
