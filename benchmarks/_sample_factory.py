@@ -91,7 +91,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         f"--num_epochs={s['epochs']}", f"--learning_rate={s['lr']}", f"--gamma={s['gamma']}", f"--gae_lambda={s['gae_lambda']}",
         f"--ppo_clip_ratio={s['clip']}", f"--ppo_clip_value={s['clip_value']}", "--exploration_loss=entropy", f"--exploration_loss_coeff={s['ent_coef']}",
         f"--value_loss_coeff={s['vf_coef']}", f"--max_grad_norm={s['max_grad_norm']}", f"--reward_scale={s['reward_scale']}", "--adam_eps=1e-5",
-        "--normalize_input=False", "--normalize_returns=False", "--obs_scale=255.0", "--use_rnn=False", f"--nonlinearity={s['activation']}",
+        "--normalize_input=False", "--normalize_returns=False", "--shuffle_minibatches=True", "--obs_scale=255.0", "--use_rnn=False", f"--nonlinearity={s['activation']}",
         f"--env_frameskip={s['frame_skip']}", f"--res_w={s['width']}", f"--res_h={s['height']}", "--summaries_use_frameskip=False",
         f"--train_for_env_steps={learn}", "--save_every_sec=100000", "--save_best_every_sec=100000", "--experiment_summaries_interval=100000",
         f"--hpcrl_scenario={s['scenario']}", f"--hpcrl_resolution={s['resolution']}", f"--hpcrl_hidden={s['hidden']}",
