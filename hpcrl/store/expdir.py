@@ -18,7 +18,6 @@ import io
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import time
@@ -31,7 +30,7 @@ from typing import Any, Literal
 import yaml
 
 import hpcrl
-from hpcrl.config.experiment import ConfigError, Experiment, experiment_from_dict, stored_configs
+from hpcrl.config.experiment import RUN_ID, ConfigError, Experiment, experiment_from_dict, stored_configs
 from hpcrl.io import atomic_write_text
 from hpcrl.store import rundir
 from hpcrl.store.states import State
@@ -45,7 +44,6 @@ INDEX_LOCK = "runs.csv.lock"
 GENERATION = "generation"
 """runs.csv column: the config generation that last swept the run (the newest one is pooled)."""
 _FIXED_COLUMNS = ("index", "run_id", "seed", GENERATION)
-_RUN_ID = re.compile(r"[0-9a-f]{10}-s(-?\d+)")
 
 
 @dataclass
@@ -149,7 +147,7 @@ def read_runs_csv(experiment_dir: Path) -> list[dict[str, str]]:
             raise ConfigError(f"{damaged}: the last line is cut off")
         rows, seen = [], set()
         for row in reader:
-            match = _RUN_ID.fullmatch(row["run_id"] or "")
+            match = RUN_ID.fullmatch(row["run_id"] or "")
             if (
                 None in row or None in row.values() or not row["index"].isdigit() or match is None
                 or match.group(1) != row["seed"] or not row.get(GENERATION, "0").isdigit()
@@ -192,7 +190,7 @@ def listed_runs(experiment_dir: Path) -> list[dict[str, str]]:
         return rows
     try:
         with os.scandir(runs_dir(experiment_dir)) as entries:
-            dirs = [Path(e.path) for e in entries if _RUN_ID.fullmatch(e.name) and e.is_dir()]
+            dirs = [Path(e.path) for e in entries if RUN_ID.fullmatch(e.name) and e.is_dir()]
     except (FileNotFoundError, NotADirectoryError):
         dirs = []
     begun = sorted(d.name for d in dirs if rundir.run_state(d) != State.NEW)

@@ -561,6 +561,12 @@ def test_a_directory_that_is_not_an_experiment_is_not_taken_over(tmp_path: Path)
     (taken / "experiment.yaml").write_text("config: {}\n")
     (taken / ".experiment.yaml.1a2b.tmp").write_text("")
     assert sweep(config)[0] == 0
+    shutil.rmtree(taken)
+    (taken / "runs" / "0123456789-s0").mkdir(parents=True)  # run directories only: an experiment's, or laid out for its sweep
+    assert sweep(config)[0] == 0
+    shutil.rmtree(taken)
+    (taken / "runs" / "mine").mkdir(parents=True)
+    assert "exists and is not an hpcrl experiment (it holds runs)" in sweep(config)[1]
 
 
 def test_an_output_longer_than_a_file_name_can_be_is_one_line(tmp_path: Path) -> None:
