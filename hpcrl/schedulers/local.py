@@ -508,8 +508,7 @@ class LocalRunner:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(t.devices)
         elif self.machine_gpus or job.get("resources", {}).get("gpus"):  # no GPU for this task: hide them all
             env["CUDA_VISIBLE_DEVICES"] = ""
-        suffix = f".{task}" if job["size"] else ""
-        t.log = (self.dir / "jobs" / "logs" / f"{job['job_id']}{suffix}.out").open("a")
+        t.log = expdir.local_job_log(self.dir, job["job_id"], task, bool(job["size"])).open("a")
         # Own session and process group (pgid = pid): Ctrl-C reaches the runner only, which then stops
         # the tasks in order; `cancel` and a later sweep end the group even when this runner is gone.
         t.proc = subprocess.Popen(["bash", str(t.script)], env=env, stdin=subprocess.DEVNULL, stdout=t.log, stderr=subprocess.STDOUT, start_new_session=True)

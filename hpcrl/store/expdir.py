@@ -474,14 +474,20 @@ def job_log(experiment_dir: Path, job: Job, task: int) -> Path | None:
     backend whose tasks have no log of their own (debug runs them in the calling process). A job template of
     the user's own may name it otherwise: the caller checks that the file is there."""
     logs = experiment_dir / "jobs" / "logs"
+    if job.scheduler == "local":
+        return local_job_log(experiment_dir, job.job_id, task, bool(job.size))
     names = {
-        "local": (f"{job.job_id}.{task}.out", f"{job.job_id}.out"),
         "slurm": (f"{job.stage}-{job.job_id}_{task}.out", f"{job.stage}-{job.job_id}.out"),
         "sge": (f"{job.stage}-{job.job_id}.{task}.out", f"{job.stage}-{job.job_id}.out"),
     }.get(job.scheduler)
     if names is None:
         return None
     return logs / (names[0] if job.size else names[1])
+
+
+def local_job_log(experiment_dir: Path, job_id: str, task: int, array: bool) -> Path:
+    """The log the local runner writes a task's output to (and `job_log` reads it from): one owner of the name."""
+    return experiment_dir / "jobs" / "logs" / (f"{job_id}.{task}.out" if array else f"{job_id}.out")
 
 
 LOG_TAIL_BYTES = 4096
