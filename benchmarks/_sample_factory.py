@@ -105,6 +105,9 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
     parser.add_argument("--hpcrl_hidden", type=_args.positive_integer)
     parser.add_argument("--hpcrl_cnn", type=_args.positive_integer, nargs=3)
     cfg = parse_full_cfg(parser, argv)
+    # Its learner's schedules include a linear decay to 0 over train_for_env_steps (learner.LinearDecayScheduler),
+    # which 2.1.1's argument parser does not offer among --lr_schedule's choices: set on the parsed config.
+    cfg.lr_schedule = s["lr_schedule"]
     register_env("hpcrl_doom", _env)
     global_model_factory().register_encoder_factory(_encoder)
 

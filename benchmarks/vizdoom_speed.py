@@ -44,8 +44,10 @@ default, `-p key=value` overrides as hpcrl's):
   vf_coef: hpcrl's value loss has the factor 1/2, Sample Factory's has not), gradient clipping,
   Adam eps 1e-5, reward scale (Sample Factory's learner-side `--reward_scale`, so returns stay raw),
   pixels / 255 and nothing normalised (its Doom defaults normalise inputs and returns: hpcrl's
-  config does neither). What differs, and why: the learning rate is constant (2.1.1 has no linear
-  decay; hpcrl anneals it over train.total_steps); its ratio clip is 1/(1+e)..1+e, not 1-e..1+e (its
+  config does neither), the learning rate's schedule (train.anneal_lr: hpcrl's linear decay to 0 over
+  train.total_steps is Sample Factory's own linear decay, to 0 over `--train_for_env_steps` a minibatch at a
+  time: its learner has it, 2.1.1's argument parser does not offer it, so it is set on the parsed config; its default is a constant rate, which at 49k steps is twice hpcrl's mean rate, and the
+  comparison ran so until 2026-12-07). What differs, and why: its ratio clip is 1/(1+e)..1+e, not 1-e..1+e (its
   own rule); it samples with a policy up to its max_policy_lag versions old and corrects nothing
   (hpcrl's async rollout is exactly one iteration behind); one torch thread in each of its
   processes (its rule); float32 throughout (it has no mixed precision on a CPU; hpcrl's side runs its
@@ -365,6 +367,7 @@ def sf_settings(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     minibatch = num_envs * t.num_steps // t.num_minibatches
     return {"scenario": scenario, "frame_skip": int(kw.get("frame_skip", 4)), "resolution": f"{width}x{height}", "width": width // down, "height": height // down,
             "num_envs": num_envs, "workers": workers, "rollout": math.gcd(t.num_steps, minibatch), "minibatch": minibatch, "minibatches": t.num_minibatches, "epochs": t.update_epochs, "lr": t.lr,
+            "lr_schedule": "linear_decay" if t.anneal_lr else "constant",
             "gamma": t.gamma, "gae_lambda": t.gae_lambda, "clip": t.clip_coef, "clip_value": t.clip_coef if t.clip_vloss else 1e9, "ent_coef": t.ent_coef,
             "vf_coef": t.vf_coef * 0.5, "max_grad_norm": t.max_grad_norm, "reward_scale": t.reward_scale, "cnn_channels": list(t.cnn_channels),
             "hidden": t.hidden_sizes[0], "activation": t.activation, "seed": args.seed,

@@ -235,6 +235,21 @@ def test_sample_factory_sees_the_one_gpu_hpcrl_runs_on(monkeypatch: pytest.Monke
         sf_gpu("cuda")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None, reason="the scenario file is ViZDoom's")
+def test_sample_factory_learns_with_hpcrl_s_ppo_numbers_and_learning_rate_schedule() -> None:
+    """Sample Factory's side at equal steps runs hpcrl's PPO numbers, its learning rate's schedule included: the
+    bundled config anneals it, and Sample Factory's own linear decay does the same (its constant default gave it
+    twice hpcrl's mean rate at 49k steps); a config with a constant rate gives it a constant rate."""
+    import argparse
+
+    settings = load_benchmark("vizdoom_speed").sf_settings
+    args = lambda *overrides: argparse.Namespace(config=str(REPO / "configs" / "vizdoom_ppo.yaml"), overrides=list(overrides), device="cpu", sf_workers=0, seed=3)  # noqa: E731
+    s = settings(args(), 8)
+    assert (s["rollout"], s["minibatch"], s["minibatches"], s["epochs"], s["lr"], s["lr_schedule"]) == (64, 64, 8, 2, 5e-4, "linear_decay")
+    assert (s["vf_coef"], s["clip"], s["clip_value"], s["reward_scale"], s["seed"]) == (0.25, 0.2, 0.2, 0.01, 3)
+    assert settings(args("train.anneal_lr=false"), 8)["lr_schedule"] == "constant"
+
+
 @pytest.mark.e2e
 def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """No registry (pip pointed at a closed port, no local wheels): Sample Factory's side is one SKIPPED row
