@@ -80,7 +80,7 @@ hpcrl's one per env, SB3's, Sample Factory's rollout workers) and `engines` (ViZ
 under them). It is the profile that says where a side's time goes, and which part a change moved.
 
 `--learn STEPS`: each learner trains STEPS environment steps from scratch (hpcrl: train.total_steps,
-so its learning rate anneals over them; SB3 the same), then its final policy plays `--eval-episodes`
+so its learning rate anneals over them; SB3 and Sample Factory the same), then its final policy plays `--eval-episodes`
 episodes (actions sampled, as configs/vizdoom_ppo.yaml's eval) on its own env of the same scenario,
 one after another, and the table gives the mean raw return; SPS is then over the whole training.
 
