@@ -990,7 +990,13 @@ first sweep whose submission failed leaves them in a directory it found (its rol
 directories it did not make), and a second sweep of the experiment at once finds them there: that one is refused
 by the first one's lock, in its own words."""
 RUN_ID = re.compile(r"[0-9a-f]{10}-s(-?\d+)")
-"""A run's id, and its directory's name under runs/: its setting's hash, then its seed (`hpcrl.sweep.runs`)."""
+"""A run's id, and its directory's name under runs/: its setting's hash, then its seed (`run_id` makes it)."""
+
+
+def run_id(setting_hash: str, seed: int) -> str:
+    """The id of the run of a setting (the first 10 hex digits of its hash) and a seed: what RUN_ID reads back."""
+    return f"{setting_hash[:10]}-s{seed}"
+
 ATOMIC_TEMP = re.compile(r"\..+\.tmp")
 """hpcrl.io's temporary file beside one it writes whole (`.experiment.yaml.1a2b.tmp`), there for a moment."""
 
@@ -1000,7 +1006,7 @@ def _runs_of_hpcrl(entry: os.DirEntry[str]) -> bool:
     its runs again), or one whose run files were laid out ahead of its first sweep."""
     if entry.name != "runs" or not entry.is_dir(follow_symlinks=False):
         return False
-    with os.scandir(entry.path) as runs:
+    with os.scandir(entry.path) as runs:  # unreadable: `_check_output` says so in one line
         return all(RUN_ID.fullmatch(run.name) and run.is_dir(follow_symlinks=False) for run in runs)
 
 
@@ -1009,9 +1015,11 @@ def _check_taken(directory: Path) -> None:
     sweep again, which resubmits what is missing): a sweep writes its results/, runs/ and jobs/ there,
     over what a directory of the user's own holds. An experiment is a directory with a runs.csv, as
     `hpcrl.store.expdir.is_experiment` says (hpcrl.store is built on this room and cannot be imported here)."""
+    if (directory / "runs.csv").exists():  # a sweep again: its runs/ (thousands of entries) needs no look
+        return
     with os.scandir(directory) as entries:
         found = sorted(entry.name for entry in entries if entry.name not in SWEEP_FIRST and not ATOMIC_TEMP.fullmatch(entry.name) and not _runs_of_hpcrl(entry))
-    if found and not (directory / "runs.csv").exists():
+    if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise ConfigError(f"name: {directory} exists and is not an hpcrl experiment (it holds {shown}): a sweep would write over it; pick another name or output")
 

@@ -14,7 +14,7 @@ import itertools
 import json
 from typing import Any
 
-from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, is_learned, learned_settings
+from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, is_learned, learned_settings, run_id
 from hpcrl.store import expdir
 from hpcrl.sweep.search import random_points
 
@@ -82,4 +82,4 @@ def _point_runs(exp: Experiment, point: dict[str, Any], points: dict[str, dict[s
             f"{where}sweep.grid: the points {expdir.setting_label(expdir.encoded(points[setting_hash]))} and {expdir.setting_label(expdir.encoded(settings))} are the same run"
         )
     points[setting_hash] = settings
-    return [expdir.Run(first_index + i, f"{setting_hash}-s{seed}", seed, settings, expdir.seeded(config, seed)) for i, seed in enumerate(exp.sweep.seeds)]
+    return [expdir.Run(first_index + i, run_id(setting_hash, seed), seed, settings, expdir.seeded(config, seed)) for i, seed in enumerate(exp.sweep.seeds)]

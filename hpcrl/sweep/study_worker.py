@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, learned_settings
+from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, learned_settings, run_id
 from hpcrl.config.schema import plain
 from hpcrl.config.sweep_spec import Distribution
 from hpcrl.io import atomic_write_text
@@ -68,7 +68,7 @@ def trial_run(exp: Experiment, name: str, number: int, params: dict[str, Any]) -
     data = config.to_dict()
     settings = {"trial": number, **{key: sweep.get_dotted(data, key) for key in params}}
     blob = json.dumps([learned_settings(config), name, number], sort_keys=True, default=str).encode()
-    return Run(-1, f"{hashlib.sha256(blob).hexdigest()[:10]}-s{seed}", seed, settings, config)
+    return Run(-1, run_id(hashlib.sha256(blob).hexdigest(), seed), seed, settings, config)
 
 
 class Reporter:
