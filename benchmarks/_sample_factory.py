@@ -175,7 +175,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
     result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": args.device, "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
     if args.learn:
-        result.update(total_steps=last, final_return=_final_return(cfg, args.eval_episodes))
+        final_return, final_lr = _final_return(cfg, args.eval_episodes)
+        result.update(total_steps=last, final_return=final_return, final_lr=final_lr)
     return result
 
 
@@ -237,8 +238,9 @@ def _how(exitcode: int) -> str:
     return f"killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
 
 
-def _final_return(cfg: Any, episodes: int) -> float:
-    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions."""
+def _final_return(cfg: Any, episodes: int) -> tuple[float, float]:
+    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions, and the
+    learning rate its learner had reached (its checkpoint's): what says its schedule ran as hpcrl's."""
     import torch
     from sample_factory.algo.learning.learner import Learner
     from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
@@ -246,7 +248,8 @@ def _final_return(cfg: Any, episodes: int) -> float:
 
     env = _env("hpcrl_doom", cfg, None)
     policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
-    policy.load_state_dict(Learner.load_checkpoint(Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*"), "cpu")["model"])
+    checkpoint = Learner.load_checkpoint(Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*"), "cpu")
+    policy.load_state_dict(checkpoint["model"])
     policy.eval()
     rnn = torch.zeros(1, 1)
 
@@ -256,7 +259,7 @@ def _final_return(cfg: Any, episodes: int) -> float:
         return int(out["actions"][0])
 
     try:
-        return mean_return(env, act, episodes)
+        return mean_return(env, act, episodes), float(checkpoint["curr_lr"])
     finally:
         env.close()
 

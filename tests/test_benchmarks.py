@@ -251,6 +251,21 @@ def test_sample_factory_learns_with_hpcrl_s_ppo_numbers_and_learning_rate_schedu
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize(("overrides", "final_lr"), [((), 0.0), (("-p", "train.anneal_lr=false"), 5e-4)], ids=["annealed", "constant"])
+def test_sample_factory_s_learner_ends_at_the_learning_rate_hpcrl_s_schedule_ends_at(overrides: tuple[str, ...], final_lr: float, tmp_path: Path) -> None:
+    """The schedule reaches Sample Factory's learner, not only its settings: at equal steps its checkpoint's rate
+    ends at 0 where hpcrl's anneals (its parser would have refused the decay by name), and at train.lr where not."""
+    if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
+        pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
+    argv = ["--sides", "sample-factory", "--num-envs", "2", "--learn", "512", "--eval-episodes", "1", "--out", str(tmp_path / "out"), *overrides]
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "out" / "speed.json").read_text())["rows"]
+    assert row["total_steps"] >= 512 and row["final_lr"] == pytest.approx(final_lr, abs=1e-12), row
+
+
+@pytest.mark.e2e
 def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """No registry (pip pointed at a closed port, no local wheels): Sample Factory's side is one SKIPPED row
     naming pip's failure, the rest of the table stands, the exit is 0; and no half-built venv is left. Without
