@@ -33,6 +33,7 @@ import contextlib
 import csv
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -122,14 +123,14 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
             print(f"{run.run_id}: start {lifetime}, but {ckpt} is empty: starting afresh, without resume_args", file=out)
         else:
             words += program_spec.resume_words(program, {**values, "latest_checkpoint": str(latest or "")})
-            print(f"{run.run_id}: start {lifetime}: resuming with {' '.join(words[-len(program.resume_args):])}", file=out)
+            print(f"{run.run_id}: start {lifetime}: resuming with {shlex.join(words[-len(program.resume_args):])}", file=out)
     contract = {
         job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"],
         job.RUN_ID: run.run_id, job.REQUEUE_EXIT_VAR: str(REQUEUE_EXIT), job.STOP_SIGNAL: program.stop_signal,
         job.LIFETIME: str(lifetime),
     }  # fmt: skip
     env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
-    print(f"{run.run_id}: running {' '.join(words)}", file=out, flush=True)
+    print(f"{run.run_id}: running {shlex.join(words)}", file=out, flush=True)
     lock = rundir.held_lock(rd)
     stop_signal = getattr(signal, f"SIG{program.stop_signal}")
 
@@ -424,7 +425,7 @@ def _run_eval(experiment_dir: Path, rd: Path, run: Run, program: ProgramConfig, 
     words = list(words) if words else program_spec.eval_argv(program, values)
     contract = {job.RUN_DIR: values["run_dir"], job.CHECKPOINT_DIR: values["checkpoint_dir"], job.SEED: values["seed"], job.RUN_ID: run.run_id}
     env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
-    print(f"{run.run_id}: evaluating with {' '.join(words)}", file=out, flush=True)
+    print(f"{run.run_id}: evaluating with {shlex.join(words)}", file=out, flush=True)
     code, tail = supervise(words, env, workdir(program, values), rd / rundir.PROGRAM_EVAL_LOG, None, signal.SIGTERM, out)
     if code != 0:
         raise rundir.RunError(failure(f"eval program {describe_exit(code)}", tail))

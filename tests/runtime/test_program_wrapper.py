@@ -6,6 +6,7 @@ what a scheduler's kill leaves for the next lifetime.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -166,13 +167,16 @@ def test_a_program_missing_inside_the_job_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_words_after_dash_dash_are_the_command_that_runs(tmp_path: Path) -> None:
-    """The job script's literal command line is what runs (the config renders it when there is none)."""
+    """The job script's literal command line is what runs (the config renders it when there is none),
+    and the log names it as a shell would read it: pasted into one, the same words run."""
     root = experiment(tmp_path, "done")
-    words = [sys.executable, str(tmp_path / "prog.py"), str(tmp_path / "notes"), "done", "--from-the-script"]
+    words = [sys.executable, str(tmp_path / "prog.py"), str(tmp_path / "notes"), "done", "--from-the-script", "it's two words"]
     proc = subprocess.run([sys.executable, "-m", "hpcrl", "train", str(root), "--task", "0", "--", *words], env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     notes = (tmp_path / "notes").read_text()
-    assert "argv --from-the-script lifetime 1" in notes
+    assert "argv --from-the-script it's two words lifetime 1" in notes
+    logged = next(line for line in proc.stdout.splitlines() if ": running " in line).split(": running ", 1)[1]
+    assert shlex.split(logged) == words
     assert "threads 2" in notes  # resources.cpus, not a thread per core of the node
     assert run_dir(root, the_run(root).name).joinpath(rundir.DONE).exists()
 
