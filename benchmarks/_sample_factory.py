@@ -93,7 +93,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         f"--value_loss_coeff={s['vf_coef']}", f"--max_grad_norm={s['max_grad_norm']}", f"--reward_scale={s['reward_scale']}", "--adam_eps=1e-5",
         "--normalize_input=False", "--normalize_returns=False", "--shuffle_minibatches=True", "--obs_scale=255.0", "--use_rnn=False", f"--nonlinearity={s['activation']}",
         f"--env_frameskip={s['frame_skip']}", f"--res_w={s['width']}", f"--res_h={s['height']}", "--summaries_use_frameskip=False",
-        f"--train_for_env_steps={learn}", "--save_every_sec=100000", "--save_best_every_sec=100000", "--experiment_summaries_interval=100000",
+        f"--train_for_env_steps={learn}", "--save_every_sec=100000", "--save_best_every_sec=100000", f"--save_best_after={2**62}",
+        "--experiment_summaries_interval=100000",
         f"--hpcrl_scenario={s['scenario']}", f"--hpcrl_resolution={s['resolution']}", f"--hpcrl_hidden={s['hidden']}",
         "--hpcrl_cnn", *map(str, s["cnn_channels"]),
     ]  # fmt: skip
@@ -248,7 +249,14 @@ def _final_return(cfg: Any, episodes: int) -> tuple[float, float]:
 
     env = _env("hpcrl_doom", cfg, None)
     policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
-    checkpoint = Learner.load_checkpoint(Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*"), "cpu")
+    checkpoints = Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*")
+    if not checkpoints:
+        raise RuntimeError(f"Sample Factory's learner saved no checkpoint in {Learner.checkpoint_dir(cfg, 0)}")
+    # Its last checkpoint, read here, not through Learner.load_checkpoint, which turns any error into None after three
+    # tries. Where its best-policy bookkeeping ran (at its stop, past --save_best_after steps: 100k by default, so
+    # off in the argv above), the checkpoint holds a numpy float that torch.load's default weights_only refuses;
+    # the file is the one its learner just wrote.
+    checkpoint = torch.load(checkpoints[-1], map_location="cpu", weights_only=False)
     policy.load_state_dict(checkpoint["model"])
     policy.eval()
     rnn = torch.zeros(1, 1)

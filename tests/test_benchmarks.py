@@ -244,21 +244,21 @@ def test_sample_factory_learns_with_hpcrl_s_ppo_numbers_and_learning_rate_schedu
 
     settings = load_benchmark("vizdoom_speed").sf_settings
     args = lambda *overrides: argparse.Namespace(config=str(REPO / "configs" / "vizdoom_ppo.yaml"), overrides=list(overrides), device="cpu", sf_workers=0, seed=3)  # noqa: E731
-    s = settings(args(), 8)
-    assert (s["rollout"], s["minibatch"], s["minibatches"], s["epochs"], s["lr"], s["lr_schedule"]) == (64, 64, 8, 2, 5e-4, "linear_decay")
+    s = settings(args("train.lr=7e-4"), 8)
+    assert (s["rollout"], s["minibatch"], s["minibatches"], s["epochs"], s["lr"], s["lr_schedule"]) == (64, 64, 8, 2, 7e-4, "linear_decay")
     assert (s["vf_coef"], s["clip"], s["clip_value"], s["reward_scale"], s["seed"]) == (0.25, 0.2, 0.2, 0.01, 3)
     assert settings(args("train.anneal_lr=false"), 8)["lr_schedule"] == "constant"
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("overrides", "final_lr"), [((), 0.0), (("-p", "train.anneal_lr=false"), 5e-4)], ids=["annealed", "constant"])
+@pytest.mark.parametrize(("overrides", "final_lr"), [((), 0.0), (("-p", "train.anneal_lr=false"), 7e-4)], ids=["annealed", "constant"])
 def test_sample_factory_s_learner_ends_at_the_learning_rate_hpcrl_s_schedule_ends_at(overrides: tuple[str, ...], final_lr: float, tmp_path: Path) -> None:
     """The schedule reaches Sample Factory's learner, not only its settings: at equal steps its checkpoint's rate
     ends at 0 where hpcrl's anneals (its parser would have refused the decay by name), and at train.lr where not."""
     if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
         pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HPCRL_BENCH_BUILD": "0"}
-    argv = ["--sides", "sample-factory", "--num-envs", "2", "--learn", "512", "--eval-episodes", "1", "--out", str(tmp_path / "out"), *overrides]
+    argv = ["--sides", "sample-factory", "--num-envs", "2", "--learn", "512", "--eval-episodes", "1", "--out", str(tmp_path / "out"), "-p", "train.lr=7e-4", *overrides]
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "vizdoom_speed.py"), *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     (row,) = json.loads((tmp_path / "out" / "speed.json").read_text())["rows"]
