@@ -176,8 +176,8 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
     result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": args.device, "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
     if args.learn:
-        final_return, final_lr = _final_return(cfg, args.eval_episodes)
-        result.update(total_steps=last, final_return=final_return, final_lr=final_lr)
+        (final_return, final_return_se), final_lr = _final_return(cfg, args.eval_episodes)
+        result.update(total_steps=last, final_return=final_return, final_return_se=final_return_se, final_lr=final_lr)
     return result
 
 
@@ -239,9 +239,10 @@ def _how(exitcode: int) -> str:
     return f"killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
 
 
-def _final_return(cfg: Any, episodes: int) -> tuple[float, float]:
-    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions, and the
-    learning rate its learner had reached (its checkpoint's): what says its schedule ran as hpcrl's."""
+def _final_return(cfg: Any, episodes: int) -> tuple[tuple[float, float | None], float]:
+    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions, with its
+    standard error; and the learning rate its learner had reached (its checkpoint's): what says its schedule ran as
+    hpcrl's."""
     import torch
     from sample_factory.algo.learning.learner import Learner
     from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs

@@ -214,7 +214,8 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
 
             agent.close()
             policy = agent.policy.eval()
-            result.update(total_steps=agent.global_step, final_return=mean_return(make_env(exp.env), lambda obs: int(policy.act(obs_to_tensor(obs[None], device), False)[0]), args.eval_episodes))
+            mean, se = mean_return(make_env(exp.env), lambda obs: int(policy.act(obs_to_tensor(obs[None], device), False)[0]), args.eval_episodes)
+            result.update(total_steps=agent.global_step, final_return=mean, final_return_se=se)
         return result
     finally:
         if agent is not None:
@@ -282,7 +283,8 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
         result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none"}
         if args.learn:
-            result.update(total_steps=last, final_return=mean_return(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes))
+            mean, se = mean_return(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes)
+            result.update(total_steps=last, final_return=mean, final_return_se=se)
         return result
     finally:
         envs.close()
@@ -538,19 +540,25 @@ def _failed(error: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     learn = any("final_return" in r for r in rows)
-    ret = f"{'return':>8}" if learn else ""
+    ret = f"{'return ± se':>14}" if learn else ""
     lines = [f"{'envs':>5}  {'side':<15}{'SPS':>9}{'x random':>10}{'x SB3':>8}{'x SF':>7}{ret}{'steps/ep':>9}{'CPU ms/step':>15}  {'device / threads / amp':<24}note"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * 8}{'':>9}{'':>15}  {'':<24}{_failed(r['error'])}")
+            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * 14}{'':>9}{'':>15}  {'':<24}{_failed(r['error'])}")
             continue
         x_random, x_sb3, x_sf = (f"{r[k]:.2f}" if r.get(k) else "" for k in ("x_random", "x_sb3", "x_sf"))
-        final = f"{r['final_return']:>8.1f}" if "final_return" in r else (f"{'':>8}" if learn else "")
+        final = f"{_return_cell(r):>14}" if "final_return" in r else (f"{'':>14}" if learn else "")
         where = f"{r.get('device', '')} / {r.get('torch_threads', '')} / {r.get('amp', '')}" if "device" in r else ""
         note = f"{r['steps']} steps in {r['seconds']:.1f} s" + (f", {r['layout']}" if "layout" in r else "") + (f", {r['total_steps']} steps trained" if "total_steps" in r else "")
         cpu = f"{r['cpu_ms_own']:.2f} / {r['cpu_ms_all']:.2f}" if "cpu_ms_all" in r else ""
         lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{r['sps']:>9.0f}{x_random:>10}{x_sb3:>8}{x_sf:>7}{final}{steps_per_episode(r):>9}{cpu:>15}  {where:<24}{note}")
     return "\n".join(lines)
+
+
+def _return_cell(row: dict[str, Any]) -> str:
+    """A row's final return and its standard error over the evaluation's episodes (the mean alone for one episode)."""
+    se = row.get("final_return_se")
+    return f"{row['final_return']:.1f}" + ("" if se is None else f" ± {se:.1f}")
 
 
 def steps_per_episode(row: dict[str, Any]) -> str:
@@ -684,7 +692,7 @@ def main() -> None:
     from hpcrl.io import atomic_write_csv, atomic_write_text  # a temporary file of its own per writer: two runs into one --out never mix
 
     atomic_write_text(args.out / "speed.json", json.dumps({"meta": meta, "rows": rows}, indent=1))
-    fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "x_sf", "final_return", "total_steps", "episodes", "cpu_ms_own", "cpu_ms_all", "steps", "seconds", "device", "torch_threads", "amp", "layout", "error"]
+    fields = ["num_envs", "side", "sps", "x_random", "x_sb3", "x_sf", "final_return", "final_return_se", "total_steps", "episodes", "cpu_ms_own", "cpu_ms_all", "steps", "seconds", "device", "torch_threads", "amp", "layout", "error"]
     atomic_write_csv(args.out / "speed.csv", fields, ([r.get(f, "") for f in fields] for r in rows))
     print(f"\nwrote {args.out / 'speed.json'} and {args.out / 'speed.csv'}")
 

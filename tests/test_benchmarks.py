@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -106,6 +107,35 @@ def test_episodes_ended_in_one_step_count_each_env_once_however_it_ended() -> No
     assert ended(np.array([True, False, True, False]), np.array([False, False, True, True])) == 3
     assert ended(np.array([True, True]), np.array([False, False])) == 2
     assert ended(np.zeros(3, bool), np.zeros(3, bool)) == 0
+
+
+def test_a_final_return_comes_with_its_standard_error_over_the_episodes_played() -> None:
+    """Every side's return at equal steps is scored by one loop (benchmarks/_window.py's mean_return): the episodes'
+    mean and its standard error, so that a difference between two sides smaller than the error reads as one; none
+    for a single episode. Episodes of 1, 2 and 3 steps of reward 1, 2, 3 each: returns 1, 4, 9."""
+    import gymnasium as gym
+
+    class Steps(gym.Env):
+        observation_space = gym.spaces.Discrete(1)
+        action_space = gym.spaces.Discrete(1)
+
+        def __init__(self) -> None:
+            self.episode, self.step_in = -1, 0
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[int, dict]:
+            super().reset(seed=seed)
+            self.episode, self.step_in = (0 if seed is not None else self.episode + 1), 0
+            return 0, {}
+
+        def step(self, action: int) -> tuple[int, float, bool, bool, dict]:
+            self.step_in += 1
+            length = self.episode % 3 + 1
+            return 0, float(length), self.step_in == length, False, {}
+
+    mean_return = load_benchmark("_window").mean_return
+    mean, se = mean_return(Steps(), lambda obs: 0, 3)
+    assert mean == pytest.approx(14 / 3) and se == pytest.approx(statistics.stdev([1, 4, 9]) / 3**0.5)
+    assert mean_return(Steps(), lambda obs: 0, 1) == (1.0, None)
 
 
 def test_a_window_gives_cpu_per_step_between_its_two_readings_and_nothing_for_no_steps() -> None:
