@@ -109,8 +109,9 @@ def mean_return(env: Any, act: Any, episodes: int, seed: int = 1_000_003) -> tup
     """The mean raw return of `episodes` episodes, one after another on `env` (the same loop for every side), and
     its standard error (None for one episode). The env is seeded alike in every run, so a side is always scored on
     the same episodes of its env: with 100 of them on ViZDoom's basic, where the monster's place sets the return,
-    Sample Factory's first 100 were 1.7 points easier than its first 1,000 (2026-12-07), a bias inside the standard
-    error (1.0-1.1 there with 100 episodes, hpcrl's and Sample Factory's alike), which a mean alone hides."""
+    Sample Factory's first 100 were 1.7 points easier than its first 1,000 (2026-12-07), under two standard errors
+    (1.0-1.1 there with 100 episodes, hpcrl's and Sample Factory's alike): a bias the error shows and a mean alone
+    hides."""
     returns = []
     obs, _ = env.reset(seed=seed)
     for _ in range(episodes):
