@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import _args
-from _window import PARTS, cpu_seconds, mean_return, window
+from _window import PARTS, cpu_seconds, return_fields, window
 
 
 def _env(full_env_name: str, cfg: Any, env_config: Any, render_mode: str | None = None) -> Any:
@@ -176,8 +176,7 @@ def measure_sample_factory(args: argparse.Namespace, settings: dict[str, Any]) -
         raise RuntimeError(f"Sample Factory's learner trained on no environment step in {end - start:.1f} s")
     result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": args.device, "torch_threads": 1, "amp": "none", "layout": f"{s['workers']} workers x {per_worker} envs"}
     if args.learn:
-        (final_return, final_return_se), final_lr = _final_return(cfg, args.eval_episodes)
-        result.update(total_steps=last, final_return=final_return, final_return_se=final_return_se, final_lr=final_lr)
+        result.update(total_steps=last, **_final_policy_fields(cfg, args.eval_episodes))
     return result
 
 
@@ -239,10 +238,10 @@ def _how(exitcode: int) -> str:
     return f"killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
 
 
-def _final_return(cfg: Any, episodes: int) -> tuple[tuple[float, float | None], float]:
-    """The mean raw return of `episodes` episodes of Sample Factory's final policy, sampling its actions, with its
-    standard error; and the learning rate its learner had reached (its checkpoint's): what says its schedule ran as
-    hpcrl's."""
+def _final_policy_fields(cfg: Any, episodes: int) -> dict[str, float | None]:
+    """The row fields of Sample Factory's final policy: its return over `episodes` episodes, sampling its actions
+    (`return_fields`, as every side's), and the learning rate its learner had reached (its checkpoint's
+    `final_lr`): what says its schedule ran as hpcrl's."""
     import torch
     from sample_factory.algo.learning.learner import Learner
     from sample_factory.algo.utils.rl_utils import prepare_and_normalize_obs
@@ -250,9 +249,10 @@ def _final_return(cfg: Any, episodes: int) -> tuple[tuple[float, float | None], 
 
     env = _env("hpcrl_doom", cfg, None)
     policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
-    checkpoints = Learner.get_checkpoints(Learner.checkpoint_dir(cfg, 0), "checkpoint_*")
+    where = Learner.checkpoint_dir(cfg, 0)
+    checkpoints = Learner.get_checkpoints(where, "checkpoint_*")
     if not checkpoints:
-        raise RuntimeError(f"Sample Factory's learner saved no checkpoint in {Learner.checkpoint_dir(cfg, 0)}")
+        raise RuntimeError(f"Sample Factory's learner saved no checkpoint in {where}")
     # Its last checkpoint, read here, not through Learner.load_checkpoint, which turns any error into None after three
     # tries. Where its best-policy bookkeeping ran (at its stop, past --save_best_after steps: 100k by default, so
     # off in the argv above), the checkpoint holds a numpy float that torch.load's default weights_only refuses;
@@ -268,7 +268,7 @@ def _final_return(cfg: Any, episodes: int) -> tuple[tuple[float, float | None], 
         return int(out["actions"][0])
 
     try:
-        return mean_return(env, act, episodes), float(checkpoint["curr_lr"])
+        return {**return_fields(env, act, episodes), "final_lr": float(checkpoint["curr_lr"])}
     finally:
         env.close()
 

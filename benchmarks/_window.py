@@ -105,6 +105,12 @@ def timed(step: Any, steps_of: Any, episodes_of: Any, seconds: float, waits: Ste
             return {**window(steps, wall, episodes_of() - ended, (cpu, cpu_seconds())), **(waits.fields() if waits is not None else {})}
 
 
+def return_fields(env: Any, act: Any, episodes: int) -> dict[str, float | None]:
+    """A side's row fields for its final policy, whichever side: `final_return` and `final_return_se` (`mean_return`'s)."""
+    mean, se = mean_return(env, act, episodes)
+    return {"final_return": mean, "final_return_se": se}
+
+
 def mean_return(env: Any, act: Any, episodes: int, seed: int = 1_000_003) -> tuple[float, float | None]:
     """The mean raw return of `episodes` episodes, one after another on `env` (the same loop for every side), and
     its standard error (None for one episode). The env is seeded alike in every run, so a side is always scored on

@@ -114,7 +114,7 @@ from pathlib import Path
 from typing import Any
 
 import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
-from _window import PARTS, StepWaits, cpu_seconds, episodes_ended, mean_return, timed, window
+from _window import PARTS, StepWaits, cpu_seconds, episodes_ended, return_fields, timed, window
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -214,8 +214,7 @@ def measure_hpcrl(args: argparse.Namespace, num_envs: int, async_rollout: bool) 
 
             agent.close()
             policy = agent.policy.eval()
-            mean, se = mean_return(make_env(exp.env), lambda obs: int(policy.act(obs_to_tensor(obs[None], device), False)[0]), args.eval_episodes)
-            result.update(total_steps=agent.global_step, final_return=mean, final_return_se=se)
+            result.update(total_steps=agent.global_step, **return_fields(make_env(exp.env), lambda obs: int(policy.act(obs_to_tensor(obs[None], device), False)[0]), args.eval_episodes))
         return result
     finally:
         if agent is not None:
@@ -283,8 +282,7 @@ def measure_sb3(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
         (start, first, cpu0, ended0), (end, last, cpu1, ended1) = clock.marks[1], clock.marks[-1]
         result = {**window(last - first, end - start, ended1 - ended0, (cpu0, cpu1)), "device": str(device), "torch_threads": torch.get_num_threads(), "amp": "none"}
         if args.learn:
-            mean, se = mean_return(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes)
-            result.update(total_steps=last, final_return=mean, final_return_se=se)
+            result.update(total_steps=last, **return_fields(make_env(spec), lambda obs: int(model.predict(obs, deterministic=False)[0]), args.eval_episodes))
         return result
     finally:
         envs.close()
@@ -540,14 +538,15 @@ def _failed(error: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     learn = any("final_return" in r for r in rows)
-    ret = f"{'return ± se':>14}" if learn else ""
+    width = 17  # room for a return and error of an unlearned policy: -197.0 ± 108.5
+    ret = f"{'return ± se':>{width}}" if learn else ""
     lines = [f"{'envs':>5}  {'side':<15}{'SPS':>9}{'x random':>10}{'x SB3':>8}{'x SF':>7}{ret}{'steps/ep':>9}{'CPU ms/step':>15}  {'device / threads / amp':<24}note"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * 14}{'':>9}{'':>15}  {'':<24}{_failed(r['error'])}")
+            lines.append(f"{r['num_envs']:>5}  {r['side']:<15}{'-':>9}{'':>10}{'':>8}{'':>7}{ret and ' ' * width}{'':>9}{'':>15}  {'':<24}{_failed(r['error'])}")
             continue
         x_random, x_sb3, x_sf = (f"{r[k]:.2f}" if r.get(k) else "" for k in ("x_random", "x_sb3", "x_sf"))
-        final = f"{_return_cell(r):>14}" if "final_return" in r else (f"{'':>14}" if learn else "")
+        final = f"{_return_cell(r):>{width}}" if "final_return" in r else (f"{'':>{width}}" if learn else "")
         where = f"{r.get('device', '')} / {r.get('torch_threads', '')} / {r.get('amp', '')}" if "device" in r else ""
         note = f"{r['steps']} steps in {r['seconds']:.1f} s" + (f", {r['layout']}" if "layout" in r else "") + (f", {r['total_steps']} steps trained" if "total_steps" in r else "")
         cpu = f"{r['cpu_ms_own']:.2f} / {r['cpu_ms_all']:.2f}" if "cpu_ms_all" in r else ""

@@ -138,6 +138,23 @@ def test_a_final_return_comes_with_its_standard_error_over_the_episodes_played()
     assert mean_return(Steps(), lambda obs: 0, 1) == (1.0, None)
 
 
+def test_the_table_gives_each_return_with_its_standard_error_in_one_column() -> None:
+    """vizdoom_speed.py's table at equal steps: `return ± se` for a side scored on several episodes, the mean alone for
+    one, an unlearned policy's wide figures apart from the column before them, and the column where it is for a FAILED row, so the rows of two sides read against each other."""
+    bench = load_benchmark("vizdoom_speed")
+    row = {"num_envs": 8, "sps": 2500.0, "steps": 48640, "seconds": 19.5, "cpu_ms_own": 0.16, "cpu_ms_all": 0.7, "episodes": 10}
+    lines = bench.table([
+        {**row, "side": "hpcrl-async", "final_return": 79.24, "final_return_se": 1.04},
+        {**row, "side": "sample-factory", "final_return": 80.9, "final_return_se": None},
+        {**row, "side": "sb3", "x_sf": 1.51, "final_return": -197.04, "final_return_se": 108.52},
+        {"num_envs": 8, "side": "sb3", "error": "SKIPPED: no venv"},
+    ]).splitlines()  # fmt: skip
+    column = lines[0].index("return ± se") + len("return ± se")
+    assert lines[1][:column].endswith("79.2 ± 1.0") and lines[2][:column].endswith(" 80.9")
+    assert lines[3][:column].endswith(" -197.0 ± 108.5")  # apart from the column before it, however wide
+    assert lines[4].index("SKIPPED") == lines[0].index("note") and lines[4][:column].rstrip().endswith("-")
+
+
 def test_a_window_gives_cpu_per_step_between_its_two_readings_and_nothing_for_no_steps() -> None:
     """Every side's row (vizdoom_speed.py, benchmarks/_window.py): steps per second, and CPU milliseconds per step as
     the difference of two `cpu_seconds()` readings divided by the window's steps, for the measuring process, all
