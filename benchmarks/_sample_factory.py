@@ -249,15 +249,7 @@ def _final_policy_fields(cfg: Any, episodes: int) -> dict[str, float | None]:
 
     env = _env("hpcrl_doom", cfg, None)
     policy = create_actor_critic(cfg, _dict_space(env.observation_space), env.action_space)
-    where = Learner.checkpoint_dir(cfg, 0)
-    checkpoints = Learner.get_checkpoints(where, "checkpoint_*")
-    if not checkpoints:
-        raise RuntimeError(f"Sample Factory's learner saved no checkpoint in {where}")
-    # Its last checkpoint, read here, not through Learner.load_checkpoint, which turns any error into None after three
-    # tries. Where its best-policy bookkeeping ran (at its stop, past --save_best_after steps: 100k by default, so
-    # off in the argv above), the checkpoint holds a numpy float that torch.load's default weights_only refuses;
-    # the file is the one its learner just wrote.
-    checkpoint = torch.load(checkpoints[-1], map_location="cpu", weights_only=False)
+    checkpoint = last_checkpoint(Learner.checkpoint_dir(cfg, 0))
     policy.load_state_dict(checkpoint["model"])
     policy.eval()
     rnn = torch.zeros(1, 1)
@@ -271,6 +263,23 @@ def _final_policy_fields(cfg: Any, episodes: int) -> dict[str, float | None]:
         return {**return_fields(env, act, episodes), "final_lr": float(checkpoint["curr_lr"])}
     finally:
         env.close()
+
+
+def last_checkpoint(where: str) -> dict[str, Any]:
+    """The last checkpoint Sample Factory's learner wrote in `where` (its names sort by training step, as its
+    `Learner.get_checkpoints` sorts them), read here, not through its `Learner.load_checkpoint`, which turns any error
+    into None after three tries. Where its best-policy bookkeeping ran (at its stop, past --save_best_after steps:
+    100k by default, so off in `measure_sample_factory`'s argv), the checkpoint holds its best return as a numpy
+    float, which torch.load's default weights_only refuses: at 200k steps the side failed so until 2026-12-07. The
+    file is the one its learner just wrote, so it is read whole."""
+    import glob
+
+    import torch
+
+    checkpoints = sorted(glob.glob(os.path.join(where, "checkpoint_*")))
+    if not checkpoints:
+        raise RuntimeError(f"Sample Factory's learner saved no checkpoint in {where}")
+    return torch.load(checkpoints[-1], map_location="cpu", weights_only=False)
 
 
 def _dict_space(space: Any) -> Any:

@@ -312,6 +312,25 @@ def test_sample_factory_s_learner_ends_at_the_learning_rate_hpcrl_s_schedule_end
     assert row["total_steps"] >= 512 and row["final_lr"] == pytest.approx(final_lr, abs=1e-12), row
 
 
+def test_sample_factory_s_last_checkpoint_is_read_with_its_best_return_a_numpy_float(tmp_path: Path) -> None:
+    """Past its --save_best_after steps Sample Factory's learner stores its best return as a numpy float in every
+    checkpoint, which torch.load's default weights_only refuses (at 200k steps the side failed so). The side reads
+    the last of them (the names sort by training step), whole, and says where none was written."""
+    import numpy as np
+    import torch
+
+    last_checkpoint = load_benchmark("_sample_factory").last_checkpoint
+    with pytest.raises(RuntimeError, match="saved no checkpoint in"):
+        last_checkpoint(str(tmp_path))
+    for step, lr in ((9, 1e-3), (10, 5e-4)):  # 9 before 10 only as the zero-padded names sort
+        state = {"model": {"w": torch.full((2,), float(step))}, "curr_lr": lr, "best_performance": np.float64(80.5), "train_step": step}
+        torch.save(state, tmp_path / f"checkpoint_{step:09d}_{step * 512}.pth")
+    (tmp_path / "milestones").mkdir()  # its other entries there are not checkpoints
+    checkpoint = last_checkpoint(str(tmp_path))
+    assert (checkpoint["train_step"], checkpoint["curr_lr"], checkpoint["best_performance"]) == (10, 5e-4, 80.5)
+    assert torch.equal(checkpoint["model"]["w"], torch.full((2,), 10.0))
+
+
 @pytest.mark.e2e
 def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(tmp_path: Path) -> None:
     """No registry (pip pointed at a closed port, no local wheels): Sample Factory's side is one SKIPPED row
