@@ -33,7 +33,7 @@ from hpcrl.config.experiment import ConfigError, Experiment
 from hpcrl.distributed import runstats
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Scheduler, SchedulerError, shown_state
-from hpcrl.store import expdir, rundir
+from hpcrl.store import expdir, rundir, runlock
 from hpcrl.store.expdir import Job, read_jobs
 from hpcrl.store.states import State
 from hpcrl.sweep import modes
@@ -313,7 +313,7 @@ def add_detail(experiment_dir: Path, rows: list[RunStatus]) -> None:
             r.note = r.note or f"eval {done}/{total} games: {what}"[:80]
         if r.note:
             continue
-        lost = rundir.lost_starts(rd)
+        lost = runlock.lost_starts(rd)
         if lost:
             r.note = f"lost {lost[-1].started()}: node down or killed" + (f" ({len(lost)} lost starts)" if len(lost) > 1 else "")
         elif r.eval == State.SKIPPED:

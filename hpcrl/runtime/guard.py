@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import Run, run_dir
 from hpcrl.store.states import REQUEUE_EXIT
 
@@ -99,7 +99,7 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
         print(f"{run.run_id}: already done", file=out)
         return 0
     try:
-        with rundir.run_lock(rd) as hold:
+        with runlock.run_lock(rd) as hold:
             for start in hold.lost:
                 print(f"{run.run_id}: the start {start.started()} ended without a word: its node was lost, or it was killed", file=out)
             if rundir.is_done(rd):  # the holder we waited for finished it
@@ -111,9 +111,9 @@ def guarded_run(experiment_dir: Path, run: Run, body: Callable[[Path, StopFlag],
                 print(f"{run.run_id}: removed {stale.name}, left by a checkpoint write that was killed", file=out)
             hold.code = _guarded(rd, run, body, out)
             return hold.code
-    except rundir.RunLocked as exc:
+    except runlock.RunLocked as exc:
         print(f"hpcrl: error: {exc}", file=sys.stderr)
-        return rundir.LOCKED_EXIT
+        return runlock.LOCKED_EXIT
 
 
 def _guarded(rd: Path, run: Run, body: Callable[[Path, StopFlag], int], out: TextIO | None) -> int:

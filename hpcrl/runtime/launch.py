@@ -56,7 +56,7 @@ from typing import TextIO
 
 from hpcrl.leftovers import STEP_MARK, end_marked_leftovers, is_mark
 from hpcrl.runtime.lifeline import dies_with_me
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.states import REQUEUE_EXIT
 
 LAUNCH_ID = "HPCRL_LAUNCH_ID"
@@ -292,7 +292,7 @@ def _end_what_they_left(code: int, mark: str, who: str, since: float, out: TextI
     orphaned, is lost to Slurm's proctrack/linuxproc, and Grid Engine, which ends it with the job, leaves its files
     in the node's /dev/shm. Ranks that finished, asked for a requeue or found their run held by another trainer were
     not cut short."""
-    if code not in (0, REQUEUE_EXIT, rundir.LOCKED_EXIT) and mark:
+    if code not in (0, REQUEUE_EXIT, runlock.LOCKED_EXIT) and mark:
         end_marked_leftovers(mark, since, who, out)
 
 
@@ -317,7 +317,7 @@ def _wait(
         if failed:
             i, code = failed[0]
             _stop(children, GRACE_S)
-            if code == rundir.LOCKED_EXIT and labels[i].startswith("rank 0 "):  # another trainer holds the run: not a failure of it
+            if code == runlock.LOCKED_EXIT and labels[i].startswith("rank 0 "):  # another trainer holds the run: not a failure of it
                 return code
             reason = f"{labels[i]} {how_it_ended(code)}; the other ranks were stopped"
             print(f"hpcrl: error: {reason}", file=sys.stderr)

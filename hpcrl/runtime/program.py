@@ -48,7 +48,7 @@ from hpcrl.config import program_spec
 from hpcrl.config.program_spec import MetricsConfig, ProgramConfig
 from hpcrl.leftovers import end_leftovers
 from hpcrl.runtime.guard import StopFlag, guarded_eval, guarded_run
-from hpcrl.store import expdir, rundir
+from hpcrl.store import expdir, rundir, runlock
 from hpcrl.store.expdir import Run
 from hpcrl.store.states import REQUEUE_EXIT
 
@@ -131,7 +131,7 @@ def _train(experiment_dir: Path, rd: Path, run: Run, words: list[str], stop: Sto
     }  # fmt: skip
     env = into_container({**thread_limits(run), **os.environ, **contract}, [*thread_limits(run), *contract])
     print(f"{run.run_id}: running {shlex.join(words)}", file=out, flush=True)
-    lock = rundir.held_lock(rd)
+    lock = runlock.held_lock(rd)
     stop_signal = getattr(signal, f"SIG{program.stop_signal}")
 
     def passed_on(received: int) -> None:  # the warning's arrival and what the program got, in the job log and the run

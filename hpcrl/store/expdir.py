@@ -219,7 +219,7 @@ def left_out_note(experiment_dir: Path) -> str | None:
 def index_lock(experiment_dir: Path) -> Iterator[None]:
     """Held while runs.csv is read and rewritten: by a sweep, and by an Optuna worker adding the run
     of its trial while other workers (on other nodes) add theirs. An flock on a file beside it,
-    which NFS v3/v4 clients turn into a lock on the server (see rundir.run_lock)."""
+    which NFS v3/v4 clients turn into a lock on the server (see hpcrl.store.runlock.run_lock)."""
     experiment_dir.mkdir(parents=True, exist_ok=True)
     with open(experiment_dir / INDEX_LOCK, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)

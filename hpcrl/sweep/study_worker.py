@@ -34,7 +34,7 @@ from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, lea
 from hpcrl.config.schema import plain
 from hpcrl.config.sweep_spec import Distribution
 from hpcrl.io import atomic_write_text
-from hpcrl.store import expdir, rundir
+from hpcrl.store import expdir, rundir, runlock
 from hpcrl.store.expdir import Run
 from hpcrl.store.states import REQUEUE_EXIT
 from hpcrl.sweep import runs as sweep
@@ -227,7 +227,7 @@ class Worker:
             code = 1
         finally:
             self.stop = self.stop_flag()  # the warning may come while the trial is evaluated and told
-        if code == REQUEUE_EXIT or code == rundir.LOCKED_EXIT:
+        if code == REQUEUE_EXIT or code == runlock.LOCKED_EXIT:
             return code
         if rundir.run_state(rd) != "done":
             self.study.tell(trial, state=State.FAIL)

@@ -31,7 +31,7 @@ from test_conformance import Slurm as SlurmBackend
 from test_conformance import active_tasks, csv_rows, status_text, sweep, wait_finished, wait_until
 from test_distributed_selfplay import wait_stats
 
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.e2e]
@@ -339,10 +339,10 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     )  # fmt: skip
     (job,) = [j for j in read_jobs(exp_dir) if j.stage == "study"]
 
-    def training() -> tuple[Path, rundir.Holder] | None:
+    def training() -> tuple[Path, runlock.Holder] | None:
         """A trial's run with a checkpoint, well short of its end, and the live worker that trains it."""
         for rd in sorted((exp_dir / "runs").glob("*")):
-            holder = rundir.lock_holder(rd)
+            holder = runlock.lock_holder(rd)
             if holder and holder.host in NODES and any((rd / "checkpoints").glob("*.pt")) and rundir.last_logged_step(rd) < 12_000:
                 return rd, holder
         return None
@@ -353,12 +353,12 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     rd, holder = found
     killed_at = time.monotonic()
     cluster("kill-node", holder.host)
-    seen: list[rundir.Holder] = []
+    seen: list[runlock.Holder] = []
 
     def resumed_elsewhere() -> bool:
         """The lost trial's run held by a worker on another node, or resumed there already: a trial the
         pruner stops at its first report after the resume ends between two looks (seen once, at step 2,816)."""
-        h = rundir.lock_holder(rd)
+        h = runlock.lock_holder(rd)
         if h is not None and h.host != holder.host:
             seen.append(h)
             return True
@@ -372,7 +372,7 @@ def test_an_optuna_study_runs_its_workers_on_several_nodes_over_one_journal_and_
     wait_finished(exp_dir, SlurmBackend(), since, timeout=500)
 
     found_trials = assert_every_trial_once(exp_dir, 6)  # each trial asked once and told once, whichever node asked
-    assert rundir.lost_starts(rd) == [holder]
+    assert runlock.lost_starts(rd) == [holder]
     log = worker_log(exp_dir)
     resumed = re.search(rf"{rd.name}: resumed from step ([1-9]\d*)\b", log)
     assert resumed, log
@@ -410,7 +410,7 @@ def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and
         240,
     )
     (cut,) = job_nodes(f"{jobs['learner'].job_id}_1")
-    holder = rundir.lock_holder(rd)
+    holder = runlock.lock_holder(rd)
     assert holder is not None and holder.host == cut
     cluster("cut-node", cut)
     cut_at = time.monotonic()
@@ -423,14 +423,14 @@ def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and
         refused_after = time.monotonic() - cut_at
         log = logs(exp_dir, "learner")
         assert f"is being trained by pid {holder.pid} on {cut}" in log, log
-        assert rundir.lock_holder(rd) == holder  # still the cut-off learner's, and only its
-        assert rundir.lost_starts(rd) == []  # no learner took the run from the cut-off one, none was lost
+        assert runlock.lock_holder(rd) == holder  # still the cut-off learner's, and only its
+        assert runlock.lost_starts(rd) == []  # no learner took the run from the cut-off one, none was lost
     finally:
         cluster("heal-node", cut)
     cluster("kill-node", cut)  # the node's owner reboots it: the stale learner goes with it
     cluster("revive-node", cut)
-    wait_until("the old learner's lock to go", lambda: rundir.lock_holder(rd) is None, 60)
-    assert rundir.lost_starts(rd) == [holder], rundir.lost_starts(rd)  # the one start that trained it, gone with the reboot
+    wait_until("the old learner's lock to go", lambda: runlock.lock_holder(rd) is None, 60)
+    assert runlock.lost_starts(rd) == [holder], runlock.lost_starts(rd)  # the one start that trained it, gone with the reboot
     wait_until("every task of the run to end", lambda: not active_tasks(exp_dir, SlurmBackend()), 120)
 
     import io

@@ -44,7 +44,7 @@ from test_conformance import SGE, csv_rows, status_text, sweep, wait_finished, w
 
 from hpcrl.cli import main
 from hpcrl.status import cancel_experiment
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import Job, load_runs, read_jobs, run_dir
 
 pytestmark = [pytest.mark.multinode, pytest.mark.sge, pytest.mark.e2e]
@@ -264,13 +264,13 @@ def trainer_pids(host: str, exp_dir: Path) -> list[int]:
     return found
 
 
-def refused_while_held(exp_dir: Path, stage: str, rd: Path, holder: rundir.Holder, cut_at: float, timeout: float) -> float:
+def refused_while_held(exp_dir: Path, stage: str, rd: Path, holder: runlock.Holder, cut_at: float, timeout: float) -> float:
     """Seconds from the cut until the rescheduled start of `stage` refused the run that the cut-off one still
     holds (its lock is on the shared filesystem), which must then still be the holder's alone."""
     wait_until("the rescheduled start to refuse the held run", lambda: "not starting a second trainer" in logs(exp_dir, stage), timeout)
     refused_after = time.monotonic() - cut_at
     assert f"is being trained by pid {holder.pid} on {holder.host}" in logs(exp_dir, stage)
-    assert rundir.lock_holder(rd) == holder  # the cut-off trainer's, and only its
+    assert runlock.lock_holder(rd) == holder  # the cut-off trainer's, and only its
     return refused_after
 
 
@@ -281,7 +281,7 @@ def test_a_cut_off_host_keeps_its_run_alone_and_the_run_resumes_after(hosts: Non
     warning signal: the trainer checkpoints), no process of it is left, the run says why it stopped, and the
     next `hpcrl sweep` resumes it from its checkpoint."""
     with a_run_training_on_a_host(tmp_path) as (exp_dir, rd, train, first):
-        holder = rundir.lock_holder(rd)
+        holder = runlock.lock_holder(rd)
         assert holder is not None and holder.host == first, holder
         cut_at = time.monotonic()
         cluster("cut-host", first)
@@ -443,7 +443,7 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
         lambda: (st := runstats.read(rd)) is not None and st["actors_alive"] == 2 and any((rd / "checkpoints").glob("*.pt")),
         240,
     )
-    holder = rundir.lock_holder(rd)
+    holder = runlock.lock_holder(rd)
     cut = running_host(jobs["learner"].job_id, 1)
     assert holder is not None and cut in HOSTS and holder.host == cut, (holder, cut)
     # Grid Engine places the jobs as it likes: a self-play task on the trainer's own host is cut off from

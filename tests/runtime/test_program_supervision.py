@@ -27,7 +27,7 @@ from factories import alive
 from test_program_wrapper import ENV, experiment, start, the_run, wait_for
 
 from hpcrl.status import experiment_status
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import load_runs, run_dir
 
 LEAVER = r"""
@@ -146,7 +146,7 @@ def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however
         proc.communicate(timeout=30)
         deadline = time.monotonic() + 10
         while alive(trainer) and time.monotonic() < deadline:
-            assert rundir.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
+            assert runlock.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
             time.sleep(0.02)
         assert not alive(trainer), "the trainer outlived hpcrl by 10 s"
     finally:
@@ -155,7 +155,7 @@ def test_a_trainer_under_a_wrapper_that_does_not_exec_it_dies_with_hpcrl_however
     size = rows.stat().st_size
     time.sleep(0.3)
     assert rows.stat().st_size == size  # nothing writes the run any more
-    assert rundir.lock_holder(the_run(root)) is None  # a re-sweep may start the run again
+    assert runlock.lock_holder(the_run(root)) is None  # a re-sweep may start the run again
 
 
 def children(pid: int) -> list[int]:
@@ -192,7 +192,7 @@ def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_i
         for pid in targets:
             os.kill(pid, signal.SIGKILL)
         def locked() -> None:
-            assert rundir.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
+            assert runlock.lock_holder(the_run(root)) is not None, "the trainer runs on while its run is unlocked"
 
         assert gone_within(trainer, 5, locked), f"the trainer outlived its keeper ({killed} SIGKILLed) by 5 s"
         proc.communicate(timeout=30)
@@ -205,7 +205,7 @@ def test_a_trainer_below_a_wrapper_dies_when_its_keeper_is_killed_whoever_else_i
     size = rows.stat().st_size
     time.sleep(0.2)
     assert rows.stat().st_size == size  # nothing writes the run any more
-    assert rundir.lock_holder(the_run(root)) is None
+    assert runlock.lock_holder(the_run(root)) is None
 
 
 def test_the_program_itself_dies_of_its_death_signal_when_every_process_of_hpcrl_is_killed_at_once(tmp_path: Path) -> None:
@@ -352,7 +352,7 @@ def test_the_requeue_line_names_the_warning_that_stopped_the_program_not_a_later
 def test_a_requeue_the_scheduler_never_made_is_named(tmp_path: Path) -> None:
     rd = tmp_path / "run"
     rd.mkdir()
-    with rundir.run_lock(rd) as hold:
+    with runlock.run_lock(rd) as hold:
         rundir.record_signal(rd, rundir.WARNED, signal.SIGUSR2)
         hold.code = 99
     line = rundir.failure(rd)
@@ -370,8 +370,8 @@ def test_a_requeue_the_scheduler_never_made_is_named(tmp_path: Path) -> None:
 LATER_START = """
 import sys, time
 from pathlib import Path
-from hpcrl.store import rundir
-with rundir.run_lock(Path(sys.argv[1])):
+from hpcrl.store import runlock
+with runlock.run_lock(Path(sys.argv[1])):
     print("holding", flush=True)
     time.sleep(60)
 """

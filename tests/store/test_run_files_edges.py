@@ -21,7 +21,7 @@ from factories import TINY, deep_update
 
 from hpcrl.config.experiment import ConfigError, experiment_from_dict
 from hpcrl.io import atomic_open, atomic_write_text
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import load_runs, read_runs_csv, write_experiment
 from hpcrl.sweep.runs import expand
 
@@ -139,7 +139,7 @@ def test_a_game_s_eval_csv_names_each_opponent_and_files_without_the_column_stil
 
 def hold(run_dir: Path, text: str, seconds: float) -> threading.Thread:
     """Another holder of the run's lock (its own open file, as another process has), for `seconds`."""
-    fd = os.open(run_dir / rundir.LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(run_dir / runlock.LOCK, os.O_RDWR | os.O_CREAT, 0o666)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.ftruncate(fd, 0)
     os.pwrite(fd, text.encode(), 0)
@@ -156,7 +156,7 @@ def hold(run_dir: Path, text: str, seconds: float) -> threading.Thread:
 def test_a_second_trainer_waits_wait_s_for_the_lock_and_gets_it_when_released(tmp_path: Path) -> None:
     holder = hold(tmp_path, "1 elsewhere\n", 0.3)
     began = time.monotonic()
-    with rundir.run_lock(tmp_path, wait_s=5.0):
+    with runlock.run_lock(tmp_path, wait_s=5.0):
         waited = time.monotonic() - began
     holder.join()
     assert 0.2 < waited < 3.0
@@ -165,7 +165,7 @@ def test_a_second_trainer_waits_wait_s_for_the_lock_and_gets_it_when_released(tm
 def test_a_lock_that_stays_held_is_refused_after_wait_s_not_before(tmp_path: Path) -> None:
     holder = hold(tmp_path, "4242 node07\n", 1.5)
     began = time.monotonic()
-    with pytest.raises(rundir.RunLocked, match="pid 4242 on node07"), rundir.run_lock(tmp_path, wait_s=0.5):
+    with pytest.raises(runlock.RunLocked, match="pid 4242 on node07"), runlock.run_lock(tmp_path, wait_s=0.5):
         pass
     waited = time.monotonic() - began
     holder.join()
@@ -174,9 +174,9 @@ def test_a_lock_that_stays_held_is_refused_after_wait_s_not_before(tmp_path: Pat
 
 def test_a_lock_file_with_a_word_too_many_names_no_holder(tmp_path: Path) -> None:
     holder = hold(tmp_path, "4242 node07 2026-11-27T14:00:00+00:00 extra\n", 0.5)
-    assert rundir.lock_holder(tmp_path) == rundir.Holder(0, "?")
+    assert runlock.lock_holder(tmp_path) == runlock.Holder(0, "?")
     holder.join()
-    assert rundir.lock_holder(tmp_path) is None
+    assert runlock.lock_holder(tmp_path) is None
 
 
 def _hold_and_die(run_dir: Path, *, let_go: bool) -> int:
@@ -186,7 +186,7 @@ def _hold_and_die(run_dir: Path, *, let_go: bool) -> int:
     ready = mp.get_context("fork").Event()
 
     def child() -> None:
-        with rundir.run_lock(run_dir):
+        with runlock.run_lock(run_dir):
             ready.set()
             time.sleep(0 if let_go else 60)
 
@@ -204,21 +204,21 @@ def test_a_start_that_never_let_go_of_its_run_is_named_by_status_and_by_the_next
     the flock, but the file still names it. `status` names it until the next start, which names it in its log,
     and the file keeps the newest lost starts for `status` afterwards. A start that let go is never named."""
     clean = _hold_and_die(tmp_path, let_go=True)
-    assert rundir.lost_starts(tmp_path) == []
+    assert runlock.lost_starts(tmp_path) == []
     killed = _hold_and_die(tmp_path, let_go=False)
     host = os.uname().nodename
-    (lost,) = rundir.lost_starts(tmp_path)
+    (lost,) = runlock.lost_starts(tmp_path)
     assert (lost.pid, lost.host) == (killed, host) and re.fullmatch(rf"on {re.escape(host)} \(pid {killed}, \d\d:\d\d:\d\d\)", lost.started())
-    with rundir.run_lock(tmp_path) as hold:
+    with runlock.run_lock(tmp_path) as hold:
         assert hold.lost == [lost] and clean not in [h.pid for h in hold.lost]
-        assert rundir.lock_holder(tmp_path) == rundir.Holder(os.getpid(), host)
-        assert rundir.lost_starts(tmp_path) == [lost]  # still remembered while this start runs
-    with rundir.run_lock(tmp_path) as hold:
+        assert runlock.lock_holder(tmp_path) == runlock.Holder(os.getpid(), host)
+        assert runlock.lost_starts(tmp_path) == [lost]  # still remembered while this start runs
+    with runlock.run_lock(tmp_path) as hold:
         assert hold.lost == []  # the start before let go
-    assert rundir.lost_starts(tmp_path) == [lost]
-    for _ in range(rundir.LOST_KEPT + 2):
+    assert runlock.lost_starts(tmp_path) == [lost]
+    for _ in range(runlock.LOST_KEPT + 2):
         _hold_and_die(tmp_path, let_go=False)
-    assert len(rundir.lost_starts(tmp_path)) == rundir.LOST_KEPT + 1  # the kept ones, and the last holder, not yet followed
+    assert len(runlock.lost_starts(tmp_path)) == runlock.LOST_KEPT + 1  # the kept ones, and the last holder, not yet followed
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from hpcrl import cli
 from hpcrl.config.experiment import load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.status import experiment_status
-from hpcrl.store import rundir
+from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import write_experiment
 from hpcrl.sweep.runs import expand
 
@@ -149,10 +149,10 @@ def test_a_second_trainer_of_a_locked_run_refuses_with_one_line(tmp_path: Path, 
         while not ((rd / "train.csv").exists() and (rd / "train.csv").read_text().count("\n") >= 2):
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.stderr else ""
             time.sleep(0.1)
-        assert rundir.lock_holder(rd) == rundir.Holder(first.pid, os.uname().nodename)
+        assert runlock.lock_holder(rd) == runlock.Holder(first.pid, os.uname().nodename)
         before = (rd / "train.csv").read_bytes()
         second = hpcrl(capsys, "train", str(exp), "--task", "0")
-        assert second.returncode == rundir.LOCKED_EXIT not in (0, 99)
+        assert second.returncode == runlock.LOCKED_EXIT not in (0, 99)
         assert second.stderr.strip().splitlines() == [
             f"hpcrl: error: {rd.name} is being trained by pid {first.pid} on {os.uname().nodename} (lock {rd / '.lock'}); not starting a second trainer"
         ]
@@ -161,7 +161,7 @@ def test_a_second_trainer_of_a_locked_run_refuses_with_one_line(tmp_path: Path, 
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)
-    assert rundir.lock_holder(rd) is None  # the lock died with its holder
+    assert runlock.lock_holder(rd) is None  # the lock died with its holder
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
