@@ -17,7 +17,7 @@ import torch
 
 from hpcrl.config.experiment import ConfigError
 from hpcrl.rl import checkpoint
-from hpcrl.store import rundir
+from hpcrl.store import columns, rundir
 
 HEADER = "step,iteration,episodic_return\n"
 
@@ -141,12 +141,12 @@ def test_read_curve_and_read_curves_read_as_line_by_line(tmp_path: Path) -> None
 def test_plain_decimals_parse_to_the_correctly_rounded_double() -> None:
     """m / 10**d of exact doubles is what float() gives for every plain decimal of <= 15 digits. A '+'
     (never written by hpcrl's logs) leaves the fast path, to the line-by-line parser that reads it."""
-    assert rundir._plain_columns(b"1,+2\n", (0, 1)) is None
+    assert columns._plain_columns(b"1,+2\n", (0, 1)) is None
     rng = random.Random(5)
     fields = [f"{rng.choice(['', '-'])}{rng.randint(0, 10 ** rng.randint(1, 15) - 1)}" for _ in range(3000)]
     fields = [f[: len(f) - k] + "." + f[len(f) - k :] if (k := rng.randint(0, 6)) < len(f.lstrip("+-")) else f for f in fields]
     body = "".join(f"{f},{f}\n" for f in fields).encode()
-    steps, values, kept, _ = rundir._plain_columns(body, (0, 1))
+    steps, values, kept, _ = columns._plain_columns(body, (0, 1))
     want = np.array([float(f) for f in fields])
     assert kept is None and np.array_equal(steps.view(np.int64), want.view(np.int64)) and np.array_equal(values, steps)
 
