@@ -39,7 +39,7 @@ from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.config.hparams import ALGORITHMS, NATURE_CNN, DQNConfig, OnPolicyConfig, PPOConfig, TrainConfig, minibatch_problem
 from hpcrl.config.limits import MAX_ENVS, MAX_RUNS
 from hpcrl.config.program_spec import ProgramConfig, anchored_workdir
-from hpcrl.config.resources_spec import Resources
+from hpcrl.config.resources_spec import Resources, parse_mem_mb
 from hpcrl.config.schema import (
     ConfigError,
     Problems,
@@ -288,6 +288,8 @@ class Experiment:
         a run that cannot learn or would fail at its first shell line, which hpcrl accepted before it had these
         rules. An experiment written then must still load for `status`, `collect` and its jobs in flight."""
         train = self.train
+        if self.algo != "program" and (problem := self._network_memory_problem()) is not None:
+            return [problem]
         if isinstance(train, PPOConfig) and (problem := minibatch_problem(train.num_minibatches, train.num_steps, self.env.num_envs, train.recurrent_size > 0, self.resources.ranks)):
             return [("train.num_minibatches", problem)]  # every rank steps env.num_envs envs: each splits its own rollout
         if isinstance(train, DQNConfig):
@@ -303,6 +305,20 @@ class Experiment:
             if (blank := next((i for i, name in enumerate(names) if not name.strip()), None)) is not None:
                 return [(f"{key}[{blank}]", f"expected a non-empty value, got {names[blank]!r}: every job would fail at its `{line} {names[blank]!r}`")]
         return []
+
+    def _network_memory_problem(self) -> tuple[str, str] | None:
+        """A network whose hidden layers alone outgrow `resources.mem`. Its weights are made in the job's memory (on
+        the CPU, before any move to a GPU), in float32, so 4 bytes a weight is a floor under what the job needs: a job
+        past it is killed for its memory, or, where nothing enforces the limit, spends the node's memory and its
+        time orthogonalising the layers, after its wait in the queue."""
+        weights = self.train.hidden_weights()
+        need_mb, mem_mb = 4 * weights / 2**20, parse_mem_mb(self.resources.mem)
+        if need_mb <= mem_mb:
+            return None
+        mlp = TrainConfig.hidden_weights(self.train)  # the rest is a GRU core's: name the key that holds most
+        key = "train.recurrent_size" if weights - mlp > mlp else "train.hidden_sizes"
+        layers = "the hidden layers" + (" and the GRU core" if weights > mlp else "")
+        return (key, f"{layers} alone hold {weights:,} weights, {need_mb / 1024:.1f} GiB in float32: more than resources.mem ({self.resources.mem}); narrow them, or raise resources.mem")
 
     def _train_freq_problem(self, train: DQNConfig) -> str | None:
         """A DQN whose training phases fall after total_steps (`hpcrl.rl.dqn`: a phase every train_freq
@@ -826,8 +842,10 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
             raise ConfigError(f"{where}: also in sweep.grid (search or sweep a key, not both)")
         if dist.type == "choice":
             dist.values = _typed_values(base, key, dist.values, f"{where}.values")
+            _check_network_memory(base, key, dist.values, f"{where}.values")
             continue
         low, high = _typed_values(base, key, [dist.low, dist.high], where)
+        _check_network_memory(base, key, [high], where)  # the network is largest at the top of the range
         if dist.type != "int" and not isinstance(low, float):
             raise ConfigError(f"{where}: {key} takes integers: use type: int")
         if dist.type == "int" and isinstance(low, float):
@@ -849,6 +867,22 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
         if search.pruner != "none":
             raise ConfigError(f"sweep.search.pruner: {search.pruner} has no intermediate metric: metric 'eval' needs eval.every_steps (or use metric: train)")
         raise ConfigError("sweep.search.metric: 'eval' needs eval.every_steps (the evaluations during training it reports)")
+
+
+NETWORK_KEYS = ("train.hidden_sizes", "train.recurrent_size", "train.network")
+"""The keys that size a network (`Experiment._network_memory_problem`)."""
+
+
+def _check_network_memory(base: dict[str, Any], key: str, values: list[Any], where: str) -> None:
+    """Each value of a searched NETWORK_KEYS key that a search can draw, with the config's other values: a
+    network it makes that outgrows resources.mem would fail its run when drawn, after the queue."""
+    if key not in NETWORK_KEYS or _STORED.get():
+        return
+    for value in values:
+        point = copy.deepcopy(base)
+        _set_dotted(point, key, value, merge=True)
+        if (problem := _build_experiment(point, request=False)._network_memory_problem()) is not None:
+            raise ConfigError(f"{where}={_show(value)}: {problem[0]}: {problem[1]}")
 
 
 SPLIT_KEYS = ("env.num_envs", "train.num_steps", "train.num_minibatches", "train.recurrent_size")
@@ -899,9 +933,10 @@ def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> list[tuple[st
 JOINED_KEYS = (
     "env", "env.num_envs", "train", "train.num_steps", "train.num_minibatches", "train.recurrent_size",
     "train.total_steps", "train.learning_starts", "train.train_freq", "train.gradient_steps", "train.batch_size", "train.buffer_size",
+    "train.hidden_sizes", "train.network",
 )
 """Grid keys that the config's cross-field rules join (a PPO rollout's size and its split into
-minibatches, when a DQN trains): each value valid on the base config, two of them can still make a
+minibatches, when a DQN trains, the network's size against resources.mem): each value valid on the base config, two of them can still make a
 point that is not (`env.num_envs: [2, 3]` with `train.num_minibatches: [2, 128]`), so every
 combination of their values is validated, and named, as one point."""
 

@@ -97,6 +97,12 @@ class TrainConfig:
     torch_threads: int = setting(1, ge=1, le=1024, learned=False)
     """Intra-op threads for torch; 1 is fastest for small MLPs and keeps array tasks off each other's cores."""
 
+    def hidden_weights(self) -> int:
+        """The weights between the network's hidden layers: a floor under its size that a config alone
+        gives (the input and output layers depend on the env's spaces)."""
+        sizes = self.hidden_sizes
+        return sum(a * b for a, b in zip(sizes, sizes[1:]))
+
 
 @dataclass
 class OnPolicyConfig(TrainConfig):
@@ -131,6 +137,11 @@ class OnPolicyConfig(TrainConfig):
     """On CUDA, a feed-forward policy's rollout forward pass is captured once per env group and
     replayed as one CUDA graph: one launch per step instead of a few dozen small kernels, each of
     which costs host time (rl/graphs.py). The same actions for the same draws; `false` runs it eagerly."""
+
+    def hidden_weights(self) -> int:
+        """The MLP's, and the GRU core's three gates over the last hidden layer and its own state."""
+        gru = 3 * self.recurrent_size * (self.recurrent_size + self.hidden_sizes[-1])
+        return super().hidden_weights() + gru
 
 
 @dataclass
@@ -298,6 +309,10 @@ class AlphaZeroConfig(TrainConfig):
     `simulations` per move. With `eval.episodes` games against each opponent at `eval_simulations`,
     this sizes the eval stage, which `hpcrl eval` prints as it starts."""
     checkpoint_every: int = 5
+
+    def hidden_weights(self) -> int:
+        """hidden_sizes' (a resnet has none)."""
+        return 0 if self.network == "resnet" else super().hidden_weights()
 
     def check(self) -> list[tuple[str, str]]:
         if len(set(self.opponents)) != len(self.opponents):

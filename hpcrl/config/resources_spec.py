@@ -74,7 +74,8 @@ class Resources:
     cpus: int = setting(1, ge=1)
     """CPUs per task (per rank); also the job's OMP_NUM_THREADS for a user's program."""
     mem: str = setting("4G", valid=mem_problem)
-    """Memory per task (per node), with a unit: `4G`, `500M`, `1.5T`."""
+    """Memory per task (per node), with a unit: `4G`, `500M`, `1.5T`. A sweep refuses a network whose hidden
+    layers alone hold more weights than it has room for in float32 (train.hidden_sizes, train.recurrent_size)."""
     time: str = setting("01:00:00", valid=time_problem)
     """Time limit of a train task, `HH:MM:SS` or `D-HH:MM:SS`; the warning signal comes signal_seconds before it."""
     queue: Optional[str] = setting(None, directive="word")

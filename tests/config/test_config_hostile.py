@@ -19,7 +19,17 @@ import yaml
 from factories import TINY, deep_update, write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import MAX_CONFIG_BYTES, MAX_NAME, SWEEP_FIRST, ConfigError, experiment_from_dict, is_learned, learned_settings, load_experiment
+from hpcrl.config.experiment import (
+    MAX_CONFIG_BYTES,
+    MAX_NAME,
+    SWEEP_FIRST,
+    ConfigError,
+    experiment_from_dict,
+    is_learned,
+    learned_settings,
+    load_experiment,
+    stored_configs,
+)
 from hpcrl.config.limits import MAX_RUNS
 from hpcrl.sweep.runs import expand
 
@@ -414,6 +424,44 @@ def test_a_grid_point_whose_values_do_not_split_its_rollout_is_refused(tmp_path:
     assert "192 transitions" in stderr, stderr
     code, stderr = sweep(write_config(tmp_path, {"sweep": {"seeds": [0], "grid": {"env.num_envs": [2, 4], "train.num_minibatches": [2, 128]}}}))
     assert code == 0, stderr
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "says"),
+    [
+        ({"train": {"hidden_sizes": [32768, 32768]}, "resources": {"mem": "2G"}}, "train.hidden_sizes", "the hidden layers alone hold 1,073,741,824 weights, 4.0 GiB in float32: more than resources.mem (2G)"),
+        ({"train": {"hidden_sizes": [64], "recurrent_size": 65536}}, "train.recurrent_size", "the hidden layers and the GRU core alone hold 12,897,484,800 weights, 48.0 GiB"),
+        ({"algo": "alphazero", "env": {"backend": "game", "id": "hpcrl.games.tictactoe:TicTacToe", "num_envs": 1}}, "train.hidden_sizes", "4,294,967,296 weights, 16.0 GiB"),
+        ({"sweep": {"seeds": [0], "grid": {"train.hidden_sizes": [[64, 64], [65536, 8192]]}}}, "sweep: the grid point train.hidden_sizes=[65536, 8192]: train.hidden_sizes", "536,870,912 weights, 2.0 GiB"),
+        ({"sweep": {"seeds": [0], "search": {"method": "random", "samples": 2, "space": {"train.recurrent_size": {"type": "int", "low": 8, "high": 65536}}}}}, "sweep.search.space.train.recurrent_size=65536: train.recurrent_size", "48.0 GiB"),
+        ({"sweep": {"seeds": [0], "search": {"method": "random", "samples": 2, "space": {"train.hidden_sizes": {"type": "choice", "values": [[64], [65536, 65536]]}}}}}, "sweep.search.space.train.hidden_sizes.values=[65536, 65536]: train.hidden_sizes", "16.0 GiB"),
+    ],
+    ids=["hidden", "recurrent", "alphazero", "grid", "search-range", "search-choice"],
+)
+def test_a_network_whose_hidden_layers_alone_outgrow_the_job_s_memory_is_refused(tmp_path: Path, changes: dict, key: str, says: str) -> None:
+    """hidden_sizes of two 65,536-wide layers passed each width's bound, and the job then made 16 GiB of weights
+    (orthogonally initialised on the CPU) in a job that asked for 1G, after its wait in the queue. The weights
+    between hidden layers are a floor under the network's size that needs no env: past resources.mem, one line."""
+    train = {"hidden_sizes": [65536, 65536]} if changes.get("algo") == "alphazero" else None  # its whole train section
+    stderr = refused(tmp_path, {"resources": {"mem": "1G"}, **changes}, key, train=train)
+    assert says in stderr and "narrow them, or raise resources.mem" in stderr, stderr
+
+
+def test_a_network_that_fits_resources_mem_or_has_no_hidden_layers_to_count_is_accepted(tmp_path: Path) -> None:
+    """The floor counts only what the config sizes: the same layers with the memory for them pass, a resnet (whose
+    hidden_sizes go unused) passes, and so does a config on disk whose rules came later (it must load for status)."""
+    for changes in (
+        {"train": {"hidden_sizes": [32768, 32768]}, "resources": {"mem": "4G"}},
+        {"train": {"hidden_sizes": [65536]}, "resources": {"mem": "1G"}},  # one layer: nothing between layers to count
+    ):
+        code, stderr = sweep(write_config(tmp_path, changes))
+        assert code == 0, (changes, stderr)
+    game = {"algo": "alphazero", "env": {"backend": "game", "id": "hpcrl.games.tictactoe:TicTacToe", "num_envs": 1}, "resources": {"mem": "1G"}}
+    code, stderr = sweep(config_with_train(tmp_path, game, {"network": "resnet", "hidden_sizes": [65536, 65536]}))
+    assert code == 0, stderr
+    with stored_configs():
+        stored = experiment_from_dict({**deep_update(TINY, {"resources": {"mem": "1G"}}), "train": {**TINY["train"], "hidden_sizes": [65536, 65536]}})
+    assert stored.train.hidden_sizes == [65536, 65536]
 
 
 @pytest.mark.parametrize("method", ["random", "optuna"])
