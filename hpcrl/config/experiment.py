@@ -936,9 +936,10 @@ JOINED_KEYS = (
     "train.hidden_sizes", "train.network",
 )
 """Grid keys that the config's cross-field rules join (a PPO rollout's size and its split into
-minibatches, when a DQN trains, the network's size against resources.mem): each value valid on the base config, two of them can still make a
-point that is not (`env.num_envs: [2, 3]` with `train.num_minibatches: [2, 128]`), so every
-combination of their values is validated, and named, as one point."""
+minibatches, when a DQN trains, the network's size against resources.mem): each value valid on the
+base config, two of them can still make a point that is not (`env.num_envs: [2, 3]` with
+`train.num_minibatches: [2, 128]`), so every combination of their values is validated, and named,
+as one point."""
 
 
 def _check_when(exp: Experiment, base: dict[str, Any]) -> None:
