@@ -67,8 +67,16 @@ def _point_runs(exp: Experiment, point: dict[str, Any], points: dict[str, dict[s
     points so far. A random sample that repeats an earlier point (a small choice space) adds no
     run; two grid points that are one run are a config error."""
     keys = list(point)
-    # Validated once per point: the seeds of a point differ in sweep.seeds only.
-    config = apply_settings(exp, point, exp.sweep.seeds[0])
+    where = f"{exp.source}: " if exp.source else ""
+    # Validated once per point: the seeds of a point differ in sweep.seeds only. The config's checks typed each
+    # value alone and joined the grid's; a random sample's values were drawn apart, so two that do not go
+    # together (a minibatch count that does not divide the envs it drew) are first met here, and named.
+    try:
+        config = apply_settings(exp, point, exp.sweep.seeds[0])
+    except ConfigError as exc:
+        if exp.sweep.search is None:
+            raise
+        raise exc.within(f"{where}sweep.search: the point {expdir.setting_label(expdir.encoded(point))}: ") from None
     data = config.to_dict()
     settings = {k: get_dotted(data, k) for k in keys}
     setting_hash = run_hash(config, keys)
@@ -77,7 +85,6 @@ def _point_runs(exp: Experiment, point: dict[str, Any], points: dict[str, dict[s
             return []
         # The config's own check refuses repeated grid values; this guards every other way two
         # points could collapse into one run, which would otherwise surface as a KeyError in a task.
-        where = f"{exp.source}: " if exp.source else ""
         raise ConfigError(
             f"{where}sweep.grid: the points {expdir.setting_label(expdir.encoded(points[setting_hash]))} and {expdir.setting_label(expdir.encoded(settings))} are the same run"
         )

@@ -478,6 +478,17 @@ def test_a_search_space_with_counts_that_do_not_split_the_rollout_is_refused(tmp
     assert load_experiment(write_config(tmp_path, {"sweep": {"seeds": [0], "search": search}})).sweep.search is not None
 
 
+def test_a_random_search_whose_draws_do_not_go_together_names_the_point_it_drew(tmp_path: Path) -> None:
+    """Each value is checked alone (and over its range); two drawn apart can still clash. 3 envs passed, and so did
+    2 minibatches, but a recurrent policy's 2 minibatches do not split 3 envs: the sweep said so without the file
+    or the search, as if the config itself set those values. Now the line names both, and nothing is written."""
+    space = {"env.num_envs": {"type": "int", "low": 2, "high": 4}, "train.num_minibatches": {"type": "choice", "values": [1, 2]}}
+    changes = {"env": {"num_envs": 2}, "train": {"recurrent_size": 8, "num_minibatches": 1}, "sweep": {"seeds": [0], "search": {"method": "random", "samples": 12, "seed": 0, "space": space}}}
+    for dry_run in (True, False):
+        stderr = refused(tmp_path, changes, "sweep.search: the point env.num_envs=3,train.num_minibatches=2: train.num_minibatches: 2 does not divide env.num_envs (3)", dry_run=dry_run)
+        assert stderr.startswith(f"hpcrl: error: {tmp_path / 'config.yaml'}: sweep.search: "), stderr
+
+
 def test_an_experiment_written_before_the_request_rules_still_loads_and_a_new_sweep_of_it_is_refused(tmp_path: Path) -> None:
     """A sweep of an older hpcrl wrote runs whose config breaks a rule added since (3 minibatches of a 128-transition
     rollout): status and collect still read the experiment, as its jobs in flight do; sweeping the config anew is refused."""
