@@ -65,6 +65,9 @@ MAX_NAME = 200
 suffixes such as `-aggregate`."""
 MAX_ROLLOUT = 1_000_000
 """Transitions of one on-policy rollout (train.num_steps x env.num_envs), held in memory at once."""
+NETWORK_KEYS = ("train.hidden_sizes", "train.recurrent_size", "train.network")
+"""The keys that size a network (`Experiment._network_memory_problem`): a grid joins them (JOINED_KEYS), a
+search checks each value it can draw (`_check_network_memory`)."""
 
 
 @dataclass
@@ -311,13 +314,13 @@ class Experiment:
         the CPU, before any move to a GPU), in float32, so 4 bytes a weight is a floor under what the job needs: a job
         past it is killed for its memory, or, where nothing enforces the limit, spends the node's memory and its
         time orthogonalising the layers, after its wait in the queue."""
-        weights = self.train.hidden_weights()
-        need_mb, mem_mb = 4 * weights / 2**20, parse_mem_mb(self.resources.mem)
-        if need_mb <= mem_mb:
+        parts = self.train.sized_weights()
+        weights = sum(parts.values())
+        need_mb = 4 * weights / 2**20
+        if need_mb <= parse_mem_mb(self.resources.mem):
             return None
-        mlp = TrainConfig.hidden_weights(self.train)  # the rest is a GRU core's: name the key that holds most
-        key = "train.recurrent_size" if weights - mlp > mlp else "train.hidden_sizes"
-        layers = "the hidden layers" + (" and the GRU core" if weights > mlp else "")
+        key = max(parts, key=parts.__getitem__)  # the key that sizes most of them
+        layers = "the hidden layers" + (" and the GRU core" if parts.get("train.recurrent_size") else "")
         return (key, f"{layers} alone hold {weights:,} weights, {need_mb / 1024:.1f} GiB in float32: more than resources.mem ({self.resources.mem}); narrow them, or raise resources.mem")
 
     def _train_freq_problem(self, train: DQNConfig) -> str | None:
@@ -869,10 +872,6 @@ def _check_search(exp: Experiment, data: dict[str, Any]) -> None:
         raise ConfigError("sweep.search.metric: 'eval' needs eval.every_steps (the evaluations during training it reports)")
 
 
-NETWORK_KEYS = ("train.hidden_sizes", "train.recurrent_size", "train.network")
-"""The keys that size a network (`Experiment._network_memory_problem`)."""
-
-
 def _check_network_memory(base: dict[str, Any], key: str, values: list[Any], where: str) -> None:
     """Each value of a searched NETWORK_KEYS key that a search can draw, with the config's other values: a
     network it makes that outgrows resources.mem would fail its run when drawn, after the queue."""
@@ -931,9 +930,9 @@ def when_settings(rules: list[WhenRule], point: dict[str, Any]) -> list[tuple[st
 
 
 JOINED_KEYS = (
-    "env", "env.num_envs", "train", "train.num_steps", "train.num_minibatches", "train.recurrent_size",
+    "env", "env.num_envs", "train", "train.num_steps", "train.num_minibatches",
     "train.total_steps", "train.learning_starts", "train.train_freq", "train.gradient_steps", "train.batch_size", "train.buffer_size",
-    "train.hidden_sizes", "train.network",
+    *NETWORK_KEYS,
 )
 """Grid keys that the config's cross-field rules join (a PPO rollout's size and its split into
 minibatches, when a DQN trains, the network's size against resources.mem): each value valid on the

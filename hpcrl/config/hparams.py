@@ -97,11 +97,11 @@ class TrainConfig:
     torch_threads: int = setting(1, ge=1, le=1024, learned=False)
     """Intra-op threads for torch; 1 is fastest for small MLPs and keeps array tasks off each other's cores."""
 
-    def hidden_weights(self) -> int:
-        """The weights between the network's hidden layers: a floor under its size that a config alone
-        gives (the input and output layers depend on the env's spaces)."""
+    def sized_weights(self) -> dict[str, int]:
+        """The weights a config alone sizes, by the key that sizes them: those between the hidden layers. A floor
+        under the network's size (its input and output layers depend on the env's spaces)."""
         sizes = self.hidden_sizes
-        return sum(a * b for a, b in zip(sizes, sizes[1:]))
+        return {"train.hidden_sizes": sum(a * b for a, b in zip(sizes, sizes[1:]))}
 
 
 @dataclass
@@ -138,10 +138,9 @@ class OnPolicyConfig(TrainConfig):
     replayed as one CUDA graph: one launch per step instead of a few dozen small kernels, each of
     which costs host time (rl/graphs.py). The same actions for the same draws; `false` runs it eagerly."""
 
-    def hidden_weights(self) -> int:
+    def sized_weights(self) -> dict[str, int]:
         """The MLP's, and the GRU core's three gates over the last hidden layer and its own state."""
-        gru = 3 * self.recurrent_size * (self.recurrent_size + self.hidden_sizes[-1])
-        return super().hidden_weights() + gru
+        return {**super().sized_weights(), "train.recurrent_size": 3 * self.recurrent_size * (self.recurrent_size + self.hidden_sizes[-1])}
 
 
 @dataclass
@@ -310,9 +309,9 @@ class AlphaZeroConfig(TrainConfig):
     this sizes the eval stage, which `hpcrl eval` prints as it starts."""
     checkpoint_every: int = 5
 
-    def hidden_weights(self) -> int:
-        """hidden_sizes' (a resnet has none)."""
-        return 0 if self.network == "resnet" else super().hidden_weights()
+    def sized_weights(self) -> dict[str, int]:
+        """hidden_sizes' (a resnet uses none)."""
+        return {} if self.network == "resnet" else super().sized_weights()
 
     def check(self) -> list[tuple[str, str]]:
         if len(set(self.opponents)) != len(self.opponents):
