@@ -112,7 +112,8 @@ def cpu(text: str) -> int:
 def experiment(parser: argparse.ArgumentParser, config: str | Path, overrides: list[str]) -> Any:
     """hpcrl's experiment of `config` with `overrides`, or the config's own refusal (an unknown key, a value out of
     range, no such file) as argparse's one line and exit 2, before a benchmark builds or measures anything."""
-    from hpcrl.config.experiment import ConfigError, load_experiment  # here: other projects' venvs import this module too
+    from hpcrl.config.load import load_experiment  # here: other projects' venvs import this module too
+    from hpcrl.config.schema import ConfigError  # here: other projects' venvs import this module too
 
     try:
         return load_experiment(Path(config), overrides)

@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpcrl.config.experiment import load_experiment  # noqa: E402
+from hpcrl.config.load import load_experiment  # noqa: E402
 from hpcrl.rl.envs import make_vec_env  # noqa: E402
 from hpcrl.rl.networks import obs_to_tensor  # noqa: E402
 from hpcrl.rl.train import algorithm_class, seed_everything, setup_torch  # noqa: E402

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.distributed import runstats
 from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment

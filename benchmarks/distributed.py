@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from hpcrl.config.distributed_spec import DistributedConfig
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.distributed import wire
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, RUNNING, Board, connect

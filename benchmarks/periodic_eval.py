@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcrl.config.experiment import load_experiment  # noqa: E402
+from hpcrl.config.load import load_experiment  # noqa: E402
 from hpcrl.rl.train import train_run  # noqa: E402
 from hpcrl.store import rundir  # noqa: E402
 from hpcrl.store.expdir import write_experiment

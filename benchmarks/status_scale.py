@@ -58,7 +58,7 @@ def state_of(i: int) -> str:
 def make_experiment(root: Path, runs: int, settings: int) -> Path:
     """Write the synthetic experiment of `runs` runs (`settings` values of train.lr x runs/settings seeds)."""
     sys.path.insert(0, str(REPO))
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.schedulers.local import write_state
     from hpcrl.store import rundir
     from hpcrl.store.expdir import Dependency, Job, run_dir, write_experiment, write_jobs
@@ -239,7 +239,7 @@ def bench_views(runs_list: list[int], settings: int, repeat: int) -> None:
 def bench_cluster(name: str, runs: int, settings: int) -> None:
     from submit_scale import CallCounter  # benchmarks/ is this script's directory, first on sys.path
 
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.schedulers import get_scheduler
     from hpcrl.status import cancel_experiment, experiment_status, print_status
     from hpcrl.store.expdir import load_runs, read_jobs

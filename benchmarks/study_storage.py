@@ -46,7 +46,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcrl.config.experiment import load_experiment  # noqa: E402
+from hpcrl.config.load import load_experiment  # noqa: E402
 from hpcrl.store import expdir
 from hpcrl.store.expdir import load_experiment_config  # noqa: E402
 from hpcrl.sweep import study  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import _args  # benchmarks/_args.py: the script's own folder is first on sys.path
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import Scheduler
 from hpcrl.status import experiment_status

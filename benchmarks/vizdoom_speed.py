@@ -132,7 +132,7 @@ def _overrides(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) -
 
 
 def _experiment(args: argparse.Namespace, num_envs: int, extra: list[str] = ()) -> Any:
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
 
     return load_experiment(Path(args.config), _overrides(args, num_envs, extra))
 

@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpcrl.config.experiment import load_experiment  # noqa: E402
+from hpcrl.config.load import load_experiment  # noqa: E402
 from hpcrl.rl.envs import make_vec_env  # noqa: E402
 
 

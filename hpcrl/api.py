@@ -22,7 +22,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.schedulers.base import SchedulerError
 from hpcrl.store import expdir
 

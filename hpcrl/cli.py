@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TextIO
 
 from hpcrl import __version__
-from hpcrl.config.experiment import ConfigError
+from hpcrl.config.schema import ConfigError
 from hpcrl.schedulers import BACKENDS, SWEEP_CHOICES
 from hpcrl.schedulers.base import SchedulerError
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.rl.envcheck import check_environment
     from hpcrl.submit.pipeline import submit_experiment
 

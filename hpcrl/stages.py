@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from hpcrl.config.experiment import ConfigError
+from hpcrl.config.schema import ConfigError
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run, load_run, run_dir
 

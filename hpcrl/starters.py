@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hpcrl.config.experiment import ConfigError, _name_problem
-from hpcrl.config.schema import did_you_mean
+from hpcrl.config.experiment import _name_problem
+from hpcrl.config.schema import ConfigError, did_you_mean
 from hpcrl.io import atomic_write_text
 from hpcrl.templates import bundled_dir
 

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcrl.config.experiment import ConfigError, Experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.distributed import runstats
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import CANCELLED, NOT_SUBMITTED, ORPHANED, PENDING, RUNNING, Scheduler, SchedulerError, shown_state

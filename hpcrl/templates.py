@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 
 from hpcrl.config.directives import DirectiveError, directive_line, directive_word
-from hpcrl.config.experiment import ConfigError
+from hpcrl.config.schema import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 

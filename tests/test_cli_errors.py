@@ -14,7 +14,7 @@ import pytest
 from factories import write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.store.expdir import write_experiment
 from hpcrl.sweep.runs import expand
 

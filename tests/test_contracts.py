@@ -25,7 +25,8 @@ from factories import write_config
 
 import hpcrl
 from hpcrl.cli import main
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.io import append_line, atomic_open, atomic_write_text
 from hpcrl.rl import checkpoint
 from hpcrl.store.expdir import load_run, load_runs, merge_runs, read_runs_csv, run_dir, write_experiment

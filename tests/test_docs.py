@@ -36,8 +36,9 @@ import pytest
 from docblocks import REPO, YAMLS, Block, blocks, hpcrl_lines, pages
 
 from hpcrl.config import strict_yaml
-from hpcrl.config.experiment import experiment_from_dict, known_paths, load_experiment, read_yaml
 from hpcrl.config.hparams import ALGORITHMS
+from hpcrl.config.key_paths import known_paths
+from hpcrl.config.load import experiment_from_dict, load_experiment, read_yaml
 
 ALL = [b for page in pages() for b in blocks(page)]
 DEFAULT_BASE = "configs/cartpole_ppo.yaml"

@@ -17,7 +17,7 @@ import yaml
 from factories import write_config
 
 from hpcrl.cli import main, parser
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.sweep.runs import expand
 
 
@@ -153,7 +153,7 @@ def test_every_bundled_config_is_valid_under_the_schema(path: Path) -> None:
 def test_schema_and_validator_agree_on_a_bad_config(tmp_path: Path, change: dict, what: str) -> None:
     from factories import TINY, deep_update
 
-    from hpcrl.config.experiment import ConfigError
+    from hpcrl.config.schema import ConfigError
 
     data = deep_update(TINY, {"output": str(tmp_path / "logs"), **change})
     path = tmp_path / "bad.yaml"
@@ -168,8 +168,8 @@ def test_schema_and_validator_agree_on_a_bad_config(tmp_path: Path, change: dict
 
 
 def test_the_schema_is_the_config_s_own_fields_with_their_docs() -> None:
-    from hpcrl.config.experiment import known_paths
     from hpcrl.config.json_schema import config_schema
+    from hpcrl.config.key_paths import known_paths
 
     schema = config_schema()
     for algo, rule in zip(("ppo", "a2c", "dqn"), schema["allOf"]):

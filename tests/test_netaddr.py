@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from hpcrl import netaddr
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.distributed.redis_server import resolve_bind
 from hpcrl.schedulers.local import LocalScheduler
 from hpcrl.schedulers.sge import SGEScheduler

@@ -23,7 +23,7 @@ import pytest
 from test_conformance import CONFIG, Backend, backend, sweep, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers.base import Scheduler, compress_ranges
 from hpcrl.schedulers.local import LocalScheduler, lock_path, read_state, write_state
 from hpcrl.status import FAILURES_SHOWN, SUMMARY_THRESHOLD, collect_status, experiment_status, print_status

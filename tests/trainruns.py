@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from factories import write_config
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.rl.train import train_run
 from hpcrl.store.expdir import Run, write_experiment

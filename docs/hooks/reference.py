@@ -3,7 +3,7 @@
 An MkDocs hook (mkdocs.yml `hooks:`): a page that holds `<!-- reference:config -->` gets every config
 key, walked from the JSON Schema that `hpcrl schema` prints (`hpcrl.config.json_schema`, itself generated
 from the typed fields, their bounds and their docstrings in `hpcrl/config/`), with whether a grid may
-sweep it (`hpcrl.config.experiment.is_sweepable`); a page that holds `<!-- reference:cli -->` gets every
+sweep it (`hpcrl.config.key_paths.is_sweepable`); a page that holds `<!-- reference:cli -->` gets every
 command of `hpcrl.cli.parser()` with its arguments. Both walks are generic: a new key, bound, default,
 docstring, command or option appears on the next build with nothing written here. tests/test_docs.py
 builds the site with --strict and checks that every key and every option reaches these pages.
@@ -92,7 +92,7 @@ def _nested_object(prop: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
 
 
 def _sweepable(key: str, algo: str) -> bool | None:
-    from hpcrl.config.experiment import is_sweepable
+    from hpcrl.config.key_paths import is_sweepable
 
     try:
         return is_sweepable(key, algo)

@@ -1,7 +1,7 @@
 """The `sweep:` section: which runs an experiment holds (seeds, a grid, rules per grid point, a search).
 
 These classes hold each key's own rules; the rules that join the sweep with the rest of the config (what
-may be swept, how many runs, duplicate points) are in hpcrl.config.experiment, which knows every key.
+may be swept, how many runs, duplicate points) are in hpcrl.config.sweep_rules, which knows every key.
 """
 
 from __future__ import annotations

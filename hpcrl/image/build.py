@@ -37,7 +37,8 @@ import jinja2
 import hpcrl
 from hpcrl import templates
 from hpcrl.config.container_spec import ImageConfig
-from hpcrl.config.experiment import ConfigError, Experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.image.defcheck import check_def, files_entries
 from hpcrl.io import atomic_write_text
 

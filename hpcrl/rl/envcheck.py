@@ -19,7 +19,8 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from hpcrl.config.experiment import EnvConfig, Experiment, apply_settings
+from hpcrl.config.experiment import EnvConfig, Experiment
+from hpcrl.config.load import apply_settings
 from hpcrl.config.schema import ConfigError
 from hpcrl.rl import games
 from hpcrl.rl.minimax import PerfectPlayer

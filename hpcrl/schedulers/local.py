@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl.config.experiment import ConfigError
+from hpcrl.config.schema import ConfigError
 from hpcrl.cores import usable_cores
 from hpcrl.io import atomic_write_text
 from hpcrl.leftovers import end_leftovers, process_stat, processes

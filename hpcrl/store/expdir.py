@@ -30,7 +30,11 @@ from typing import Any, Literal
 import yaml
 
 import hpcrl
-from hpcrl.config.experiment import RUN_ID, ConfigError, Experiment, experiment_from_dict, stored_configs
+from hpcrl.config.build import stored_configs
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.load import experiment_from_dict
+from hpcrl.config.output_dir import RUN_ID
+from hpcrl.config.schema import ConfigError
 from hpcrl.io import atomic_write_text
 from hpcrl.store import rundir
 from hpcrl.store.states import State

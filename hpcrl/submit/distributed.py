@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcrl.config.experiment import ConfigError, Experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.netaddr import is_wildcard, loopback_problem
 from hpcrl.schedulers.base import Scheduler
 from hpcrl.submit.jobplan import PlannedJob, chunks, plan_eval, plan_stage, stage_resources

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import IO
 
 from hpcrl.config.container_spec import ImageConfig
-from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.image import build as image
 from hpcrl.io import atomic_write_text
 from hpcrl.schedulers import backend_class, get_scheduler

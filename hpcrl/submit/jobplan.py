@@ -38,8 +38,9 @@ import hpcrl
 from hpcrl.config import program_spec
 from hpcrl.config.container_spec import ImageConfig
 from hpcrl.config.directives import own_option_problem
-from hpcrl.config.experiment import ConfigError, Experiment
+from hpcrl.config.experiment import Experiment
 from hpcrl.config.resources_spec import format_time, parse_mem_mb, parse_time_s
+from hpcrl.config.schema import ConfigError
 from hpcrl.schedulers.base import NodeRequest, Scheduler
 from hpcrl.store import expdir
 from hpcrl.store.expdir import Run

@@ -18,7 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from hpcrl.config.experiment import ConfigError, Experiment, check_output_writable
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.output_dir import check_output_writable
+from hpcrl.config.schema import ConfigError
 from hpcrl.image.build import image_path_for
 from hpcrl.io import atomic_write_text
 from hpcrl.runtime import tracking

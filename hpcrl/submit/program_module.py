@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcrl.config.experiment import ConfigError, Experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.submit.jobplan import located
 
 FIND_TIMEOUT_S = 15.0

@@ -14,7 +14,11 @@ import itertools
 import json
 from typing import Any
 
-from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, is_learned, learned_settings, run_id
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.key_paths import is_learned, learned_settings
+from hpcrl.config.load import apply_settings
+from hpcrl.config.output_dir import run_id
+from hpcrl.config.schema import ConfigError
 from hpcrl.store import expdir
 from hpcrl.sweep.search import random_points
 

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpcrl.config.experiment import ConfigError, Experiment, learned_settings
-from hpcrl.config.schema import plain
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.key_paths import learned_settings
+from hpcrl.config.schema import ConfigError, plain
 from hpcrl.store import expdir
 
 STUDY_DIR = "optuna"

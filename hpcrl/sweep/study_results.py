@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.experiment import ConfigError
+from hpcrl.config.schema import ConfigError
 from hpcrl.io import atomic_open
 from hpcrl.store import expdir, rundir
 from hpcrl.sweep import study

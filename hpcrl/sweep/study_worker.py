@@ -30,8 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from hpcrl.config.experiment import ConfigError, Experiment, apply_settings, learned_settings, run_id
-from hpcrl.config.schema import plain
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.key_paths import learned_settings
+from hpcrl.config.load import apply_settings
+from hpcrl.config.output_dir import run_id
+from hpcrl.config.schema import ConfigError, plain
 from hpcrl.config.sweep_spec import Distribution
 from hpcrl.io import atomic_write_text
 from hpcrl.store import expdir, rundir, runlock

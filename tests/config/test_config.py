@@ -10,7 +10,8 @@ import pytest
 import yaml
 from factories import write_config
 
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

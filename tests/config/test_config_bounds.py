@@ -24,10 +24,11 @@ import yaml
 from factories import TINY, deep_update
 from test_config_hostile import DQN_TRAIN, assert_refused, sweep
 
-from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
+from hpcrl.config.experiment import Experiment
 from hpcrl.config.hparams import ALGORITHMS, TrainConfig
 from hpcrl.config.json_schema import config_schema
-from hpcrl.config.schema import Rules, field_rules, hints, public_fields
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError, Rules, field_rules, hints, public_fields
 
 BOUNDS = ("ge", "gt", "le", "lt")
 SECTION_BASES: dict[str, dict[str, Any]] = {

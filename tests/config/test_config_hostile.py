@@ -19,18 +19,13 @@ import yaml
 from factories import TINY, deep_update, write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import (
-    MAX_CONFIG_BYTES,
-    MAX_NAME,
-    SWEEP_FIRST,
-    ConfigError,
-    experiment_from_dict,
-    is_learned,
-    learned_settings,
-    load_experiment,
-    stored_configs,
-)
+from hpcrl.config.build import stored_configs
+from hpcrl.config.experiment import MAX_NAME
+from hpcrl.config.key_paths import is_learned, learned_settings
 from hpcrl.config.limits import MAX_RUNS
+from hpcrl.config.load import MAX_CONFIG_BYTES, experiment_from_dict, load_experiment
+from hpcrl.config.output_dir import SWEEP_FIRST
+from hpcrl.config.schema import ConfigError
 from hpcrl.sweep.runs import expand
 
 DQN_TRAIN = {"total_steps": 1000, "buffer_size": 500, "batch_size": 32, "learning_starts": 100}
@@ -330,7 +325,7 @@ def test_config_checks_do_not_import_torch(tmp_path: Path) -> None:
     """Validation runs on login nodes; `hpcrl status` and `sweep` must not pay for torch."""
     config = write_config(tmp_path, {"env": {"id": "Pendulum-v1"}})
     code = (
-        "import sys; from hpcrl.config.experiment import load_experiment; from hpcrl.rl.envcheck import check_environment;"
+        "import sys; from hpcrl.config.load import load_experiment; from hpcrl.rl.envcheck import check_environment;"
         f"check_environment(load_experiment({str(config)!r})); assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -492,7 +487,7 @@ def test_a_random_search_whose_draws_do_not_go_together_names_the_point_it_drew(
 def test_an_experiment_written_before_the_request_rules_still_loads_and_a_new_sweep_of_it_is_refused(tmp_path: Path) -> None:
     """A sweep of an older hpcrl wrote runs whose config breaks a rule added since (3 minibatches of a 128-transition
     rollout): status and collect still read the experiment, as its jobs in flight do; sweeping the config anew is refused."""
-    from hpcrl.config.experiment import stored_configs
+    from hpcrl.config.build import stored_configs
     from hpcrl.store.expdir import load_experiment_config, load_runs, write_experiment
 
     config = write_config(tmp_path, {"train": {"num_minibatches": 3}})

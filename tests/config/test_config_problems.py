@@ -15,9 +15,9 @@ import pytest
 from factories import write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.config.resources_spec import parse_mem_mb
-from hpcrl.config.schema import MAX_PROBLEMS
+from hpcrl.config.schema import MAX_PROBLEMS, ConfigError
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config.experiment import ConfigError, Experiment, load_experiment
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.pipeline import plan_scripts, submit_experiment
 

@@ -20,7 +20,7 @@ import yaml
 
 from hpcrl.cli import main
 from hpcrl.config import program_spec
-from hpcrl.config.experiment import experiment_from_dict, load_experiment
+from hpcrl.config.load import experiment_from_dict, load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.pipeline import plan_scripts
 from hpcrl.sweep import runs as sweep

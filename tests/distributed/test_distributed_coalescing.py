@@ -130,7 +130,7 @@ def _actor(tmp_path: Path, distributed: dict):
     the learner's own check of a batch (`ApexLearner.validate`)."""
     import torch
 
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.distributed.actor import Actor, acting_half
     from hpcrl.distributed.apex import ApexLearner, param_arrays
     from hpcrl.sweep.runs import expand

@@ -51,7 +51,7 @@ def make_experiment(tmp_path: Path, changes: dict | None = None) -> tuple[Path, 
     """Write the experiment (without submitting it); return (experiment dir, run dir)."""
     from factories import deep_update
 
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.store.expdir import write_experiment
     from hpcrl.sweep.runs import expand
 

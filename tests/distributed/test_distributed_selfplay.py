@@ -25,8 +25,9 @@ from test_config_hostile import assert_refused, sweep
 from test_conformance import BACKENDS, Backend, active_tasks, csv_rows, status_text, wait_until
 
 from hpcrl.config.distributed_spec import DistributedConfig
-from hpcrl.config.experiment import EnvConfig, load_experiment
+from hpcrl.config.experiment import EnvConfig
 from hpcrl.config.hparams import AlphaZeroConfig
+from hpcrl.config.load import load_experiment
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from factories import deep_update
 
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.pipeline import plan_scripts

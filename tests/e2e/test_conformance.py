@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from factories import simulators, trainers
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
 from hpcrl.schedulers.base import PENDING, RUNNING

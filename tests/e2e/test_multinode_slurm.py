@@ -176,7 +176,7 @@ def submit_config(tmp_path: Path, config: dict) -> Path:
 
     import yaml
 
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.submit.pipeline import submit_experiment
 
     path = tmp_path / f"{config['name']}.yaml"
@@ -280,7 +280,7 @@ def test_decoupled_alphazero_trains_across_nodes_loses_a_self_play_node_and_at_m
     is for must not fail on that."""
     import io
 
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.distributed import rendezvous, runstats
     from hpcrl.submit.pipeline import submit_experiment
 
@@ -435,7 +435,7 @@ def test_a_cut_off_learner_keeps_its_run_alone_its_actors_stop_with_one_line_and
 
     import io
 
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.submit.pipeline import submit_experiment
 
     again, resubmitted = io.StringIO(), time.time()

@@ -29,7 +29,7 @@ from factories import alive
 from test_conformance import Backend, Local, active_tasks, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.results.collect import collect
 from hpcrl.status import experiment_status
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_program_runs import COUNTER, sweep
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.status import cancel_experiment, experiment_status
 from hpcrl.store.expdir import load_runs, run_dir
 from hpcrl.submit.pipeline import submit_experiment

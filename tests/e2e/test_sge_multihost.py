@@ -419,7 +419,7 @@ def test_a_cut_off_alphazero_trainer_keeps_its_run_alone_its_self_play_stops_wit
     whose second start refuses the run the cut-off trainer still holds: never two trainers. When the link comes
     back the host's execd ends the old trainer (which checkpoints at its notice), nothing of it is left, and the
     next sweep resumes the run from that checkpoint to its budget."""
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.distributed import runstats
     from hpcrl.submit.pipeline import submit_experiment
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment
+from hpcrl.config.load import experiment_from_dict, load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.image import build as image
 from hpcrl.image.defcheck import check_def, files_entries
 from hpcrl.schedulers import get_scheduler

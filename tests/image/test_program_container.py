@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import experiment_from_dict, load_experiment
+from hpcrl.config.load import experiment_from_dict, load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.store import expdir, rundir
 from hpcrl.store.expdir import load_runs, run_dir

@@ -17,7 +17,7 @@ from factories import TINY, deep_update
 
 from hpcrl.cli import main
 from hpcrl.config import tasks
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.results import stats
 from hpcrl.results.collect import collect
 from hpcrl.store.expdir import run_dir, write_experiment

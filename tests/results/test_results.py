@@ -12,7 +12,7 @@ import imageio.v3 as iio
 import pytest
 from factories import write_config
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.results import tables
 from hpcrl.results.collect import collect
 from hpcrl.status import print_status

@@ -19,7 +19,7 @@ import yaml
 from factories import write_config
 from trainruns import train
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.results import strength as results_strength
 from hpcrl.results.collect import collect, scoring_of
 from hpcrl.results.strength import fit_elo

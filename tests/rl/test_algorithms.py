@@ -30,8 +30,9 @@ import pytest
 import torch
 from trainruns import warn_once_logged
 
-from hpcrl.config.experiment import EnvConfig, experiment_from_dict
+from hpcrl.config.experiment import EnvConfig
 from hpcrl.config.hparams import ALGORITHMS
+from hpcrl.config.load import experiment_from_dict
 from hpcrl.rl import checkpoint
 from hpcrl.rl.dqn import ReplayBuffer
 from hpcrl.rl.envs import make_vec_env

@@ -22,8 +22,9 @@ from factories import write_config
 from test_config_hostile import sweep
 from trainruns import train
 
-from hpcrl.config.experiment import EnvConfig, load_experiment
+from hpcrl.config.experiment import EnvConfig
 from hpcrl.config.hparams import AlphaZeroConfig
+from hpcrl.config.load import load_experiment
 from hpcrl.games.tictactoe import TicTacToe
 from hpcrl.rl import checkpoint, games, mcts
 from hpcrl.rl.alphazero import AlphaZero, SelfPlay, self_play

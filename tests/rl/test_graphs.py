@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.graphs import GraphedStep
 from hpcrl.rl.networks import ActorCritic

@@ -16,7 +16,8 @@ import pytest
 import standins.habitat_sim_standin as standin
 import torch
 
-from hpcrl.config.experiment import EnvConfig, load_experiment
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.config.load import load_experiment
 from hpcrl.rl.envs import make_env, make_vec_env
 from hpcrl.rl.evaluate import play
 from hpcrl.rl.habitat_env import MISSING, PointNavEnv, PointNavSettings, pointgoal

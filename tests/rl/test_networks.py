@@ -34,7 +34,7 @@ def test_nature_cnn_takes_any_resolution(shape: tuple[int, int, int]) -> None:
 def test_train_cnn_channels_are_the_filters_of_the_policy_evaluation_rebuilds(algo: str) -> None:
     """`train.cnn_channels` reaches the CNN the trainer builds and the one evaluation rebuilds from a
     checkpoint (both through make_policy), and a checkpoint of the Nature CNN does not load into it."""
-    from hpcrl.config.experiment import experiment_from_dict
+    from hpcrl.config.load import experiment_from_dict
     from hpcrl.rl.train import algorithm_class
 
     pixels = gym.spaces.Box(0, 255, (1, 60, 80), dtype=np.uint8)

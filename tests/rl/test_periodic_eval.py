@@ -13,7 +13,8 @@ from factories import write_config
 from trainruns import forget_last_checkpoint, make_run, train, train_rows
 
 from hpcrl import cli
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.rl import checkpoint
 from hpcrl.rl.evaluate import evaluate_run
 from hpcrl.store import rundir

@@ -16,7 +16,8 @@ import torch
 from test_algorithms import CARTPOLE, PPO_CARTPOLE, greedy_return, make_agent, train
 from trainruns import warn_once_logged
 
-from hpcrl.config.experiment import EnvConfig, experiment_from_dict
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.config.load import experiment_from_dict
 from hpcrl.rl import checkpoint
 from hpcrl.rl.ppo import PPO
 from hpcrl.rl.rollout import THREAD_NAME

@@ -27,7 +27,8 @@ pytest.importorskip("vizdoom")
 
 from factories import alive, own_shm  # noqa: E402
 
-from hpcrl.config.experiment import EnvConfig, load_experiment  # noqa: E402
+from hpcrl.config.experiment import EnvConfig  # noqa: E402
+from hpcrl.config.load import load_experiment  # noqa: E402
 from hpcrl.leftovers import process_stat, processes, shared_memory_of  # noqa: E402
 from hpcrl.rl import envs as envs_module  # noqa: E402
 from hpcrl.rl.envs import GroupedVectorEnv, final_observations, make_env, make_vec_env  # noqa: E402

@@ -9,7 +9,9 @@ import os
 import pytest
 from test_conformance import process_table
 
-from hpcrl.config.experiment import ConfigError, EnvConfig, load_experiment
+from hpcrl.config.experiment import EnvConfig
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.cores import allowed_cores
 from hpcrl.leftovers import process_stat
 from hpcrl.rl.env_workers import Workers

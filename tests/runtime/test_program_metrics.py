@@ -14,7 +14,7 @@ import pytest
 from factories import deep_update
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import experiment_from_dict
+from hpcrl.config.load import experiment_from_dict
 from hpcrl.store import rundir
 from hpcrl.store.expdir import run_dir, write_experiment
 from hpcrl.sweep.runs import expand

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from factories import deep_update
 
-from hpcrl.config.experiment import experiment_from_dict
+from hpcrl.config.load import experiment_from_dict
 from hpcrl.status import experiment_status
 from hpcrl.store import rundir
 from hpcrl.store.expdir import run_dir, write_experiment

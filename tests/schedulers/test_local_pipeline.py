@@ -54,7 +54,7 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     exp = tmp_path / "logs" / "tiny"
     assert hpcrl("sweep", str(config), "--scheduler", "local", "--dry-run", cwd=tmp_path).returncode == 0
     # Write the experiment without running it, then drive `hpcrl train` directly as a job would.
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.store.expdir import write_experiment
     from hpcrl.sweep.runs import expand
 
@@ -80,7 +80,7 @@ def test_killed_train_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_warning_signal_checkpoints_and_asks_for_requeue(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"train": {"total_steps": 10_000_000, "checkpoint_every": 1000}, "sweep": {"seeds": [0]}})
-    from hpcrl.config.experiment import load_experiment
+    from hpcrl.config.load import load_experiment
     from hpcrl.store.expdir import write_experiment
     from hpcrl.sweep.runs import expand
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers.base import NodeRequest, SchedulerError
 from hpcrl.schedulers.sge import SGEScheduler
 from hpcrl.schedulers.slurm import SlurmScheduler

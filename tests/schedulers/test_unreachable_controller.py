@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers import base
 from hpcrl.schedulers.base import SchedulerError
 from hpcrl.schedulers.sge import SGEScheduler

@@ -11,7 +11,9 @@ import pytest
 from factories import TINY, deep_update
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import ConfigError, Experiment, experiment_from_dict
+from hpcrl.config.experiment import Experiment
+from hpcrl.config.load import experiment_from_dict
+from hpcrl.config.schema import ConfigError
 from hpcrl.store import expdir
 from hpcrl.store.expdir import Run, write_experiment
 from hpcrl.sweep.runs import expand

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from factories import TINY, deep_update
 
-from hpcrl.config.experiment import ConfigError, experiment_from_dict
+from hpcrl.config.load import experiment_from_dict
+from hpcrl.config.schema import ConfigError
 from hpcrl.io import atomic_open, atomic_write_text
 from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import load_runs, read_runs_csv, write_experiment

@@ -18,7 +18,7 @@ import pytest
 from factories import write_config
 
 from hpcrl import cli
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.rl import checkpoint
 from hpcrl.status import experiment_status
 from hpcrl.store import rundir, runlock

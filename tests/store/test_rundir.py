@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrl.config.experiment import ConfigError
+from hpcrl.config.schema import ConfigError
 from hpcrl.rl import checkpoint
 from hpcrl.store import columns, rundir
 

@@ -18,7 +18,7 @@ import pytest
 from factories import write_config
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.store.expdir import encoded
 from hpcrl.submit.pipeline import plan_scripts, submit_experiment

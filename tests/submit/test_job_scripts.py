@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers import get_scheduler
 from hpcrl.submit.jobplan import job_context
 from hpcrl.submit.pipeline import plan_scripts

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import experiment_from_dict
+from hpcrl.config.load import experiment_from_dict
 from hpcrl.submit.program_module import check_module
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from factories import write_config
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.schedulers import detect_with_reason, get_scheduler
 from hpcrl.schedulers.base import NodeRequest, SchedulerError
 from hpcrl.schedulers.sge import complex_value, host_slots, offered

@@ -21,7 +21,9 @@ import pytest
 import yaml
 from factories import deep_update, write_config
 
-from hpcrl.config.experiment import ConfigError, experiment_from_dict, load_experiment, stored_configs
+from hpcrl.config.build import stored_configs
+from hpcrl.config.load import experiment_from_dict, load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.store.expdir import generation, read_runs_csv, split_generations, write_experiment
 from hpcrl.sweep.runs import expand
 

@@ -18,7 +18,7 @@ import pytest
 from test_conformance import Local, wait_finished
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.store.expdir import read_runs_csv
 from hpcrl.submit.pipeline import submit_experiment
 from hpcrl.sweep.runs import expand

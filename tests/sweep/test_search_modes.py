@@ -7,7 +7,7 @@ from pathlib import Path
 
 from test_search import config, random_search
 
-from hpcrl.config.experiment import load_experiment
+from hpcrl.config.load import load_experiment
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Job, run_dir
 from hpcrl.sweep import modes

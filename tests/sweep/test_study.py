@@ -28,7 +28,8 @@ import pytest
 from test_conformance import BACKENDS, CONFIG, Backend, Local, backend, csv_rows, processes_of, status_text, wait_finished, wait_until  # noqa: F401 (backend: a fixture)
 
 from hpcrl.cli import main
-from hpcrl.config.experiment import ConfigError, load_experiment
+from hpcrl.config.load import load_experiment
+from hpcrl.config.schema import ConfigError
 from hpcrl.results.collect import collect
 from hpcrl.schedulers import get_scheduler
 from hpcrl.stages import search_worker
