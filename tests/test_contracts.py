@@ -88,6 +88,8 @@ def test_each_run_reads_back_its_own_resolved_config(tmp_path: Path) -> None:
     assert [r.run_id for r in load_runs(exp.dir)] == [r.run_id for r in runs]
     with pytest.raises(ConfigError, match=f"no run with index {len(runs)}"):
         load_run(exp.dir, len(runs))
+    with pytest.raises(ConfigError, match=r"^\S*elsewhere: not an experiment directory \(no runs.csv\)"):
+        load_run(tmp_path / "elsewhere", 0)  # a job's or user's mistyped path: not a run index that lacks a row
 
 
 def test_experiment_yaml_records_the_resolved_config_and_its_provenance(tmp_path: Path) -> None:

@@ -374,6 +374,8 @@ def load_runs(experiment_dir: Path) -> list[Run]:
 
 def load_run(experiment_dir: Path, index: int) -> Run:
     """One run by index, reading only its own config (array tasks must not parse the whole sweep)."""
+    if not is_experiment(experiment_dir):  # else 'runs.csv: no run with index N' of a file that is not there
+        raise ConfigError(f"{experiment_dir}: not an experiment directory (no runs.csv); give logs/<experiment>")
     for row in read_runs_csv(experiment_dir):
         if int(row["index"]) == index:
             return read_run(experiment_dir, row["run_id"], {})
