@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -69,3 +70,15 @@ def append_line(path: str | Path, line: str) -> None:
     with open(path, "a") as f:
         f.write(line if line.endswith("\n") else line + "\n")
         f.flush()
+
+
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, from its `st_mode`, for a user's one-line error (a config or
+    Dockerfile given as /dev/zero, a directory or a FIFO: reading it would block, never end, or fail)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "a special file"

@@ -22,6 +22,7 @@ from hpcrl.config.output_dir import check_output
 from hpcrl.config.program_spec import anchored_workdir
 from hpcrl.config.schema import ConfigError, Problems, key_path
 from hpcrl.config.sweep_rules import check_grid, check_normalize, check_search, when_settings
+from hpcrl.io import file_kind
 
 MAX_CONFIG_BYTES = 10 * 2**20
 """The largest config file read. A config is a few kB; a larger file is something else given by
@@ -38,8 +39,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
-                kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
-                raise ConfigError(f"{path}: not a regular file ({kind}): give the path of a YAML config file")
+                raise ConfigError(f"{path}: not a regular file ({file_kind(mode)}): give the path of a YAML config file")
             with open(fd, "rb", closefd=False) as f:
                 raw = f.read(MAX_CONFIG_BYTES + 1)
         finally:

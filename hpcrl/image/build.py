@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from hpcrl.config.container_spec import ImageConfig
 from hpcrl.config.experiment import Experiment
 from hpcrl.config.schema import ConfigError
 from hpcrl.image.defcheck import check_def, files_entries
-from hpcrl.io import atomic_write_text
+from hpcrl.io import atomic_write_text, file_kind
 
 RUNTIMES = ("apptainer", "singularity")
 PREFIX = "/opt/hpcrl/env"
@@ -215,12 +216,17 @@ def import_dockerfile(path: Path) -> tuple[Definition, list[str]]:
     except ImportError:
         raise ConfigError("--from-dockerfile needs spython: pip install 'hpcrl[image]'") from None
     path = path.resolve()
-    if path.is_dir():
-        raise ConfigError(f"{path}: a directory; --from-dockerfile takes the Dockerfile itself ({path / 'Dockerfile'}?)")
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such Dockerfile")
     try:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{path}: a directory; --from-dockerfile takes the Dockerfile itself ({path / 'Dockerfile'}?)")
+        if not stat.S_ISREG(mode):  # /dev/zero would be read for ever, a FIFO would block the read
+            raise ConfigError(f"{path}: {file_kind(mode)}, not a Dockerfile; --from-dockerfile takes the Dockerfile itself")
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such Dockerfile") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the Dockerfile: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a Dockerfile (not UTF-8 text: byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})") from None
     _refuse_unnamed_stages(path, text)
