@@ -36,8 +36,27 @@ class Unavailable(Exception):
     """The venv could not be built here; the message is pip's reason, one line."""
 
 
+def given_python(name: str) -> Path | None:
+    """The Python that HPCRL_BENCH_PYTHON_<NAME> names for the venv `name` (`sample-factory`:
+    HPCRL_BENCH_PYTHON_SAMPLE_FACTORY), or None. For a machine that reaches no registry, such as a lent GPU node:
+    there the requirements travel as wheels, installed with `pip install --target` into a folder, and a two-line
+    wrapper puts that folder on PYTHONPATH ahead of the machine's own packages (benchmarks/device_bundle.sh). The
+    Python is taken as it is: what it holds is the caller's word."""
+    var = "HPCRL_BENCH_PYTHON_" + "".join(c if c.isalnum() else "_" for c in name).upper()
+    given = os.environ.get(var)
+    if not given:
+        return None
+    path = Path(given)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise Unavailable(f"{var}={given!r}: not an executable file")
+    return path
+
+
 def venv_python(name: str, requirements: Sequence[str], timeout: float = 1800) -> Path:
-    """The Python of the venv `name` holding `requirements`, built first if it is not there yet."""
+    """The Python of the venv `name` holding `requirements`, built first if it is not there yet (or the one
+    `given_python` names)."""
+    if (given := given_python(name)) is not None:
+        return given
     key = hashlib.sha256(json.dumps([name, list(requirements), list(sys.version_info[:2])]).encode()).hexdigest()[:10]
     root = CACHE / f"{name}-{key}"
     python = root / "bin" / "python"

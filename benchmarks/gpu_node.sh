@@ -6,6 +6,12 @@
 # The CUDA-only tests, DQN on CUDA, two ranks on one GPU, and 64 ViZDoom envs starting at once run
 # side by side; the speed measurement runs last, alone (SKIP_SPEED=1 leaves it out). OUT_DIR/summary.txt
 # has one line per step.
+# With .devbundle/bundle.tar.xz carried (benchmarks/device_bundle.sh, made where pip reaches the registries), it
+# also measures ViZDoom beside Sample Factory at 32 and 64 envs (issue 39's GPU half), each side on its own
+# packages: hpcrl's gymnasium and ViZDoom on PYTHONPATH, Sample Factory's through a wrapper
+# (HPCRL_BENCH_PYTHON_SAMPLE_FACTORY). SF_ONLY=1 runs that alone (a call's 10 minutes hold it and a start);
+# DEVICE, SF_ENVS and SF_SECONDS change its device (cuda), sizes (32 64) and window (10 s), BUNDLE the bundle's
+# path, for a try on a CPU (tests/test_benchmarks.py).
 set -u
 out=${1:?usage: benchmarks/gpu_node.sh OUT_DIR}
 mkdir -p "$out"
@@ -22,12 +28,26 @@ step() {  # step NAME SECONDS CMD...: run CMD in its own session, killed with it
   echo "$name rc=$rc $((SECONDS - t0))s" >>"$out/summary.txt"
 }
 
+sf_side=
+bundle=${BUNDLE:-.devbundle/bundle.tar.xz}
+if [ -f "$bundle" ]; then
+  tar -C "$logs" -xJf "$bundle"
+  export PYTHONPATH="$logs/bundle/common:$logs/bundle/hpcrl${PYTHONPATH:+:$PYTHONPATH}"
+  printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$logs/bundle/sf:$logs/bundle/common" "$(command -v "$py")" >"$logs/sf-python"
+  chmod +x "$logs/sf-python"
+  export HPCRL_BENCH_PYTHON_SAMPLE_FACTORY="$logs/sf-python"
+  sf_side=sample-factory
+fi
+
 { nvidia-smi -L; $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; } >"$out/facts.txt" 2>&1
 
-step cuda_tests 240 "$py -m pytest -q -p no:cacheprovider -n 0 tests/rl/test_graphs.py tests/rl/test_networks.py tests/rl/test_optim.py tests/rl/test_periodic_eval.py -k 'cuda or amp or fp16 or bf16 or graph or noise'" &
-step dqn_cuda 300 "$hp sweep configs/cartpole_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=30000 -p 'sweep.seeds=[0]' --name dqn_cuda && $hp collect $logs/dqn_cuda && cat $logs/dqn_cuda/results/summary.csv; $hp sweep configs/vizdoom_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=6000 -p 'sweep.seeds=[0]' --name vizdoom_dqn_cuda && tail -n 2 $logs/vizdoom_dqn_cuda/runs/*/train.csv" &
-step ranks_one_gpu 200 "$hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2; echo rc=\$?; $hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p resources.gpus=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2g; echo rc=\$?; cat $logs/ranks2*/runs/*/FAILED 2>/dev/null; tail -n 5 $logs/ranks2*/runs/*/*.log 2>/dev/null | tail -n 40"
-wait
-[ -n "${SKIP_SPEED:-}" ] || step speed 300 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 8 32 64 --sides random hpcrl-async --seconds 10 --timeout 90 --out $out/speed"
-[ -n "${SKIP_SPEED:-}" ] || step speed_eager 120 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 8 --sides hpcrl-async -p train.cuda_graph=false --seconds 10 --timeout 90 --out $out/eager"
+if [ -z "${SF_ONLY:-}" ]; then
+  step cuda_tests 240 "$py -m pytest -q -p no:cacheprovider -n 0 tests/rl/test_graphs.py tests/rl/test_networks.py tests/rl/test_optim.py tests/rl/test_periodic_eval.py -k 'cuda or amp or fp16 or bf16 or graph or noise'" &
+  step dqn_cuda 300 "$hp sweep configs/cartpole_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=30000 -p 'sweep.seeds=[0]' --name dqn_cuda && $hp collect $logs/dqn_cuda && cat $logs/dqn_cuda/results/summary.csv; $hp sweep configs/vizdoom_dqn.yaml -p output=$logs -p train.device=cuda -p resources.gpus=1 -p train.total_steps=6000 -p 'sweep.seeds=[0]' --name vizdoom_dqn_cuda && tail -n 2 $logs/vizdoom_dqn_cuda/runs/*/train.csv" &
+  step ranks_one_gpu 200 "$hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2; echo rc=\$?; $hp sweep configs/cartpole_ppo.yaml -p output=$logs -p train.device=cuda -p resources.ranks=2 -p resources.gpus=2 -p train.total_steps=8192 -p 'sweep.seeds=[0]' --name ranks2g; echo rc=\$?; cat $logs/ranks2*/runs/*/FAILED 2>/dev/null; tail -n 5 $logs/ranks2*/runs/*/*.log 2>/dev/null | tail -n 40"
+  wait
+  [ -n "${SKIP_SPEED:-}" ] || step speed 300 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 8 32 64 --sides random hpcrl-async --seconds 10 --timeout 90 --out $out/speed"
+  [ -n "${SKIP_SPEED:-}" ] || step speed_eager 120 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 8 --sides hpcrl-async -p train.cuda_graph=false --seconds 10 --timeout 90 --out $out/eager"
+fi
+[ -z "$sf_side" ] || step speed_sf 420 "$py benchmarks/vizdoom_speed.py --device ${DEVICE:-cuda} --num-envs ${SF_ENVS:-32 64} --sides random hpcrl-async sample-factory --seconds ${SF_SECONDS:-10} --timeout 120 --out $out/speed_sf"
 cat "$out/summary.txt"

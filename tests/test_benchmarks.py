@@ -351,6 +351,28 @@ def test_a_reference_side_whose_venv_cannot_be_built_is_skipped_with_the_reason(
     assert [p.name for p in tmp_path.iterdir()] == ["venvs"] and "wrote " not in proc.stdout, proc.stdout[-500:]
 
 
+def test_a_python_named_for_a_reference_side_is_used_as_given_and_a_bad_one_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HPCRL_BENCH_PYTHON_SAMPLE_FACTORY (a GPU node with no registry, its wheels carried): that Python runs the side,
+    and no venv is built or looked for; a path that is no executable is the side's one SKIPPED line, not a build."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _venvs
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    monkeypatch.setattr(_venvs, "CACHE", tmp_path / "venvs")
+    wrapper = tmp_path / "sf-python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("HPCRL_BENCH_PYTHON_SAMPLE_FACTORY", str(wrapper))
+    assert _venvs.venv_python("sample-factory", ["no-such-package==0"]) == wrapper
+    assert not (tmp_path / "venvs").exists()
+    assert _venvs.given_python("openspiel") is None  # each side its own variable
+    for bad in (tmp_path / "missing", tmp_path):
+        monkeypatch.setenv("HPCRL_BENCH_PYTHON_SAMPLE_FACTORY", str(bad))
+        with pytest.raises(_venvs.Unavailable, match=r"^HPCRL_BENCH_PYTHON_SAMPLE_FACTORY='.*': not an executable file$"):
+            _venvs.venv_python("sample-factory", ["no-such-package==0"])
+
+
 def test_the_mutation_audits_targets_and_test_selections_exist() -> None:
     """What mutation.py mutates and the tests it runs: a module or a test moved or renamed is named here,
     where cosmic-ray (not in the test environment) would only report it when someone runs the audit."""
@@ -483,6 +505,34 @@ def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(GPU_NODE), str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=1200, env={**os.environ, "SKIP_SPEED": "1"})
     summary = (tmp_path / "summary.txt").read_text() if (tmp_path / "summary.txt").exists() else ""
     assert proc.returncode == 0 and summary and "rc=0" in summary, summary + proc.stderr[-2000:]
+
+
+@pytest.mark.e2e
+def test_the_gpu_node_script_measures_sample_factory_with_a_carried_bundle(tmp_path: Path) -> None:
+    """The GPU half's path, tried on a CPU at one env: a bundle as device_bundle.sh packs it (here its sf/ is the built
+    venv's site-packages, linked; common/ and hpcrl/ empty, this environment having what they carry) gives Sample
+    Factory's side its own packages through the wrapper, and the three sides are measured in one step."""
+    if importlib.util.find_spec("vizdoom") is None or not _sample_factory_venv_built():
+        pytest.skip("needs vizdoom and Sample Factory's venv (a run of vizdoom_speed.py builds it)")
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _venvs
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    site = next(_venvs.CACHE.glob("sample-factory-*/lib/python3*/site-packages"))
+    for part in ("common", "hpcrl"):
+        (tmp_path / "bundle" / part).mkdir(parents=True)
+    (tmp_path / "bundle" / "sf").symlink_to(site)
+    subprocess.run(["tar", "-C", str(tmp_path), "-cJf", str(tmp_path / "bundle.tar.xz"), "bundle"], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_BENCH_PYTHON_")}
+    env.update(BUNDLE=str(tmp_path / "bundle.tar.xz"), SF_ONLY="1", DEVICE="cpu", SF_ENVS="1", SF_SECONDS="2", PYTHON=sys.executable)
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(GPU_NODE), str(out)], capture_output=True, text=True, cwd=REPO, timeout=400, env=env)
+    summary = (out / "summary.txt").read_text() if (out / "summary.txt").exists() else ""
+    assert proc.returncode == 0 and summary.startswith("speed_sf rc=0"), summary + proc.stderr[-2000:]
+    rows = {row["side"]: row for row in json.loads((out / "speed_sf" / "speed.json").read_text())["rows"]}
+    assert set(rows) == {"random", "hpcrl-async", "sample-factory"}, rows
+    assert all("error" not in row and row["sps"] > 0 for row in rows.values()), rows
 
 
 @pytest.mark.parametrize(
