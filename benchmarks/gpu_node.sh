@@ -30,8 +30,9 @@ step() {  # step NAME SECONDS CMD...: run CMD in its own session, killed with it
 
 sf_side=
 bundle=${BUNDLE:-.devbundle/bundle.tar.xz}
-if [ -f "$bundle" ]; then
-  tar -C "$logs" -xJf "$bundle"
+if [ -f "$bundle" ] && ! tar -C "$logs" -xJf "$bundle" 2>"$out/bundle.log"; then
+  echo "bundle rc=1: $bundle does not unpack (bundle.log); Sample Factory's side left out" >>"$out/summary.txt"
+elif [ -f "$bundle" ]; then
   export PYTHONPATH="$logs/bundle/common:$logs/bundle/hpcrl${PYTHONPATH:+:$PYTHONPATH}"
   printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$logs/bundle/sf:$logs/bundle/common" "$(command -v "$py")" >"$logs/sf-python"
   chmod +x "$logs/sf-python"
