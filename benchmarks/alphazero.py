@@ -57,8 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _args  # noqa: E402  # benchmarks/_args.py: the script's own folder is first on sys.path
 
+from hpcrl import games  # noqa: E402
 from hpcrl.config.load import load_experiment  # noqa: E402
-from hpcrl.rl import checkpoint, games  # noqa: E402
+from hpcrl.rl import checkpoint  # noqa: E402
 from hpcrl.rl.alphazero import AlphaZero, make_network  # noqa: E402
 from hpcrl.rl.strength import evaluate_strength  # noqa: E402
 from hpcrl.rl.train import train_run  # noqa: E402

@@ -222,8 +222,8 @@ def train_hpcrl(args: argparse.Namespace) -> None:
     """hpcrl's AlphaZero for `--minutes` or its train.total_steps; a snapshot every `--snapshot-every` s."""
     import torch
 
+    from hpcrl import games
     from hpcrl.config.load import load_experiment
-    from hpcrl.rl import games
     from hpcrl.rl.alphazero import AlphaZero
     from hpcrl.rl.train import seed_everything, setup_torch
 
@@ -316,8 +316,8 @@ def harness(spec: Any, agent: Any, opponents: list[str], n_games: int, seed: int
 def hpcrl_agent(args: argparse.Namespace, snapshot: Path) -> tuple[Any, Any]:
     import torch
 
+    from hpcrl import games
     from hpcrl.config.load import load_experiment
-    from hpcrl.rl import games
     from hpcrl.rl.alphazero import make_network
     from hpcrl.rl.strength import mcts_agent
 
@@ -330,8 +330,8 @@ def hpcrl_agent(args: argparse.Namespace, snapshot: Path) -> tuple[Any, Any]:
 
 
 def openspiel_spec(game: str) -> Any:
+    from hpcrl import games
     from hpcrl.config.load import load_experiment
-    from hpcrl.rl import games
 
     return games.load(load_experiment(CONFIGS[game], ["env.backend=openspiel", f"env.id={game}", "env.kwargs={}"]).env)
 

@@ -23,7 +23,7 @@ NATURE_CNN = (32, 64, 64)
 MAX_BUFFER = 100_000_000
 """Largest DQN replay buffer (transitions); it is allocated whole when training starts."""
 MAX_MOVES = 100_000
-"""Most moves of one two-player game, played by anyone (hpcrl.rl.games): a game longer than this does not end."""
+"""Most moves of one two-player game, played by anyone (hpcrl.games): a game longer than this does not end."""
 
 
 def minibatch_problem(count: int, num_steps: int, num_envs: int, recurrent: bool, ranks: int = 1) -> str | None:
@@ -295,7 +295,7 @@ class AlphaZeroConfig(TrainConfig):
     """L2 weight decay of the optimiser."""
     mirror: bool = True
     """Train on a random half of each minibatch mirrored left to right, where the game declares its
-    mirror image (`mirror_actions`: connect four, tic-tac-toe; hpcrl.rl.games): the data of twice
+    mirror image (`mirror_actions`: connect four, tic-tac-toe; hpcrl.games): the data of twice
     the self-play, as AlphaGo Zero's board symmetries; games without one are trained as they are."""
     opponents: list[str] = setting(factory=lambda: ["random", "mcts:100"], valid=_opponent_problem, min_items=1, learned=False)
     """Whom the evaluations play (eval.episodes / eval.periodic_episodes games each, both colours)."""

@@ -27,13 +27,13 @@ from typing import TextIO
 
 import redis
 
+from hpcrl import games
 from hpcrl.config.schema import ConfigError
 from hpcrl.distributed import rendezvous, wire
 from hpcrl.distributed.apex import ApexActor
 from hpcrl.distributed.board import DONE, FAILED, Board, connect, parse_status, parse_version
 from hpcrl.distributed.queue import NotRunning, Outbox, Producer
 from hpcrl.distributed.selfplay import SelfPlayActor
-from hpcrl.rl import games
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import setup_torch
 from hpcrl.runtime.guard import StopFlag

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import redis
 import torch
 
+from hpcrl import games
 from hpcrl.distributed import rendezvous, runstats
 from hpcrl.distributed.apex import ApexLearner
 from hpcrl.distributed.board import DONE, FAILED, RUNNING, STOPPING, Board, run_prefix
@@ -39,7 +40,7 @@ from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.queue import Consumer
 from hpcrl.distributed.redis_server import RedisServer
 from hpcrl.distributed.selfplay import AlphaZeroLearner
-from hpcrl.rl import checkpoint, games, periodic_eval
+from hpcrl.rl import checkpoint, periodic_eval
 from hpcrl.rl.envs import make_vec_env
 from hpcrl.rl.train import seed_everything, setup_torch
 from hpcrl.runtime.guard import StopFlag, guarded_run

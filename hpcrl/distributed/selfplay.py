@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcrl import games
 from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.distributed import wire
 from hpcrl.distributed.apex import episode_schema, param_arrays
-from hpcrl.rl import games
+from hpcrl.games import GameSpec
 from hpcrl.rl.alphazero import Positions, SelfPlay, Training, make_network, network_evaluator
-from hpcrl.rl.games import GameSpec
 
 
 def position_schema(spec: GameSpec) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:

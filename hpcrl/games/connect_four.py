@@ -1,4 +1,4 @@
-"""Connect four in plain Python, to the game protocol (hpcrl.rl.games); `rows`, `columns` and
+"""Connect four in plain Python, to the game protocol (hpcrl.games); `rows`, `columns` and
 `connect` are its parameters (`env.kwargs`). OpenSpiel's C++ `connect_four` is much faster."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tic-tac-toe, a complete example of the game protocol (hpcrl.rl.games) in plain Python.
+"""Tic-tac-toe, a complete example of the game protocol (hpcrl.games) in plain Python.
 
 Use it with `env.backend: game` and `env.id: hpcrl.games.tictactoe:TicTacToe`; a game of your own
 is a class like this one in an importable module (`env.id: mypkg.mygame:MyGame`).

@@ -1,7 +1,7 @@
-"""AlphaZero (Silver et al. 2018) on a two-player game (hpcrl.rl.games), self-play and training in turn.
+"""AlphaZero (Silver et al. 2018) on a two-player game (hpcrl.games), self-play and training in turn.
 
 One iteration:
-1. Self-play: `games_per_iteration` games in lockstep. Every move runs MCTS (hpcrl.rl.mcts) from
+1. Self-play: `games_per_iteration` games in lockstep. Every move runs MCTS (hpcrl.games.mcts) from
    each game's position, with Dirichlet noise at the root; the leaves of all games share one
    forward pass of the network. The first `temperature_moves` moves of a game are sampled in
    proportion to the root's visit counts, later ones take the most visited action. Each position
@@ -38,10 +38,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from hpcrl import games
 from hpcrl.config.hparams import AlphaZeroConfig
-from hpcrl.rl import games, mcts
+from hpcrl.games import Game, GameSpec, mcts
 from hpcrl.rl.checkpoint import numpy_to_torch, torch_to_numpy
-from hpcrl.rl.games import Game, GameSpec
 from hpcrl.rl.optim import GradientStep
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import gymnasium as gym
 
+from hpcrl import games
 from hpcrl.config.experiment import EnvConfig, Experiment
 from hpcrl.config.load import apply_settings
 from hpcrl.config.schema import ConfigError
-from hpcrl.rl import games
-from hpcrl.rl.minimax import PerfectPlayer
-from hpcrl.rl.openspiel_params import GameParameterError
+from hpcrl.games.minimax import PerfectPlayer
+from hpcrl.games.openspiel_params import GameParameterError
 from hpcrl.submit.jobplan import executable
 
 _CHEAP = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text")
@@ -127,7 +127,7 @@ def _check_habitat(spec: EnvConfig) -> None:
 
 
 def _check_game_class(spec: EnvConfig) -> None:
-    """A two-player game: it loads, and a few random games keep to the protocol (hpcrl.rl.games)."""
+    """A two-player game: it loads, and a few random games keep to the protocol (hpcrl.games)."""
     try:
         game = games.load(spec)
         warnings = games.check_game(game)

@@ -23,7 +23,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from hpcrl.rl import checkpoint, games, strength
+from hpcrl import games
+from hpcrl.rl import checkpoint, strength
 from hpcrl.rl.algorithms import algorithm_class, pick_device, setup_torch
 from hpcrl.rl.alphazero import make_network
 from hpcrl.rl.envs import episode_metrics, make_vec_env

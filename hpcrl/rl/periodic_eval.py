@@ -37,7 +37,8 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from hpcrl.rl import checkpoint, games, strength
+from hpcrl import games
+from hpcrl.rl import checkpoint, strength
 from hpcrl.rl.evaluate import EVAL_SEED_OFFSET, play, play_envs
 from hpcrl.store import rundir
 from hpcrl.store.expdir import Run

@@ -2,8 +2,8 @@
 
 Opponents (`train.opponents`): `random` (uniform over legal actions), `perfect` (minimax over the
 whole game with a memo, a random choice among the best moves; for games small enough to solve,
-such as tic-tac-toe: hpcrl.rl.minimax), and `mcts:N` (MCTS with random
-rollouts at N simulations: OpenSpiel's MCTSBot for OpenSpiel games, hpcrl.rl.mcts with a rollout
+such as tic-tac-toe: hpcrl.games.minimax), and `mcts:N` (MCTS with random
+rollouts at N simulations: OpenSpiel's MCTSBot for OpenSpiel games, hpcrl.games.mcts with a rollout
 evaluator otherwise).
 
 The agent plays MCTS with its network (train.eval_simulations, else train.simulations; no noise,
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcrl.rl import games, mcts
+from hpcrl import games
+from hpcrl.games import Game, GameError, GameSpec, mcts
+from hpcrl.games.minimax import PerfectPlayer
 from hpcrl.rl.alphazero import greedy, network_evaluator
-from hpcrl.rl.games import Game, GameError, GameSpec
-from hpcrl.rl.minimax import PerfectPlayer
 
 ROLLOUT_C_PUCT = 2.0
 """Exploration of hpcrl's own random-rollout MCTS (OpenSpiel's MCTSBot uses UCT with c = 2)."""

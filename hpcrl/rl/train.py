@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcrl.rl import checkpoint, games, periodic_eval
+from hpcrl import games
+from hpcrl.rl import checkpoint, periodic_eval
 from hpcrl.rl.algorithms import algorithm_class, pipelines_envs, setup_torch
 from hpcrl.rl.alphazero import AlphaZero
 from hpcrl.rl.ddp import RankError, Ranks

@@ -24,6 +24,7 @@ from factories import HEAD_ADDRESS, deep_update
 from test_config_hostile import assert_refused, sweep
 from test_conformance import BACKENDS, Backend, active_tasks, csv_rows, status_text, wait_until
 
+from hpcrl import games
 from hpcrl.config.distributed_spec import DistributedConfig
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.config.hparams import AlphaZeroConfig
@@ -31,7 +32,7 @@ from hpcrl.config.load import load_experiment
 from hpcrl.distributed import runstats, wire
 from hpcrl.distributed.pace import Pace
 from hpcrl.distributed.selfplay import AlphaZeroLearner, SelfPlayActor
-from hpcrl.rl import checkpoint, games
+from hpcrl.rl import checkpoint
 from hpcrl.rl.alphazero import network_evaluator
 from hpcrl.store.expdir import load_runs, read_jobs, run_dir
 from hpcrl.submit.pipeline import submit_experiment

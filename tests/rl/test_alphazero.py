@@ -22,14 +22,16 @@ from factories import write_config
 from test_config_hostile import sweep
 from trainruns import train
 
+from hpcrl import games
 from hpcrl.config.experiment import EnvConfig
 from hpcrl.config.hparams import AlphaZeroConfig
 from hpcrl.config.load import load_experiment
+from hpcrl.games import mcts
+from hpcrl.games.minimax import PerfectPlayer
 from hpcrl.games.tictactoe import TicTacToe
-from hpcrl.rl import checkpoint, games, mcts
+from hpcrl.rl import checkpoint
 from hpcrl.rl.alphazero import AlphaZero, SelfPlay, self_play
 from hpcrl.rl.evaluate import evaluate_run
-from hpcrl.rl.minimax import PerfectPlayer
 from hpcrl.rl.strength import evaluate_strength, make_opponent, play_match
 from hpcrl.store import rundir
 from hpcrl.store.expdir import write_experiment
@@ -335,7 +337,7 @@ def test_value_target_q_mixes_the_search_value_into_the_outcome():
 
 
 @pytest.mark.parametrize(("env_id", "words"), [
-    ("user_games:NoClone", "does not implement the game protocol (hpcrl.rl.games): missing clone"),
+    ("user_games:NoClone", "does not implement the game protocol (hpcrl.games): missing clone"),
     ("user_games:BothWin", "returned (1, 1): a two-player zero-sum game's returns sum to 0"),
     ("user_games:ByTwo", "returned (2, -2): expected returns in [-1, 1]"),
     ("user_games:Refuses", "Refuses.apply_action(1) raised ValueError: cannot take two now (the action was in legal_actions())"),
@@ -763,7 +765,7 @@ def test_openspiel_parameters_of_the_declared_types_load():
     pytest.importorskip("pyspiel")
     spec = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 5, "columns": 6, "x_in_row": 4}))
     assert spec.num_actions == 6
-    from hpcrl.rl.openspiel_params import checked_parameters
+    from hpcrl.games.openspiel_params import checked_parameters
 
     assert checked_parameters("go", {"komi": 7.5, "board_size": 19}, {"komi": 7, "board_size": 9}) == {"komi": 7.0, "board_size": 9}
 
@@ -771,7 +773,7 @@ def test_openspiel_parameters_of_the_declared_types_load():
 def test_a_crash_of_openspiel_is_its_child_process_s():
     """What the checks above do not foresee cannot take hpcrl down: the first load is a child's."""
     pytest.importorskip("pyspiel")
-    from hpcrl.rl.openspiel_params import GameParameterError, probe_load
+    from hpcrl.games.openspiel_params import GameParameterError, probe_load
 
     with pytest.raises(GameParameterError, match=r"^env.kwargs: OpenSpiel crashed loading connect_four with \{'rows': 0\} \(killed by SIGSEGV\)$"):
         probe_load("connect_four", {"rows": 0})

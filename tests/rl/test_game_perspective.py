@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hpcrl import games
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl import games
 from hpcrl.rl.envcheck import _check_game_class
 
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hpcrl.rl import games
-from hpcrl.rl.games import Game, GameSpec
+from hpcrl import games
+from hpcrl.games import Game, GameSpec
 
 Evaluator = Callable[[Sequence[Game]], tuple[np.ndarray, np.ndarray]]
 """Positions (none terminal) -> (priors over all actions [B, num_actions], values for the player to move [B])."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import random
 
-from hpcrl.rl import games
-from hpcrl.rl.games import Game, GameError, GameSpec
+from hpcrl import games
+from hpcrl.games import Game, GameError, GameSpec
 
 PERFECT_LIMIT = 1_000_000
 """Positions the perfect player may memoise; a game with more is too large to solve here (tic-tac-toe has 5,478)."""
