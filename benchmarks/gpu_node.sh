@@ -9,9 +9,9 @@
 # With .devbundle/bundle.tar.xz carried (benchmarks/device_bundle.sh, made where pip reaches the registries), it
 # also measures ViZDoom beside Sample Factory at 32 and 64 envs (issue 39's GPU half), each side on its own
 # packages: hpcrl's gymnasium and ViZDoom on PYTHONPATH, Sample Factory's through a wrapper
-# (HPCRL_BENCH_PYTHON_SAMPLE_FACTORY). SF_ONLY=1 runs that alone (a call's 10 minutes hold it and a start);
-# DEVICE, SF_ENVS and SF_SECONDS change its device (cuda), sizes (32 64) and window (10 s), BUNDLE the bundle's
-# path, for a try on a CPU (tests/test_benchmarks.py).
+# (HPCRL_BENCH_PYTHON_SAMPLE_FACTORY). SF_ONLY=1 runs that alone (a call's 10 minutes hold it and a start).
+# For a try on a CPU: DEVICE (cuda), SF_ENVS (32 64), SF_SECONDS (10), SF_SIDES (random hpcrl-async
+# sample-factory) and BUNDLE (the bundle's path) change it (tests/test_benchmarks.py).
 set -u
 out=${1:?usage: benchmarks/gpu_node.sh OUT_DIR}
 mkdir -p "$out"
@@ -50,5 +50,5 @@ if [ -z "${SF_ONLY:-}" ]; then
   [ -n "${SKIP_SPEED:-}" ] || step speed 300 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 8 32 64 --sides random hpcrl-async --seconds 10 --timeout 90 --out $out/speed"
   [ -n "${SKIP_SPEED:-}" ] || step speed_eager 120 "$py benchmarks/vizdoom_speed.py --device cuda --num-envs 8 --sides hpcrl-async -p train.cuda_graph=false --seconds 10 --timeout 90 --out $out/eager"
 fi
-[ -z "$sf_side" ] || step speed_sf 420 "$py benchmarks/vizdoom_speed.py --device ${DEVICE:-cuda} --num-envs ${SF_ENVS:-32 64} --sides random hpcrl-async sample-factory --seconds ${SF_SECONDS:-10} --timeout 120 --out $out/speed_sf"
+[ -z "$sf_side" ] || step speed_sf 420 "$py benchmarks/vizdoom_speed.py --device ${DEVICE:-cuda} --num-envs ${SF_ENVS:-32 64} --sides ${SF_SIDES:-random hpcrl-async sample-factory} --seconds ${SF_SECONDS:-10} --timeout 120 --out $out/speed_sf"
 cat "$out/summary.txt"

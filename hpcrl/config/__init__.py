@@ -1,1 +1,1 @@
-"""YAML -> a typed `Experiment`: the schema, strict YAML, the directive filter, a module per section (sweep, resources, container, distributed, program, hyperparameters), JSON Schema."""
+"""YAML -> a typed `Experiment`: the schema, strict YAML, the directive filter, a module per section (sweep, resources, container, distributed, program, hyperparameters), JSON Schema; `experiment` joins the sections, and `load` reads a file into one through `key_paths`, `build`, `sweep_rules`, `dotted` and `output_dir`."""
