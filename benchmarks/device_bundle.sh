@@ -24,7 +24,8 @@ hpcrl_side=(gymnasium==1.4.0)
 sf_side=(sample-factory==2.1.1 gymnasium==0.29.1 numpy==1.26.4 faster-fifo==1.5.2 signal-slot-mp==1.0.5 tensorboardX==2.6.5
          colorlog==6.12.0)
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+part=
+trap 'rm -rf "$work" ${part:+"$part"}' EXIT
 install() {  # install DIR PACKAGE...: exactly these, no dependencies, as the node's Python takes them
   local dir=$1; shift
   python3 -m pip install --quiet --no-deps --no-compile --only-binary=:all: --python-version "$py_version" \
@@ -35,6 +36,8 @@ install hpcrl "${hpcrl_side[@]}"
 install sf "${sf_side[@]}"
 rm -f "$work/bundle/common/vizdoom/freedoom1.wad"
 mkdir -p "$out"
-tar -C "$work" -cJf "$out/bundle.tar.xz.tmp" bundle
-mv "$out/bundle.tar.xz.tmp" "$out/bundle.tar.xz"
+part=$(mktemp "$out/.bundle.XXXXXX")  # two runs at once each write their own, and the last one's whole file stays
+tar -C "$work" -cJf "$part" bundle
+chmod 644 "$part"
+mv "$part" "$out/bundle.tar.xz"
 echo "$out/bundle.tar.xz: $(du -k "$out/bundle.tar.xz" | cut -f1) KiB (Python $py_version)"

@@ -93,7 +93,4 @@ def cancel(experiment: str | Path, *, states: Iterable[str] = (), settings: Iter
 
 def experiment_dir(experiment: str | Path) -> Path:
     """An experiment directory (it has runs.csv), as the commands check it."""
-    path = Path(experiment)
-    if not expdir.is_experiment(path):
-        raise ConfigError(f"{path}: not an experiment directory (no runs.csv); give logs/<experiment>")
-    return path
+    return expdir.require_experiment(Path(experiment))

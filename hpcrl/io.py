@@ -72,9 +72,15 @@ def append_line(path: str | Path, line: str) -> None:
         f.flush()
 
 
-def file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, from its `st_mode`, for a user's one-line error (a config or
-    Dockerfile given as /dev/zero, a directory or a FIFO: reading it would block, never end, or fail)."""
+class NotRegularFile(OSError):
+    """`read_regular` was given a path that is no regular file; `kind` says what it is ('a directory', 'a FIFO', ...)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def _file_kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -82,3 +88,19 @@ def file_kind(mode: int) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     return "a socket" if stat.S_ISSOCK(mode) else "a special file"
+
+
+def read_regular(path: str | Path, limit: int) -> bytes:
+    """A user's file (a config, a Dockerfile), at most `limit` + 1 bytes of it: the caller refuses a longer one in
+    its own words. It is opened without blocking and looked at before it is read, so that /dev/zero (a read that
+    never ends), a FIFO (a read that blocks until a writer comes) or a directory is NotRegularFile at once, not a
+    hang; FileNotFoundError and other OSErrors are left to the caller's line."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(_file_kind(mode))
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)

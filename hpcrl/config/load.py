@@ -8,8 +8,6 @@ and where it writes (`hpcrl.config.output_dir`); every problem is one line prefi
 from __future__ import annotations
 
 import copy
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from hpcrl.config.output_dir import check_output
 from hpcrl.config.program_spec import anchored_workdir
 from hpcrl.config.schema import ConfigError, Problems, key_path
 from hpcrl.config.sweep_rules import check_grid, check_normalize, check_search, when_settings
-from hpcrl.io import file_kind
+from hpcrl.io import NotRegularFile, read_regular
 
 MAX_CONFIG_BYTES = 10 * 2**20
 """The largest config file read. A config is a few kB; a larger file is something else given by
@@ -32,18 +30,11 @@ rather than read until memory runs out."""
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """A user's config file as data: a regular file of at most MAX_CONFIG_BYTES, UTF-8, strict YAML
-    (see `hpcrl.config.strict_yaml`), a mapping. It is opened without blocking and looked at before
-    it is read: a FIFO would block the read until a writer came, a device would not end."""
+    (see `hpcrl.config.strict_yaml`), a mapping; read as `hpcrl.io.read_regular` reads a user's file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise ConfigError(f"{path}: not a regular file ({file_kind(mode)}): give the path of a YAML config file")
-            with open(fd, "rb", closefd=False) as f:
-                raw = f.read(MAX_CONFIG_BYTES + 1)
-        finally:
-            os.close(fd)
+        raw = read_regular(path, MAX_CONFIG_BYTES)
+    except NotRegularFile as exc:
+        raise ConfigError(f"{path}: not a regular file ({exc.kind}): give the path of a YAML config file") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:

@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from hpcrl.config.container_spec import ImageConfig
 from hpcrl.config.experiment import Experiment
 from hpcrl.config.schema import ConfigError
 from hpcrl.image.defcheck import check_def, files_entries
-from hpcrl.io import atomic_write_text, file_kind
+from hpcrl.io import NotRegularFile, atomic_write_text, read_regular
 
 RUNTIMES = ("apptainer", "singularity")
 PREFIX = "/opt/hpcrl/env"
@@ -208,6 +207,10 @@ def _docker_labels(text: str) -> list[tuple[str, str]]:
     return [(key, value) for key, _, value in (word.partition("=") for word in words)]
 
 
+MAX_DOCKERFILE_BYTES = 2**20
+"""The largest Dockerfile imported: one is a few kB; a larger file given by mistake is refused, not read whole."""
+
+
 def import_dockerfile(path: Path) -> tuple[Definition, list[str]]:
     """A Dockerfile -> a definition (spython's parser and writer, repaired); warnings say what was lost."""
     try:
@@ -217,16 +220,19 @@ def import_dockerfile(path: Path) -> tuple[Definition, list[str]]:
         raise ConfigError("--from-dockerfile needs spython: pip install 'hpcrl[image]'") from None
     path = path.resolve()
     try:
-        mode = path.stat().st_mode
-        if stat.S_ISDIR(mode):
-            raise ConfigError(f"{path}: a directory; --from-dockerfile takes the Dockerfile itself ({path / 'Dockerfile'}?)")
-        if not stat.S_ISREG(mode):  # /dev/zero would be read for ever, a FIFO would block the read
-            raise ConfigError(f"{path}: {file_kind(mode)}, not a Dockerfile; --from-dockerfile takes the Dockerfile itself")
-        text = path.read_text(encoding="utf-8")
+        raw = read_regular(path, MAX_DOCKERFILE_BYTES)
+    except NotRegularFile as exc:
+        if exc.kind == "a directory":
+            raise ConfigError(f"{path}: a directory; --from-dockerfile takes the Dockerfile itself ({path / 'Dockerfile'}?)") from None
+        raise ConfigError(f"{path}: {exc.kind}, not a Dockerfile; --from-dockerfile takes the Dockerfile itself") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such Dockerfile") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the Dockerfile: {exc.strerror or exc}") from None
+    if len(raw) > MAX_DOCKERFILE_BYTES:
+        raise ConfigError(f"{path}: larger than a Dockerfile can be ({MAX_DOCKERFILE_BYTES // 2**20} MB): --from-dockerfile takes the Dockerfile itself")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a Dockerfile (not UTF-8 text: byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})") from None
     _refuse_unnamed_stages(path, text)

@@ -374,8 +374,7 @@ def load_runs(experiment_dir: Path) -> list[Run]:
 
 def load_run(experiment_dir: Path, index: int) -> Run:
     """One run by index, reading only its own config (array tasks must not parse the whole sweep)."""
-    if not is_experiment(experiment_dir):  # else 'runs.csv: no run with index N' of a file that is not there
-        raise ConfigError(f"{experiment_dir}: not an experiment directory (no runs.csv); give logs/<experiment>")
+    require_experiment(experiment_dir)  # else 'runs.csv: no run with index N' of a file that is not there
     for row in read_runs_csv(experiment_dir):
         if int(row["index"]) == index:
             return read_run(experiment_dir, row["run_id"], {})
@@ -385,6 +384,13 @@ def load_run(experiment_dir: Path, index: int) -> Run:
 def is_experiment(path: Path) -> bool:
     """Whether `path` is an experiment directory: a sweep wrote its runs.csv."""
     return (path / "runs.csv").exists()
+
+
+def require_experiment(path: Path) -> Path:
+    """`path`, an experiment directory; else the one line every command that takes one says."""
+    if not is_experiment(path):
+        raise ConfigError(f"{path}: not an experiment directory (no runs.csv); give logs/<experiment>")
+    return path
 
 
 def find_experiments(where: Path | None = None) -> list[Path]:

@@ -450,17 +450,19 @@ def test_dockerfile_without_from_is_refused(project: Path, dockerfile: Path, cap
     assert "spython cannot convert it" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("given", ["/dev/zero", "fifo", "missing", "folder"])
+@pytest.mark.parametrize("given", ["/dev/zero", "fifo", "missing", "folder", "huge"])
 def test_a_dockerfile_path_that_is_no_dockerfile_is_one_line_and_reads_nothing(project: Path, standin: Path, given: str, capsys) -> None:
     """/dev/zero was taken for a missing file, and a FIFO would block the read until a writer came: each is named
     for what it is, at once, and nothing is built."""
     if given == "fifo":
         os.mkfifo(project / "fifo")
     (project / "folder").mkdir()
+    with open(project / "huge", "wb") as f:  # sparse: a file given by mistake (a log, an image), larger than any Dockerfile
+        f.truncate(image.MAX_DOCKERFILE_BYTES + 1)
     rc = run(dry_run=True, from_dockerfile=given if given.startswith("/") else str(project / given))[0]
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    said = {"/dev/zero": "a device, not a Dockerfile", "fifo": "a FIFO, not a Dockerfile", "missing": "no such Dockerfile", "folder": "a directory;"}
+    said = {"/dev/zero": "a device, not a Dockerfile", "fifo": "a FIFO, not a Dockerfile", "missing": "no such Dockerfile", "folder": "a directory;", "huge": "larger than a Dockerfile can be (1 MB)"}
     assert said[given] in err and "Traceback" not in err
     assert calls(standin) == [] and not (project / "images").exists()
 
