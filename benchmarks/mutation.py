@@ -136,7 +136,7 @@ SYNC_BOUND = tuple(f"tests/rl/test_env_workers.py::test_{name}" for name in (
     "a_sync_env_that_hangs_in_the_trainers_own_process_fails_within_its_bound", "a_sync_env_is_bounded_in_a_process_where_no_other_alarm_is_set", "the_video_env_in_the_trainers_own_process_is_bounded_too",
     "a_bounded_call_keeps_another_alarm_of_the_process", "a_sync_env_stepped_from_a_background_thread_is_refused_in_one_line",
 ))  # fmt: skip
-OPENSPIEL_PARAMS = tuple(f"tests/rl/test_alphazero.py::test_{name}" for name in (
+OPENSPIEL_PARAMS = tuple(f"tests/games/test_openspiel_games.py::test_{name}" for name in (
     "openspiel_parameters_are_checked_in_one_line_before_openspiel_sees_them", "openspiel_parameters_of_the_declared_types_load", "a_crash_of_openspiel_is_its_child_process_s",
 ))  # fmt: skip
 STRENGTH_FILES = tuple(f"tests/results/test_strength_results.py::test_{name}" for name in (
@@ -173,7 +173,7 @@ TARGETS = [
     Target("env_deadline", "hpcrl/rl/env_deadline.py", SYNC_BOUND),
     Target("openspiel_params", "hpcrl/games/openspiel_params.py", OPENSPIEL_PARAMS),
     Target("strength_readers", "hpcrl/store/rundir.py", STRENGTH_FILES, ("read_strength", "read_ladder", "_read_table", "_game_counts")),
-    Target("beyond_returns", "hpcrl/games/__init__.py", ("tests/rl/test_alphazero.py::test_the_returns_range_includes_its_bound_and_its_rounding_and_nothing_beyond", *SELFPLAY[2:3],
+    Target("beyond_returns", "hpcrl/games/__init__.py", ("tests/games/test_game_protocol.py::test_the_returns_range_includes_its_bound_and_its_rounding_and_nothing_beyond", *SELFPLAY[2:3],
                                                   "tests/rl/test_alphazero.py::test_a_bad_game_is_refused_at_sweep_time_in_one_line"), ("beyond_returns",)),
     Target("node_fit:slurm", "hpcrl/schedulers/slurm.py", NODE_FIT, ("refuse", "_node_rows", "_no_node_holds", "gres_gpus")),
     Target("node_fit:sge", "hpcrl/schedulers/sge.py", NODE_FIT, ("refuse", "_read_held", "host_slots", "offered", "complex_value")),

@@ -1,4 +1,5 @@
-"""Users' game classes for tests/rl/test_alphazero.py: a working one, and ones that break the protocol."""
+"""Users' game classes for the games and AlphaZero tests (tests/games/, tests/rl/test_alphazero.py): a working one,
+and ones that break the protocol."""
 
 from __future__ import annotations
 

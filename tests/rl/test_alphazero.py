@@ -1,5 +1,6 @@
-"""AlphaZero (issue 28, simple mode): the game protocol and its checks, MCTS, strength evaluation,
-checkpoint/resume, a user's class through `hpcrl train` and `hpcrl eval`, and learning tic-tac-toe."""
+"""AlphaZero (issue 28, simple mode): self-play and its learner, the checks of a game and of its settings, strength
+evaluation, checkpoint/resume, a user's class through `hpcrl train` and `hpcrl eval`, and learning tic-tac-toe (the
+games protocol, the search and OpenSpiel's games: tests/games/)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 import yaml
 from factories import write_config
 from test_config_hostile import sweep
+from tictactoe_positions import blind, position
 from trainruns import train
 
 from hpcrl import games
@@ -43,139 +43,7 @@ CPU = torch.device("cpu")
 TINY_AZ = {"total_steps": 60, "simulations": 4, "games_per_iteration": 4, "train_steps_per_iteration": 2, "batch_size": 8, "hidden_sizes": [16], "checkpoint_every": 1, "opponents": ["random", "perfect"]}
 
 
-def position(cells: str) -> TicTacToe:
-    """A tic-tac-toe position from 9 characters (x: player 0, o: player 1, .: empty), x and o
-    moves interleaved from x so that the player to move is right."""
-    xs, os_ = [i for i, c in enumerate(cells) if c == "x"], [i for i, c in enumerate(cells) if c == "o"]
-    state = TicTacToe()
-    for k in range(len(xs) + len(os_)):
-        state.apply_action((xs if k % 2 == 0 else os_)[k // 2])
-    return state
-
-
-def blind(states):
-    """An evaluator that knows nothing: uniform priors, value 0. MCTS must find the moves from the game's ends."""
-    return np.ones((len(states), 9)), np.zeros(len(states))
-
-
-def mcts_move(state: TicTacToe, simulations: int = 300) -> int:
-    counts = mcts.search([state], blind, 9, simulations, c_puct=1.5)[0][0]
-    return int(counts.argmax())
-
-
-# ---------------------------------------------------------------------------- MCTS
-
-
-def test_mcts_takes_the_winning_move_for_either_player():
-    assert mcts_move(position("xx.oo....")) == 2  # x to move wins at 2
-    state = position("xx.oo.x..")  # o to move: o wins at 5 (and must, or x wins at 2)
-    assert state.current_player() == 1
-    assert mcts_move(state) == 5
-
-
-def test_mcts_blocks_the_only_threat():
-    state = position("oo..x...x")  # x to move; o threatens 2; x has no win
-    assert state.current_player() == 0
-    assert mcts_move(state) == 2
-
-
-def spied_nodes(monkeypatch) -> list:
-    """Every mcts.Node the search makes, in the order made (the root first)."""
-    trees = []
-
-    class Spy(mcts.Node):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            trees.append(self)
-
-    monkeypatch.setattr(mcts, "Node", Spy)
-    return trees
-
-
-def test_mcts_batches_many_games_and_masks_illegal_moves():
-    """One evaluator call per simulation for all trees (plus the roots'); visits only on legal moves."""
-    calls = []
-
-    def counting(states):
-        calls.append(len(states))
-        return np.full((len(states), 9), 1 / 9), np.zeros(len(states))
-
-    roots = [position("xx.oo...."), position("oo..x...x"), TicTacToe()]
-    counts, _ = mcts.search(roots, counting, 9, 20, 1.5)
-    assert len(calls) <= 21 and calls[0] == 3
-    for root, row in zip(roots, counts):
-        assert row.sum() == 20
-        illegal = [a for a in range(9) if a not in root.legal_actions()]
-        assert (row[illegal] == 0).all()
-
-
-def test_mcts_backs_values_up_for_the_player_who_moves(monkeypatch):
-    """A leaf's value is for the player to move there, an edge's Q for the player who chooses it:
-    with every position worth +1 to x, x's root edges (o to move below, worth -1 to o) have Q = +1."""
-    def x_wins(states):
-        return np.ones((len(states), 9)), np.array([1.0 if s.current_player() == 0 else -1.0 for s in states])
-
-    trees = spied_nodes(monkeypatch)
-    mcts.search([TicTacToe()], x_wins, 9, 30, 1.5)
-    root = trees[0]
-    assert root.visits.sum() == 30 and (root.q[root.visits > 0] == 1.0).all()
-    child = next(node for node in root.children.values() if node.visits.sum() > 0)  # o to move: its edges lead to x, +1 for x = -1 for o
-    assert (child.q[child.visits > 0] == -1.0).all()
-
-
-def test_mcts_gives_each_root_its_value_for_the_player_to_move():
-    """The root's value (what train.value_target_q mixes into the target) is for the player to move there."""
-    def x_wins(states):
-        return np.ones((len(states), 9)), np.array([1.0 if s.current_player() == 0 else -1.0 for s in states])
-
-    _, values = mcts.search([TicTacToe(), position("x........")], x_wins, 9, 30, 1.5)
-    assert values.tolist() == [1.0, -1.0]
-    _, (x_to_win, o_lost) = mcts.search([position("xx.oo...."), position("xx.oo.x..")], blind, 9, 300, 1.5)
-    assert x_to_win > 0.5  # x finds its win at 2 and spends most simulations there
-    assert o_lost > 0.5  # o to move wins at 5 (its value, not x's)
-
-
-def test_c_puct_weighs_exploration_against_the_values_found():
-    """train.c_puct reaches every selection: x wins at once at 2, and a low c_puct spends nearly all
-    simulations there, a high one spreads them over the moves the values speak against (each legal
-    move visited). A search that selected with a fixed constant gave both the same counts."""
-    win = position("xx.oo....")
-    greedy_counts = mcts.search([win], blind, 9, 200, c_puct=0.5)[0][0]
-    exploring = mcts.search([win], blind, 9, 200, c_puct=50.0)[0][0]
-    assert greedy_counts[2] >= 190
-    assert exploring[2] < 100 and (exploring[win.legal_actions()] > 0).all()
-
-
-def test_dirichlet_noise_is_mixed_into_the_roots_priors_only(monkeypatch):
-    """AlphaZero's exploration noise is for the root (the move self-play makes); a node below it keeps
-    the network's priors, or every simulation would be steered by noise at every depth."""
-    trees = spied_nodes(monkeypatch)
-    np.random.seed(0)
-    mcts.search([TicTacToe(), position("x........")], blind, 9, 40, 1.5, noise=(0.3, 0.5))
-    roots, below = trees[:2], [node for node in trees[2:] if node.expanded]
-    for root in roots:
-        assert not np.allclose(root.prior, 1 / len(root.actions))  # the blind evaluator's uniform priors, noised
-    assert len(below) > 10
-    for node in below:
-        np.testing.assert_array_equal(node.prior, np.full(len(node.actions), 1 / len(node.actions)))
-
-
-# ---------------------------------------------------------------------------- the protocol
-
-
-def test_the_returns_range_includes_its_bound_and_its_rounding_and_nothing_beyond():
-    """games.beyond_returns, the one range test of a game's returns and of the value targets the decoupled
-    trainer takes: +-1 and float32 rounding of it pass, anything past the tolerance does not."""
-    bound = games.RETURN_BOUND + games.TOLERANCE
-    assert not games.beyond_returns(np.array([-1.0, 1.0, np.float32(1.0000001), bound, -bound]))
-    assert games.beyond_returns(np.array([0.0, np.nextafter(bound, 2.0)])) and games.beyond_returns(np.array([-np.nextafter(bound, 2.0)]))
-
-
-def test_bundled_games_keep_the_protocol():
-    for env_id in ("hpcrl.games.tictactoe:TicTacToe", "hpcrl.games.connect_four:ConnectFour"):
-        spec = games.load(EnvConfig(id=env_id, backend="game"))
-        assert spec.mirror is not None  # and check_game plays every game beside its mirror image
-        games.check_game(spec)
+# ---------------------------------------------------------------------------- self-play and its learner
 
 
 def test_training_mirrors_a_random_half_of_each_minibatch_as_the_game_declares():
@@ -501,20 +369,6 @@ def test_openspiel_games_must_fit_in_the_move_limit(tmp_path):
 # ---------------------------------------------------------------------------- opponents
 
 
-def test_perfect_player_solves_tic_tac_toe_and_nim():
-    spec = games.load(TTT)
-    perfect = PerfectPlayer(spec, random.Random(0))
-    assert perfect.value(TicTacToe()) == 0
-    assert len(perfect.memo) < 6000  # 5,478 positions
-    nim = games.load(EnvConfig(id="user_games:Nim", backend="game", kwargs={"pile": 7}))
-    solver = PerfectPlayer(nim, random.Random(0))
-    assert solver.value(nim.new_initial_state()) == 1.0  # 7 is not a multiple of 3: the mover wins
-    rng = random.Random(0)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], perfect, 20, 1000)
-    assert all(r <= 0 for r, *_ in results)  # a random player never beats perfect play
-    assert [m["first"] for *_, m in results[:2]] == [1.0, 0.0]
-
-
 def test_rollout_mcts_opponent_beats_random():
     spec = games.load(TTT)
     rollout = make_opponent("mcts:50", spec, 0)
@@ -708,75 +562,7 @@ def test_an_illegal_move_fails_the_run_with_one_line(tmp_path):
     assert rundir.reason(rd, rundir.FAILED).strip() == "SometimesBad.legal_actions() returned [0, 1, 7] in a position that is not terminal: expected distinct ints in 0..1, at least one"
 
 
-# ---------------------------------------------------------------------------- OpenSpiel
-
-
-def test_openspiel_games_by_name():
-    pytest.importorskip("pyspiel")
-    spec = games.load(EnvConfig(id="tic_tac_toe", backend="openspiel"))
-    games.check_game(spec)
-    assert spec.num_actions == 9 and spec.observation_shape == (3, 3, 3)
-    bot = make_opponent("mcts:30", spec, 0)  # OpenSpiel's own MCTSBot
-    rng = random.Random(0)
-    results = play_match(spec, lambda states: [rng.choice(s.legal_actions()) for s in states], bot, 6, 1000)
-    assert sum(r < 0 for r, *_ in results) >= 4
-    four = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 4, "columns": 5}))
-    assert four.num_actions == 5 and four.mirror == (4, 3, 2, 1, 0) and spec.mirror == (2, 1, 0, 5, 4, 3, 8, 7, 6)
-    games.check_game(four)  # the declared mirrors (OPENSPIEL_MIRRORS) hold for OpenSpiel's observation planes
-    for name, params, words in [("kuhn_poker", {}, "has chance events"), ("matrix_pd", {}, "is not zero-sum"), ("kuhn_poker", {"players": 3}, "has 3 players")]:
-        with pytest.raises(games.GameError, match=words):
-            games.load(EnvConfig(id=name, backend="openspiel", kwargs=params))
-    with pytest.raises(games.GameError, match="is not an OpenSpiel game"):
-        games.load(EnvConfig(id="tic_tac_toes", backend="openspiel"))
-    checkers = games.load(EnvConfig(id="checkers", backend="openspiel", kwargs={"rows": 6, "columns": 6}))  # issue 37 item 1: no piece can move
-    with pytest.raises(games.GameError, match=r"^checkers: the game is over before its first move"):
-        games.check_game(checkers)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "line"),
-    [
-        ({"rows": 0}, "env.kwargs.rows: connect_four's rows is a board size: expected a positive int, got 0"),  # a segmentation fault of the sweep before
-        ({"rows": -1}, "env.kwargs.rows: connect_four's rows is a board size: expected a positive int, got -1"),
-        ({"columns": 0}, "env.kwargs.columns: connect_four's columns is a board size: expected a positive int, got 0"),
-        ({"rows": "6"}, "env.kwargs.rows: connect_four's rows is an int (default 6), got '6'"),
-        ({"rows": True}, "env.kwargs.rows: connect_four's rows is an int (default 6), got True"),
-        ({"depth": 3}, "env.kwargs.depth: connect_four has no parameter 'depth' (its parameters: columns, egocentric_obs_tensor, rows, x_in_row)"),
-        ({"id": "go", "board_size": 30}, "env.kwargs: OpenSpiel refuses go with {'board_size': 30}: The current Go implementation supports board size up to 19"),
-        ({"id": "clobber", "rows": 1}, "env.kwargs: OpenSpiel refuses clobber with {'rows': 1}: "),
-    ],
-)
-def test_openspiel_parameters_are_checked_in_one_line_before_openspiel_sees_them(tmp_path, kwargs, line):
-    """`hpcrl sweep` (its own process: OpenSpiel's C++ could crash it) exits 2 with one line that
-    names the key, and nothing of OpenSpiel's own on stderr."""
-    pytest.importorskip("pyspiel")
-    kwargs = dict(kwargs)
-    config = write_config(tmp_path, {"algo": "alphazero", "env": {"backend": "openspiel", "id": kwargs.pop("id", "connect_four"), "num_envs": 1, "kwargs": kwargs}})
-    data = yaml.safe_load(config.read_text())
-    data["train"] = {}  # AlphaZero's defaults (the factory's are PPO's)
-    config.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(games.__file__).parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-m", "hpcrl", "sweep", str(config), "--scheduler", "local", "--dry-run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and line in done.stderr, (done.returncode, done.stderr)
-
-
-def test_openspiel_parameters_of_the_declared_types_load():
-    """A float parameter given as an int (YAML's `komi: 7`) is OpenSpiel's float; the game loads."""
-    pytest.importorskip("pyspiel")
-    spec = games.load(EnvConfig(id="connect_four", backend="openspiel", kwargs={"rows": 5, "columns": 6, "x_in_row": 4}))
-    assert spec.num_actions == 6
-    from hpcrl.games.openspiel_params import checked_parameters
-
-    assert checked_parameters("go", {"komi": 7.5, "board_size": 19}, {"komi": 7, "board_size": 9}) == {"komi": 7.0, "board_size": 9}
-
-
-def test_a_crash_of_openspiel_is_its_child_process_s():
-    """What the checks above do not foresee cannot take hpcrl down: the first load is a child's."""
-    pytest.importorskip("pyspiel")
-    from hpcrl.games.openspiel_params import GameParameterError, probe_load
-
-    with pytest.raises(GameParameterError, match=r"^env.kwargs: OpenSpiel crashed loading connect_four with \{'rows': 0\} \(killed by SIGSEGV\)$"):
-        probe_load("connect_four", {"rows": 0})
+# ---------------------------------------------------------------------------- games that cannot be played
 
 
 def test_a_game_over_before_its_first_move_fails_the_run_in_one_line_instead_of_training_at_step_0_for_ever(tmp_path):
