@@ -18,7 +18,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 py=${PYTHON:-python3}
 hp="$py -m hpcrl"
-logs=$(mktemp -d)
+logs=$(mktemp -d)  # the steps' experiments and the unpacked bundle: what a step shows is in its log under OUT_DIR
+trap 'rm -rf "$logs"' EXIT
 
 step() {  # step NAME SECONDS CMD...: run CMD in its own session, killed with its group after SECONDS
   local name=$1 secs=$2; shift 2

@@ -526,11 +526,14 @@ def test_the_gpu_node_script_measures_sample_factory_with_a_carried_bundle(tmp_p
     (tmp_path / "bundle" / "sf").symlink_to(site)
     subprocess.run(["tar", "-C", str(tmp_path), "-cJf", str(tmp_path / "bundle.tar.xz"), "bundle"], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCRL_BENCH_PYTHON_")}
-    env.update(BUNDLE=str(tmp_path / "bundle.tar.xz"), SF_ONLY="1", DEVICE="cpu", SF_ENVS="1", SF_SECONDS="2", SF_SIDES="sample-factory", PYTHON=sys.executable)
+    scratch = tmp_path / "tmp"  # the script's temporary directory: the bundle unpacked there goes with it (386 MB whole)
+    scratch.mkdir()
+    env.update(BUNDLE=str(tmp_path / "bundle.tar.xz"), SF_ONLY="1", DEVICE="cpu", SF_ENVS="1", SF_SECONDS="2", SF_SIDES="sample-factory", PYTHON=sys.executable, TMPDIR=str(scratch))
     out = tmp_path / "out"
     proc = subprocess.run(["bash", str(GPU_NODE), str(out)], capture_output=True, text=True, cwd=REPO, timeout=400, env=env)
     summary = (out / "summary.txt").read_text() if (out / "summary.txt").exists() else ""
     assert proc.returncode == 0 and summary.startswith("speed_sf rc=0"), summary + proc.stderr[-2000:]
+    assert sorted(p.name for p in scratch.iterdir() if not p.name.startswith(USER_CACHES)) == [], "gpu_node.sh left its temporary files"
     rows = {row["side"]: row for row in json.loads((out / "speed_sf" / "speed.json").read_text())["rows"]}
     assert set(rows) == {"sample-factory"}, rows
     assert all("error" not in row and row["sps"] > 0 for row in rows.values()), rows
