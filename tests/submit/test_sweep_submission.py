@@ -49,20 +49,30 @@ def standin(directory: Path, name: str, body: str) -> Path:
 
 
 def test_two_sweeps_of_one_experiment_at_once_one_refuses(tmp_path: Path) -> None:
-    """Two real `hpcrl sweep` processes; a stand-in sbatch that takes a second per job keeps the first
-    one submitting while the second arrives. The second refuses in one line (exit 1); jobs.json
-    holds the first one's jobs, and sbatch was called for them only."""
+    """Two real `hpcrl sweep` processes: the second starts while the first is submitting (the stand-in sbatch
+    holds its first call until the second has ended, and no later one). The second refuses in one line (exit 1);
+    jobs.json holds the first one's jobs, and sbatch was called for them only. (Both started at once, as before,
+    the first could finish its three submissions before a second slowed by the suite's load reached the lock: a
+    re-sweep then, exit 0, not a refusal; it failed so once in the unit tier here.)"""
     bin_dir = tmp_path / "bin"
-    calls = tmp_path / "sbatch-calls"
-    standin(bin_dir, "sbatch", f'sleep 1\necho "$@" >> {calls}\nwc -l < {calls}\n')
+    calls, inside, go = tmp_path / "sbatch-calls", tmp_path / "inside", tmp_path / "go"
+    standin(bin_dir, "sbatch", f'echo "$@" >> {calls}\nif [ ! -e {go} ] && [ ! -e {inside} ]; then touch {inside}; for _ in $(seq 1200); do [ -e {go} ] && break; sleep 0.1; done; fi\nwc -l < {calls}\n')
     config = write_config(tmp_path)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    procs = [subprocess.Popen([PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "slurm"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
-    codes = sorted(rc for rc, _, _ in results)
-    assert codes == [0, 1], results
-    (refusal,) = [err for rc, _, err in results if rc == 1]
-    assert refusal.count("\n") == 1 and "another `hpcrl sweep` of this experiment" in refusal and "Traceback" not in refusal
+    command = [PY, "-m", "hpcrl", "sweep", str(config), "--scheduler", "slurm"]
+    with subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as first:
+        try:
+            deadline = time.monotonic() + 120
+            while not inside.exists():
+                assert first.poll() is None and time.monotonic() < deadline, f"the first sweep never reached sbatch: {first.poll()} {first.stderr.read() if first.poll() is not None else ''}"
+                time.sleep(0.05)
+            second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        finally:
+            go.touch()
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, (out, err)
+    assert second.returncode == 1, (second.stdout, second.stderr)
+    assert second.stderr.count("\n") == 1 and "another `hpcrl sweep` of this experiment" in second.stderr and "Traceback" not in second.stderr
     jobs = read_jobs(tmp_path / "logs" / "tiny")
     assert [j.stage for j in jobs] == ["train", "eval", "aggregate"]
     assert len(calls.read_text().splitlines()) == 3
