@@ -75,9 +75,18 @@ def append_line(path: str | Path, line: str) -> None:
 class NotRegularFile(OSError):
     """`read_regular` was given a path that is no regular file; `kind` says what it is ('a directory', 'a FIFO', ...)."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self.kind = kind
+    def __init__(self, mode: int) -> None:
+        self.kind = _file_kind(mode)
+        self.is_dir = stat.S_ISDIR(mode)
+        super().__init__(self.kind)
+
+
+class TooLarge(OSError):
+    """`read_regular` found more than its `limit` bytes in the file."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"over {limit} bytes")
+        self.limit = limit
 
 
 def _file_kind(mode: int) -> str:
@@ -91,16 +100,20 @@ def _file_kind(mode: int) -> str:
 
 
 def read_regular(path: str | Path, limit: int) -> bytes:
-    """A user's file (a config, a Dockerfile), at most `limit` + 1 bytes of it: the caller refuses a longer one in
-    its own words. It is opened without blocking and looked at before it is read, so that /dev/zero (a read that
-    never ends), a FIFO (a read that blocks until a writer comes) or a directory is NotRegularFile at once, not a
-    hang; FileNotFoundError and other OSErrors are left to the caller's line."""
+    """A user's file (a config, a Dockerfile) whole, of at most `limit` bytes. It is opened without blocking and
+    looked at before it is read, so that /dev/zero (a read that never ends), a FIFO (a read that blocks until a
+    writer comes) or a directory is NotRegularFile at once, not a hang, and at most `limit` + 1 bytes are read: a
+    larger file (a log or an image given by mistake) is TooLarge, not read into memory. FileNotFoundError and other
+    OSErrors, like these two, are left to the caller's line."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotRegularFile(_file_kind(mode))
+            raise NotRegularFile(mode)
         with open(fd, "rb", closefd=False) as f:
-            return f.read(limit + 1)
+            raw = f.read(limit + 1)
     finally:
         os.close(fd)
+    if len(raw) > limit:
+        raise TooLarge(limit)
+    return raw

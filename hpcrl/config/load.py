@@ -20,7 +20,7 @@ from hpcrl.config.output_dir import check_output
 from hpcrl.config.program_spec import anchored_workdir
 from hpcrl.config.schema import ConfigError, Problems, key_path
 from hpcrl.config.sweep_rules import check_grid, check_normalize, check_search, when_settings
-from hpcrl.io import NotRegularFile, read_regular
+from hpcrl.io import NotRegularFile, TooLarge, read_regular
 
 MAX_CONFIG_BYTES = 10 * 2**20
 """The largest config file read. A config is a few kB; a larger file is something else given by
@@ -35,12 +35,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raw = read_regular(path, MAX_CONFIG_BYTES)
     except NotRegularFile as exc:
         raise ConfigError(f"{path}: not a regular file ({exc.kind}): give the path of a YAML config file") from None
+    except TooLarge:
+        raise ConfigError(f"{path}: larger than a config file can be ({MAX_CONFIG_BYTES // 2**20} MB): give the path of a YAML config file") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than a config file can be ({MAX_CONFIG_BYTES // 2**20} MB): give the path of a YAML config file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

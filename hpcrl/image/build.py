@@ -40,7 +40,7 @@ from hpcrl.config.container_spec import ImageConfig
 from hpcrl.config.experiment import Experiment
 from hpcrl.config.schema import ConfigError
 from hpcrl.image.defcheck import check_def, files_entries
-from hpcrl.io import NotRegularFile, atomic_write_text, read_regular
+from hpcrl.io import NotRegularFile, TooLarge, atomic_write_text, read_regular
 
 RUNTIMES = ("apptainer", "singularity")
 PREFIX = "/opt/hpcrl/env"
@@ -222,15 +222,15 @@ def import_dockerfile(path: Path) -> tuple[Definition, list[str]]:
     try:
         raw = read_regular(path, MAX_DOCKERFILE_BYTES)
     except NotRegularFile as exc:
-        if exc.kind == "a directory":
+        if exc.is_dir:
             raise ConfigError(f"{path}: a directory; --from-dockerfile takes the Dockerfile itself ({path / 'Dockerfile'}?)") from None
         raise ConfigError(f"{path}: {exc.kind}, not a Dockerfile; --from-dockerfile takes the Dockerfile itself") from None
+    except TooLarge:
+        raise ConfigError(f"{path}: larger than a Dockerfile can be ({MAX_DOCKERFILE_BYTES // 2**20} MB): --from-dockerfile takes the Dockerfile itself") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such Dockerfile") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the Dockerfile: {exc.strerror or exc}") from None
-    if len(raw) > MAX_DOCKERFILE_BYTES:
-        raise ConfigError(f"{path}: larger than a Dockerfile can be ({MAX_DOCKERFILE_BYTES // 2**20} MB): --from-dockerfile takes the Dockerfile itself")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

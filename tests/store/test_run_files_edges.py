@@ -21,7 +21,7 @@ from factories import TINY, deep_update
 
 from hpcrl.config.load import experiment_from_dict
 from hpcrl.config.schema import ConfigError
-from hpcrl.io import atomic_open, atomic_write_text
+from hpcrl.io import NotRegularFile, TooLarge, atomic_open, atomic_write_text, read_regular
 from hpcrl.store import rundir, runlock
 from hpcrl.store.expdir import load_runs, read_runs_csv, write_experiment
 from hpcrl.sweep.runs import expand
@@ -220,6 +220,24 @@ def test_a_start_that_never_let_go_of_its_run_is_named_by_status_and_by_the_next
     for _ in range(runlock.LOST_KEPT + 2):
         _hold_and_die(tmp_path, let_go=False)
     assert len(runlock.lost_starts(tmp_path)) == runlock.LOST_KEPT + 1  # the kept ones, and the last holder, not yet followed
+
+
+# --------------------------------------------------------------------------------------------
+# The reader of a user's file (a config, a Dockerfile).
+
+
+def test_a_user_s_file_of_exactly_the_limit_is_read_whole_and_one_byte_more_is_too_large(tmp_path: Path) -> None:
+    """`read_regular(path, limit)` promises files of at most `limit` bytes, whole: the limit itself is allowed."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 64)
+    assert read_regular(path, 64) == b"x" * 64
+    with pytest.raises(TooLarge):
+        read_regular(path, 63)
+    os.mkfifo(tmp_path / "fifo")  # opened without blocking, named for what it is, never read
+    for what, kind, is_dir in ((tmp_path / "fifo", "a FIFO", False), (tmp_path, "a directory", True), (Path("/dev/zero"), "a device", False)):
+        with pytest.raises(NotRegularFile) as raised:
+            read_regular(what, 64)
+        assert (raised.value.kind, raised.value.is_dir) == (kind, is_dir)
 
 
 # --------------------------------------------------------------------------------------------
