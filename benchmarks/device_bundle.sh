@@ -26,6 +26,8 @@ sf_side=(sample-factory==2.1.1 gymnasium==0.29.1 numpy==1.26.4 faster-fifo==1.5.
 work=$(mktemp -d)
 part=
 trap 'rm -rf "$work" ${part:+"$part"}' EXIT
+trap 'exit 143' TERM  # bash runs no EXIT trap for a signal it has no trap for
+trap 'exit 130' INT
 install() {  # install DIR PACKAGE...: exactly these, no dependencies, as the node's Python takes them
   local dir=$1; shift
   python3 -m pip install --quiet --no-deps --no-compile --only-binary=:all: --python-version "$py_version" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks only a GPU node can make (issue 26), as one bounded script for a lent machine:
 #   benchmarks/gpu_node.sh OUT_DIR
-# Every step runs in its own process group under `timeout -s KILL` (env workers keep pipes open, so a
-# hung step must not eat the budget), writes its log to OUT_DIR, and the script goes on to the next.
+# Every step runs in its own process group under `timeout -s KILL`, which ends the group (env workers keep pipes
+# open, so a hung step must not eat the budget), writes its log to OUT_DIR, and the script goes on to the next.
 # The CUDA-only tests, DQN on CUDA, two ranks on one GPU, and 64 ViZDoom envs starting at once run
 # side by side; the speed measurement runs last, alone (SKIP_SPEED=1 leaves it out). OUT_DIR/summary.txt
 # has one line per step.
@@ -14,17 +14,34 @@
 # sample-factory) and BUNDLE (the bundle's path) change it (tests/test_benchmarks.py).
 set -u
 out=${1:?usage: benchmarks/gpu_node.sh OUT_DIR}
+# The steps are command lines (`bash -c`), and these values are words in them (SF_ENVS="32 64" is two): a line
+# break or a `;` would run as a command of its own. Refused in one line before anything is made.
+for var in DEVICE SF_ENVS SF_SECONDS SF_SIDES; do
+  [[ ${!var-} =~ ^[A-Za-z0-9\ ._:-]*$ ]] || { echo "gpu_node.sh: $var takes words of letters, digits and . _ : - (got ${!var@Q})" >&2; exit 2; }
+done
+for value in "$out" "${PYTHON-}"; do
+  [[ $value =~ ^[A-Za-z0-9/._+-]*$ ]] || { echo "gpu_node.sh: ${value@Q}: a path of letters, digits and / . _ + - only" >&2; exit 2; }
+done
+# Stopped (TERM, INT: a lent machine's time running out), it ends every step it started, whole, then itself; bash
+# would run the EXIT trap below for neither without a trap of their own.
+end_tree() { local child; for child in $(pgrep -P "$1"); do end_tree "$child"; done; kill -KILL "$1" 2>/dev/null; }
+stop() { local child; for child in $(pgrep -P $$); do end_tree "$child"; done; exit "$1"; }
+trap 'stop 143' TERM
+trap 'stop 130' INT
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 py=${PYTHON:-python3}
 hp="$py -m hpcrl"
 logs=$(mktemp -d)  # the steps' experiments and the unpacked bundle: what a step shows is in its log under OUT_DIR
-trap 'rm -rf "$logs"' EXIT
+trap 'rm -rf "$logs"' EXIT  # and on TERM and INT, whose traps exit; a kill -9 leaves it, in the machine's /tmp
 
-step() {  # step NAME SECONDS CMD...: run CMD in its own session, killed with its group after SECONDS
+step() {  # step NAME SECONDS CMD...: run CMD in a process group of its own (timeout's), killed with it after SECONDS
   local name=$1 secs=$2; shift 2
   local t0=$SECONDS
-  timeout -s KILL "$secs" setsid bash -c "$*" >"$out/$name.log" 2>&1
+  # Not under setsid: timeout kills its own group, and a session of the command's own took the command's children
+  # out of it (a timed-out step's processes lived on). Waited for in the background, so that TERM is handled at once.
+  timeout -s KILL "$secs" bash -c "$*" >"$out/$name.log" 2>&1 &
+  wait $!
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" >>"$out/summary.txt"
 }
@@ -39,6 +56,8 @@ elif [ -f "$bundle" ]; then
   chmod +x "$logs/sf-python"
   export HPCRL_BENCH_PYTHON_SAMPLE_FACTORY="$logs/sf-python"
   sf_side=sample-factory
+elif [ -n "${SF_ONLY:-}" ]; then
+  echo "bundle rc=1: no $bundle (benchmarks/device_bundle.sh makes it): SF_ONLY=1 has nothing to run" >>"$out/summary.txt"
 fi
 
 { nvidia-smi -L; $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; } >"$out/facts.txt" 2>&1

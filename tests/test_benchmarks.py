@@ -498,6 +498,50 @@ def test_the_gpu_node_script_parses_and_what_it_names_exists() -> None:
     assert named and not [p for p in sorted(named) if not (REPO / p).is_file()]
 
 
+@pytest.mark.parametrize(("var", "value", "said"), [
+    ("SF_SIDES", "random\ntouch {tmp}/ran", "SF_SIDES takes words"),
+    ("SF_ENVS", "32; touch {tmp}/ran", "SF_ENVS takes words"),
+    ("PYTHON", "python3 -c 'open(\"{tmp}/ran\", \"w\")'", "a path of letters"),
+    ("OUT", "{tmp}/an out", "a path of letters"),
+])  # fmt: skip
+def test_the_gpu_node_script_refuses_a_value_that_would_be_a_command_in_one_line(var: str, value: str, said: str, tmp_path: Path) -> None:
+    """Its settings are words in the steps' command lines: a line break, a `;` or a space in a path would run as a
+    command or split a path. Exit 2, one line, nothing made and nothing run."""
+    value = value.replace("{tmp}", str(tmp_path))
+    out = value if var == "OUT" else str(tmp_path / "out")
+    env = {**os.environ, "SF_ONLY": "1", **({} if var == "OUT" else {var: value})}
+    proc = subprocess.run(["bash", str(GPU_NODE), out], capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_gpu_node_script_stopped_with_term_leaves_no_temporary_files(tmp_path: Path) -> None:
+    """bash runs its EXIT trap for a signal only where it traps that signal: stopped with TERM mid-step (a
+    lent machine's time running out), the script ends the step's processes at once and removes its temporary
+    directory."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    bundle = tmp_path / "bundle.tar.xz"  # a stand-in that unpacks: the script's wrapper is made, the step starts
+    (tmp_path / "bundle" / "sf").mkdir(parents=True)
+    subprocess.run(["tar", "-C", str(tmp_path), "-cJf", str(bundle), "bundle"], check=True)
+    env = {**os.environ, "SF_ONLY": "1", "BUNDLE": str(bundle), "TMPDIR": str(scratch), "DEVICE": "cpu", "SF_SECONDS": "60", "SF_SIDES": "random", "PYTHON": sys.executable}
+    with subprocess.Popen(["bash", str(GPU_NODE), str(tmp_path / "out")], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True) as script:
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "out" / "speed_sf.log").exists():
+                assert script.poll() is None and time.monotonic() < deadline, "the script never started its step"
+                time.sleep(0.05)
+            time.sleep(3)  # the step's benchmark and its games under way
+            script.terminate()
+            script.wait(timeout=30)  # at once: not when the step's 60 s window ends
+            left = in_session(script.pid)  # the step's benchmark, its measurement and its games
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGKILL)
+    assert sorted(p.name for p in scratch.iterdir() if not p.name.startswith(USER_CACHES)) == [], "gpu_node.sh left its temporary files"
+    assert not left, f"the step outlived the script: {left}"
+
+
 @pytest.mark.slow
 def test_the_gpu_node_script_runs_where_there_is_a_gpu(tmp_path: Path) -> None:
     if shutil.which("nvidia-smi") is None:
