@@ -280,13 +280,14 @@ def test_eval_task_i_reads_the_run_on_manifest_line_i(tmp_path: Path, capsys: py
 
 def test_an_eval_task_of_a_failed_run_marks_it_skipped_without_loading_torch(tmp_path: Path) -> None:
     """Every scheduler starts the eval task of a run whose training failed (SGE regardless of the dependency, the
-    local runner after any end): it only marks the run skipped, so it must not pay for torch (~2 CPU-s a task)."""
+    local runner after any end): it only marks the run skipped, so it must not pay for torch (~2 CPU-s a task),
+    nor for Jinja, which only a process that renders a job script needs (every job imports hpcrl.templates)."""
     root = experiment_on_disk(tmp_path)
     run = {r.index: r for r in load_runs(root)}[1]
     (run_dir(root, run.run_id) / "FAILED").write_text("CUDA error: out of memory\n")
-    probe = "import sys; from hpcrl.cli import main; rc = main(sys.argv[1:]); print('torch' in sys.modules, rc)"
+    probe = "import sys; from hpcrl.cli import main; rc = main(sys.argv[1:]); print('torch' in sys.modules, 'jinja2' in sys.modules, rc)"
     done = subprocess.run([sys.executable, "-c", probe, "eval", str(root), "--task", "1"], capture_output=True, text=True, timeout=120)
-    assert done.stdout.splitlines() == [f"{run.run_id}: eval skipped, train failed", "False 0"], done.stdout + done.stderr
+    assert done.stdout.splitlines() == [f"{run.run_id}: eval skipped, train failed", "False False 0"], done.stdout + done.stderr
     assert "CUDA error: out of memory" in (run_dir(root, run.run_id) / "EVAL_SKIPPED").read_text()
 
 
