@@ -38,7 +38,7 @@ from hpcrl.rl.envs import GroupedVectorEnv, final_observations, finished_episode
 from hpcrl.rl.learner_process import LearnerProcess
 from hpcrl.rl.networks import ActorCritic, Obs, cast_for_acting, is_image, obs_to_tensor
 from hpcrl.rl.optim import Adam, FlatOptimizer, GradientStep
-from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate, run_to_end, timed_to_end
+from hpcrl.rl.rollout import FasterOfTwo, Rollout, RolloutThread, Uploader, YieldingUpdate, run_to_end
 
 
 def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
@@ -460,12 +460,12 @@ class OnPolicyAgent:
                 self._beside = True
                 self._pace.restart()
             if not self._pace.choose():
-                metrics, tail = self.update(batch), 0.0
+                metrics = self.update(batch)
             elif beside:
-                metrics, tail = self._update_beside(batch, lr)
+                metrics = self._update_beside(batch, lr)
             else:
-                metrics, tail = self._yielding(self.update_steps(batch), self._thread.finished)
-            self._paced = (self._rollout_began, tail)
+                metrics = self._yielding(self.update_steps(batch), self._thread.finished)
+            self._paced = (self._rollout_began, self._thread.since_finished())
         else:
             metrics = self.update(batch)
         if not self.losses_finite:
@@ -480,16 +480,15 @@ class OnPolicyAgent:
         """One update from `batch`, in this thread: its metrics for the log."""
         return run_to_end(self.update_steps(batch))
 
-    def _update_beside(self, batch: dict[str, Any], lr: float) -> tuple[dict[str, float], float]:
+    def _update_beside(self, batch: dict[str, Any], lr: float) -> dict[str, float]:
         """One update from `batch`, begun in the learner process while the rollout is in flight,
-        and finished here at normal priority where the rollout ended first: (its metrics, the
-        seconds its rest took here)."""
+        and finished here at normal priority where the rollout ended first: its metrics."""
         assert self._learner is not None
         finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
         if finished:
-            return value, 0.0
+            return value
         done, clipped = value
-        return timed_to_end(self.update_steps(batch, done, torch.tensor(clipped, device=self.device)))
+        return run_to_end(self.update_steps(batch, done, torch.tensor(clipped, device=self.device)))
 
     def update_steps(self, batch: dict[str, Any]) -> Generator[None, None, dict[str, float]]:
         """The update as a generator that yields between its gradient steps (A2C after its one) and

@@ -129,6 +129,7 @@ class RolloutThread:
         self.finished = finished or threading.Event()
         """Set when the rollout `start` began is full (or failed): an update beside it stops yielding the
         cores. A learner process's event where there is one (`hpcrl.rl.learner_process.SharedEvent`)."""
+        self._finished_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -140,8 +141,24 @@ class RolloutThread:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
         self.in_flight = rollout
+        self._finished_at = None
         self.finished.clear()
         self._requests.put((rollout, ready))
+
+    def mark_finished(self) -> None:
+        """The rollout in flight is done (or failed): the time is noted, the first time only, and an update
+        beside it told to stop yielding the cores."""
+        if self._finished_at is None:
+            self._finished_at = time.perf_counter()
+        self.finished.set()
+
+    def since_finished(self) -> float:
+        """Seconds since the rollout `start` began was done; 0 while it is in flight. What an update beside it
+        took after it (its tail) is this once the update ends: the caller's steps, and its wait for a step under
+        way in the background when the rollout ended, which beside other work of normal priority can be most of
+        the turn (`FasterOfTwo` must see it)."""
+        done = self._finished_at
+        return 0.0 if done is None else max(0.0, time.perf_counter() - done)
 
     def wait(self) -> Rollout:
         """The rollout `start` began, once it is full (the main stream then reads it safely)."""
@@ -178,7 +195,7 @@ class RolloutThread:
                 result = (rollout, done)
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
                 result = exc
-            self.finished.set()  # before the result: the caller clears it only for a rollout it starts after reading this one
+            self.mark_finished()  # before the result: the caller clears it only for a rollout it starts after reading this one
             self._results.put(result)
             if isinstance(result, BaseException):
                 return
@@ -196,7 +213,9 @@ class YieldingUpdate:
     thread advances an update only while the rollout beside it is in flight (`until` unset) and
     hands the rest back to the caller, which finishes it at normal priority (an unprivileged
     thread cannot leave SCHED_IDLE): once the rollout is done the update is the run's critical
-    path. At most one gradient step runs in the background after the rollout ends.
+    path. At most one gradient step runs in the background after the rollout ends; the caller's wait
+    for it counts in the update's tail (`RolloutThread.since_finished`), so where other work starves
+    that step, `FasterOfTwo` times the normal way and takes it.
     `YieldingUpdate.start()` is None where the class cannot be set (not Linux, or a kernel or
     sandbox that refuses it).
     """
@@ -219,15 +238,15 @@ class YieldingUpdate:
             return None
         return runner
 
-    def __call__(self, steps: Generator[Any, None, T], until: threading.Event) -> tuple[T, float]:
-        """(the value `steps` returns, the seconds its rest took here): advanced in the background
-        thread while `until` is unset, then here; an exception it raises is raised here."""
+    def __call__(self, steps: Generator[Any, None, T], until: threading.Event) -> T:
+        """The value `steps` returns: advanced in the background thread while `until` is unset, then
+        here; an exception it raises is raised here."""
         self._requests.put((steps, until))
         result = self._results.get()
         if isinstance(result, BaseException):
             raise result
         finished, value = result
-        return (value, 0.0) if finished else timed_to_end(steps)
+        return value if finished else run_to_end(steps)
 
     def close(self) -> None:
         """End the thread (between calls: the agent calls one at a time and waits for it)."""
@@ -263,11 +282,6 @@ def run_to_end(steps: Generator[Any, None, T]) -> T:
         return stop.value
 
 
-def timed_to_end(steps: Generator[Any, None, T]) -> tuple[T, float]:
-    """(what a generator returns, the seconds it took) once it has run to its end in this thread."""
-    began = time.perf_counter()
-    value = run_to_end(steps)
-    return value, time.perf_counter() - began
 
 
 class FasterOfTwo:
