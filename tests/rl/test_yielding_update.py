@@ -287,23 +287,45 @@ def _trained(yields: bool | None) -> tuple[list[dict[str, float]], dict[str, tor
         agent.envs.close()
 
 
-def test_an_agent_s_update_goes_to_the_main_thread_once_the_rollout_beside_it_is_done() -> None:
-    """Each rollout after the first starts once the update beside it has begun, and each gradient step waits
-    until that rollout is done: the update at background priority makes its first step in its thread, then
-    hands the other 19 of its 20 to the main thread, every iteration (had it kept them, a busy node would
-    starve it). Without the gate a short rollout may end before the update begins, which then runs whole in
-    the main thread."""
+def _gated_agent() -> tuple[Any, threading.Event]:
+    """Async PPO on CartPole, its update at background priority, each rollout after the first started only once
+    the returned event is set (by the update beside it, which the caller's gradient steps set it from): without
+    the gate a short rollout may end before the update begins, which then runs whole in the main thread."""
     agent = make_agent("ppo", EnvConfig(id="CartPole-v1", num_envs=2, vectorization="async"), total_steps=10_000, async_rollout=True, **PPO_CARTPOLE)
     agent._pace.choose = lambda: True
-    threads: list[str] = []
     began = threading.Event()
-    collect, step, rollouts = agent._collect, agent.step_with_entropy, itertools.count()
+    collect, rollouts = agent._collect, itertools.count()
 
     def gated(buf: Any, *args: Any) -> None:
         if next(rollouts) > 0:  # the first rollout has no update beside it
             assert began.wait(60)
             began.clear()
         collect(buf, *args)
+
+    agent._collect = gated
+    return agent, began
+
+
+def _iterate(agent: Any, step: Callable[[torch.Tensor, Any], None], iterations: int) -> None:
+    """`iterations` of the agent with `step` as its gradient step, then the agent closed."""
+    agent.step_with_entropy = step
+    try:
+        for _ in range(iterations):
+            agent.train_iteration()
+    finally:
+        agent.close()
+        agent.envs.close()
+
+
+def test_an_agent_s_update_goes_to_the_main_thread_once_the_rollout_beside_it_is_done() -> None:
+    """Each rollout after the first starts once the update beside it has begun, and each gradient step waits
+    until that rollout is done: the update at background priority makes its first step in its thread, then
+    hands the other 19 of its 20 to the main thread, every iteration (had it kept them, a busy node would
+    starve it). Without the gate a short rollout may end before the update begins, which then runs whole in
+    the main thread."""
+    agent, began = _gated_agent()
+    threads: list[str] = []
+    step = agent.step_with_entropy
 
     def after_the_rollout(loss: torch.Tensor, params: Any) -> None:
         if len(threads) % 20 == 0:
@@ -312,13 +334,7 @@ def test_an_agent_s_update_goes_to_the_main_thread_once_the_rollout_beside_it_is
         threads.append(threading.current_thread().name)
         step(loss, params)
 
-    agent._collect, agent.step_with_entropy = gated, after_the_rollout
-    try:
-        for _ in range(4):
-            agent.train_iteration()
-    finally:
-        agent.close()
-        agent.envs.close()
+    _iterate(agent, after_the_rollout, 4)
     assert PPO_CARTPOLE["update_epochs"] == 20 and PPO_CARTPOLE["num_minibatches"] == 1
     assert threads == ([UPDATE_THREAD_NAME] + ["MainThread"] * 19) * 4
 
@@ -330,18 +346,10 @@ def test_a_background_step_that_ends_late_counts_in_the_tail_the_chooser_weighs(
     weighs, and long ones make it time the way at normal priority. Here the background thread's step ends
     0.5 s after the rollout; the main thread's 19 steps take milliseconds (before, the tail was theirs alone,
     and the chooser kept the background way whatever the wait)."""
-    agent = make_agent("ppo", EnvConfig(id="CartPole-v1", num_envs=2, vectorization="async"), total_steps=10_000, async_rollout=True, **PPO_CARTPOLE)
-    agent._pace.choose = lambda: True
+    agent, began = _gated_agent()
     recorded: list[tuple[float, float]] = []
     agent._pace.record = lambda seconds, tail: recorded.append((seconds, tail))
-    began = threading.Event()
-    collect, step, rollouts = agent._collect, agent.step_with_entropy, itertools.count()
-
-    def gated(buf: Any, *args: Any) -> None:
-        if next(rollouts) > 0:  # the first rollout has no update beside it
-            assert began.wait(60)
-            began.clear()
-        collect(buf, *args)
+    step = agent.step_with_entropy
 
     def late_in_the_background(loss: torch.Tensor, params: Any) -> None:
         if threading.current_thread().name == UPDATE_THREAD_NAME:
@@ -350,13 +358,7 @@ def test_a_background_step_that_ends_late_counts_in_the_tail_the_chooser_weighs(
             time.sleep(0.5)  # a starved step, ending well after the rollout
         step(loss, params)
 
-    agent._collect, agent.step_with_entropy = gated, late_in_the_background
-    try:
-        for _ in range(4):
-            agent.train_iteration()
-    finally:
-        agent.close()
-        agent.envs.close()
+    _iterate(agent, late_in_the_background, 4)
     assert len(recorded) == 3  # an update is recorded once the next rollout is waited for: the fourth, in a fifth iteration
     assert all(tail >= 0.5 and tail <= seconds for seconds, tail in recorded), recorded
     assert all(tail > FasterOfTwo.TAIL_SHARE * seconds for seconds, tail in recorded), recorded  # each counts as a long tail
