@@ -23,9 +23,17 @@ for value in "$out" "${PYTHON-}"; do
   [[ $value =~ ^[A-Za-z0-9/._+-]*$ ]] || { echo "gpu_node.sh: ${value@Q}: a path of letters, digits and / . _ + - only" >&2; exit 2; }
 done
 # Stopped (TERM, INT: a lent machine's time running out), it ends every step it started, whole, then itself; bash
-# would run the EXIT trap below for neither without a trap of their own.
+# would run the EXIT trap below for neither without a trap of their own. TERM first (a step's timeout passes it to its
+# group), so that the games remove their shared memory as they end (killed at once, they left it in /dev/shm); then,
+# after 10 s, KILL for whatever is left.
 end_tree() { local child; for child in $(pgrep -P "$1"); do end_tree "$child"; done; kill -KILL "$1" 2>/dev/null; }
-stop() { local child; for child in $(pgrep -P $$); do end_tree "$child"; done; exit "$1"; }
+stop() {
+  local child
+  for child in $(pgrep -P $$); do kill -TERM "$child" 2>/dev/null; done
+  for _ in {1..40}; do [ -z "$(pgrep -P $$)" ] && break; sleep 0.25; done
+  for child in $(pgrep -P $$); do end_tree "$child"; done
+  exit "$1"
+}
 trap 'stop 143' TERM
 trap 'stop 130' INT
 mkdir -p "$out"

@@ -518,7 +518,8 @@ def test_the_gpu_node_script_refuses_a_value_that_would_be_a_command_in_one_line
 def test_the_gpu_node_script_stopped_with_term_leaves_no_temporary_files(tmp_path: Path) -> None:
     """bash runs its EXIT trap for a signal only where it traps that signal: stopped with TERM mid-step (a
     lent machine's time running out), the script ends the step's processes at once and removes its temporary
-    directory."""
+    directory, and the step's games their shared memory (killed at once, they left 10.6 MB a game in /dev/shm)."""
+    before = set(os.listdir("/dev/shm"))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     bundle = tmp_path / "bundle.tar.xz"  # a stand-in that unpacks: the script's wrapper is made, the step starts
@@ -540,6 +541,17 @@ def test_the_gpu_node_script_stopped_with_term_leaves_no_temporary_files(tmp_pat
                 os.killpg(script.pid, signal.SIGKILL)
     assert sorted(p.name for p in scratch.iterdir() if not p.name.startswith(USER_CACHES)) == [], "gpu_node.sh left its temporary files"
     assert not left, f"the step outlived the script: {left}"
+    assert _unheld_games_files(before) == [], "the step's games left their shared memory"
+
+
+def _unheld_games_files(before: set[str]) -> list[str]:
+    """ViZDoom's files in /dev/shm that were not there `before` and that no process maps: left by games that are
+    gone (another test's live games map theirs)."""
+    held: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            held.update(re.findall(r"/dev/shm/(ViZDoom\S+)", maps.read_text()))
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("ViZDoom") and n not in before and n not in held)
 
 
 @pytest.mark.slow
