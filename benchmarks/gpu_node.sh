@@ -26,12 +26,15 @@ done
 # would run the EXIT trap below for neither without a trap of their own. TERM first (a step's timeout passes it to its
 # group), so that the games remove their shared memory as they end (killed at once, they left it in /dev/shm); then,
 # after 10 s, KILL for whatever is left.
+# In a trap, `$(...)` is a subshell that is itself this script's child: `steps` leaves it out, so that the wait below
+# ends when the steps do (listing it, the wait ran its whole 10 s).
+steps() { local me=$BASHPID; pgrep -P $$ | grep -vx "$me"; }
 end_tree() { local child; for child in $(pgrep -P "$1"); do end_tree "$child"; done; kill -KILL "$1" 2>/dev/null; }
 stop() {
   local child
-  for child in $(pgrep -P $$); do kill -TERM "$child" 2>/dev/null; done
-  for _ in {1..40}; do [ -z "$(pgrep -P $$)" ] && break; sleep 0.25; done
-  for child in $(pgrep -P $$); do end_tree "$child"; done
+  for child in $(steps); do kill -TERM "$child" 2>/dev/null; done
+  for _ in {1..40}; do [ -z "$(steps)" ] && break; sleep 0.25; done
+  for child in $(steps); do end_tree "$child"; done
   exit "$1"
 }
 trap 'stop 143' TERM

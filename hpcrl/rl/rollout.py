@@ -146,10 +146,9 @@ class RolloutThread:
         self._requests.put((rollout, ready))
 
     def mark_finished(self) -> None:
-        """The rollout in flight is done (or failed): the time is noted, the first time only, and an update
-        beside it told to stop yielding the cores."""
-        if self._finished_at is None:
-            self._finished_at = time.perf_counter()
+        """The rollout in flight is done (or failed): the time is noted, and an update beside it told to stop
+        yielding the cores."""
+        self._finished_at = time.perf_counter()
         self.finished.set()
 
     def since_finished(self) -> float:
@@ -280,8 +279,6 @@ def run_to_end(steps: Generator[Any, None, T]) -> T:
             next(steps)
     except StopIteration as stop:
         return stop.value
-
-
 
 
 class FasterOfTwo:
