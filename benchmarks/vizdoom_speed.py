@@ -99,6 +99,7 @@ on 2-core VMs quiet and loaded, a Xeon with AMX and AMD EPYCs: docs/reference/be
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -418,12 +419,10 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
     from hpcrl.runtime.lifeline import dies_with_me
 
     # Its temporary files (its envs' game folders: SB3's SubprocVecEnv workers keep theirs in TMPDIR; Sample Factory's
-    # checkpoints) in a folder of its own, removed below however the measurement ended, or by the measurement itself if
-    # this process dies first. Directly under /tmp and named for this process: multiprocessing's sockets in a long
-    # TMPDIR pass the 108 bytes a socket's path may have (SB3's workers: "AF_UNIX path too long"; Sample Factory's
-    # runner waited for ever with a 76-character pytest tmp_path; 60 characters worked).
-    scratch = tempfile.mkdtemp(prefix=scratch_prefix(side, os.getpid()), dir="/tmp" if os.access("/tmp", os.W_OK) else None)
-    cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs), "--scratch", scratch]
+    # checkpoints) go in a folder of its own that it makes itself once its SIGTERM handler is set (`measurement_folder`),
+    # removed below however the measurement ended, or by the measurement if this process dies first. Made here, a TERM
+    # in the measurement's start (before its handler) left it behind.
+    cmd = [python, str(Path(__file__).resolve()), *argv, "--child", side, "--num-envs", str(num_envs)]
     # A session of its own, killed as a group below; and told by the kernel when this process dies (kill -9), as
     # SIGTERM, on which it kills its group (`_end_measurement`).
     started = time.time()
@@ -444,7 +443,8 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
                     return {"error": (f"no result within {timeout:.0f} s: killed" + (f"; its last line: {said}" if said else ""))[:400]}
     finally:
         _kill_group(proc.pid, started)  # whatever it left running (env workers)
-        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in glob.glob(glob.escape(scratch_prefix(side, os.getpid())) + "*"):
+            shutil.rmtree(folder, ignore_errors=True)
     for line in out.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])
@@ -483,16 +483,30 @@ def what_it_said(text: str) -> str:
 
 
 def scratch_prefix(side: str, benchmark_pid: int) -> str:
-    """The name a measurement's scratch folder starts with: the side and the benchmark's process, so a folder left
-    behind says whose it was, and a measurement knows the folder its parent made (`--scratch`) from any other."""
-    return f"vzd-{side}-{benchmark_pid}-"
+    """Where a measurement's scratch folder is and what its name starts with: the side and the benchmark's process,
+    so a folder left behind says whose it was, and the benchmark finds the folder its measurement made. Directly
+    under /tmp: multiprocessing's sockets in a long TMPDIR pass the 108 bytes a socket's path may have (SB3's workers:
+    "AF_UNIX path too long"; Sample Factory's runner waited for ever with a 76-character pytest tmp_path; 60
+    characters worked)."""
+    return os.path.join("/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir(), f"vzd-{side}-{benchmark_pid}-")
 
 
 MEASUREMENT_FOLDER: list[str] = []
-"""The scratch folder a measurement (child) works in: removed by the measurement if the benchmark dies midway."""
+"""The prefix of the scratch folder a measurement (child) works in (`scratch_prefix`): removed by the measurement if
+the benchmark dies midway."""
 MEASUREMENT_STARTED: list[float] = []
 """When the measurement (child) started (a `time.time()`): the games' files made since then that nobody holds are its
 own, removed by its end as by the benchmark's (`_kill_group`)."""
+
+
+def measurement_folder(side: str) -> str:
+    """The measurement's scratch folder, made once its SIGTERM handler is set: a TERM at any point after that removes
+    it (`_end_measurement`), and before it there is none."""
+    MEASUREMENT_STARTED.append(time.time())
+    MEASUREMENT_FOLDER.append(scratch_prefix(side, os.getppid()))
+    signal.signal(signal.SIGTERM, _end_measurement)
+    prefix = MEASUREMENT_FOLDER[0]
+    return tempfile.mkdtemp(prefix=os.path.basename(prefix), dir=os.path.dirname(prefix))
 
 
 def _end_measurement(signum: int, frame: Any) -> None:
@@ -508,8 +522,9 @@ def _end_measurement(signum: int, frame: Any) -> None:
     process's mappings and the write end of its resource tracker's pipe, so that the one would look held and the
     other would wait."""
     try:
-        for folder in MEASUREMENT_FOLDER:
-            shutil.rmtree(folder, ignore_errors=True)
+        for prefix in MEASUREMENT_FOLDER:  # by its prefix: a TERM between the folder's making and its name's return
+            for folder in glob.glob(glob.escape(prefix) + "*"):
+                shutil.rmtree(folder, ignore_errors=True)
         from hpcrl.leftovers import LEFTOVER_GRACE_S, stop_session
 
         others = stop_session(os.getsid(0), spare=[os.getpid()])
@@ -621,21 +636,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="directory for speed.json and speed.csv (without it, the tables are only printed)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--sf-settings", help=argparse.SUPPRESS)
-    parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        # The folder its parent made for its temporary files, removed with the measurement: nothing else.
-        scratch = Path(args.scratch or "")
-        if not (scratch.name.startswith(scratch_prefix(args.child, os.getppid())) and scratch.is_dir() and not scratch.is_symlink()):
-            parser.error(f"argument --scratch: not a folder this measurement's benchmark made: {_args.shown(args.scratch or '')}")
+        args.scratch = measurement_folder(args.child)  # its temporary files, removed with the measurement: nothing else
         os.environ["TMPDIR"] = tempfile.tempdir = args.scratch
-        MEASUREMENT_FOLDER.append(args.scratch)
-        MEASUREMENT_STARTED.append(time.time())
-        signal.signal(signal.SIGTERM, _end_measurement)
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         result = measure(args, args.child, args.num_envs[0])
         print(RESULT + json.dumps(result), flush=True)
         return
+    # A TERM (a job's time limit, gpu_node.sh's stop) unwinds through each measurement's cleanup (`run_child`).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for n in args.num_envs:  # the experiment every side reads: a bad key or value is one line, before anything is measured
         _args.experiment(parser, args.config, _overrides(args, n))
     if args.out is not None:
