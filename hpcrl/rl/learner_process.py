@@ -7,18 +7,25 @@ which then waits for it between the ops of its forward pass. Measured on ViZDoom
 at SCHED_IDLE): alone 1,126 / 1,262 env steps/s; with the loop in a thread 1,012 / 1,115, the
 loop making 17-22 steps/s; with the loop in a process 1,101 / 1,253, making 24-33 steps/s.
 
-The learner process holds a replica of the agent's learning parts (`OnPolicyAgent.learner_replica`)
-whose weights, flat gradient, optimiser state and observation statistics are the trainer's own
-tensors: both map the same files in shared memory (`/dev/shm`, unlinked as soon as both have
-them), with buffers for the batch, all taken at the start (where /dev/shm has no room for them the
-run keeps the update in its thread). For each update the trainer copies its batch into those
-buffers and sends the iteration, learning rate, torch thread count and random state; the process
-(at SCHED_IDLE from its start) makes gradient steps while the rollout is in flight, and answers
-with its metrics when it finished the update, or with the steps it made once the rollout is done:
-the trainer then makes the rest at normal priority (`update_steps(start=...)`, which skips those
-steps but draws their minibatches alike), so other load on the node cannot starve the update. Both
-run the same code with the same thread count and random state on the same memory, so a run learns
-the same numbers wherever each step ran (tests/rl/test_learner_process.py).
+The learner process holds a replica of the agent's learning parts (`OnPolicyAgent.learner_replica`).
+The learning tensors (weights, optimiser state, observation statistics) are in two copies in shared
+memory (`/dev/shm`, unlinked as soon as both processes have them), with buffers for the batch, all
+taken at the start (where /dev/shm has no room for them the run keeps the update in its thread):
+the trainer works on one, the process on the other. For each update the trainer copies its batch
+into those buffers and sends the iteration, learning rate, torch thread count and random state; the
+process (at SCHED_IDLE from its start) copies the trainer's copy into its own, makes gradient steps
+on it while the rollout is in flight, and answers with its metrics when it finished the update, or
+with the steps it made once the rollout is done. The trainer then works on the process's copy (the
+two swap: nothing is copied on the trainer's side) and makes the rest at normal priority
+(`update_steps(start=...)`, which skips those steps but draws their minibatches alike). Both run
+the same code with the same thread count and random state on the same numbers, so a run learns the
+same numbers wherever each step ran (tests/rl/test_learner_process.py).
+
+The trainer waits for that answer a bounded time once the rollout is done (`late_after`): beside
+other work of normal priority on every core, a process of the background class gets almost no
+CPU (a step under way waited minutes for the load to end), and past the bound the trainer makes
+the whole update itself from its own tensors, which the process never writes. The process is told
+to drop the update; until it has answered, the trainer's updates are all its own.
 
 The process is a plain `python -m hpcrl.rl.learner_process` (not multiprocessing's spawn, which
 re-runs a user's main script in the child), gets SIGKILL when the trainer dies
@@ -36,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -45,9 +53,11 @@ import torch
 from hpcrl.runtime.guard import leave_stops_to_the_trainer
 from hpcrl.runtime.lifeline import dies_with_me
 
-ANSWER_TIMEOUT_S = 600.0
-"""How long the trainer waits for one answer of the process: a gradient step at background
-priority beside a fully busy node, or its start. Past it the run fails with what happened."""
+LATE_MIN_S = 0.5
+"""The shortest time the trainer waits, once the rollout is done, for the process's answer."""
+LATE_STEPS = 10
+"""...and in the process's gradient steps of CPU: a step under way when the rollout ended takes one
+step's CPU on the cores the rollout has left (ViZDoom's 6-15 ms; tails of 0-0.03 s)."""
 
 Spec = tuple[str, tuple[int, ...], torch.dtype]
 """A shared tensor as the other process maps it: file name, shape, dtype."""
@@ -102,20 +112,32 @@ class SharedEvent(threading.Event):
 
 
 class LearnerProcess:
-    """The learner process of one agent: `start` it, then call it with each update's batch once `ready`."""
+    """The learner process of one agent, started with it: call it with each update's batch once `ready`."""
 
     def __init__(self, agent: Any) -> None:
         self.files = SharedFiles()
         try:
-            specs = agent.share_learner(self.files.put)
+            # The trainer's own tensors move to shared memory, and a second copy is the process's; the
+            # batch's buffers too, now: the rollout's shapes are fixed, so all the shared memory a run needs
+            # is taken (or found missing) before the first update, never midway.
+            copies = [{name: self.files.put(tensor) for name, tensor in agent.learner_tensors().items()}]
+            copies.append({name: self.files.put(tensor) for name, (tensor, _) in copies[0].items()})
+            self._copies = [{name: m for name, (m, _) in copy.items()} for copy in copies]
+            self._bind = agent.bind_learner
+            self._bind(self._copies[0])
+            self._trainer_copy = 0
+            """Which of the two copies the trainer works on."""
             flag, flag_spec = self.files.put(torch.zeros((), dtype=torch.uint8))
             self.finished = SharedEvent(flag)
             """The rollout thread's `finished`: the process stops making steps once it is set."""
-            # The batch's buffers too, now: the rollout's shapes are fixed, so all the shared memory a run
-            # needs is taken (or found missing) before the first update, never midway.
+            self._drop, drop_spec = self.files.put(torch.zeros((), dtype=torch.uint8))
             batch = {k: self.files.put(v.contiguous()) for k, v in _flat_items(agent.batch(*agent.advantages()))}
             self._batch = {k: m for k, (m, _) in batch.items()}
-            batch_specs = {k: spec for k, (_, spec) in batch.items()}
+            specs = {
+                "copies": [{name: spec for name, (_, spec) in copy.items()} for copy in copies],
+                "batch": {k: spec for k, (_, spec) in batch.items()},
+                "flags": {"finished": flag_spec, "drop": drop_spec},
+            }
             to_child, self._send_end = os.pipe()
             self._recv_end, from_child = os.pipe()
             try:
@@ -128,13 +150,21 @@ class LearnerProcess:
                 os.close(from_child)
             self._to = multiprocessing.connection.Connection(self._send_end, readable=False)
             self._from = multiprocessing.connection.Connection(self._recv_end, writable=False)
-            self._to.send((type(agent), agent.learner_setup(), specs, flag_spec, batch_specs, self.files.dir))
+            self._to.send((type(agent), agent.learner_setup(), specs, self.files.dir))
         except BaseException:
             self.files.unlink()
             raise
         self._ready = False
+        self._sent = 0
+        """Updates sent so far: each answer names its own."""
+        self._pending: int | None = None
+        """An update the trainer stopped waiting for, until the process has answered it."""
+        self._step_cpu = 0.0
+        """CPU seconds of one of the process's gradient steps, as it last measured them."""
         self.steps_made = 0
-        """Gradient steps this process made (the tests read it)."""
+        """Gradient steps of this process that the trainer took (the tests read it)."""
+        self.given_up = 0
+        """Updates the trainer made itself because the process answered late (the tests read it)."""
 
     def ready(self) -> bool:
         """Whether the process has its replica (it starts in the background: a few seconds)."""
@@ -144,21 +174,74 @@ class LearnerProcess:
             self.files.unlink()
         return self._ready
 
+    @property
+    def work(self) -> dict[str, torch.Tensor]:
+        """The copy of the learning tensors the process works on in the next or current update."""
+        return self._copies[1 - self._trainer_copy]
+
+    def late_after(self) -> float:
+        """Seconds past the rollout's end after which the trainer stops waiting for the process's answer."""
+        return max(LATE_MIN_S, LATE_STEPS * self._step_cpu)
+
     def __call__(self, batch: dict[str, Any], iteration: int, iterations: int, lr: float) -> tuple[bool, Any]:
         """Run `batch`'s update there until the rollout is done: (True, its metrics, having set
-        this process's random state to where the update left it) or (False, (steps made, samples
-        they clipped)), the rest of the update being the caller's."""
+        this process's random state and the agent's learning tensors to where the update left them) or (False,
+        (steps made, samples they clipped)), the rest of the update being the caller's: all of it
+        where the process answered late, or was still on an update given up on."""
+        if self._pending is not None and not self._collect_late():
+            return False, (0, 0.0)
         for k, v in _flat_items(batch):
             self._batch[k].copy_(v)
-        self._send(("update", iteration, iterations, lr, torch.get_num_threads(), _rng_bytes()))
-        finished, value, steps, rng = self._answer()
+        self._drop.fill_(0)
+        self._sent += 1
+        self._send(("update", self._sent, self._trainer_copy, iteration, iterations, lr, torch.get_num_threads(), _rng_bytes()))
+        answer = self._await()
+        if answer is None:  # the process got no core in time: the update is the trainer's, on its own tensors
+            self._drop.fill_(1)
+            self._pending = self._sent
+            self.given_up += 1
+            return False, (0, 0.0)
+        finished, value, steps, rng = answer
+        if steps:  # the trainer goes on from the process's copy; the process's next update starts from a copy of it
+            self._trainer_copy = 1 - self._trainer_copy
+            self._bind(self._copies[self._trainer_copy])
         self.steps_made += steps
         if finished:
             _set_rng(rng)
         return finished, value
 
+    def _await(self) -> tuple[bool, Any, int, bytes | None] | None:
+        """The process's answer to the update just sent; None once `late_after` has passed since the rollout ended."""
+        ended = None
+        while True:
+            if ended is None and self.finished.is_set():
+                ended = time.perf_counter()
+            wait = 0.05 if ended is None else ended + self.late_after() - time.perf_counter()
+            if self._from.poll(max(0.0, wait)):
+                return self._update_answer()
+            if ended is not None and time.perf_counter() - ended >= self.late_after():
+                return None
+
+    def _collect_late(self) -> bool:
+        """Whether the process has answered the update given up on (its answer is dropped)."""
+        if not self._from.poll():
+            return False
+        self._update_answer()
+        self._pending = None
+        return True
+
+    def _update_answer(self) -> tuple[bool, Any, int, bytes | None]:
+        sent, answer, step_cpu = self._answer()
+        if step_cpu:
+            self._step_cpu = step_cpu
+        if sent != (self._pending or self._sent):
+            raise RuntimeError(f"the learner process answered update {sent}, not {self._pending or self._sent}")
+        return answer
+
     def close(self) -> None:
-        """End the process (between updates)."""
+        """End the process (between updates): at once where it is still on an update given up on."""
+        if self._pending is not None:
+            self.process.kill()
         try:
             self._to.send(None)
         except OSError:
@@ -179,9 +262,7 @@ class LearnerProcess:
             raise RuntimeError(f"the learner process is gone ({self._how_it_ended()})") from exc
 
     def _answer(self) -> Any:
-        if not self._from.poll(ANSWER_TIMEOUT_S):
-            self.process.kill()
-            raise RuntimeError(f"the learner process did not answer in {ANSWER_TIMEOUT_S:.0f} s (killed)")
+        """What the process sent (the caller saw the pipe readable), or how it failed."""
         try:
             kind, value = self._from.recv()
         except (EOFError, OSError) as exc:
@@ -196,6 +277,10 @@ class LearnerProcess:
         except subprocess.TimeoutExpired:
             return "still running"
         return f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
+
+
+PRIVATE = ("step.grad",)
+"""Learning tensors not copied from the trainer's copy at an update's start: a gradient step begins by zeroing its gradient."""
 
 
 def _born_idle(lifeline: Callable[[], None]) -> None:
@@ -244,18 +329,25 @@ def _map_all(directory: str, specs: dict[str, Spec]) -> dict[str, torch.Tensor]:
 
 
 def _serve(to_trainer: multiprocessing.connection.Connection, requests: multiprocessing.connection.Connection) -> None:
-    agent_class, setup, specs, flag_spec, batch_specs, directory = requests.recv()
+    agent_class, setup, specs, directory = requests.recv()
     try:
-        agent = agent_class.learner_replica(setup, _map_all(directory, specs))
-        finished = _map_all(directory, {"flag": flag_spec})["flag"]
-        batch = _nested(_map_all(directory, batch_specs))
+        copies = [_map_all(directory, copy) for copy in specs["copies"]]
+        agent = agent_class.learner_replica(setup, copies[1])
+        flags = _map_all(directory, specs["flags"])
+        batch = _nested(_map_all(directory, specs["batch"]))
     except BaseException:  # noqa: BLE001 - the trainer raises it
         to_trainer.send(("error", traceback.format_exc()))
         return
     to_trainer.send(("ready", None))
     while (request := requests.recv()) is not None:
-        _, iteration, iterations, lr, threads, rng = request
+        _, sent, trainers, iteration, iterations, lr, threads, rng = request
         try:
+            cpu = time.process_time()
+            work = copies[1 - trainers]
+            for name, tensor in copies[trainers].items():
+                if name not in PRIVATE:
+                    work[name].copy_(tensor)
+            agent.bind_learner(work)
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             _set_rng(rng)
@@ -264,16 +356,19 @@ def _serve(to_trainer: multiprocessing.connection.Connection, requests: multipro
             steps = agent.update_steps(batch)
             done, clipped = 0, 0.0
             try:
-                while not bool(finished):
+                # Stops once the rollout is done, or the trainer has stopped waiting (it then makes the update itself).
+                while not (bool(flags["finished"]) or bool(flags["drop"])):
                     done, count = next(steps)
                     clipped = float(count)
                 answer = (False, (done, clipped), done, None)
             except StopIteration as stop:  # its last step came after the last yield
-                answer = (True, stop.value, done + 1, _rng_bytes())
+                done += 1
+                answer = (True, stop.value, done, _rng_bytes())
+            step_cpu = (time.process_time() - cpu) / done if done else 0.0
         except BaseException:  # noqa: BLE001 - the trainer raises it
             to_trainer.send(("error", traceback.format_exc()))
             return
-        to_trainer.send(("done", answer))
+        to_trainer.send(("done", (sent, answer, step_cpu)))
 
 
 def main(argv: list[str]) -> None:

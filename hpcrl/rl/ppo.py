@@ -374,35 +374,29 @@ class OnPolicyAgent:
         """What `learner_replica` builds a replica of this agent's learning parts from."""
         return {"cfg": self.cfg, "obs_space": self.envs.single_observation_space, "action_space": self.envs.single_action_space, "num_envs": self.num_envs}
 
-    def _learner_tensors(self) -> dict[str, torch.Tensor]:
+    def learner_tensors(self) -> dict[str, torch.Tensor]:
         """The tensors an update writes or reads besides its batch, by name."""
         step = {f"step.{k}": v for k, v in self.gradient_step.tensors().items()}
         buffers = {f"buffer.{i}": b for i, b in enumerate(self.policy.buffers())}
         return {**step, **buffers, "losses_finite": self.losses_finite}
 
-    def _bind_learner(self, tensors: dict[str, torch.Tensor]) -> None:
+    def bind_learner(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Work on `tensors` (as `learner_tensors` names them: copies in shared memory) from now on."""
         self.gradient_step.bind({k.removeprefix("step."): v for k, v in tensors.items() if k.startswith("step.")})
         for i, buffer in enumerate(self.policy.buffers()):
             buffer.data = tensors[f"buffer.{i}"]
         self.losses_finite = tensors["losses_finite"]
 
-    def share_learner(self, put: Callable[[torch.Tensor], tuple[torch.Tensor, Any]]) -> dict[str, Any]:
-        """Move the learning tensors where `put` maps them (shared memory), keeping their numbers:
-        how the learner process maps each, by name."""
-        mapped = {name: put(tensor) for name, tensor in self._learner_tensors().items()}
-        self._bind_learner({name: m for name, (m, _) in mapped.items()})
-        return {name: spec for name, (_, spec) in mapped.items()}
-
     @classmethod
     def learner_replica(cls, setup: dict[str, Any], tensors: dict[str, torch.Tensor]) -> OnPolicyAgent:
-        """The learning parts of an agent without its envs, on `tensors` (`_learner_tensors`'
+        """The learning parts of an agent without its envs, on `tensors` (`learner_tensors`'
         names): what `update_steps` reads, in the learner process."""
         agent = cls.__new__(cls)
         agent.cfg, agent.device, agent.ranks = setup["cfg"], torch.device("cpu"), Ranks.single()
         agent.policy = cls.make_policy(agent.cfg, setup["obs_space"], setup["action_space"])
         agent.gradient_step = GradientStep(agent.policy.parameters(), agent.make_optimizer, agent.cfg.max_grad_norm, agent.cfg.amp, agent.device)
         agent.losses_finite = torch.ones((), dtype=torch.bool)
-        agent._bind_learner(tensors)
+        agent.bind_learner(tensors)
         agent.num_envs, agent.iteration, agent.num_iterations = setup["num_envs"], 0, 1  # the two set by each update
         agent.batch_size = agent.num_envs * agent.cfg.num_steps
         return agent
@@ -459,7 +453,11 @@ class OnPolicyAgent:
             if beside and not self._beside:  # the background way is another from now on: measure both again
                 self._beside = True
                 self._pace.restart()
-            if not self._pace.choose():
+            if not self._pace.choose() or (self._learner is not None and not beside):
+                # At normal priority; and while the learner process starts, not in the background thread, whose step
+                # under way when the rollout ended held the trainer up until other work of normal priority on every
+                # core ended (a test's update waited 115 s beside four busy loops on 2 cores), and which would take
+                # the idle cores the process starts on.
                 metrics = self.update(batch)
             elif beside:
                 metrics = self._update_beside(batch, lr)
@@ -482,7 +480,8 @@ class OnPolicyAgent:
 
     def _update_beside(self, batch: dict[str, Any], lr: float) -> dict[str, float]:
         """One update from `batch`, begun in the learner process while the rollout is in flight,
-        and finished here at normal priority where the rollout ended first: its metrics."""
+        and finished here at normal priority where the rollout ended first (all of it here where the
+        process answered late or is still on an update given up on): its metrics."""
         assert self._learner is not None
         finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
         if finished:

@@ -22,6 +22,7 @@ from factories import alive
 from test_algorithms import make_agent
 
 from hpcrl.config.experiment import EnvConfig
+from hpcrl.rl.learner_process import LATE_MIN_S
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the learner process runs at SCHED_IDLE, Linux's")
 
@@ -55,17 +56,13 @@ PPO_BARS = dict(lr=5e-4, num_steps=32, num_minibatches=16, update_epochs=3, cnn_
 
 
 def _ready(agent: Any) -> None:
-    """One iteration at normal priority (the learner process starts in the first, at SCHED_IDLE), then wait until it has its replica.
+    """One iteration (the learner process starts in the first, at SCHED_IDLE; the update runs at normal priority
+    until it is ready), then wait until it has its replica.
 
     These tests check what the process computes and how it ends, not the cores it gets, so it then leaves
     SCHED_IDLE where the test may move it (root; else it stays): beside the suite's other workers and two busy
     loops on 2 cores, five of them waited over 120 s for a process that got no core to start on."""
-    chosen = agent._pace.choose
-    agent._pace.choose = lambda: False  # that iteration's update in this thread: in the background thread at SCHED_IDLE,
-    try:  # beside four busy loops on 2 cores, it waited 115 s for its step under way (the process starts either way)
-        agent.train_iteration()
-    finally:
-        agent._pace.choose = chosen
+    agent.train_iteration()
     assert agent._learner is not None, "an image policy's update beside the rollout goes to a learner process"
     pid = agent._learner.process.pid
     assert os.sched_getscheduler(pid) == os.SCHED_IDLE, "the learner process is born at background priority"
@@ -98,11 +95,12 @@ def _trained(beside: bool, **train: Any) -> tuple[list[dict[str, float]], dict[s
     collect, endings = agent._collect, iter(["at once", "split", "after 0.3 s", "at once", "split", "split"])
 
     def ended(buf: Any, *args: Any) -> None:
-        weights = agent.gradient_step.flat.data.clone()  # the update beside this rollout has not begun
         ending = next(endings, "at once")
         if beside and ending == "split" and agent._learner is not None and agent._learner.ready():
+            # Adam's step count: the process's copy has counted past the trainer's once it made a step of this update.
+            made, steps = agent._learner.work["step.optimizer.step"], agent.gradient_step.optimizer.state["step"]
             deadline = time.monotonic() + 120
-            while torch.equal(agent.gradient_step.flat.data, weights):
+            while made <= steps:
                 assert time.monotonic() < deadline, "the learner process made no step in 120 s"
                 time.sleep(0)
             agent._thread.mark_finished()  # as if the rollout were done: the process stops after this step or the next
@@ -144,6 +142,91 @@ def test_a_run_learns_the_same_numbers_whichever_process_made_each_gradient_step
         assert torch.equal(weights[name], tensor), name
     for name, tensor in alone_optimizer.items():
         assert torch.equal(optimizer[name], tensor), name
+
+
+def _six_iterations(stall: bool) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], list[float], int, int]:
+    """Six iterations of async PPO on Bars, each rollout given 0.2 s more (time for the process to make steps beside
+    it), the updates beside the rollout (`stall`) or never. With `stall` the learner process is stopped (SIGSTOP)
+    before the second iteration and continued before the fourth, once the trainer has given up on it: (metrics,
+    weights, each iteration's seconds, updates given up on, the process's steps the trainer took after it went on)."""
+    agent = make_agent("ppo", BARS, **PPO_BARS)
+    collect = agent._collect
+
+    def slow(*args: Any) -> None:
+        collect(*args)
+        time.sleep(0.2)
+
+    agent._collect = slow
+    try:
+        _ready(agent)
+        agent._pace.choose = lambda: stall
+        metrics, seconds, made = [], [], 0
+        for i in range(6):
+            if stall and i == 1:
+                agent._learner.process.send_signal(signal.SIGSTOP)
+            if stall and i == 3:
+                agent._learner.process.send_signal(signal.SIGCONT)
+                assert agent._learner._from.poll(60), "the continued process did not answer the update given up on"
+                made = agent._learner.steps_made
+            began = time.monotonic()
+            metrics.append(agent.train_iteration())
+            seconds.append(time.monotonic() - began)
+        made = agent._learner.steps_made - made
+        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, seconds, agent._learner.given_up, made
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            agent._learner.process.send_signal(signal.SIGCONT)
+        agent.close()
+        agent.envs.close()
+
+
+@pytest.mark.slow  # 6.5 s of CPU: two runs, two learner processes that import torch
+def test_a_learner_process_that_gets_no_core_holds_up_no_update() -> None:
+    """Beside other work of normal priority on every core a process of the background class gets almost no CPU: the
+    trainer waited for its step under way until the load ended (minutes), and failed the run after 600 s. Stopped
+    (SIGSTOP: no CPU at all), the trainer waits for it a bounded time once the rollout is done (`late_after`), makes
+    that update itself, and its next ones too until the process has answered; continued, the process makes steps
+    again. The run learns the numbers of a run that never used the process."""
+    alone_metrics, alone_weights, _, _, _ = _six_iterations(stall=False)
+    metrics, weights, seconds, given_up, made = _six_iterations(stall=True)
+    assert given_up == 1, "the trainer gave up on the stopped process's update once, then made its updates alone"
+    assert max(seconds[1:3]) < 0.2 + LATE_MIN_S + 15, seconds  # the rollout, the bound, and a loaded CI machine's update
+    assert made > 0, "the process made no step once it went on"
+    assert metrics == alone_metrics
+    for name, tensor in alone_weights.items():
+        assert torch.equal(weights[name], tensor), name
+
+
+def test_until_the_learner_process_has_started_the_update_runs_at_normal_priority() -> None:
+    """The process starts at background priority (importing torch: seconds); until it is ready the updates run in
+    the trainer at normal priority, not in the background thread, whose step under way held the trainer up until
+    other work on every core ended, and which would take the idle cores the process starts on."""
+    agent = make_agent("ppo", BARS, **PPO_BARS)
+    agent._pace.choose = lambda: True
+    try:
+        agent.train_iteration()  # the process starts
+        agent._learner.process.send_signal(signal.SIGSTOP)  # and gets no core from here on
+        assert not agent._learner.ready(), "the process started within one iteration: nothing left to check"
+        assert agent._yielding is not None, "a background thread can be had here"
+        threaded, runner = [], agent._yielding
+
+        class Counted:
+            def __call__(self, steps: Any, until: Any) -> Any:
+                threaded.append(steps)
+                return runner(steps, until)
+
+            def close(self) -> None:
+                runner.close()
+
+        agent._yielding = Counted()
+        for _ in range(3):
+            agent.train_iteration()
+        assert threaded == [], "an update went to the background thread while the learner process started"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            agent._learner.process.send_signal(signal.SIGCONT)
+        agent.close()
+        agent.envs.close()
 
 
 def test_a_learner_process_that_dies_fails_the_run_with_how_it_ended() -> None:
