@@ -307,10 +307,24 @@ class FasterOfTwo:
     276-317 and 328-333 (1,614-1,829 env steps/s against 1,494-1,535). So the two looked close, and
     7 of 33 runs of the benchmark chose the slower way and kept it; in blocks, 11 of 11 chose the
     faster.
+
+    Beside other work of normal priority on every core (another job on a shared node) the background
+    way's turn is its rollout and then a wait for a starved step (async PPO on CartPole beside four
+    busy loops on 2 cores: 6-7 s a turn against 0.1 s at normal priority; 120 iterations in 60 s, 16
+    of them turns of the background way in timings). A turn whose tail is over `STARVED` times its
+    rollout begins a timing at once, and a timing's background turn over `STARVED` times the slowest
+    of its normal ones ends it there, keeping normal priority for twice as many choices as the last
+    time this happened (up to `MAX_EVERY`) before timing again.
     """
 
     TAIL_SHARE = 0.25
     """The share of a turn above which the update's tail counts against the background way."""
+    STARVED = 4.0
+    """How many times the rest of its turn (or the other way's turns) a background turn's tail (or time)
+    must be for the background way to count as starved: a legitimate long tail (twice the epochs on
+    ViZDoom) was 0.6 times its rollout, and the first turn after the other way's cost 20% more."""
+    MAX_EVERY = 6400
+    """The most choices between two timings after starved ones."""
 
     def __init__(self, every: int = 100, block: int = 4) -> None:
         if not (block >= 2 and 4 * block <= every):
@@ -323,6 +337,8 @@ class FasterOfTwo:
         """Begin again as at the first choice (one of the ways has changed): the background way,
         timed against the other once its tails are long."""
         self.best = True
+        self._every = self.every
+        """Choices between two timings: `every`, doubled after each timing that found the background way starved."""
         self.timings = 0
         """How many timings of both ways this chooser began (the tests read it)."""
         self._timing: int | None = None
@@ -331,12 +347,14 @@ class FasterOfTwo:
         """Choices since the last timing began."""
         self._long_tails = 0
         """Turns of the kept background way whose tail was over TAIL_SHARE, since the last timing began."""
+        self._starved = False
+        """Whether a turn of the kept background way was starved since the last timing began."""
         self._last: tuple[int | None, bool] | None = None
 
     def choose(self) -> bool:
         """The way for this time: the kept way, or the next turn of a timing."""
         if self._timing is None and self._time_again():
-            self._timing, self._since, self._long_tails = 0, 0, 0
+            self._timing, self._since, self._long_tails, self._starved = 0, 0, 0, False
             self.times = {False: [], True: []}
             self.timings += 1
         self._since += 1
@@ -346,9 +364,9 @@ class FasterOfTwo:
 
     def _time_again(self) -> bool:
         long = self._long_tails >= self.block
-        if self.timings == 0:
-            return long
-        return self._since >= self.every and (long or not self.best)
+        if self.timings == 0 or self._starved:
+            return long or self._starved
+        return self._since >= self._every and (long or not self.best)
 
     def record(self, seconds: float, tail: float) -> None:
         """How long the way chosen last took, and for how long of that its update ran on after the rollout beside it."""
@@ -358,10 +376,15 @@ class FasterOfTwo:
         if phase is None:
             if choice and tail > self.TAIL_SHARE * seconds:
                 self._long_tails += 1
+            self._starved |= choice and tail > self.STARVED * (seconds - tail)
             return
         if phase % self.block:  # not the first turn after the other way's
             self.times[choice].append(seconds)
         self._timing = phase + 1
-        if self._timing == 4 * self.block:
+        if choice and self.times[False] and seconds > self.STARVED * max(self.times[False]):  # starved: no need for more
+            self._timing, self.best = None, False
+            self._every = min(2 * self._every, self.MAX_EVERY)
+        elif self._timing == 4 * self.block:
             self._timing = None
             self.best = statistics.median(self.times[True]) <= statistics.median(self.times[False])
+            self._every = self.every

@@ -225,6 +225,23 @@ def test_faster_of_two_times_both_in_blocks_once_the_update_s_tails_are_long_and
             FasterOfTwo(every, block)
 
 
+def test_faster_of_two_leaves_a_starved_background_way_at_once_and_times_it_less_and_less_often() -> None:
+    """Beside other work of normal priority on every core the background way's turn is its rollout and a wait for a
+    starved step: async PPO on CartPole beside four busy loops on 2 cores, 6-7 s a turn against 0.1 s, and 16 of
+    120 iterations in 60 s were such turns (4 long tails before the first timing, 4 in each timing, a timing every
+    100). One starved turn begins a timing, its first starved turn ends it, and the next timing comes twice as late."""
+    pace = FasterOfTwo(every=12, block=2)
+    starved, tails = {False: 0.1, True: 20.0}, {False: 0.0, True: 0.995}  # the rollout 0.1 s of the 20
+    assert _paced(pace, starved, tails, 4) == [True, False, False, True] and (pace.timings, pace.best) == (1, False)
+    assert _paced(pace, starved, tails, 24) == [False] * 23 + [True] and pace.timings == 2  # 2 x every after it began
+    assert _paced(pace, starved, tails, 48) == [False] * 47 + [True] and pace.timings == 3
+    # The load gone, the next timing runs to its end and keeps the faster way, timed again after `every` as before.
+    timing = [False, False, True, True] * 2
+    chosen = _paced(pace, {False: 1.0, True: 0.5}, LONG, 96 + 5)
+    assert chosen[-8:] == timing and (pace.timings, pace.best) == (4, True)
+    assert _paced(pace, {False: 1.0, True: 0.5}, LONG, 12) == [True] * 4 + timing and pace.timings == 5
+
+
 def test_faster_of_two_does_not_count_the_turn_after_the_other_ways() -> None:
     """A way whose first turn after the other way's is slow (that turn pays for the switch) but which is
     faster for as long as it is kept is the one kept."""
