@@ -768,10 +768,7 @@ def test_the_vizdoom_benchmark_killed_with_9_leaves_no_env_or_game_engine(side: 
             time.sleep(0.2)
         left = in_session(child)  # the measurement is the leader of its own session
     finally:
-        bench.kill()
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child, signal.SIGKILL)
+        _end_all(bench, child)
     assert not left, left
     deadline = time.monotonic() + 10  # removed by a process of its own once the session is gone
     while list(shm.iterdir()) and time.monotonic() < deadline:
@@ -808,12 +805,17 @@ def test_the_vizdoom_benchmark_stopped_with_term_leaves_no_folder_or_process(whe
         assert bench.wait(timeout=30) != 0
         left = in_session(child)
     finally:
-        bench.kill()
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child, signal.SIGKILL)
+        _end_all(bench, child)
     assert not left, left
     assert not list(Path("/tmp").glob(f"vzd-*-{bench.pid}-*")), "the stopped measurement left its scratch folder"
+
+
+def _end_all(bench: subprocess.Popen, child: int | None) -> None:
+    """The benchmark and its measurement's session, whatever the test found of them."""
+    bench.kill()
+    if child is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signal.SIGKILL)
 
 
 def _own_shm(shm: Path) -> list[str]:
