@@ -9,9 +9,9 @@ loop making 17-22 steps/s; with the loop in a process 1,101 / 1,253, making 24-3
 
 The learner process holds a replica of the agent's learning parts (`OnPolicyAgent.learner_replica`).
 The learning tensors (weights, optimiser state, observation statistics) are in two copies in shared
-memory (`/dev/shm`, unlinked as soon as both processes have them), with buffers for the batch, all
-taken at the start (where /dev/shm has no room for them the run keeps the update in its thread):
-the trainer works on one, the process on the other. For each update the trainer copies its batch
+memory (memory files of no name, `MemoryFiles`), with buffers for the batch, all taken at the start
+(where there is no memory for them the run keeps the update in its thread): the trainer works on
+one, the process on the other. For each update the trainer copies its batch
 into those buffers and sends the iteration, learning rate, torch thread count and random state; the
 process (at SCHED_IDLE from its start) copies the trainer's copy into its own, makes gradient steps
 on it while the rollout is in flight, and answers with its metrics when it finished the update, or
@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 import multiprocessing.connection
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -59,39 +58,44 @@ LATE_STEPS = 10
 """...and in the process's gradient steps of CPU: a step under way when the rollout ended takes one
 step's CPU on the cores the rollout has left (ViZDoom's 6-15 ms; tails of 0-0.03 s)."""
 
-Spec = tuple[str, tuple[int, ...], torch.dtype]
-"""A shared tensor as the other process maps it: file name, shape, dtype."""
+Spec = tuple[int, tuple[int, ...], torch.dtype]
+"""A shared tensor as the other process maps it: the descriptor of its memory file, shape, dtype."""
 
 
-def _mapped(path: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype).view(shape)
+def _mapped(fd: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The memory of `fd` as a tensor (which keeps the mapping alive); a failure is an OSError."""
+    count = math.prod(shape)
+    memory = mmap.mmap(fd, max(1, count) * torch.empty((), dtype=dtype).element_size())
+    return torch.frombuffer(memory, dtype=dtype, count=max(1, count))[:count].view(shape)
 
 
-class SharedFiles:
-    """Contiguous tensors mapped from files of one directory in shared memory. The files are
-    unlinked once the other process has mapped them (`unlink`): the mappings live on, and a
-    trainer killed later leaves nothing behind."""
+class MemoryFiles:
+    """Contiguous tensors mapped from memory files of no name (`memfd_create`): the learner process
+    inherits their descriptors and maps the same memory. Nothing has a name in /dev/shm, so nothing
+    can be left there whatever ends either process (named files lived until both had mapped them:
+    a trainer killed in the process's start left them for good), and a container's small /dev/shm
+    (64 MB) does not bound them."""
 
     def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="hpcrl-learner-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self._count = 0
+        self.fds: list[int] = []
 
     def put(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Spec]:
         """A mapped copy of `tensor`, and how the other process maps the same memory."""
-        self._count += 1
-        name = f"{self._count}.bin"
-        path = os.path.join(self.dir, name)
+        fd = os.memfd_create("hpcrl-learner", os.MFD_CLOEXEC)  # the learner process gets them by pass_fds alone
+        self.fds.append(fd)
         shape, dtype = tuple(tensor.shape), tensor.dtype
-        with open(path, "wb") as f:
-            # Allocated now: a file only truncated to size gets its pages as they are first written,
-            # and a write that finds /dev/shm full (a container's 64 MB) is a SIGBUS, not an OSError.
-            os.posix_fallocate(f.fileno(), 0, max(1, math.prod(shape)) * tensor.element_size())
-        mapped = _mapped(path, shape, dtype)
+        # Allocated now: a file only truncated to size gets its pages as they are first written, and a write
+        # that finds no memory for them is a SIGBUS, not an OSError.
+        os.posix_fallocate(fd, 0, max(1, math.prod(shape)) * tensor.element_size())
+        mapped = _mapped(fd, shape, dtype)
         mapped.copy_(tensor)
-        return mapped, (name, shape, dtype)
+        return mapped, (fd, shape, dtype)
 
-    def unlink(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+    def close(self) -> None:
+        """Close the descriptors (the mappings live on): once the learner process has its own, or on failure."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 class SharedEvent(threading.Event):
@@ -115,23 +119,23 @@ class LearnerProcess:
     """The learner process of one agent, started with it: call it with each update's batch once `ready`."""
 
     def __init__(self, agent: Any) -> None:
-        self.files = SharedFiles()
+        files = MemoryFiles()
         try:
             # The trainer's own tensors move to shared memory, and a second copy is the process's; the
             # batch's buffers too, now: the rollout's shapes are fixed, so all the shared memory a run needs
             # is taken (or found missing) before the first update, never midway.
-            copies = [{name: self.files.put(tensor) for name, tensor in agent.learner_tensors().items()}]
-            copies.append({name: self.files.put(tensor) for name, (tensor, _) in copies[0].items()})
+            copies = [{name: files.put(tensor) for name, tensor in agent.learner_tensors().items()}]
+            copies.append({name: files.put(tensor) for name, (tensor, _) in copies[0].items()})
             self._copies = [{name: m for name, (m, _) in copy.items()} for copy in copies]
             self._bind = agent.bind_learner
             self._bind(self._copies[0])
             self._trainer_copy = 0
             """Which of the two copies the trainer works on."""
-            flag, flag_spec = self.files.put(torch.zeros((), dtype=torch.uint8))
+            flag, flag_spec = files.put(torch.zeros((), dtype=torch.uint8))
             self.finished = SharedEvent(flag)
             """The rollout thread's `finished`: the process stops making steps once it is set."""
-            self._drop, drop_spec = self.files.put(torch.zeros((), dtype=torch.uint8))
-            batch = {k: self.files.put(v.contiguous()) for k, v in _flat_items(agent.batch(*agent.advantages()))}
+            self._drop, drop_spec = files.put(torch.zeros((), dtype=torch.uint8))
+            batch = {k: files.put(v.contiguous()) for k, v in _flat_items(agent.batch(*agent.advantages()))}
             self._batch = {k: m for k, (m, _) in batch.items()}
             specs = {
                 "copies": [{name: spec for name, (_, spec) in copy.items()} for copy in copies],
@@ -143,16 +147,17 @@ class LearnerProcess:
             try:
                 self.process = subprocess.Popen(
                     [sys.executable, "-m", __name__, str(to_child), str(from_child)],
-                    pass_fds=(to_child, from_child), preexec_fn=functools.partial(_born_idle, dies_with_me()), stdin=subprocess.DEVNULL,  # noqa: PLW1509 - a syscall and lifeline's prctl, looked up before the fork
+                    pass_fds=(to_child, from_child, *files.fds), preexec_fn=functools.partial(_born_idle, dies_with_me()), stdin=subprocess.DEVNULL,  # noqa: PLW1509 - a syscall and lifeline's prctl, looked up before the fork
                 )  # fmt: skip
             finally:
                 os.close(to_child)
                 os.close(from_child)
+                files.close()  # the process has its own now
             self._to = multiprocessing.connection.Connection(self._send_end, readable=False)
             self._from = multiprocessing.connection.Connection(self._recv_end, writable=False)
-            self._to.send((type(agent), agent.learner_setup(), specs, self.files.dir))
+            self._to.send((type(agent), agent.learner_setup(), specs))
         except BaseException:
-            self.files.unlink()
+            files.close()
             raise
         self._ready = False
         self._sent = 0
@@ -171,7 +176,6 @@ class LearnerProcess:
         if not self._ready and self._from.poll():
             self._answer()
             self._ready = True
-            self.files.unlink()
         return self._ready
 
     @property
@@ -253,7 +257,6 @@ class LearnerProcess:
             self.process.wait()
         self._to.close()
         self._from.close()
-        self.files.unlink()
 
     def _send(self, message: Any) -> None:
         try:
@@ -324,17 +327,19 @@ def _nested(flat: dict[str, torch.Tensor]) -> dict[str, Any]:
     return out
 
 
-def _map_all(directory: str, specs: dict[str, Spec]) -> dict[str, torch.Tensor]:
-    return {k: _mapped(os.path.join(directory, name), shape, dtype) for k, (name, shape, dtype) in specs.items()}
+def _map_all(specs: dict[str, Spec]) -> dict[str, torch.Tensor]:
+    return {k: _mapped(fd, shape, dtype) for k, (fd, shape, dtype) in specs.items()}
 
 
 def _serve(to_trainer: multiprocessing.connection.Connection, requests: multiprocessing.connection.Connection) -> None:
-    agent_class, setup, specs, directory = requests.recv()
+    agent_class, setup, specs = requests.recv()
     try:
-        copies = [_map_all(directory, copy) for copy in specs["copies"]]
+        copies = [_map_all(copy) for copy in specs["copies"]]
         agent = agent_class.learner_replica(setup, copies[1])
-        flags = _map_all(directory, specs["flags"])
-        batch = _nested(_map_all(directory, specs["batch"]))
+        flags = _map_all(specs["flags"])
+        batch = _nested(_map_all(specs["batch"]))
+        for fd, _, _ in [*(spec for copy in specs["copies"] for spec in copy.values()), *specs["flags"].values(), *specs["batch"].values()]:
+            os.close(fd)  # mapped: the mappings keep the memory
     except BaseException:  # noqa: BLE001 - the trainer raises it
         to_trainer.send(("error", traceback.format_exc()))
         return

@@ -282,52 +282,59 @@ TRAINER = textwrap.dedent(
     from test_algorithms import make_agent
     agent = make_agent("ppo", BARS, **PPO_BARS)
     agent._pace.choose = lambda: True
-    _ready(agent)
-    print(agent._learner.process.pid, agent._learner.files.dir, flush=True)
+    if sys.argv[3] == "ready":
+        _ready(agent)
+    else:  # killed in the process's start: its first iteration starts it, which takes seconds
+        agent.train_iteration()
+    print(agent._learner.process.pid, flush=True)
     while True:
         agent.train_iteration()
     """
 )
 
 
-def test_the_learner_process_and_its_shared_files_go_with_a_killed_trainer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["ready", "in-its-start"])
+def test_the_learner_process_and_its_shared_memory_go_with_a_killed_trainer(when: str, tmp_path: Path) -> None:
+    """Killed with SIGKILL, the trainer can end nothing: the learner process goes by its lifeline, and the memory
+    they share, in files of no name, with the last of them. Named files in /dev/shm, unlinked once the process had
+    mapped them, stayed there for good when the trainer was killed in the process's start."""
     # TMPDIR: the env workers' scratch directories, which no one is left to remove after a SIGKILL (a job's
     # scheduler removes its TMPDIR), go with the test's own.
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(Path(__file__).parent), str(Path(__file__).parents[1])], stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("hpcrl-")}
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(Path(__file__).parent), str(Path(__file__).parents[1]), when], stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
-        pid, shared = trainer.stdout.readline().split()
-        assert not os.path.exists(shared), "the shared files are unlinked once both processes map them"
-        time.sleep(1.0)  # updates under way
+        pid = int(trainer.stdout.readline())
+        if when == "ready":
+            time.sleep(1.0)  # updates under way
         os.kill(trainer.pid, signal.SIGKILL)  # the trainer alone: what it started must go by itself
         trainer.wait(10)
         deadline = time.monotonic() + 10
-        while alive(int(pid)):
+        while alive(pid):
             assert time.monotonic() < deadline, "the learner process outlived its trainer"
             time.sleep(0.05)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait()
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("hpcrl-")} <= before, "the trainer and its process left shared memory behind"
 
 
-SMALL_SHM = textwrap.dedent(
+SMALL = textwrap.dedent(
     """
-    import os, sys
+    import os, resource, sys
     sys.path[:0] = [sys.argv[1], sys.argv[2]]
     from test_learner_process import BARS, PPO_BARS, _ready
     from test_algorithms import make_agent
     agent = make_agent("ppo", BARS, **PPO_BARS)
-    # The learner process's way where it runs; where it cannot, the update at normal priority (the check is that the
-    # run goes on without the process: at background priority, beside a busy machine, a step waited minutes).
-    agent._pace.choose = lambda: sys.argv[3] == "after"
-    if sys.argv[3] == "after":  # everything mapped, then /dev/shm filled to its last page
+    if sys.argv[3] == "few-descriptors":  # room for a few memory files, not for all
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 6, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        for _ in range(3):
+            agent.train_iteration()
+    else:
         _ready(agent)
-        free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
-        with open("/dev/shm/filler", "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, free - 4096)
-    for _ in range(3):
-        agent.train_iteration()
+        for _ in range(3):
+            agent.train_iteration()
     print(agent._learner is None, agent.global_step, flush=True)
     agent.close()
     agent.envs.close()
@@ -345,20 +352,25 @@ def _can_mount_tmpfs() -> bool:
 
 
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and `unshare -m` to give a trainer a /dev/shm of its own size")
-@pytest.mark.parametrize(("full_before", "size"), [("weights", "8k"), ("batch", "256k"), ("after", "64m")])
-def test_a_full_dev_shm_leaves_the_update_to_the_thread(full_before: str, size: str) -> None:
-    """A /dev/shm too small for the learner's weights (a container's 64 MB beside a large network), or with
-    room for its weights (160 kB here) but not its batch (190 kB): the run goes on with the update in its
-    thread, where a file only truncated to size had the trainer die of SIGBUS at its first write. Filled once
-    the process has mapped everything, it keeps the process: nothing more is taken midway."""
-    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec \"$0\" \"$@\""
-    here = str(Path(__file__).parent)
-    argv = ["unshare", "-m", "sh", "-c", script, sys.executable, "-c", SMALL_SHM, here, str(Path(__file__).parents[1]), full_before]
+def test_a_small_dev_shm_does_not_keep_the_learner_process_from_a_run() -> None:
+    """A container's /dev/shm is 64 MB, too small for a large network's two copies and batch: in named files
+    there the run went without its learner process (and a file only truncated to size had the trainer die of
+    SIGBUS at its first write). The memory files of no name are not in it: with a /dev/shm of 8 kB (160 kB of
+    weights here) the process runs."""
+    argv = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=8k tmpfs /dev/shm && exec "$0" "$@"', sys.executable, "-c", SMALL, *_paths(), "small-dev-shm"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
-    fell_back, steps = done.stdout.split()
-    if full_before == "after":
-        assert fell_back == "False", "a /dev/shm filled after the start made the run drop its learner process"
-    else:
-        assert fell_back == "True", "the run kept a learner process with no room for it"
-    assert int(steps) == (4 if full_before == "after" else 3) * 32 * 4, "every iteration ran"
+    assert done.stdout.split() == ["False", str(4 * 32 * 4)], "the run went without its learner process, or not every iteration ran"
+
+
+def test_a_trainer_with_no_room_for_the_shared_memory_leaves_the_update_to_the_thread() -> None:
+    """Where the memory files cannot all be had (here the process's last file descriptors), the run goes on with
+    the update in its thread, having closed what it had made."""
+    done = subprocess.run([sys.executable, "-c", SMALL, *_paths(), "few-descriptors"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.split() == ["True", str(3 * 32 * 4)], "the run kept a learner process with no room for it, or not every iteration ran"
+
+
+def _paths() -> list[str]:
+    """The test scripts' sys.path: this folder and tests/."""
+    return [str(Path(__file__).parent), str(Path(__file__).parents[1])]
