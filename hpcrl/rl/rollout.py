@@ -214,7 +214,10 @@ class YieldingUpdate:
     thread cannot leave SCHED_IDLE): once the rollout is done the update is the run's critical
     path. At most one gradient step runs in the background after the rollout ends; the caller's wait
     for it counts in the update's tail (`RolloutThread.since_finished`), so where other work starves
-    that step, `FasterOfTwo` times the normal way and takes it.
+    that step, `FasterOfTwo` times the normal way and takes it. Starved while it holds the GIL, the
+    thread holds up the trainer's other threads too: a SCHED_IDLE thread running Python made the
+    main thread's 50 sleeps of 1 ms take 25.6 s beside four busy loops on 2 cores (0.31 s without
+    them). So a thread cannot be given up on as the learner process can (`late_after`).
     `YieldingUpdate.start()` is None where the class cannot be set (not Linux, or a kernel or
     sandbox that refuses it).
     """
