@@ -144,11 +144,12 @@ def test_a_run_learns_the_same_numbers_whichever_process_made_each_gradient_step
         assert torch.equal(optimizer[name], tensor), name
 
 
-def _six_iterations(stall: bool) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], list[float], int, int]:
+def _six_iterations(stall: bool) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], list[float], list[int], int]:
     """Six iterations of async PPO on Bars, each rollout given 0.2 s more (time for the process to make steps beside
     it), the updates beside the rollout (`stall`) or never. With `stall` the learner process is stopped (SIGSTOP)
     before the second iteration and continued before the fourth, once the trainer has given up on it: (metrics,
-    weights, each iteration's seconds, updates given up on, the process's steps the trainer took after it went on)."""
+    weights, each iteration's seconds, updates given up on after each, the process's steps the trainer took after
+    it went on)."""
     agent = make_agent("ppo", BARS, **PPO_BARS)
     collect = agent._collect
 
@@ -160,7 +161,7 @@ def _six_iterations(stall: bool) -> tuple[list[dict[str, float]], dict[str, torc
     try:
         _ready(agent)
         agent._pace.choose = lambda: stall
-        metrics, seconds, made = [], [], 0
+        metrics, seconds, given_up, made = [], [], [], 0
         for i in range(6):
             if stall and i == 1:
                 agent._learner.process.send_signal(signal.SIGSTOP)
@@ -171,8 +172,9 @@ def _six_iterations(stall: bool) -> tuple[list[dict[str, float]], dict[str, torc
             began = time.monotonic()
             metrics.append(agent.train_iteration())
             seconds.append(time.monotonic() - began)
+            given_up.append(agent._learner.given_up)
         made = agent._learner.steps_made - made
-        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, seconds, agent._learner.given_up, made
+        return metrics, {k: v.clone() for k, v in agent.policy.state_dict().items()}, seconds, given_up, made
     finally:
         with contextlib.suppress(ProcessLookupError):
             agent._learner.process.send_signal(signal.SIGCONT)
@@ -189,7 +191,8 @@ def test_a_learner_process_that_gets_no_core_holds_up_no_update() -> None:
     again. The run learns the numbers of a run that never used the process."""
     alone_metrics, alone_weights, _, _, _ = _six_iterations(stall=False)
     metrics, weights, seconds, given_up, made = _six_iterations(stall=True)
-    assert given_up == 1, "the trainer gave up on the stopped process's update once, then made its updates alone"
+    # Given up on in the second iteration; in the third, the process still on that update, not waited for at all.
+    assert given_up[:3] == [0, 1, 1], given_up
     assert max(seconds[1:3]) < 0.2 + LATE_MIN_S + 15, seconds  # the rollout, the bound, and a loaded CI machine's update
     assert made > 0, "the process made no step once it went on"
     assert metrics == alone_metrics
