@@ -443,8 +443,7 @@ def run_child(argv: list[str], side: str, num_envs: int, timeout: float, python:
                     return {"error": (f"no result within {timeout:.0f} s: killed" + (f"; its last line: {said}" if said else ""))[:400]}
     finally:
         _kill_group(proc.pid, started)  # whatever it left running (env workers)
-        for folder in glob.glob(glob.escape(scratch_prefix(side, os.getpid())) + "*"):
-            shutil.rmtree(folder, ignore_errors=True)
+        _remove_folders(scratch_prefix(side, os.getpid()))
     for line in out.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT) :])
@@ -491,7 +490,7 @@ def scratch_prefix(side: str, benchmark_pid: int) -> str:
     return os.path.join("/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir(), f"vzd-{side}-{benchmark_pid}-")
 
 
-MEASUREMENT_FOLDER: list[str] = []
+MEASUREMENT_PREFIX: list[str] = []
 """The prefix of the scratch folder a measurement (child) works in (`scratch_prefix`): removed by the measurement if
 the benchmark dies midway."""
 MEASUREMENT_STARTED: list[float] = []
@@ -503,10 +502,16 @@ def measurement_folder(side: str) -> str:
     """The measurement's scratch folder, made once its SIGTERM handler is set: a TERM at any point after that removes
     it (`_end_measurement`), and before it there is none."""
     MEASUREMENT_STARTED.append(time.time())
-    MEASUREMENT_FOLDER.append(scratch_prefix(side, os.getppid()))
+    MEASUREMENT_PREFIX.append(scratch_prefix(side, os.getppid()))
     signal.signal(signal.SIGTERM, _end_measurement)
-    prefix = MEASUREMENT_FOLDER[0]
+    prefix = MEASUREMENT_PREFIX[0]
     return tempfile.mkdtemp(prefix=os.path.basename(prefix), dir=os.path.dirname(prefix))
+
+
+def _remove_folders(prefix: str) -> None:
+    """The scratch folders whose path starts with `prefix`."""
+    for folder in glob.glob(glob.escape(prefix) + "*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _end_measurement(signum: int, frame: Any) -> None:
@@ -522,9 +527,8 @@ def _end_measurement(signum: int, frame: Any) -> None:
     process's mappings and the write end of its resource tracker's pipe, so that the one would look held and the
     other would wait."""
     try:
-        for prefix in MEASUREMENT_FOLDER:  # by its prefix: a TERM between the folder's making and its name's return
-            for folder in glob.glob(glob.escape(prefix) + "*"):
-                shutil.rmtree(folder, ignore_errors=True)
+        for prefix in MEASUREMENT_PREFIX:  # by its prefix: a TERM between the folder's making and its name's return
+            _remove_folders(prefix)
         from hpcrl.leftovers import LEFTOVER_GRACE_S, stop_session
 
         others = stop_session(os.getsid(0), spare=[os.getpid()])

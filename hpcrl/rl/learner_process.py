@@ -65,7 +65,7 @@ Spec = tuple[int, tuple[int, ...], torch.dtype]
 def _mapped(fd: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """The memory of `fd` as a tensor (which keeps the mapping alive); a failure is an OSError."""
     count = math.prod(shape)
-    memory = mmap.mmap(fd, max(1, count) * torch.empty((), dtype=dtype).element_size())
+    memory = mmap.mmap(fd, max(1, count) * dtype.itemsize)
     return torch.frombuffer(memory, dtype=dtype, count=max(1, count))[:count].view(shape)
 
 
@@ -187,8 +187,9 @@ class LearnerProcess:
         """Seconds past the rollout's end after which the trainer stops waiting for the process's answer."""
         return max(LATE_MIN_S, LATE_STEPS * self._step_cpu)
 
-    def __call__(self, batch: dict[str, Any], iteration: int, iterations: int, lr: float) -> tuple[bool, Any]:
-        """Run `batch`'s update there until the rollout is done: (True, its metrics, having set
+    def __call__(self, batch: dict[str, Any], iteration: int, iterations: int, lr: float, since_finished: Callable[[], float]) -> tuple[bool, Any]:
+        """Run `batch`'s update there until the rollout is done (`since_finished`: the seconds since, once
+        `finished` is set): (True, its metrics, having set
         this process's random state and the agent's learning tensors to where the update left them) or (False,
         (steps made, samples they clipped)), the rest of the update being the caller's: all of it
         where the process answered late, or was still on an update given up on."""
@@ -199,7 +200,7 @@ class LearnerProcess:
         self._drop.fill_(0)
         self._sent += 1
         self._send(("update", self._sent, self._trainer_copy, iteration, iterations, lr, torch.get_num_threads(), _rng_bytes()))
-        answer = self._await()
+        answer = self._await(since_finished)
         if answer is None:  # the process got no core in time: the update is the trainer's, on its own tensors
             self._drop.fill_(1)
             self._pending = self._sent
@@ -214,16 +215,13 @@ class LearnerProcess:
             _set_rng(rng)
         return finished, value
 
-    def _await(self) -> tuple[bool, Any, int, bytes | None] | None:
+    def _await(self, since_finished: Callable[[], float]) -> tuple[bool, Any, int, bytes | None] | None:
         """The process's answer to the update just sent; None once `late_after` has passed since the rollout ended."""
-        ended = None
         while True:
-            if ended is None and self.finished.is_set():
-                ended = time.perf_counter()
-            wait = 0.05 if ended is None else ended + self.late_after() - time.perf_counter()
+            wait = self.late_after() - since_finished() if self.finished.is_set() else 0.05
             if self._from.poll(max(0.0, wait)):
                 return self._update_answer()
-            if ended is not None and time.perf_counter() - ended >= self.late_after():
+            if self.finished.is_set() and since_finished() >= self.late_after():
                 return None
 
     def _collect_late(self) -> bool:
@@ -338,8 +336,9 @@ def _serve(to_trainer: multiprocessing.connection.Connection, requests: multipro
         agent = agent_class.learner_replica(setup, copies[1])
         flags = _map_all(specs["flags"])
         batch = _nested(_map_all(specs["batch"]))
-        for fd, _, _ in [*(spec for copy in specs["copies"] for spec in copy.values()), *specs["flags"].values(), *specs["batch"].values()]:
-            os.close(fd)  # mapped: the mappings keep the memory
+        for group in (*specs["copies"], specs["flags"], specs["batch"]):
+            for fd, _, _ in group.values():
+                os.close(fd)  # mapped: the mappings keep the memory
     except BaseException:  # noqa: BLE001 - the trainer raises it
         to_trainer.send(("error", traceback.format_exc()))
         return

@@ -47,6 +47,7 @@ def _map(fn: Callable[[torch.Tensor], torch.Tensor], obs: Obs) -> Obs:
 
 
 ALL = slice(None)
+"""Every env of the vector env: the rollout of an env that is not in worker groups."""
 
 LEARNER_PROCESS_ITERATIONS = 500
 """The iterations from which a run of vector (not image) observations gives its update to a learner process. Its
@@ -54,7 +55,6 @@ start (importing torch at background priority: some 3 s before it is ready) is t
 PPO on CartPole (4 envs in workers, 2 cores, about 30 ms an iteration) made 4,181 steps/s with its update in a
 learner process against 3,636-3,686 at normal priority and 3,089-3,149 in the background thread. A CNN's update
 always pays for it."""
-"""Every env of the vector env: the rollout of an env that is not in worker groups."""
 
 
 def _write(storage: Obs, step: int | tuple[int, slice] | slice, obs: Obs) -> None:
@@ -461,7 +461,7 @@ class OnPolicyAgent:
             if beside and not self._beside:  # the background way is another from now on: measure both again
                 self._beside = True
                 self._pace.restart()
-            if not self._pace.choose() or (self._learner is not None and not beside):
+            if (self._learner is not None and not beside) or not self._pace.choose():
                 # At normal priority; and while the learner process starts, not in the background thread, whose step
                 # under way when the rollout ended held the trainer up until other work of normal priority on every
                 # core ended (a test's update waited 115 s beside four busy loops on 2 cores), and which would take
@@ -491,7 +491,7 @@ class OnPolicyAgent:
         and finished here at normal priority where the rollout ended first (all of it here where the
         process answered late or is still on an update given up on): its metrics."""
         assert self._learner is not None
-        finished, value = self._learner(batch, self.iteration, self.num_iterations, lr)
+        finished, value = self._learner(batch, self.iteration, self.num_iterations, lr, self._thread.since_finished)
         if finished:
             return value
         done, clipped = value
