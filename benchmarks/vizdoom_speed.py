@@ -638,7 +638,7 @@ def main() -> None:
     parser.add_argument("--seed", type=_args.seed, default=0, help="every learner's seed")
     parser.add_argument("--sf-workers", type=_args.count, default=0, help="Sample Factory's rollout workers (default: one per core, at most one per env)")
     parser.add_argument("--out", type=Path, default=None, help="directory for speed.json and speed.csv (without it, the tables are only printed)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--sf-settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -606,6 +606,7 @@ def test_the_gpu_node_script_measures_sample_factory_with_a_carried_bundle(tmp_p
         ("vizdoom_speed.py", ["--out", "/dev/null"], "argument --out: cannot make a directory there (File exists): '/dev/null'"),
         ("vizdoom_speed.py", ["--out", "/dev/null/speed\nx"], "argument --out: cannot make a directory there (Not a directory): '/dev/null/speed\\nx'"),
         ("vizdoom_speed.py", ["--out", "{tmp}", "--learn", "-5"], "argument --learn: expected an integer >= 0, got -5"),
+        ("vizdoom_speed.py", ["--child", "x/../../y"], "argument --child: invalid choice: 'x/../../y'"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--cpus", "99999"], "argument --cpus: expected a core this process may use"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--minutes", "inf"], "argument --minutes: expected finite minutes >= 0, got inf"),
         ("openspiel_alphazero.py", ["--path", "{tmp}", "--at-once", "--cpus", "0"], "--at-once gives each side a core of its own: 3 sides need 3 of --cpus, not 1"),
