@@ -22,7 +22,7 @@ from factories import alive
 from test_algorithms import PPO_CARTPOLE, make_agent
 
 from hpcrl.config.experiment import EnvConfig
-from hpcrl.rl.learner_process import LATE_MIN_S
+from hpcrl.rl.learner_process import LATE_MIN_S, LATE_STEPS
 from hpcrl.rl.ppo import LEARNER_PROCESS_ITERATIONS
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the learner process runs at SCHED_IDLE, Linux's")
@@ -200,6 +200,34 @@ def test_a_learner_process_that_gets_no_core_holds_up_no_update() -> None:
     assert metrics == alone_metrics
     for name, tensor in alone_weights.items():
         assert torch.equal(weights[name], tensor), name
+
+
+@pytest.mark.slow  # 6 s of CPU: gradient steps of 1,024 frames
+def test_the_wait_for_the_learner_process_grows_with_its_gradient_steps_cpu() -> None:
+    """The trainer gives the process half a second after the rollout, or ten of its gradient steps of CPU where a
+    step is longer (a large network on a CPU): its step under way when the rollout ended takes that much. Here a step
+    of about 85 ms: the bound is what the process's CPU, read from /proc, says, not the half second."""
+    agent = make_agent("ppo", BARS, **{**PPO_BARS, "num_steps": 256, "num_minibatches": 1, "update_epochs": 2, "hidden_sizes": [2048], "cnn_channels": [32, 64, 64]})
+    collect = agent._collect
+
+    def slow(*args: Any) -> None:
+        collect(*args)
+        time.sleep(0.5)  # time for the whole update in the process
+
+    agent._collect = slow
+    try:
+        _ready(agent)
+        agent._pace.choose = lambda: True
+        stat = Path(f"/proc/{agent._learner.process.pid}/stat")
+        cpu = lambda: sum(int(x) for x in stat.read_text().rsplit(")", 1)[1].split()[11:13]) / os.sysconf("SC_CLK_TCK")  # noqa: E731
+        before, made = cpu(), agent._learner.steps_made
+        agent.train_iteration()
+        per_step = (cpu() - before) / (agent._learner.steps_made - made)
+        assert LATE_STEPS * per_step > LATE_MIN_S, f"a step of {per_step * 1e3:.0f} ms of CPU: too short for this test"
+        assert 0.7 < agent._learner.late_after() / (LATE_STEPS * per_step) < 1.4, (agent._learner.late_after(), per_step)
+    finally:
+        agent.close()
+        agent.envs.close()
 
 
 def test_until_the_learner_process_has_started_the_update_runs_at_normal_priority() -> None:
